@@ -1,0 +1,3 @@
+module github.com/tessera-gpu/tessera
+
+go 1.26

@@ -1,0 +1,248 @@
+package placement
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+// Cluster is the placement state of a set of nodes: their GPUs and the pods
+// allocated on them. It does no locking: callers serialise mutations
+// (AddNode, Assign, Release, …); fit checks and scoring only read, so many
+// may run at once between mutations.
+type Cluster struct {
+	// Defaults for requests that name no policy.
+	DefaultNodePolicy api.NodePolicy
+	DefaultGPUPolicy  api.GPUPolicy
+
+	nodes  []*Node
+	byName map[string]int
+	pods   map[string]*podEntry
+	models modelTable
+}
+
+// podEntry is what one pod holds: the record it was assigned with and the
+// exact per-GPU charges derived from it, so Release subtracts what Assign added.
+type podEntry struct {
+	node     string
+	cpu, mem int64
+	record   *api.PodAllocation
+	charges  []gpuCharge
+}
+
+type gpuCharge struct {
+	uuid string
+	use  Usage
+}
+
+// NewCluster returns an empty cluster with the default policies.
+func NewCluster() *Cluster {
+	return &Cluster{
+		DefaultNodePolicy: api.DefaultNodePolicy,
+		DefaultGPUPolicy:  api.DefaultGPUPolicy,
+		byName:            map[string]int{},
+		pods:              map[string]*podEntry{},
+	}
+}
+
+// Nodes returns the nodes in the order they were added. The slice and the
+// nodes are the cluster's own: read them, do not modify them.
+func (c *Cluster) Nodes() []*Node { return c.nodes }
+
+// Node returns the named node, or nil.
+func (c *Cluster) Node(name string) *Node {
+	i, ok := c.byName[name]
+	if !ok {
+		return nil
+	}
+	return c.nodes[i]
+}
+
+// PodCount is the number of pods holding an allocation.
+func (c *Cluster) PodCount() int { return len(c.pods) }
+
+// Allocation returns the record a pod was assigned with, or nil.
+func (c *Cluster) Allocation(pod string) *api.PodAllocation {
+	if e := c.pods[pod]; e != nil {
+		return e.record
+	}
+	return nil
+}
+
+// PodsOn returns the keys of the pods allocated on a node, sorted.
+func (c *Cluster) PodsOn(node string) []string {
+	var out []string
+	for k, e := range c.pods {
+		if e.node == node {
+			out = append(out, k)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// UpsertNode adds a node or replaces its inventory and capacity. Pods
+// already allocated on it keep their charges: they are applied again to the
+// new GPU state (a GPU that disappeared from the inventory simply no longer
+// carries them).
+func (c *Cluster) UpsertNode(n *Node) {
+	for i := range n.GPUs {
+		n.GPUs[i].modelID = c.models.id(n.GPUs[i].Model)
+		n.GPUs[i].Used = Usage{}
+	}
+	n.CPUUsed, n.MemUsed = 0, 0
+	if i, ok := c.byName[n.Name]; ok {
+		n.Version = c.nodes[i].Version + 1
+		c.nodes[i] = n
+	} else {
+		c.byName[n.Name] = len(c.nodes)
+		c.nodes = append(c.nodes, n)
+	}
+	for _, e := range c.pods {
+		if e.node == n.Name {
+			c.apply(n, e, false)
+		}
+	}
+}
+
+// RemoveNode forgets a node. Pods on it keep their records (they are
+// released when the pods go away) but charge nothing.
+func (c *Cluster) RemoveNode(name string) {
+	i, ok := c.byName[name]
+	if !ok {
+		return
+	}
+	last := len(c.nodes) - 1
+	c.nodes[i] = c.nodes[last]
+	c.byName[c.nodes[i].Name] = i
+	c.nodes = c.nodes[:last]
+	delete(c.byName, name)
+}
+
+// Assign records a placement chosen by Fit (or Schedule) for the request
+// and returns the pod's allocation record.
+func (c *Cluster) Assign(cr *Compiled, p *Placement) (*api.PodAllocation, error) {
+	rec := p.Record(cr)
+	if err := c.AssignRecord(cr.Req.Pod, cr.Req.CPUMilli, cr.Req.MemoryMiB, rec); err != nil {
+		return nil, err
+	}
+	return rec, nil
+}
+
+// AssignRecord charges a pod's allocation record to its node, as when the
+// scheduler rebuilds its state from pod annotations after a restart. The
+// record is trusted (it was written by a scheduler): it is applied even if
+// the node is now over capacity, which Check then reports. It fails if the
+// pod already holds an allocation or a device is not on the node.
+func (c *Cluster) AssignRecord(pod string, cpuMilli, memMiB int64, rec *api.PodAllocation) error {
+	if _, dup := c.pods[pod]; dup {
+		return fmt.Errorf("pod %s already holds an allocation", pod)
+	}
+	e := &podEntry{node: rec.Node, cpu: cpuMilli, mem: memMiB, record: rec}
+	n := c.Node(rec.Node)
+	if n != nil {
+		for _, ca := range rec.Containers {
+			for _, d := range ca.Devices {
+				if n.GPUByUUID(d.UUID) < 0 {
+					return fmt.Errorf("pod %s: container %q holds GPU %s, which node %s does not have", pod, ca.Name, d.UUID, rec.Node)
+				}
+			}
+		}
+	}
+	e.charges = chargesOf(rec, n)
+	c.pods[pod] = e
+	if n != nil {
+		c.apply(n, e, true)
+	}
+	return nil
+}
+
+// Release returns everything a pod holds. It reports whether the pod held anything.
+func (c *Cluster) Release(pod string) bool {
+	e, ok := c.pods[pod]
+	if !ok {
+		return false
+	}
+	delete(c.pods, pod)
+	if n := c.Node(e.node); n != nil {
+		n.CPUUsed -= e.cpu
+		n.MemUsed -= e.mem
+		for _, ch := range e.charges {
+			if i := n.GPUByUUID(ch.uuid); i >= 0 {
+				n.GPUs[i].Used.sub(ch.use)
+			}
+		}
+		n.Version++
+	}
+	return true
+}
+
+func (c *Cluster) apply(n *Node, e *podEntry, bump bool) {
+	n.CPUUsed += e.cpu
+	n.MemUsed += e.mem
+	for _, ch := range e.charges {
+		if i := n.GPUByUUID(ch.uuid); i >= 0 {
+			n.GPUs[i].Used.add(ch.use)
+		}
+	}
+	if bump {
+		n.Version++
+	}
+}
+
+// chargesOf derives what a record holds on each GPU. App containers run
+// together, so their shares add up; init containers run one at a time
+// before them, so a GPU is charged the larger of the app containers' sum
+// and the largest init container. An exclusive grant charges the whole GPU.
+// n may be nil (node unknown): then exclusive grants charge their granted
+// memory.
+func chargesOf(rec *api.PodAllocation, n *Node) []gpuCharge {
+	type acc struct{ app, init Usage }
+	per := map[string]*acc{}
+	var order []string
+	for _, ca := range rec.Containers {
+		for _, d := range ca.Devices {
+			a := per[d.UUID]
+			if a == nil {
+				a = &acc{}
+				per[d.UUID] = a
+				order = append(order, d.UUID)
+			}
+			u := Usage{MemoryMiB: d.MemoryMiB, Cores: d.Cores, Shares: 1}
+			if d.Exclusive {
+				u.Cores, u.Exclusive = 100, 1
+				if n != nil {
+					if i := n.GPUByUUID(d.UUID); i >= 0 {
+						u.MemoryMiB = n.GPUs[i].MemoryCap
+					}
+				}
+			}
+			if ca.Init {
+				a.init = maxUsage(a.init, u)
+			} else {
+				a.app.add(u)
+				a.app.Exclusive = min(a.app.Exclusive, 1)
+			}
+		}
+	}
+	out := make([]gpuCharge, 0, len(order))
+	for _, uuid := range order {
+		a := per[uuid]
+		out = append(out, gpuCharge{uuid: uuid, use: combine(a.app, a.init)})
+	}
+	return out
+}
+
+// combine is a GPU's charge given what the pod's app containers hold on it
+// together and the most any one init container holds.
+func combine(app, init Usage) Usage { return maxUsage(app, init) }
+
+func maxUsage(a, b Usage) Usage {
+	return Usage{
+		MemoryMiB: max(a.MemoryMiB, b.MemoryMiB),
+		Cores:     max(a.Cores, b.Cores),
+		Shares:    max(a.Shares, b.Shares),
+		Exclusive: max(a.Exclusive, b.Exclusive),
+	}
+}

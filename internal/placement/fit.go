@@ -1,0 +1,449 @@
+package placement
+
+import (
+	"math"
+
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+// Grant is one container's share of one GPU in a Placement.
+type Grant struct {
+	GPU       int // position in Node.GPUs
+	MemoryMiB int64
+	Cores     int
+	Exclusive bool
+}
+
+// Placement is where a pod goes on one node: for each container of the
+// compiled request that needs GPUs, the GPUs and shares it gets.
+type Placement struct {
+	Node *Node
+	// grants of compiled container k are grants[offs[k]:offs[k+1]].
+	grants []Grant
+	offs   []int
+	// Charge is what the pod adds to each GPU of the node, by position;
+	// only the first len(Node.GPUs) entries are meaningful.
+	charge [api.MaxGPUsPerNode]Usage
+}
+
+// Charge returns what the placement adds to GPU i of its node.
+func (p *Placement) Charge(i int) Usage { return p.charge[i] }
+
+// Grants returns the grants of the compiled request's k-th GPU container.
+func (p *Placement) Grants(k int) []Grant { return p.grants[p.offs[k]:p.offs[k+1]] }
+
+// CopyFrom makes p an independent copy of q (reusing p's buffers).
+func (p *Placement) CopyFrom(q *Placement) {
+	p.Node = q.Node
+	p.grants = append(p.grants[:0], q.grants...)
+	p.offs = append(p.offs[:0], q.offs...)
+	p.charge = q.charge
+}
+
+func (p *Placement) reset(n *Node) {
+	p.Node = n
+	p.grants = p.grants[:0]
+	p.offs = append(p.offs[:0], 0)
+	if n != nil {
+		clear(p.charge[:len(n.GPUs)])
+	}
+}
+
+// Record renders the placement as the pod's allocation record: GPU
+// containers in spec order, init containers first.
+func (p *Placement) Record(cr *Compiled) *api.PodAllocation {
+	rec := &api.PodAllocation{
+		APIVersion: api.AllocationAPIVersion,
+		Kind:       api.AllocationKind,
+		Node:       p.Node.Name,
+		Containers: []api.ContainerAllocation{},
+	}
+	emit := func(init bool, specs []Container) {
+		for pos := range specs {
+			for k, cc := range cr.gpu {
+				if cc.init != init || cc.specPos != pos {
+					continue
+				}
+				ca := api.ContainerAllocation{Name: cc.c.Name, Init: init}
+				for _, g := range p.Grants(k) {
+					ca.Devices = append(ca.Devices, api.DeviceGrant{
+						UUID:      p.Node.GPUs[g.GPU].UUID,
+						MemoryMiB: g.MemoryMiB,
+						Cores:     g.Cores,
+						Exclusive: g.Exclusive,
+					})
+				}
+				rec.Containers = append(rec.Containers, ca)
+			}
+		}
+	}
+	emit(true, cr.Req.InitContainers)
+	emit(false, cr.Req.Containers)
+	return rec
+}
+
+// GPURanker is implemented by policies that choose GPUs within a node
+// themselves (fragmentation-aware ones). RankGPU scores giving one GPU's
+// worth of a container's demand to GPU i of n, where pending is what the
+// pod being placed already charges to that GPU. Higher is better.
+type GPURanker interface {
+	RankGPU(n *Node, i int, pending, demand Usage) float64
+}
+
+// Scratch holds the working state of fit checks so they allocate nothing.
+// One Scratch serves one goroutine at a time.
+type Scratch struct {
+	app, init [api.MaxGPUsPerNode]Usage
+	eligible  [api.MaxGPUsPerNode]bool
+	cand      [api.MaxGPUsPerNode]int
+	rank      [api.MaxGPUsPerNode]float64
+	set, best [api.MaxGPUsPerNode]int
+}
+
+// Fit checks whether the compiled request fits node n and, if it does,
+// fills p with the GPUs chosen by the request's GPU policy (or by ranker,
+// if not nil). It allocates nothing once p and s have grown to size.
+func (cr *Compiled) Fit(n *Node, ranker GPURanker, s *Scratch, p *Placement) Reason {
+	r := cr.Req
+	if free := n.FreeCPU(); r.CPUMilli > free {
+		return Reason{Kind: ReasonCPU, Need: r.CPUMilli, Have: free}
+	}
+	if free := n.FreeMem(); r.MemoryMiB > free {
+		return Reason{Kind: ReasonMemory, Need: r.MemoryMiB, Have: free}
+	}
+	p.reset(n)
+	if !cr.needsGPU {
+		return Reason{}
+	}
+	if len(n.GPUs) == 0 {
+		return Reason{Kind: ReasonNoGPUs}
+	}
+	if reason := cr.markEligible(n, s); !reason.OK() {
+		return reason
+	}
+	clear(s.app[:len(n.GPUs)])
+	clear(s.init[:len(n.GPUs)])
+	for k := range cr.gpu {
+		if reason := cr.placeContainer(n, k, ranker, s, p); !reason.OK() {
+			return reason
+		}
+		p.offs = append(p.offs, len(p.grants))
+	}
+	for i := range n.GPUs {
+		p.charge[i] = combine(s.app[i], s.init[i])
+	}
+	return Reason{}
+}
+
+// markEligible marks the GPUs the pod may use at all (healthy, selected by
+// model and UUID) and explains an empty set.
+func (cr *Compiled) markEligible(n *Node, s *Scratch) Reason {
+	r := cr.Req
+	var unhealthy, excluded, notIncluded, uuid int
+	var model string
+	count := 0
+	for i := range n.GPUs {
+		g := &n.GPUs[i]
+		s.eligible[i] = false
+		switch {
+		case !g.Healthy:
+			unhealthy++
+		case cr.modelVerdict(g) == modelExcluded:
+			excluded++
+			model = g.Model
+		case cr.modelVerdict(g) == modelNotIncluded:
+			notIncluded++
+			model = g.Model
+		case cr.uuidIn != nil && !has(cr.uuidIn, g.UUID), cr.uuidOut != nil && has(cr.uuidOut, g.UUID):
+			uuid++
+		default:
+			s.eligible[i] = true
+			count++
+		}
+	}
+	if count > 0 {
+		return Reason{}
+	}
+	switch {
+	case excluded > 0:
+		return Reason{Kind: ReasonModelExcluded, GPU: model, Detail: joinSelectors(r.ExcludeModels)}
+	case notIncluded > 0:
+		return Reason{Kind: ReasonModelNotIncluded, GPU: model, Detail: joinSelectors(r.IncludeModels)}
+	case uuid > 0:
+		return Reason{Kind: ReasonUUID}
+	}
+	return Reason{Kind: ReasonUnhealthy, Total: unhealthy}
+}
+
+func has(m map[string]struct{}, k string) bool { _, ok := m[k]; return ok }
+
+// joinSelectors returns the selector list as written; a single selector
+// (the common case) is returned without allocating.
+func joinSelectors(xs []string) string {
+	if len(xs) == 1 {
+		return xs[0]
+	}
+	s := ""
+	for i, x := range xs {
+		if i > 0 {
+			s += ","
+		}
+		s += x
+	}
+	return s
+}
+
+// demandOn is one GPU's worth of container c's demand on g, as charged.
+func demandOn(c Container, g *GPU) Usage {
+	if c.Exclusive() {
+		return Usage{MemoryMiB: g.MemoryCap, Cores: 100, Shares: 1, Exclusive: 1}
+	}
+	return Usage{MemoryMiB: c.memoryOn(g), Cores: c.Cores, Shares: 1}
+}
+
+// next is what the pod would charge GPU i if compiled container cc took a share of it.
+func (s *Scratch) next(i int, cc *compiledContainer, d Usage) Usage {
+	if cc.init {
+		return combine(s.app[i], maxUsage(s.init[i], d))
+	}
+	a := s.app[i]
+	a.add(d)
+	return combine(a, s.init[i])
+}
+
+// fitsGPU reports whether container cc can take a share of GPU i given what
+// the pod already placed; d is its demand there.
+func (s *Scratch) fitsGPU(g *GPU, i int, cc *compiledContainer, d Usage) bool {
+	base := g.Used
+	if base.Exclusive > 0 {
+		return false
+	}
+	if d.Exclusive > 0 {
+		// A whole GPU: nobody else may hold it, nor another app container
+		// of this pod (init containers run at other times).
+		return base.Shares == 0 && (cc.init || s.app[i].Shares == 0) && g.MaxShares >= 1
+	}
+	if g.Sharing == api.SharingExclusive || s.app[i].Exclusive > 0 && !cc.init {
+		return false
+	}
+	if d.MemoryMiB > g.MemoryMiB {
+		return false
+	}
+	nx := s.next(i, cc, d)
+	return base.MemoryMiB+nx.MemoryMiB <= g.MemoryCap &&
+		base.Cores+nx.Cores <= 100 &&
+		base.Shares+nx.Shares <= g.MaxShares
+}
+
+// placeContainer chooses the GPUs of the k-th compiled container and adds
+// its demand to the pod's working charges.
+func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch, p *Placement) Reason {
+	cc := &cr.gpu[k]
+	c := cc.c
+	m := 0
+	for i := range n.GPUs {
+		if !s.eligible[i] {
+			continue
+		}
+		g := &n.GPUs[i]
+		d := demandOn(c, g)
+		if !s.fitsGPU(g, i, cc, d) {
+			continue
+		}
+		s.cand[m] = i
+		pending := combine(s.app[i], s.init[i])
+		if ranker != nil {
+			s.rank[i] = ranker.RankGPU(n, i, pending, d)
+		} else {
+			s.rank[i] = builtinRank(cr.gpuPol, g, pending, d)
+		}
+		m++
+	}
+	if m < c.GPUs {
+		return cr.explain(n, cc, s, m)
+	}
+	chosen := s.set[:0]
+	if c.GPUs == 1 && !cr.Req.NUMABind {
+		best := s.cand[0]
+		for _, i := range s.cand[1:m] {
+			if s.rank[i] > s.rank[best] {
+				best = i
+			}
+		}
+		chosen = append(chosen, best)
+	} else {
+		var ok bool
+		var most int
+		chosen, ok, most = cr.chooseSet(n, s, m, c.GPUs)
+		if !ok {
+			return Reason{Kind: ReasonNUMA, Container: c.Name, Need: int64(c.GPUs), Have: int64(most)}
+		}
+	}
+	for _, i := range chosen {
+		g := &n.GPUs[i]
+		d := demandOn(c, g)
+		if cc.init {
+			s.init[i] = maxUsage(s.init[i], d)
+		} else {
+			s.app[i].add(d)
+		}
+		mem := c.memoryOn(g)
+		p.grants = append(p.grants, Grant{GPU: i, MemoryMiB: mem, Cores: cores(c), Exclusive: d.Exclusive > 0})
+	}
+	return Reason{}
+}
+
+// cores is the compute share granted: whole GPUs get 100%.
+func cores(c Container) int {
+	if c.Exclusive() {
+		return 100
+	}
+	return c.Cores
+}
+
+// builtinRank scores a GPU for the binpack and spread GPU policies: the
+// fraction of the GPU in use after the share is added (higher = fuller).
+func builtinRank(pol api.GPUPolicy, g *GPU, pending, d Usage) float64 {
+	after := float64(g.Used.MemoryMiB+pending.MemoryMiB+d.MemoryMiB)/float64(g.MemoryCap) +
+		float64(g.Used.Cores+pending.Cores+d.Cores)/100
+	if pol == api.GPUSpread {
+		return -after
+	}
+	return after
+}
+
+// chooseSet picks count GPUs among the m candidates: within one NUMA node
+// when the pod asks for NUMA binding, preferring strongly linked sets. For
+// the topology-aware policy links decide first and rank breaks ties; for
+// the others rank decides first. It returns the set, whether one was found,
+// and (on failure) the most candidates any NUMA node had.
+func (cr *Compiled) chooseSet(n *Node, s *Scratch, m, count int) ([]int, bool, int) {
+	topo := cr.gpuPol == api.GPUTopologyAware
+	bestLink, bestRank := -1, math.Inf(-1)
+	bestLen := 0
+	most := 0
+	for seed := 0; seed < m; seed++ {
+		first := s.cand[seed]
+		set := s.set[:0]
+		set = append(set, first)
+		numa := n.GPUs[first].NUMANode
+		inGroup := 0
+		for j := 0; j < m; j++ {
+			if !cr.Req.NUMABind || n.GPUs[s.cand[j]].NUMANode == numa {
+				inGroup++
+			}
+		}
+		most = max(most, inGroup)
+		if inGroup < count {
+			continue
+		}
+		links, rank := 0, s.rank[first]
+		for len(set) < count {
+			pick, pickLink, pickRank := -1, -1, math.Inf(-1)
+			for j := 0; j < m; j++ {
+				x := s.cand[j]
+				if cr.Req.NUMABind && n.GPUs[x].NUMANode != numa || contains(set, x) {
+					continue
+				}
+				l := 0
+				for _, y := range set {
+					l += n.Link(x, y)
+				}
+				if better(topo, l, s.rank[x], pickLink, pickRank) {
+					pick, pickLink, pickRank = x, l, s.rank[x]
+				}
+			}
+			set = append(set, pick)
+			links += pickLink
+			rank += pickRank
+		}
+		if better(topo, links, rank, bestLink, bestRank) {
+			bestLink, bestRank = links, rank
+			bestLen = copy(s.best[:], set)
+		}
+	}
+	if bestLen == 0 {
+		return nil, false, most
+	}
+	return s.best[:bestLen], true, most
+}
+
+func better(topo bool, link int, rank float64, bestLink int, bestRank float64) bool {
+	if topo {
+		return link > bestLink || link == bestLink && rank > bestRank
+	}
+	return rank > bestRank || rank == bestRank && link > bestLink
+}
+
+func contains(xs []int, x int) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
+
+// explain says why only m eligible GPUs can take container cc.
+func (cr *Compiled) explain(n *Node, cc *compiledContainer, s *Scratch, m int) Reason {
+	c := cc.c
+	name := c.Name
+	if c.Exclusive() {
+		free, total := 0, 0
+		for i := range n.GPUs {
+			if s.eligible[i] {
+				total++
+				if n.GPUs[i].Used.Shares == 0 && (cc.init || s.app[i].Shares == 0) {
+					free++
+				}
+			}
+		}
+		return Reason{Kind: ReasonWholeGPUs, Container: name, Need: int64(c.GPUs), Have: int64(free), Total: total}
+	}
+	// Find the first resource that no eligible GPU has enough of.
+	var need, largest, physical int64
+	var memGPU, coreGPU string
+	mostCores, memOK, coresOK, sharesOK, modeOK := -1, 0, 0, 0, 0
+	for i := range n.GPUs {
+		if !s.eligible[i] {
+			continue
+		}
+		g := &n.GPUs[i]
+		physical = max(physical, g.MemoryMiB)
+		if g.Sharing == api.SharingExclusive || g.Used.Exclusive > 0 {
+			continue
+		}
+		modeOK++
+		d := demandOn(c, g)
+		nx := s.next(i, cc, d)
+		need = d.MemoryMiB
+		if free := g.MemoryCap - g.Used.MemoryMiB - (nx.MemoryMiB - d.MemoryMiB); free > largest || memGPU == "" {
+			largest, memGPU = free, g.UUID
+		}
+		if free := 100 - g.Used.Cores - (nx.Cores - d.Cores); free > mostCores {
+			mostCores, coreGPU = free, g.UUID
+		}
+		if g.Used.MemoryMiB+nx.MemoryMiB <= g.MemoryCap && d.MemoryMiB <= g.MemoryMiB {
+			memOK++
+		}
+		if g.Used.Cores+nx.Cores <= 100 {
+			coresOK++
+		}
+		if g.Used.Shares+nx.Shares <= g.MaxShares {
+			sharesOK++
+		}
+	}
+	switch {
+	case modeOK == 0:
+		return Reason{Kind: ReasonSharingMode, Container: name}
+	case need > physical:
+		return Reason{Kind: ReasonGPUMemoryPhysical, Container: name, Need: need, Have: physical}
+	case memOK == 0:
+		return Reason{Kind: ReasonGPUMemory, Container: name, Need: need, Have: largest, GPU: memGPU}
+	case coresOK == 0:
+		return Reason{Kind: ReasonGPUCores, Container: name, Need: int64(c.Cores), Have: int64(mostCores), GPU: coreGPU}
+	case sharesOK == 0:
+		return Reason{Kind: ReasonShares, Container: name, Have: int64(n.GPUs[0].MaxShares)}
+	}
+	return Reason{Kind: ReasonGPUCount, Container: name, Need: int64(c.GPUs), Have: int64(m)}
+}

@@ -1,0 +1,207 @@
+package placement
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+// Unlimited is a CPU or memory capacity that never limits placement; the
+// scheduler uses it because kube-scheduler's own NodeResourcesFit checks
+// CPU and memory.
+const Unlimited int64 = math.MaxInt64 / 4
+
+// GPU is the placement state of one GPU: its fixed properties from the
+// inventory and what is allocated on it now.
+type GPU struct {
+	UUID      string
+	Index     int
+	Model     string
+	NUMANode  int
+	MemoryMiB int64 // physical memory
+	// MemoryCap is MemoryMiB × the node's overcommit factor: the most
+	// memory that may be granted on this GPU in total.
+	MemoryCap int64
+	MaxShares int
+	Healthy   bool
+	Sharing   api.SharingMode
+
+	// Allocated now, summed over the pods that hold this GPU.
+	Used Usage
+
+	modelID int32
+}
+
+// Usage is what is allocated on one GPU. Charges of pods add to it and
+// subtract from it exactly (integers only).
+type Usage struct {
+	MemoryMiB int64
+	Cores     int // percent of SMs
+	Shares    int // containers holding a share
+	Exclusive int // 1 when a pod holds the GPU exclusively
+}
+
+func (u *Usage) add(c Usage) {
+	u.MemoryMiB += c.MemoryMiB
+	u.Cores += c.Cores
+	u.Shares += c.Shares
+	u.Exclusive += c.Exclusive
+}
+
+func (u *Usage) sub(c Usage) {
+	u.MemoryMiB -= c.MemoryMiB
+	u.Cores -= c.Cores
+	u.Shares -= c.Shares
+	u.Exclusive -= c.Exclusive
+}
+
+// FreeMemory is the memory still grantable on the GPU.
+func (g *GPU) FreeMemory() int64 { return g.MemoryCap - g.Used.MemoryMiB }
+
+// FreeCores is the compute share still grantable on the GPU, in percent.
+func (g *GPU) FreeCores() int { return 100 - g.Used.Cores }
+
+// FreeShares is the number of further containers the GPU may take.
+func (g *GPU) FreeShares() int { return g.MaxShares - g.Used.Shares }
+
+// Idle reports whether nothing is allocated on the GPU.
+func (g *GPU) Idle() bool { return g.Used == Usage{} }
+
+// FreeFraction is the share of the GPU still free, in [0,1]: the smaller of
+// the free memory and free compute fractions (0 when no share slot is left
+// or the GPU is held exclusively).
+func (g *GPU) FreeFraction() float64 {
+	if g.Used.Exclusive > 0 || g.FreeShares() <= 0 || g.MemoryCap <= 0 {
+		return 0
+	}
+	mem := float64(g.FreeMemory()) / float64(g.MemoryCap)
+	cores := float64(g.FreeCores()) / 100
+	return math.Max(0, math.Min(mem, cores))
+}
+
+// Node is the placement state of one node.
+type Node struct {
+	Name string
+	// CPU in millicores and memory in MiB: capacity for pods and what
+	// pods placed through the core use.
+	CPUCapacity, CPUUsed int64
+	MemCapacity, MemUsed int64
+	GPUs                 []GPU
+	// links[i*len(GPUs)+j] is the link strength between GPUs i and j
+	// (api.Link.Strength; 0 = unknown).
+	links []int16
+	// Version changes whenever the node's state changes, so policies can
+	// cache per-node values.
+	Version uint64
+	// Labels are free-form node facts policies may use (for example the
+	// simulator's GPU model for CPU-only nodes). Not used by the core.
+	Labels map[string]string
+}
+
+// FreeCPU is the CPU (millicores) still free for pods.
+func (n *Node) FreeCPU() int64 { return n.CPUCapacity - n.CPUUsed }
+
+// FreeMem is the memory (MiB) still free for pods.
+func (n *Node) FreeMem() int64 { return n.MemCapacity - n.MemUsed }
+
+// Link returns the strength of the connection between GPUs at positions i and j.
+func (n *Node) Link(i, j int) int {
+	if n.links == nil {
+		return 0
+	}
+	return int(n.links[i*len(n.GPUs)+j])
+}
+
+// GPUByUUID returns the position of the GPU with the given UUID, or -1.
+func (n *Node) GPUByUUID(uuid string) int {
+	for i := range n.GPUs {
+		if n.GPUs[i].UUID == uuid {
+			return i
+		}
+	}
+	return -1
+}
+
+// NewNode builds a node's placement state from its GPU inventory. CPU and
+// memory are the node's capacity for pods (use Unlimited to disable the
+// check). The inventory must be valid (see api.ValidateInventory); NewNode
+// checks only what it relies on.
+func NewNode(name string, cpuMilli, memMiB int64, inv *api.NodeInventory) (*Node, error) {
+	if name == "" {
+		return nil, fmt.Errorf("node name is empty")
+	}
+	if cpuMilli < 0 || memMiB < 0 {
+		return nil, fmt.Errorf("node %s: negative capacity (cpu %dm, memory %d MiB)", name, cpuMilli, memMiB)
+	}
+	n := &Node{Name: name, CPUCapacity: cpuMilli, MemCapacity: memMiB}
+	if inv == nil {
+		return n, nil
+	}
+	factor := inv.MemoryOvercommit
+	if factor == 0 {
+		factor = 1
+	}
+	if factor < 1 || factor > api.MaxMemoryOvercommit || math.IsNaN(factor) {
+		return nil, fmt.Errorf("node %s: memory overcommit %v outside [1, %v]", name, factor, api.MaxMemoryOvercommit)
+	}
+	if len(inv.GPUs) > api.MaxGPUsPerNode {
+		return nil, fmt.Errorf("node %s: %d GPUs, at most %d supported", name, len(inv.GPUs), api.MaxGPUsPerNode)
+	}
+	n.GPUs = make([]GPU, len(inv.GPUs))
+	pos := make(map[string]int, len(inv.GPUs))
+	for i, g := range inv.GPUs {
+		if _, dup := pos[g.UUID]; dup || g.UUID == "" {
+			return nil, fmt.Errorf("node %s: GPU %d has an empty or duplicate UUID %q", name, g.Index, g.UUID)
+		}
+		if g.MemoryMiB <= 0 {
+			return nil, fmt.Errorf("node %s: GPU %s has memory %d MiB, must be positive", name, g.UUID, g.MemoryMiB)
+		}
+		maxShares := g.MaxShares
+		if g.Sharing == api.SharingExclusive || maxShares < 1 {
+			maxShares = 1
+		}
+		pos[g.UUID] = i
+		n.GPUs[i] = GPU{
+			UUID:      g.UUID,
+			Index:     g.Index,
+			Model:     g.Model,
+			NUMANode:  g.NUMANode,
+			MemoryMiB: g.MemoryMiB,
+			MemoryCap: int64(math.Floor(float64(g.MemoryMiB) * factor)),
+			MaxShares: maxShares,
+			Healthy:   g.Health == api.Healthy,
+			Sharing:   g.Sharing,
+			modelID:   -1,
+		}
+	}
+	for i, g := range inv.GPUs {
+		for _, l := range g.Links {
+			j, ok := pos[l.PeerUUID]
+			if !ok || j == i {
+				continue
+			}
+			if n.links == nil {
+				n.links = make([]int16, len(inv.GPUs)*len(inv.GPUs))
+			}
+			s := int16(l.Strength())
+			// Links are symmetric; keep the stronger report if the two ends disagree.
+			if s > n.links[i*len(inv.GPUs)+j] {
+				n.links[i*len(inv.GPUs)+j] = s
+				n.links[j*len(inv.GPUs)+i] = s
+			}
+		}
+	}
+	return n, nil
+}
+
+// Clone returns a deep copy of the node state.
+func (n *Node) Clone() *Node {
+	c := *n
+	c.GPUs = append([]GPU(nil), n.GPUs...)
+	c.links = append([]int16(nil), n.links...)
+	if n.links == nil {
+		c.links = nil
+	}
+	return &c
+}

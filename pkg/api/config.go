@@ -1,0 +1,135 @@
+package api
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+)
+
+// DefaultPlacementPolicy is the placement-core policy used when the cluster
+// configuration names none.
+const DefaultPlacementPolicy = "binpack"
+
+// DefaultSharesPerGPU is how many containers may share a GPU unless the
+// node configuration says otherwise (HAMi's default split count).
+const DefaultSharesPerGPU = 10
+
+// ClusterConfig is the scheduler-wide configuration.
+type ClusterConfig struct {
+	// ResourcePrefix is the prefix of the resource names (NewResourceNames).
+	ResourcePrefix string `json:"resourcePrefix"`
+	// NodePolicy and GPUPolicy apply to pods that do not name their own.
+	NodePolicy NodePolicy `json:"nodePolicy"`
+	GPUPolicy  GPUPolicy  `json:"gpuPolicy"`
+	// PlacementPolicy names a policy of the placement core, e.g. "binpack"
+	// or "fgd". The core checks that it exists; here only its form is.
+	PlacementPolicy string `json:"placementPolicy"`
+}
+
+// Defaults fills the unset fields of c with the defaults.
+func (c *ClusterConfig) Defaults() {
+	if c.ResourcePrefix == "" {
+		c.ResourcePrefix = DefaultResourcePrefix
+	}
+	if c.NodePolicy == "" {
+		c.NodePolicy = DefaultNodePolicy
+	}
+	if c.GPUPolicy == "" {
+		c.GPUPolicy = DefaultGPUPolicy
+	}
+	if c.PlacementPolicy == "" {
+		c.PlacementPolicy = DefaultPlacementPolicy
+	}
+}
+
+// Validate checks a configuration after Defaults.
+func (c *ClusterConfig) Validate() error {
+	if _, err := NewResourceNames(c.ResourcePrefix); err != nil {
+		return fmt.Errorf("resourcePrefix: %w", err)
+	}
+	if !c.NodePolicy.Valid() {
+		return fmt.Errorf("nodePolicy %q is not one of %s", c.NodePolicy, joinQuoted(NodePolicies()))
+	}
+	if !c.GPUPolicy.Valid() {
+		return fmt.Errorf("gpuPolicy %q is not one of %s", c.GPUPolicy, joinQuoted(GPUPolicies()))
+	}
+	if !isPolicyName(c.PlacementPolicy) {
+		return fmt.Errorf("placementPolicy %q is not a policy name (lowercase letters, digits and '-', at most 63)", c.PlacementPolicy)
+	}
+	return nil
+}
+
+func isPolicyName(s string) bool {
+	if s == "" || len(s) > 63 {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// NodeConfig is the node agent's configuration: how the node's GPUs are
+// offered. It becomes the Sharing, MaxShares and MemoryOvercommit of the
+// node's inventory.
+type NodeConfig struct {
+	// SharesPerGPU is the most containers sharing one GPU (MaxShares).
+	SharesPerGPU int `json:"sharesPerGPU"`
+	// MemoryOvercommit multiplies GPU memory for placement (1.0 = none).
+	MemoryOvercommit float64 `json:"memoryOvercommit"`
+	// ExcludeGPUs lists GPUs, by UUID or by index, the agent does not offer.
+	ExcludeGPUs []string `json:"excludeGPUs,omitempty"`
+	// Sharing is how the offered GPUs may be used.
+	Sharing SharingMode `json:"sharing"`
+}
+
+// Defaults fills the unset fields of c: shared GPUs, 10 shares per GPU
+// (1 for exclusive GPUs) and no memory overcommit.
+func (c *NodeConfig) Defaults() {
+	if c.Sharing == "" {
+		c.Sharing = SharingShared
+	}
+	if c.SharesPerGPU == 0 {
+		c.SharesPerGPU = DefaultSharesPerGPU
+		if c.Sharing == SharingExclusive {
+			c.SharesPerGPU = 1
+		}
+	}
+	if c.MemoryOvercommit == 0 {
+		c.MemoryOvercommit = 1
+	}
+}
+
+// Validate checks a configuration after Defaults, with the limits that
+// ValidateInventory applies to the inventory built from it.
+func (c *NodeConfig) Validate() error {
+	if !c.Sharing.Valid() {
+		return fmt.Errorf("sharing %q is not one of %s", c.Sharing, joinQuoted(SharingModes()))
+	}
+	if c.SharesPerGPU < 1 || c.SharesPerGPU > MaxSharesLimit {
+		return fmt.Errorf("sharesPerGPU %d outside [1, %d]", c.SharesPerGPU, MaxSharesLimit)
+	}
+	if c.Sharing == SharingExclusive && c.SharesPerGPU != 1 {
+		return fmt.Errorf("sharesPerGPU %d with exclusive sharing (must be 1)", c.SharesPerGPU)
+	}
+	if math.IsNaN(c.MemoryOvercommit) || c.MemoryOvercommit < 1 || c.MemoryOvercommit > MaxMemoryOvercommit {
+		return fmt.Errorf("memoryOvercommit %v outside [1, %v]", c.MemoryOvercommit, MaxMemoryOvercommit)
+	}
+	seen := make(map[string]bool, len(c.ExcludeGPUs))
+	for i, e := range c.ExcludeGPUs {
+		if n, err := strconv.Atoi(e); err == nil {
+			if n < 0 || n >= MaxGPUsPerNode {
+				return fmt.Errorf("excludeGPUs[%d]: index %d outside [0, %d]", i, n, MaxGPUsPerNode-1)
+			}
+		} else if err := checkUUID(e); err != nil {
+			return fmt.Errorf("excludeGPUs[%d]: %w", i, err)
+		}
+		if seen[e] {
+			return fmt.Errorf("excludeGPUs[%d]: %q listed twice", i, e)
+		}
+		seen[e] = true
+	}
+	return nil
+}

@@ -1,0 +1,103 @@
+package api
+
+import (
+	"math"
+	"testing"
+)
+
+func TestClusterConfigDefaults(t *testing.T) {
+	var c ClusterConfig
+	c.Defaults()
+	want := ClusterConfig{ResourcePrefix: "nvidia.com", NodePolicy: NodeBinpack, GPUPolicy: GPUBinpack, PlacementPolicy: "binpack"}
+	if c != want {
+		t.Errorf("got %+v, want %+v", c, want)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	set := ClusterConfig{ResourcePrefix: "tessera.io", NodePolicy: NodeSpread, GPUPolicy: GPUTopologyAware, PlacementPolicy: "fgd"}
+	c = set
+	c.Defaults()
+	if c != set {
+		t.Errorf("Defaults overwrote set fields: %+v", c)
+	}
+}
+
+func TestClusterConfigValidate(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(c *ClusterConfig)
+		want   string
+	}{
+		{"prefix", func(c *ClusterConfig) { c.ResourcePrefix = "Tessera" }, `resourcePrefix: resource prefix "Tessera": label "Tessera" contains 'T' (only lowercase letters, digits and '-' are allowed)`},
+		{"node policy", func(c *ClusterConfig) { c.NodePolicy = "topology-aware" }, `nodePolicy "topology-aware" is not one of "binpack" or "spread"`},
+		{"GPU policy", func(c *ClusterConfig) { c.GPUPolicy = "random" }, `gpuPolicy "random" is not one of "binpack", "spread" or "topology-aware"`},
+		{"placement policy", func(c *ClusterConfig) { c.PlacementPolicy = "FGD" }, `placementPolicy "FGD" is not a policy name (lowercase letters, digits and '-', at most 63)`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var c ClusterConfig
+			c.Defaults()
+			tt.mutate(&c)
+			if err := c.Validate(); err == nil || err.Error() != tt.want {
+				t.Errorf("error\n got %v\nwant %s", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestNodeConfigDefaults(t *testing.T) {
+	var c NodeConfig
+	c.Defaults()
+	if c.SharesPerGPU != 10 || c.MemoryOvercommit != 1 || c.Sharing != SharingShared || c.ExcludeGPUs != nil {
+		t.Errorf("got %+v", c)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	c = NodeConfig{Sharing: SharingExclusive}
+	c.Defaults()
+	if c.SharesPerGPU != 1 {
+		t.Errorf("exclusive default shares = %d, want 1", c.SharesPerGPU)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	c = NodeConfig{SharesPerGPU: 4, MemoryOvercommit: 1.5, Sharing: SharingTimeSlicing, ExcludeGPUs: []string{"3", "GPU-abc"}}
+	c.Defaults()
+	if c.SharesPerGPU != 4 || c.MemoryOvercommit != 1.5 || c.Sharing != SharingTimeSlicing {
+		t.Errorf("Defaults overwrote set fields: %+v", c)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestNodeConfigValidate(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(c *NodeConfig)
+		want   string
+	}{
+		{"sharing", func(c *NodeConfig) { c.Sharing = "mig" }, `sharing "mig" is not one of "shared", "exclusive" or "time-slicing"`},
+		{"shares low", func(c *NodeConfig) { c.SharesPerGPU = -1 }, `sharesPerGPU -1 outside [1, 128]`},
+		{"shares high", func(c *NodeConfig) { c.SharesPerGPU = 129 }, `sharesPerGPU 129 outside [1, 128]`},
+		{"exclusive shares", func(c *NodeConfig) { c.Sharing = SharingExclusive }, `sharesPerGPU 10 with exclusive sharing (must be 1)`},
+		{"overcommit low", func(c *NodeConfig) { c.MemoryOvercommit = 0.9 }, `memoryOvercommit 0.9 outside [1, 4]`},
+		{"overcommit NaN", func(c *NodeConfig) { c.MemoryOvercommit = math.NaN() }, `memoryOvercommit NaN outside [1, 4]`},
+		{"exclude index", func(c *NodeConfig) { c.ExcludeGPUs = []string{"64"} }, `excludeGPUs[0]: index 64 outside [0, 63]`},
+		{"exclude negative", func(c *NodeConfig) { c.ExcludeGPUs = []string{"-1"} }, `excludeGPUs[0]: index -1 outside [0, 63]`},
+		{"exclude empty", func(c *NodeConfig) { c.ExcludeGPUs = []string{"0", ""} }, `excludeGPUs[1]: uuid is empty`},
+		{"exclude twice", func(c *NodeConfig) { c.ExcludeGPUs = []string{"GPU-a", "GPU-a"} }, `excludeGPUs[1]: "GPU-a" listed twice`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var c NodeConfig
+			c.Defaults()
+			tt.mutate(&c)
+			if err := c.Validate(); err == nil || err.Error() != tt.want {
+				t.Errorf("error\n got %v\nwant %s", err, tt.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,123 @@
+package api
+
+import (
+	"fmt"
+	"strings"
+)
+
+// DefaultResourcePrefix is the prefix of the extended resources pods request.
+// It is HAMi's prefix, so HAMi manifests run on Tessera unchanged.
+const DefaultResourcePrefix = "nvidia.com"
+
+// Suffixes of the resource names; the full name is prefix + "/" + suffix.
+const (
+	resourceGPU              = "gpu"
+	resourceMemory           = "gpumem"
+	resourceMemoryPercentage = "gpumem-percentage"
+	resourceCores            = "gpucores"
+)
+
+// ResourceNames are the extended resource names Tessera serves. The prefix is
+// configurable so that Tessera can run beside NVIDIA's device plugin (which
+// owns nvidia.com/gpu) under a prefix of its own, e.g. "tessera.io".
+type ResourceNames struct {
+	// GPU is the number of GPUs a container uses (prefix/gpu).
+	GPU string
+	// Memory is the memory per GPU in MiB (prefix/gpumem).
+	Memory string
+	// MemoryPercentage is the memory per GPU in percent of the GPU's
+	// memory (prefix/gpumem-percentage).
+	MemoryPercentage string
+	// Cores is the compute per GPU in percent of its SMs; 100 means
+	// exclusive compute (prefix/gpucores).
+	Cores string
+}
+
+// DefaultResourceNames are the names under DefaultResourcePrefix.
+var DefaultResourceNames = MustResourceNames(DefaultResourcePrefix)
+
+// NewResourceNames returns the resource names under prefix, which must be a
+// DNS-1123 subdomain as Kubernetes requires of extended resource prefixes.
+func NewResourceNames(prefix string) (ResourceNames, error) {
+	if err := validateDNSSubdomain(prefix); err != nil {
+		return ResourceNames{}, fmt.Errorf("resource prefix %q: %w", prefix, err)
+	}
+	return ResourceNames{
+		GPU:              prefix + "/" + resourceGPU,
+		Memory:           prefix + "/" + resourceMemory,
+		MemoryPercentage: prefix + "/" + resourceMemoryPercentage,
+		Cores:            prefix + "/" + resourceCores,
+	}, nil
+}
+
+// MustResourceNames is NewResourceNames for prefixes that are constants of
+// the program; it panics on an invalid prefix. Use NewResourceNames for
+// prefixes that come from configuration.
+func MustResourceNames(prefix string) ResourceNames {
+	n, err := NewResourceNames(prefix)
+	if err != nil {
+		panic(err)
+	}
+	return n
+}
+
+// All returns every resource name, the GPU count first.
+func (n ResourceNames) All() []string {
+	return []string{n.GPU, n.Memory, n.MemoryPercentage, n.Cores}
+}
+
+// IsGPUResource reports whether name is one of n's resource names.
+func (n ResourceNames) IsGPUResource(name string) bool {
+	if name == "" {
+		return false
+	}
+	for _, r := range n.All() {
+		if name == r {
+			return true
+		}
+	}
+	return false
+}
+
+// PseudoResources returns the names no kubelet advertises (memory, memory
+// percentage, cores): they only qualify the GPU count, so the scheduler
+// accounts for them itself and the webhook may need to hide them from the
+// kubelet's admission.
+func (n ResourceNames) PseudoResources() []string {
+	return []string{n.Memory, n.MemoryPercentage, n.Cores}
+}
+
+// Limits of a DNS-1123 subdomain.
+const (
+	maxDNSSubdomainLen = 253
+	maxDNSLabelLen     = 63
+)
+
+// validateDNSSubdomain checks s against RFC 1123 subdomain rules: dot
+// separated labels of lowercase letters, digits and '-', each starting and
+// ending with a letter or digit.
+func validateDNSSubdomain(s string) error {
+	if s == "" {
+		return fmt.Errorf("must not be empty")
+	}
+	if len(s) > maxDNSSubdomainLen {
+		return fmt.Errorf("length %d exceeds %d characters", len(s), maxDNSSubdomainLen)
+	}
+	for _, label := range strings.Split(s, ".") {
+		if label == "" {
+			return fmt.Errorf("empty label (a DNS-1123 subdomain has no leading, trailing or double dots)")
+		}
+		if len(label) > maxDNSLabelLen {
+			return fmt.Errorf("label %q is %d characters, more than %d", label, len(label), maxDNSLabelLen)
+		}
+		for _, c := range label {
+			if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+				return fmt.Errorf("label %q contains %q (only lowercase letters, digits and '-' are allowed)", label, c)
+			}
+		}
+		if label[0] == '-' || label[len(label)-1] == '-' {
+			return fmt.Errorf("label %q must start and end with a lowercase letter or digit", label)
+		}
+	}
+	return nil
+}
