@@ -12,9 +12,10 @@ import (
 // (AddNode, Assign, Release, …); fit checks and scoring only read, so many
 // may run at once between mutations.
 type Cluster struct {
-	// Defaults for requests that name no policy.
-	DefaultNodePolicy api.NodePolicy
-	DefaultGPUPolicy  api.GPUPolicy
+	// DefaultGPUPolicy chooses GPUs within a node for requests that name
+	// no GPU policy. (The node-level default is the Policy the caller
+	// passes to Search.Best or scores with.)
+	DefaultGPUPolicy api.GPUPolicy
 
 	nodes  []*Node
 	byName map[string]int
@@ -39,10 +40,9 @@ type gpuCharge struct {
 // NewCluster returns an empty cluster with the default policies.
 func NewCluster() *Cluster {
 	return &Cluster{
-		DefaultNodePolicy: api.DefaultNodePolicy,
-		DefaultGPUPolicy:  api.DefaultGPUPolicy,
-		byName:            map[string]int{},
-		pods:              map[string]*podEntry{},
+		DefaultGPUPolicy: api.DefaultGPUPolicy,
+		byName:           map[string]int{},
+		pods:             map[string]*podEntry{},
 	}
 }
 

@@ -87,3 +87,11 @@ func checkInvariants(t testing.TB, c *Cluster) {
 		t.Fatal(err)
 	}
 }
+
+// fitOn compiles r in c and checks it against node n alone.
+func fitOn(t testing.TB, c *Cluster, n *Node, r *Request) Reason {
+	t.Helper()
+	var s Scratch
+	var p Placement
+	return mustCompile(t, c, r).Fit(n, nil, &s, &p)
+}

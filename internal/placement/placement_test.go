@@ -51,10 +51,7 @@ func TestExclusiveGPUExcludesShares(t *testing.T) {
 		t.Fatalf("whole GPU grant %+v, want the idle GPU 1 exclusively with all memory", d)
 	}
 	// Both GPUs are now taken for whole-GPU requests, and GPU 1 for shares.
-	cr := mustCompile(t, c, pod("whole2", whole("train", 1)))
-	var s Scratch
-	var p Placement
-	reason := cr.Fit(n, nil, &s, &p)
+	reason := fitOn(t, c, n, pod("whole2", whole("train", 1)))
 	if reason.Kind != ReasonWholeGPUs || reason.Have != 0 || reason.Total != 2 {
 		t.Fatalf("reason %+v", reason)
 	}
@@ -129,10 +126,7 @@ func TestInitContainerLargerThanFreeFails(t *testing.T) {
 	c, n := oneNodeCluster(t, inventory(1, "A100", 40960, 10))
 	place(t, c, pod("other", share("main", 20000, 10)))
 	r := &Request{Pod: "p", InitContainers: []Container{share("init", 30000, 10)}, Containers: []Container{share("a", 1000, 10)}}
-	cr := mustCompile(t, c, r)
-	var s Scratch
-	var p Placement
-	reason := cr.Fit(n, nil, &s, &p)
+	reason := fitOn(t, c, n, r)
 	if reason.Kind != ReasonGPUMemory || reason.Container != "init" || reason.Need != 30000 || reason.Have != 20960 {
 		t.Fatalf("reason %+v", reason)
 	}
@@ -142,10 +136,7 @@ func TestMaxSharesLimit(t *testing.T) {
 	c, n := oneNodeCluster(t, inventory(1, "T4", 15360, 2))
 	place(t, c, pod("a", share("main", 100, 1)))
 	place(t, c, pod("b", share("main", 100, 1)))
-	cr := mustCompile(t, c, pod("c", share("main", 100, 1)))
-	var s Scratch
-	var p Placement
-	if reason := cr.Fit(n, nil, &s, &p); reason.Kind != ReasonShares {
+	if reason := fitOn(t, c, n, pod("c", share("main", 100, 1))); reason.Kind != ReasonShares {
 		t.Fatalf("reason %v, want shares exhausted", reason)
 	}
 }
@@ -161,10 +152,7 @@ func TestUnhealthyGPUsAreSkipped(t *testing.T) {
 	inv.GPUs[1].Health = api.Unhealthy
 	n2 := mustNode(t, "node-a", inv)
 	c.UpsertNode(n2)
-	cr := mustCompile(t, c, pod("q", share("main", 1000, 10)))
-	var s Scratch
-	var p Placement
-	if reason := cr.Fit(n2, nil, &s, &p); reason.Kind != ReasonUnhealthy || reason.String() != "all 2 GPUs unhealthy" {
+	if reason := fitOn(t, c, n2, pod("q", share("main", 1000, 10))); reason.Kind != ReasonUnhealthy || reason.String() != "all 2 GPUs unhealthy" {
 		t.Fatalf("reason %q", reason)
 	}
 	_ = n
@@ -261,11 +249,8 @@ func TestNUMABinding(t *testing.T) {
 	}
 	r = pod("q", whole("main", 2))
 	r.NUMABind = true
-	cr := mustCompile(t, c, r)
-	var s Scratch
-	var p Placement
 	// One free GPU remains (GPU 0): not enough GPUs at all.
-	if reason := cr.Fit(n, nil, &s, &p); reason.Kind != ReasonWholeGPUs {
+	if reason := fitOn(t, c, n, r); reason.Kind != ReasonWholeGPUs {
 		t.Fatalf("reason %v", reason)
 	}
 }
@@ -279,16 +264,12 @@ func TestNUMABindingFailsAcrossNodes(t *testing.T) {
 	}
 	r := pod("p", whole("main", 2))
 	r.NUMABind = true
-	cr := mustCompile(t, c, r)
-	var s Scratch
-	var p Placement
-	reason := cr.Fit(n, nil, &s, &p)
+	reason := fitOn(t, c, n, r)
 	if reason.Kind != ReasonNUMA || reason.Have != 1 {
 		t.Fatalf("reason %+v, want NUMA with at most 1 GPU per NUMA node", reason)
 	}
 	r.NUMABind = false
-	cr = mustCompile(t, c, r)
-	if reason := cr.Fit(n, nil, &s, &p); !reason.OK() {
+	if reason := fitOn(t, c, n, r); !reason.OK() {
 		t.Fatalf("without NUMA binding: %v", reason)
 	}
 }
@@ -305,10 +286,7 @@ func TestMemoryOvercommit(t *testing.T) {
 	// A single grant may not exceed the physical memory.
 	c2, n2 := oneNodeCluster(t, inv)
 	_ = c2
-	cr := mustCompile(t, c2, pod("big", share("main", 50000, 10)))
-	var s Scratch
-	var p Placement
-	if reason := cr.Fit(n2, nil, &s, &p); reason.Kind != ReasonGPUMemoryPhysical {
+	if reason := fitOn(t, c2, n2, pod("big", share("main", 50000, 10))); reason.Kind != ReasonGPUMemoryPhysical {
 		t.Fatalf("reason %v", reason)
 	}
 }
@@ -329,10 +307,7 @@ func TestGPUMemoryReasonText(t *testing.T) {
 	c, n := oneNodeCluster(t, inventory(2, "A100", 40960, 10))
 	place(t, c, pod("a", share("main", 24576, 10)))
 	place(t, c, pod("b", share("main", 30000, 10)))
-	cr := mustCompile(t, c, pod("p", share("main", 20000, 10)))
-	var s Scratch
-	var p Placement
-	reason := cr.Fit(n, nil, &s, &p)
+	reason := fitOn(t, c, n, pod("p", share("main", 20000, 10)))
 	want := `container "main": no GPU with 20000 MiB free; largest free is 16384 MiB on GPU-A100-0…`
 	if reason.String() != want {
 		t.Fatalf("got %q\nwant %q", reason.String(), want)
@@ -355,16 +330,12 @@ func TestCPUAndMemoryChecked(t *testing.T) {
 	place(t, c, r)
 	r2 := pod("q", share("main", 1000, 10))
 	r2.CPUMilli = 2000
-	cr := mustCompile(t, c, r2)
-	var s Scratch
-	var p Placement
-	if reason := cr.Fit(n, nil, &s, &p); reason.String() != "insufficient CPU: pod needs 2000m, node has 1000m free" {
+	if reason := fitOn(t, c, n, r2); reason.String() != "insufficient CPU: pod needs 2000m, node has 1000m free" {
 		t.Fatalf("reason %q", reason)
 	}
 	r3 := pod("r", share("main", 1000, 10))
 	r3.MemoryMiB = 9000
-	cr = mustCompile(t, c, r3)
-	if reason := cr.Fit(n, nil, &s, &p); reason.Kind != ReasonMemory {
+	if reason := fitOn(t, c, n, r3); reason.Kind != ReasonMemory {
 		t.Fatalf("reason %v", reason)
 	}
 }
@@ -412,10 +383,7 @@ func TestExclusiveSharingModeTakesOnlyWholeGPUs(t *testing.T) {
 	inv := inventory(1, "A100", 40960, 1)
 	inv.GPUs[0].Sharing = api.SharingExclusive
 	c, n := oneNodeCluster(t, inv)
-	cr := mustCompile(t, c, pod("p", share("main", 1000, 10)))
-	var s Scratch
-	var p Placement
-	if reason := cr.Fit(n, nil, &s, &p); reason.Kind != ReasonSharingMode {
+	if reason := fitOn(t, c, n, pod("p", share("main", 1000, 10))); reason.Kind != ReasonSharingMode {
 		t.Fatalf("reason %v", reason)
 	}
 	place(t, c, pod("q", whole("main", 1)))
