@@ -1,0 +1,131 @@
+package limiterstate
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+)
+
+// Errors returned by Parse and ReadFile.
+var (
+	ErrShort   = errors.New("limiterstate: file shorter than the layout")
+	ErrMagic   = errors.New("limiterstate: not a limiter state file (bad magic)")
+	ErrVersion = errors.New("limiterstate: unsupported layout version")
+	ErrLayout  = errors.New("limiterstate: layout sizes do not match")
+	ErrNotInit = errors.New("limiterstate: file not initialised")
+	ErrTorn    = errors.New("limiterstate: writer active, snapshot torn")
+)
+
+// Device is the accounting of one GPU (CUDA device ordinal).
+type Device struct {
+	Index   int
+	Limit   uint64 // bytes; 0 = no memory limit
+	Used    uint64 // bytes charged by all live processes
+	SMLimit uint32 // percent; 0 = no compute limit
+}
+
+// Process is one registered process of the container.
+type Process struct {
+	PID          int32 // in the container's pid namespace
+	PIDNamespace uint64
+	Used         [MaxDevices]uint64
+}
+
+// Snapshot is a consistent copy of the shared state.
+type Snapshot struct {
+	Version            uint32
+	Seq                uint64
+	Devices            [MaxDevices]Device
+	Processes          []Process // live slots only
+	ReclaimedProcesses uint64    // dead processes whose usage was reclaimed
+}
+
+var le = binary.LittleEndian
+
+// Parse decodes a copy of the whole file. It fails with ErrTorn if the copy
+// was taken while a writer was mid-update (odd sequence number).
+func Parse(b []byte) (*Snapshot, error) {
+	if len(b) < StateSize {
+		return nil, ErrShort
+	}
+	if le.Uint64(b[OffMagic:]) != Magic {
+		return nil, ErrMagic
+	}
+	if v := le.Uint32(b[OffVersion:]); v != Version {
+		return nil, fmt.Errorf("%w: %d", ErrVersion, v)
+	}
+	if le.Uint32(b[OffHeaderSize:]) != HeaderSize || le.Uint32(b[OffSlotSize:]) != SlotSize ||
+		le.Uint32(b[OffMaxDevices:]) != MaxDevices || le.Uint32(b[OffMaxProcs:]) != MaxProcs {
+		return nil, ErrLayout
+	}
+	if le.Uint32(b[OffInitState:]) != InitReady {
+		return nil, ErrNotInit
+	}
+	s := &Snapshot{Version: Version, Seq: le.Uint64(b[OffSeq:])}
+	if s.Seq%2 == 1 {
+		return nil, ErrTorn
+	}
+	for d := 0; d < MaxDevices; d++ {
+		s.Devices[d] = Device{
+			Index:   d,
+			Limit:   le.Uint64(b[OffLimit+8*d:]),
+			Used:    le.Uint64(b[OffTotalUsed+8*d:]),
+			SMLimit: le.Uint32(b[OffSMLimit+4*d:]),
+		}
+	}
+	s.ReclaimedProcesses = le.Uint64(b[OffReclaimed:])
+	for i := 0; i < MaxProcs; i++ {
+		o := OffSlots + i*SlotSize
+		pid := int32(le.Uint32(b[o+SlotOffPID:]))
+		if pid == 0 {
+			continue
+		}
+		p := Process{PID: pid, PIDNamespace: le.Uint64(b[o+SlotOffPIDNS:])}
+		for d := 0; d < MaxDevices; d++ {
+			p.Used[d] = le.Uint64(b[o+SlotOffUsed+8*d:])
+		}
+		s.Processes = append(s.Processes, p)
+	}
+	return s, nil
+}
+
+// ReadFile reads a consistent snapshot of the state file at path, retrying
+// while writers are active (sequence number odd or changed during the read).
+// It never takes the writers' lock, so a stuck reader cannot block a GPU
+// allocation.
+func ReadFile(path string) (*Snapshot, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	buf := make([]byte, StateSize)
+	var seq [8]byte
+	var lastErr error
+	for attempt := 0; attempt < 100; attempt++ {
+		if _, err := f.ReadAt(buf, 0); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil, ErrShort
+			}
+			return nil, err
+		}
+		s, err := Parse(buf)
+		if err != nil {
+			if errors.Is(err, ErrTorn) {
+				lastErr = err
+				continue
+			}
+			return nil, err
+		}
+		if _, err := f.ReadAt(seq[:], OffSeq); err != nil {
+			return nil, err
+		}
+		if le.Uint64(seq[:]) == s.Seq {
+			return s, nil
+		}
+		lastErr = ErrTorn
+	}
+	return nil, lastErr
+}

@@ -1,0 +1,1015 @@
+/*
+ * tl_hooks.c - the interposed CUDA driver API and NVML entry points.
+ *
+ * Every exported cu... and nvml... function below has the name and signature of the
+ * driver function it replaces. It is reached three ways:
+ *   1. by symbol, when the application links libcuda/libnvidia-ml and this
+ *      library is preloaded ahead of them;
+ *   2. through dlsym(handle_of_libcuda, name): our dlsym() returns the
+ *      wrapper for names we intercept;
+ *   3. through cuGetProcAddress[_v2]: the hook asks the real driver and, if
+ *      the answer is the address of a function we intercept, hands back the
+ *      wrapper instead.
+ * The real functions are found with the real dlsym on a handle from
+ * dlopen("libcuda.so.1", RTLD_NOW|RTLD_LOCAL), never through our own dlsym.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tl_config.h"
+#include "tl_cuda.h"
+#include "tl_pacer.h"
+#include "tl_state.h"
+#include "tl_table.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+extern char **environ;
+
+/* ------------------------------------------------------------------ */
+/* real function pointers                                              */
+
+typedef void *(*dlsym_fn)(void *, const char *);
+static dlsym_fn real_dlsym;
+
+#define CU_REAL_LIST(X)                                                             \
+    X(cuInit, (unsigned int))                                                       \
+    X(cuGetProcAddress, (const char *, void **, int, unsigned long long))           \
+    X(cuGetProcAddress_v2, (const char *, void **, int, unsigned long long, int *)) \
+    X(cuMemAlloc_v2, (CUdeviceptr *, size_t))                                       \
+    X(cuMemAllocPitch_v2, (CUdeviceptr *, size_t *, size_t, size_t, unsigned int))  \
+    X(cuMemAllocManaged, (CUdeviceptr *, size_t, unsigned int))                     \
+    X(cuMemAllocAsync, (CUdeviceptr *, size_t, CUstream))                           \
+    X(cuMemAllocAsync_ptsz, (CUdeviceptr *, size_t, CUstream))                      \
+    X(cuMemAllocFromPoolAsync, (CUdeviceptr *, size_t, CUmemoryPool, CUstream))     \
+    X(cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr *, size_t, CUmemoryPool, CUstream)) \
+    X(cuMemCreate, (CUmemGenericAllocationHandle *, size_t, const TL_MEM_ALLOCATION_PROP *, unsigned long long)) \
+    X(cuArrayCreate_v2, (CUarray *, const TL_ARRAY_DESCRIPTOR *))                   \
+    X(cuArray3DCreate_v2, (CUarray *, const TL_ARRAY3D_DESCRIPTOR *))               \
+    X(cuMipmappedArrayCreate, (CUmipmappedArray *, const TL_ARRAY3D_DESCRIPTOR *, unsigned int)) \
+    X(cuMemFree_v2, (CUdeviceptr))                                                  \
+    X(cuMemFreeAsync, (CUdeviceptr, CUstream))                                      \
+    X(cuMemFreeAsync_ptsz, (CUdeviceptr, CUstream))                                 \
+    X(cuMemRelease, (CUmemGenericAllocationHandle))                                 \
+    X(cuArrayDestroy, (CUarray))                                                    \
+    X(cuMipmappedArrayDestroy, (CUmipmappedArray))                                  \
+    X(cuCtxCreate_v2, (CUcontext *, unsigned int, CUdevice))                        \
+    X(cuCtxDestroy_v2, (CUcontext))                                                 \
+    X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))                            \
+    X(cuDevicePrimaryCtxRelease_v2, (CUdevice))                                     \
+    X(cuDevicePrimaryCtxReset_v2, (CUdevice))                                       \
+    X(cuMemGetInfo_v2, (size_t *, size_t *))                                        \
+    X(cuDeviceTotalMem_v2, (size_t *, CUdevice))                                    \
+    X(cuLaunchKernel, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **, void **)) \
+    X(cuLaunchKernel_ptsz, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **, void **)) \
+    X(cuLaunchKernelEx, (const TL_LAUNCH_CONFIG *, CUfunction, void **, void **))   \
+    X(cuLaunchKernelEx_ptsz, (const TL_LAUNCH_CONFIG *, CUfunction, void **, void **)) \
+    X(cuLaunchCooperativeKernel, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **)) \
+    X(cuLaunchCooperativeKernel_ptsz, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **)) \
+    X(cuGraphLaunch, (CUgraphExec, CUstream))                                       \
+    X(cuGraphLaunch_ptsz, (CUgraphExec, CUstream))
+
+#define NVML_REAL_LIST(X)                                                           \
+    X(nvmlInit_v2, (void))                                                          \
+    X(nvmlDeviceGetHandleByIndex_v2, (unsigned int, nvmlDevice_t *))                \
+    X(nvmlDeviceGetIndex, (nvmlDevice_t, unsigned int *))                           \
+    X(nvmlDeviceGetMemoryInfo, (nvmlDevice_t, TL_NVML_MEMORY *))                    \
+    X(nvmlDeviceGetMemoryInfo_v2, (nvmlDevice_t, TL_NVML_MEMORY_V2 *))              \
+    X(nvmlDeviceGetProcessUtilization, (nvmlDevice_t, TL_NVML_PROC_UTIL_SAMPLE *, unsigned int *, unsigned long long)) \
+    X(nvmlDeviceGetUtilizationRates, (nvmlDevice_t, TL_NVML_UTILIZATION *))
+
+#define DECL_CU(name, args) static CUresult(*real_##name) args;
+#define DECL_NVML(name, args) static nvmlReturn_t(*real_##name) args;
+CU_REAL_LIST(DECL_CU)
+NVML_REAL_LIST(DECL_NVML)
+static CUresult (*real_cuCtxGetDevice)(CUdevice *);
+#define PROTO_CU(name, args) EXPORT CUresult name args;
+CU_REAL_LIST(PROTO_CU)
+
+/* ------------------------------------------------------------------ */
+/* initialisation                                                      */
+
+static tl_config cfg;
+static tl_shared sh;
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static int registered;
+static int cuda_ready, nvml_ready;
+static pthread_once_t core_once = PTHREAD_ONCE_INIT;
+static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
+static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
+
+/* Called from dlsym(), which sanitizer runtimes use while they start up:
+ * nothing here may be instrumented. */
+#define NO_SANITIZE __attribute__((no_sanitize("address", "undefined")))
+
+static NO_SANITIZE void resolve_real_dlsym(void)
+{
+    static const char *const vers[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", "GLIBC_2.0"};
+    for (size_t i = 0; i < sizeof(vers) / sizeof(vers[0]) && !real_dlsym; i++)
+        real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", vers[i]);
+}
+
+static int pace_started;
+static pthread_mutex_t pace_start_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t prim_mu = PTHREAD_MUTEX_INITIALIZER;
+static unsigned prim_refs[TL_MAX_DEVICES];
+
+static void after_fork_child(void)
+{
+    /* The child owns no GPU memory and no contexts, has no slot yet and no
+     * pacing thread (threads do not survive fork). Locks that another
+     * parent thread held at fork time are re-initialised, not taken. */
+    pthread_mutex_init(&reg_mu, NULL);
+    pthread_mutex_init(&prim_mu, NULL);
+    pthread_mutex_init(&pace_start_mu, NULL);
+    registered = 0;
+    sh.slot = -1;
+    pace_started = 0;
+    memset(prim_refs, 0, sizeof(prim_refs));
+    tl_table_reset_after_fork();
+}
+
+/* The environment is read when the library is loaded, before the program
+ * runs, so a program cannot raise its own limit with setenv(). Nothing is
+ * printed or opened here: most processes never touch the GPU. */
+__attribute__((constructor)) static void tl_load(void)
+{
+    tl_config_parse(&cfg, environ);
+}
+
+static void core_init(void)
+{
+    if (!real_dlsym)
+        resolve_real_dlsym();
+    if (cfg.error)
+        fputs(cfg.errmsg, stderr);
+    if (!cfg.error && cfg.mem_active && tl_shared_open(&sh, cfg.state_path) != 0)
+        cfg.error = 1;
+    pthread_atfork(NULL, NULL, after_fork_child);
+}
+
+static void cuda_init(void)
+{
+    pthread_once(&core_once, core_init);
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        fprintf(stderr, "tessera-limiter: cannot load libcuda.so.1: %s\n", dlerror());
+    } else if (real_dlsym) {
+#define RESOLVE_CU(name, args) *(void **)&real_##name = real_dlsym(h, #name);
+        CU_REAL_LIST(RESOLVE_CU)
+        *(void **)&real_cuCtxGetDevice = real_dlsym(h, "cuCtxGetDevice");
+    }
+    __atomic_store_n(&cuda_ready, 1, __ATOMIC_RELEASE);
+}
+
+static void nvml_init(void)
+{
+    pthread_once(&core_once, core_init); /* config + shared state */
+    void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (h && real_dlsym) {
+#define RESOLVE_NVML(name, args) *(void **)&real_##name = real_dlsym(h, #name);
+        NVML_REAL_LIST(RESOLVE_NVML)
+    }
+    __atomic_store_n(&nvml_ready, 1, __ATOMIC_RELEASE);
+}
+
+static inline void ensure_cuda(void)
+{
+    if (UNLIKELY(!__atomic_load_n(&cuda_ready, __ATOMIC_ACQUIRE)))
+        pthread_once(&cuda_once, cuda_init);
+}
+
+static inline void ensure_nvml(void)
+{
+    if (UNLIKELY(!__atomic_load_n(&nvml_ready, __ATOMIC_ACQUIRE)))
+        pthread_once(&nvml_once, nvml_init);
+}
+
+__attribute__((destructor)) static void tl_fini(void)
+{
+    if (registered && sh.st)
+        tl_shared_unregister(&sh);
+}
+
+#define CALL_REAL(name, ...) (real_##name ? real_##name(__VA_ARGS__) : CUDA_ERROR_NOT_INITIALIZED)
+
+/* ------------------------------------------------------------------ */
+/* accounting helpers                                                  */
+
+static int current_device(void)
+{
+    CUdevice d = 0;
+    if (real_cuCtxGetDevice && real_cuCtxGetDevice(&d) == CUDA_SUCCESS)
+        return d;
+    return 0;
+}
+
+static inline uint64_t limit_of(int dev)
+{
+    if (dev < 0 || dev >= TL_MAX_DEVICES)
+        return 1; /* unknown device while limits are on: fail closed */
+    return cfg.mem_limit[dev];
+}
+
+static int ensure_registered(void)
+{
+    if (LIKELY(__atomic_load_n(&registered, __ATOMIC_ACQUIRE)))
+        return 0;
+    pthread_mutex_lock(&reg_mu);
+    int r = 0;
+    if (!registered) {
+        r = tl_shared_register(&sh);
+        if (r == 0) {
+            tl_shared_publish_limits(&sh, cfg.mem_limit, cfg.sm_limit, TL_MAX_DEVICES);
+            __atomic_store_n(&registered, 1, __ATOMIC_RELEASE);
+        }
+    }
+    pthread_mutex_unlock(&reg_mu);
+    return r;
+}
+
+/* Reserve `bytes` on `dev`. Returns 1 if charged, 0 if the device is not
+ * limited (nothing to track), -1 if it would exceed the limit. */
+static int reserve(int dev, uint64_t bytes)
+{
+    uint64_t lim = limit_of(dev);
+    if (!lim)
+        return 0;
+    if (dev < 0 || dev >= TL_MAX_DEVICES || ensure_registered() != 0)
+        return -1;
+    return tl_shared_reserve(&sh, dev, bytes, lim) == 0 ? 1 : -1;
+}
+
+static void release(int dev, uint64_t bytes)
+{
+    tl_shared_release(&sh, dev, bytes);
+}
+
+/* Record a successful allocation. If the table cannot grow (malloc
+ * failure), undo the allocation and the charge: nothing goes untracked. */
+static int track(int kind, uint64_t key, uint64_t bytes, int dev)
+{
+    if (tl_table_put(kind, key, bytes, dev) == 0)
+        return 0;
+    switch (kind) {
+    case TL_K_PTR: CALL_REAL(cuMemFree_v2, (CUdeviceptr)key); break;
+    case TL_K_HANDLE: CALL_REAL(cuMemRelease, key); break;
+    case TL_K_ARRAY: CALL_REAL(cuArrayDestroy, (CUarray)(uintptr_t)key); break;
+    case TL_K_MIPMAP: CALL_REAL(cuMipmappedArrayDestroy, (CUmipmappedArray)(uintptr_t)key); break;
+    case TL_K_CTX: CALL_REAL(cuCtxDestroy_v2, (CUcontext)(uintptr_t)key); break;
+    }
+    release(dev, bytes);
+    return -1;
+}
+
+static uint64_t sat_mul(uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+/* Bytes per channel element of a CUarray_format. Unknown (newer or block
+ * compressed) formats are charged 4 bytes per channel. */
+static uint64_t format_bytes(int f)
+{
+    switch (f) {
+    case 0x01: case 0x08: return 1;             /* (un)signed int8 */
+    case 0x02: case 0x09: case 0x10: return 2;  /* (un)signed int16, half */
+    case 0x03: case 0x0a: case 0x20: return 4;  /* (un)signed int32, float */
+    default: return 4;
+    }
+}
+
+static uint64_t array_bytes(size_t w, size_t h, size_t d, int fmt, unsigned ch)
+{
+    uint64_t b = sat_mul(w ? w : 1, h ? h : 1);
+    b = sat_mul(b, d ? d : 1);
+    b = sat_mul(b, ch ? ch : 1);
+    return sat_mul(b, format_bytes(fmt));
+}
+
+static uint64_t mipmap_bytes(const TL_ARRAY3D_DESCRIPTOR *a, unsigned levels)
+{
+    uint64_t total = 0;
+    size_t w = a->Width, h = a->Height, d = a->Depth;
+    if (levels == 0)
+        levels = 1;
+    for (unsigned l = 0; l < levels && l < 64; l++) {
+        uint64_t b = array_bytes(w, h, d, a->Format, a->NumChannels);
+        total = total + b < total ? UINT64_MAX : total + b;
+        w = w > 1 ? w / 2 : 1;
+        h = h > 1 ? h / 2 : h;
+        d = d > 1 ? d / 2 : d;
+    }
+    return total;
+}
+
+/* Common shape of the simple allocators. `dev` is where it lands. */
+#define ALLOC_BODY(kind, dev_expr, bytes_expr, outkey, call)                       \
+    ensure_cuda();                                                                  \
+    if (UNLIKELY(cfg.error))                                                        \
+        return CUDA_ERROR_OUT_OF_MEMORY;                                            \
+    if (!cfg.mem_active)                                                            \
+        return call;                                                                \
+    int dev_ = (dev_expr);                                                          \
+    uint64_t bytes_ = (bytes_expr);                                                 \
+    int charged_ = reserve(dev_, bytes_);                                           \
+    if (charged_ < 0)                                                               \
+        return CUDA_ERROR_OUT_OF_MEMORY;                                            \
+    CUresult r_ = call;                                                             \
+    if (charged_ > 0) {                                                             \
+        if (r_ != CUDA_SUCCESS)                                                     \
+            release(dev_, bytes_);                                                  \
+        else if (track(kind, (uint64_t)(outkey), bytes_, dev_) != 0)                \
+            r_ = CUDA_ERROR_OUT_OF_MEMORY;                                          \
+    }                                                                               \
+    return r_;
+
+/* ------------------------------------------------------------------ */
+/* memory allocation                                                   */
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    ALLOC_BODY(TL_K_PTR, current_device(), bytesize, *dptr, CALL_REAL(cuMemAlloc_v2, dptr, bytesize))
+}
+
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    ALLOC_BODY(TL_K_PTR, current_device(), bytesize, *dptr,
+               CALL_REAL(cuMemAllocManaged, dptr, bytesize, flags))
+}
+
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream s)
+{
+    ALLOC_BODY(TL_K_PTR, current_device(), bytesize, *dptr, CALL_REAL(cuMemAllocAsync, dptr, bytesize, s))
+}
+
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream s)
+{
+    ALLOC_BODY(TL_K_PTR, current_device(), bytesize, *dptr,
+               CALL_REAL(cuMemAllocAsync_ptsz, dptr, bytesize, s))
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s)
+{
+    ALLOC_BODY(TL_K_PTR, current_device(), bytesize, *dptr,
+               CALL_REAL(cuMemAllocFromPoolAsync, dptr, bytesize, pool, s))
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s)
+{
+    ALLOC_BODY(TL_K_PTR, current_device(), bytesize, *dptr,
+               CALL_REAL(cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, s))
+}
+
+EXPORT CUresult cuArrayCreate_v2(CUarray *ph, const TL_ARRAY_DESCRIPTOR *a)
+{
+    if (!a || !ph)
+        return CALL_REAL(cuArrayCreate_v2, ph, a);
+    ALLOC_BODY(TL_K_ARRAY, current_device(), array_bytes(a->Width, a->Height, 1, a->Format, a->NumChannels),
+               (uintptr_t)*ph, CALL_REAL(cuArrayCreate_v2, ph, a))
+}
+
+EXPORT CUresult cuArray3DCreate_v2(CUarray *ph, const TL_ARRAY3D_DESCRIPTOR *a)
+{
+    if (!a || !ph)
+        return CALL_REAL(cuArray3DCreate_v2, ph, a);
+    ALLOC_BODY(TL_K_ARRAY, current_device(), array_bytes(a->Width, a->Height, a->Depth, a->Format, a->NumChannels),
+               (uintptr_t)*ph, CALL_REAL(cuArray3DCreate_v2, ph, a))
+}
+
+EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *ph, const TL_ARRAY3D_DESCRIPTOR *a, unsigned int levels)
+{
+    if (!a || !ph)
+        return CALL_REAL(cuMipmappedArrayCreate, ph, a, levels);
+    ALLOC_BODY(TL_K_MIPMAP, current_device(), mipmap_bytes(a, levels), (uintptr_t)*ph,
+               CALL_REAL(cuMipmappedArrayCreate, ph, a, levels))
+}
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                            const TL_MEM_ALLOCATION_PROP *prop, unsigned long long flags)
+{
+    /* Only device-resident physical memory counts (location type 1). */
+    if (!prop || !handle || prop->location.type != 1) {
+        ensure_cuda();
+        return CALL_REAL(cuMemCreate, handle, size, prop, flags);
+    }
+    ALLOC_BODY(TL_K_HANDLE, prop->location.id, size, *handle,
+               CALL_REAL(cuMemCreate, handle, size, prop, flags))
+}
+
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+                                   unsigned int elem)
+{
+    ensure_cuda();
+    if (UNLIKELY(cfg.error))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!cfg.mem_active || !dptr || !pitch)
+        return CALL_REAL(cuMemAllocPitch_v2, dptr, pitch, width, height, elem);
+    /* The pitch is only known afterwards: reserve the least it can be,
+     * then charge the padding, undoing the allocation if that is over. */
+    int dev = current_device();
+    uint64_t want = sat_mul(width, height);
+    int charged = reserve(dev, want);
+    if (charged < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = CALL_REAL(cuMemAllocPitch_v2, dptr, pitch, width, height, elem);
+    if (charged == 0)
+        return r;
+    if (r != CUDA_SUCCESS) {
+        release(dev, want);
+        return r;
+    }
+    uint64_t actual = sat_mul(*pitch, height);
+    if (actual > want) {
+        if (reserve(dev, actual - want) < 0) {
+            CALL_REAL(cuMemFree_v2, *dptr);
+            release(dev, want);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        want = actual;
+    }
+    if (track(TL_K_PTR, *dptr, want, dev) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return r;
+}
+
+/* ------------------------------------------------------------------ */
+/* frees: forget the entry first (the address may be reused by another
+ * thread as soon as the real free returns), put it back on failure.     */
+
+#define FREE_BODY(kind, key, call)                                                 \
+    ensure_cuda();                                                                 \
+    if (!cfg.mem_active)                                                           \
+        return call;                                                               \
+    uint64_t size_;                                                                \
+    int dev_;                                                                      \
+    int had_ = tl_table_take(kind, (uint64_t)(key), &size_, &dev_);                \
+    CUresult r_ = call;                                                            \
+    if (had_) {                                                                    \
+        if (r_ == CUDA_SUCCESS)                                                    \
+            release(dev_, size_);                                                  \
+        else                                                                       \
+            tl_table_put(kind, (uint64_t)(key), size_, dev_);                      \
+    }                                                                              \
+    return r_;
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { FREE_BODY(TL_K_PTR, p, CALL_REAL(cuMemFree_v2, p)) }
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { FREE_BODY(TL_K_PTR, p, CALL_REAL(cuMemFreeAsync, p, s)) }
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s)
+{
+    FREE_BODY(TL_K_PTR, p, CALL_REAL(cuMemFreeAsync_ptsz, p, s))
+}
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) { FREE_BODY(TL_K_HANDLE, h, CALL_REAL(cuMemRelease, h)) }
+EXPORT CUresult cuArrayDestroy(CUarray a) { FREE_BODY(TL_K_ARRAY, (uintptr_t)a, CALL_REAL(cuArrayDestroy, a)) }
+EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a)
+{
+    FREE_BODY(TL_K_MIPMAP, (uintptr_t)a, CALL_REAL(cuMipmappedArrayDestroy, a))
+}
+
+/* ------------------------------------------------------------------ */
+/* contexts: each is charged cfg.ctx_reserve bytes                     */
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    ensure_cuda();
+    if (UNLIKELY(cfg.error))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!cfg.mem_active || !cfg.ctx_reserve || !pctx)
+        return CALL_REAL(cuCtxCreate_v2, pctx, flags, dev);
+    ALLOC_BODY(TL_K_CTX, dev, cfg.ctx_reserve, (uintptr_t)*pctx, CALL_REAL(cuCtxCreate_v2, pctx, flags, dev))
+}
+
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) { FREE_BODY(TL_K_CTX, (uintptr_t)ctx, CALL_REAL(cuCtxDestroy_v2, ctx)) }
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    ensure_cuda();
+    if (UNLIKELY(cfg.error))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!cfg.mem_active || !cfg.ctx_reserve || dev < 0 || dev >= TL_MAX_DEVICES)
+        return CALL_REAL(cuDevicePrimaryCtxRetain, pctx, dev);
+    pthread_mutex_lock(&prim_mu);
+    int charged = 0;
+    if (prim_refs[dev] == 0) {
+        charged = reserve(dev, cfg.ctx_reserve);
+        if (charged < 0) {
+            pthread_mutex_unlock(&prim_mu);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    CUresult r = CALL_REAL(cuDevicePrimaryCtxRetain, pctx, dev);
+    if (r == CUDA_SUCCESS)
+        prim_refs[dev]++;
+    else if (charged > 0)
+        release(dev, cfg.ctx_reserve);
+    pthread_mutex_unlock(&prim_mu);
+    return r;
+}
+
+static CUresult primary_drop(CUdevice dev, int all, CUresult r)
+{
+    if (r != CUDA_SUCCESS || !cfg.mem_active || !cfg.ctx_reserve || dev < 0 || dev >= TL_MAX_DEVICES)
+        return r;
+    pthread_mutex_lock(&prim_mu);
+    if (prim_refs[dev] > 0) {
+        prim_refs[dev] = all ? 0 : prim_refs[dev] - 1;
+        if (prim_refs[dev] == 0 && limit_of(dev))
+            release(dev, cfg.ctx_reserve);
+    }
+    pthread_mutex_unlock(&prim_mu);
+    return r;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    ensure_cuda();
+    return primary_drop(dev, 0, CALL_REAL(cuDevicePrimaryCtxRelease_v2, dev));
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    ensure_cuda();
+    return primary_drop(dev, 1, CALL_REAL(cuDevicePrimaryCtxReset_v2, dev));
+}
+
+/* ------------------------------------------------------------------ */
+/* reporting                                                           */
+
+EXPORT CUresult cuInit(unsigned int flags)
+{
+    ensure_cuda();
+    if (UNLIKELY(cfg.error))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return CALL_REAL(cuInit, flags);
+}
+
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
+{
+    ensure_cuda();
+    CUresult r = CALL_REAL(cuMemGetInfo_v2, free_b, total_b);
+    if (r != CUDA_SUCCESS || !cfg.mem_active || !free_b || !total_b)
+        return r;
+    int dev = current_device();
+    uint64_t lim = limit_of(dev);
+    if (!lim || dev >= TL_MAX_DEVICES)
+        return r;
+    tl_shared_maybe_reclaim(&sh, 1000000000ull);
+    uint64_t used = tl_shared_used(&sh, dev);
+    uint64_t total = lim < *total_b ? lim : *total_b;
+    uint64_t free_ = used < total ? total - used : 0;
+    if (free_ > *free_b)
+        free_ = *free_b;
+    *total_b = total;
+    *free_b = free_;
+    return r;
+}
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    ensure_cuda();
+    CUresult r = CALL_REAL(cuDeviceTotalMem_v2, bytes, dev);
+    if (r == CUDA_SUCCESS && cfg.mem_active && bytes && dev >= 0 && dev < TL_MAX_DEVICES &&
+        cfg.mem_limit[dev] && cfg.mem_limit[dev] < *bytes)
+        *bytes = cfg.mem_limit[dev];
+    return r;
+}
+
+/* NVML: total = limit, used = container usage, free = total - used >= 0. */
+static void nvml_adjust(nvmlDevice_t d, unsigned long long *total, unsigned long long *freep,
+                        unsigned long long *used)
+{
+    unsigned idx;
+    if (!cfg.mem_active || !real_nvmlDeviceGetIndex || real_nvmlDeviceGetIndex(d, &idx) != NVML_SUCCESS ||
+        idx >= TL_MAX_DEVICES || !cfg.mem_limit[idx])
+        return;
+    uint64_t lim = cfg.mem_limit[idx];
+    uint64_t t = lim < *total ? lim : *total;
+    tl_shared_maybe_reclaim(&sh, 1000000000ull);
+    uint64_t u = tl_shared_used(&sh, (int)idx);
+    *total = t;
+    *used = u;
+    *freep = u < t ? t - u : 0;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, TL_NVML_MEMORY *m)
+{
+    ensure_nvml();
+    if (!real_nvmlDeviceGetMemoryInfo)
+        return NVML_ERROR_UNINITIALIZED;
+    nvmlReturn_t r = real_nvmlDeviceGetMemoryInfo(d, m);
+    if (r == NVML_SUCCESS && m)
+        nvml_adjust(d, &m->total, &m->free, &m->used);
+    return r;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, TL_NVML_MEMORY_V2 *m)
+{
+    ensure_nvml();
+    if (!real_nvmlDeviceGetMemoryInfo_v2)
+        return NVML_ERROR_UNINITIALIZED;
+    nvmlReturn_t r = real_nvmlDeviceGetMemoryInfo_v2(d, m);
+    if (r == NVML_SUCCESS && m) {
+        nvml_adjust(d, &m->total, &m->free, &m->used);
+        if (m->reserved > m->total)
+            m->reserved = 0;
+    }
+    return r;
+}
+
+/* ------------------------------------------------------------------ */
+/* compute pacing                                                      */
+
+#define PACE_PERIOD_NS 100000000ll
+
+typedef struct {
+    pthread_mutex_t mu;
+    tl_pacer pacer;
+    tl_bucket bucket;
+    double used;      /* tokens consumed since the last control step */
+    int throttled;    /* a launch waited since the last control step */
+} dev_pace;
+
+static dev_pace pace[TL_MAX_DEVICES];
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Container SM utilisation on NVML device `d` from per-process samples
+ * newer than *last_ts, counting the pids registered in the shared state
+ * (and our own). Returns -1 if NVML gave no sample for them. */
+static double container_util(nvmlDevice_t d, unsigned long long *last_ts)
+{
+    unsigned n = 0;
+    if (!real_nvmlDeviceGetProcessUtilization)
+        return -1;
+    nvmlReturn_t r = real_nvmlDeviceGetProcessUtilization(d, NULL, &n, *last_ts);
+    if (r != NVML_ERROR_INSUFFICIENT_SIZE && r != NVML_SUCCESS)
+        return -1;
+    if (n == 0)
+        return -1;
+    n += 8;
+    TL_NVML_PROC_UTIL_SAMPLE *s = calloc(n, sizeof(*s));
+    if (!s)
+        return -1;
+    r = real_nvmlDeviceGetProcessUtilization(d, s, &n, *last_ts);
+    int32_t pids[64];
+    int np = 0;
+    if (sh.st)
+        np = tl_shared_pids(&sh, pids, 63);
+    pids[np++] = getpid();
+    /* NVML may return several samples per process: use each pid's latest. */
+    unsigned long long best_ts[64] = {0};
+    unsigned best_util[64] = {0};
+    int have[64] = {0};
+    double sum = 0;
+    int seen = 0;
+    unsigned long long newest = *last_ts;
+    if (r == NVML_SUCCESS) {
+        for (unsigned i = 0; i < n; i++) {
+            if (s[i].timeStamp > newest)
+                newest = s[i].timeStamp;
+            for (int k = 0; k < np; k++)
+                if ((unsigned)pids[k] == s[i].pid) {
+                    if (!have[k] || s[i].timeStamp >= best_ts[k]) {
+                        best_ts[k] = s[i].timeStamp;
+                        best_util[k] = s[i].smUtil;
+                    }
+                    have[k] = 1;
+                    break;
+                }
+        }
+        for (int k = 0; k < np; k++)
+            if (have[k]) {
+                sum += best_util[k];
+                seen++;
+            }
+    }
+    free(s);
+    *last_ts = newest;
+    if (seen)
+        return sum;
+    /* NVML reports host pids; inside a container with its own pid
+     * namespace none of ours match. Fall back to whole-device utilisation:
+     * exact when the container is alone on the GPU, conservative (the
+     * container gets less than its share) next to busy neighbours. */
+    TL_NVML_UTILIZATION ur;
+    if (r == NVML_SUCCESS && n > 0 && real_nvmlDeviceGetUtilizationRates &&
+        real_nvmlDeviceGetUtilizationRates(d, &ur) == NVML_SUCCESS)
+        return ur.gpu;
+    return -1;
+}
+
+static void *pace_thread(void *arg)
+{
+    (void)arg;
+    nvmlDevice_t devs[TL_MAX_DEVICES] = {0};
+    unsigned long long last_ts[TL_MAX_DEVICES] = {0};
+    unsigned no_sample[TL_MAX_DEVICES] = {0};
+    int have_nvml = real_nvmlInit_v2 && real_nvmlInit_v2() == NVML_SUCCESS;
+    if (!have_nvml)
+        fprintf(stderr, "tessera-limiter: NVML unavailable; CUDA_DEVICE_SM_LIMIT cannot be measured "
+                        "and launches are paced at the initial rate only\n");
+    for (int i = 0; have_nvml && i < TL_MAX_DEVICES; i++)
+        if (cfg.sm_limit[i] && real_nvmlDeviceGetHandleByIndex_v2)
+            real_nvmlDeviceGetHandleByIndex_v2((unsigned)i, &devs[i]);
+    const char *dbg = getenv("TESSERA_LIMITER_DEBUG");
+    int debug = dbg && *dbg == '1';
+    double last = mono_s();
+    for (;;) {
+        struct timespec ts = {0, PACE_PERIOD_NS};
+        nanosleep(&ts, NULL);
+        double now = mono_s(), dt = now - last;
+        last = now;
+        for (int i = 0; i < TL_MAX_DEVICES; i++) {
+            if (!cfg.sm_limit[i] || !devs[i])
+                continue;
+            double u = container_util(devs[i], &last_ts[i]);
+            double others = 0;
+            TL_NVML_UTILIZATION ur;
+            if (cfg.elastic && real_nvmlDeviceGetUtilizationRates &&
+                real_nvmlDeviceGetUtilizationRates(devs[i], &ur) == NVML_SUCCESS)
+                others = (double)ur.gpu - (u > 0 ? u : 0);
+            dev_pace *p = &pace[i];
+            pthread_mutex_lock(&p->mu);
+            double used_rate = dt > 0 ? p->used / dt : 0;
+            int thr = p->throttled;
+            p->used = 0;
+            p->throttled = 0;
+            /* No launches, or no new NVML sample (its sampling period can be
+             * longer than ours): nothing to learn, hold the rate. A missing
+             * sample must not read as 0 % or the rate would run away. */
+            if ((used_rate > 0 || thr) && u >= 0) {
+                double target = tl_pacer_effective_target(cfg.sm_limit[i], others < 0 ? 0 : others, cfg.elastic);
+                tl_pacer_step(&p->pacer, target, u, used_rate, thr);
+                no_sample[i] = 0;
+            } else if (used_rate > 0 && u < 0 && ++no_sample[i] == 50) {
+                fprintf(stderr, "tessera-limiter: device %d: NVML gave no utilisation sample for 5 s while "
+                                "kernels ran; the SM limit is not being adjusted\n", i);
+            }
+            if (debug)
+                fprintf(stderr, "tessera-limiter: dev %d util %.1f used %.0f/s throttled %d -> rate %.0f/s\n", i,
+                        u, used_rate, thr, p->pacer.rate);
+            pthread_mutex_unlock(&p->mu);
+        }
+    }
+    return NULL;
+}
+
+static void pace_start(void)
+{
+    pthread_mutex_lock(&pace_start_mu);
+    if (!pace_started) {
+        ensure_nvml();
+        for (int i = 0; i < TL_MAX_DEVICES; i++) {
+            pthread_mutex_init(&pace[i].mu, NULL);
+            tl_pacer_init(&pace[i].pacer, 1e6, 10.0, 1e12);
+            pace[i].bucket.burst = 0.1; /* at most 100 ms of saved tokens */
+        }
+        pthread_t t;
+        pthread_attr_t a;
+        pthread_attr_init(&a);
+        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        if (pthread_create(&t, &a, pace_thread, NULL) != 0)
+            fprintf(stderr, "tessera-limiter: cannot start pacing thread\n");
+        pthread_attr_destroy(&a);
+        __atomic_store_n(&pace_started, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&pace_start_mu);
+}
+
+static void pace_launch(double cost)
+{
+    int dev = current_device();
+    if (dev < 0 || dev >= TL_MAX_DEVICES || !cfg.sm_limit[dev])
+        return;
+    if (UNLIKELY(!__atomic_load_n(&pace_started, __ATOMIC_ACQUIRE)))
+        pace_start();
+    dev_pace *p = &pace[dev];
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        double w = tl_bucket_take(&p->bucket, p->pacer.rate, mono_s(), cost);
+        if (w == 0)
+            break;
+        p->throttled = 1;
+        pthread_mutex_unlock(&p->mu);
+        if (w > 0.01)
+            w = 0.01;
+        struct timespec ts = {0, (long)(w * 1e9) + 1000};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&p->mu);
+    }
+    p->used += cost;
+    pthread_mutex_unlock(&p->mu);
+}
+
+static inline double blocks(unsigned x, unsigned y, unsigned z)
+{
+    return (double)(x ? x : 1) * (double)(y ? y : 1) * (double)(z ? z : 1);
+}
+
+#define PACE(cost)                          \
+    ensure_cuda();                          \
+    if (UNLIKELY(cfg.sm_active))            \
+        pace_launch(cost);
+
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                               unsigned bz, unsigned shm, CUstream s, void **params, void **extra)
+{
+    PACE(blocks(gx, gy, gz))
+    return CALL_REAL(cuLaunchKernel, f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
+}
+
+EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                    unsigned by, unsigned bz, unsigned shm, CUstream s, void **params,
+                                    void **extra)
+{
+    PACE(blocks(gx, gy, gz))
+    return CALL_REAL(cuLaunchKernel_ptsz, f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
+}
+
+EXPORT CUresult cuLaunchKernelEx(const TL_LAUNCH_CONFIG *c, CUfunction f, void **params, void **extra)
+{
+    PACE(c ? blocks(c->gridDimX, c->gridDimY, c->gridDimZ) : 1)
+    return CALL_REAL(cuLaunchKernelEx, c, f, params, extra);
+}
+
+EXPORT CUresult cuLaunchKernelEx_ptsz(const TL_LAUNCH_CONFIG *c, CUfunction f, void **params, void **extra)
+{
+    PACE(c ? blocks(c->gridDimX, c->gridDimY, c->gridDimZ) : 1)
+    return CALL_REAL(cuLaunchKernelEx_ptsz, c, f, params, extra);
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                          unsigned by, unsigned bz, unsigned shm, CUstream s, void **params)
+{
+    PACE(blocks(gx, gy, gz))
+    return CALL_REAL(cuLaunchCooperativeKernel, f, gx, gy, gz, bx, by, bz, shm, s, params);
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                               unsigned bx, unsigned by, unsigned bz, unsigned shm, CUstream s,
+                                               void **params)
+{
+    PACE(blocks(gx, gy, gz))
+    return CALL_REAL(cuLaunchCooperativeKernel_ptsz, f, gx, gy, gz, bx, by, bz, shm, s, params);
+}
+
+/* A graph's work is unknown here; it is charged one token. */
+EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
+{
+    PACE(1)
+    return CALL_REAL(cuGraphLaunch, g, s);
+}
+
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
+{
+    PACE(1)
+    return CALL_REAL(cuGraphLaunch_ptsz, g, s);
+}
+
+/* ------------------------------------------------------------------ */
+/* entry-point lookup                                                  */
+
+typedef struct {
+    const char *name;
+    void *wrapper;
+    void **real; /* NULL for NVML entries resolved separately */
+} hook;
+
+#define HOOK_CU(name, args) {#name, (void *)name, (void **)&real_##name},
+static const hook cu_hooks[] = {
+    CU_REAL_LIST(HOOK_CU)
+};
+static const hook nvml_hooks[] = {
+    {"nvmlDeviceGetMemoryInfo", (void *)nvmlDeviceGetMemoryInfo, NULL},
+    {"nvmlDeviceGetMemoryInfo_v2", (void *)nvmlDeviceGetMemoryInfo_v2, NULL},
+};
+
+static void *wrapper_by_name(const char *name)
+{
+    if (name[0] != 'c' && name[0] != 'n')
+        return NULL;
+    for (size_t i = 0; i < sizeof(cu_hooks) / sizeof(cu_hooks[0]); i++)
+        if (!strcmp(cu_hooks[i].name, name))
+            return cu_hooks[i].wrapper;
+    for (size_t i = 0; i < sizeof(nvml_hooks) / sizeof(nvml_hooks[0]); i++)
+        if (!strcmp(nvml_hooks[i].name, name))
+            return nvml_hooks[i].wrapper;
+    return NULL;
+}
+
+/* Map a real driver address to our wrapper, if we intercept it. */
+static void *wrapper_by_real(void *p)
+{
+    for (size_t i = 0; i < sizeof(cu_hooks) / sizeof(cu_hooks[0]); i++)
+        if (*cu_hooks[i].real == p)
+            return cu_hooks[i].wrapper;
+    return NULL;
+}
+
+/* Fallback by name, for a driver whose cuGetProcAddress hands out addresses
+ * other than its exported symbols. Only names whose versioned variant is
+ * certain for any cudart >= 11 are listed; cuCtxCreate (v2/v3/v4 depending
+ * on the version asked for) and cuGetProcAddress itself are not. */
+static const char *const ptsz_names[] = {
+    "cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuGraphLaunch",
+    "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemFreeAsync",
+};
+static const char *const v2_names[] = {
+    "cuMemAlloc", "cuMemAllocPitch", "cuMemFree", "cuMemGetInfo", "cuDeviceTotalMem", "cuArrayCreate",
+    "cuArray3DCreate", "cuCtxDestroy", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset",
+};
+static const char *const plain_names[] = {
+    "cuInit", "cuMemAllocManaged", "cuMemCreate", "cuMemRelease", "cuArrayDestroy", "cuMipmappedArrayCreate",
+    "cuMipmappedArrayDestroy", "cuDevicePrimaryCtxRetain", "cuLaunchKernel", "cuLaunchKernelEx",
+    "cuLaunchCooperativeKernel", "cuGraphLaunch", "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemFreeAsync",
+};
+
+static int listed(const char *const *list, size_t n, const char *sym)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(list[i], sym))
+            return 1;
+    return 0;
+}
+#define LISTED(list, sym) listed(list, sizeof(list) / sizeof(list[0]), sym)
+
+static void *wrapper_by_base_name(const char *sym, int ver, unsigned long long flags)
+{
+    char n[96];
+    if (!sym || strlen(sym) > 80 || ver < 11000)
+        return NULL;
+    if ((flags & TL_CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && LISTED(ptsz_names, sym))
+        snprintf(n, sizeof(n), "%s_ptsz", sym);
+    else if (LISTED(v2_names, sym))
+        snprintf(n, sizeof(n), "%s_v2", sym);
+    else if (LISTED(plain_names, sym))
+        snprintf(n, sizeof(n), "%s", sym);
+    else
+        return NULL;
+    return wrapper_by_name(n);
+}
+
+static void swap_in_wrapper(const char *sym, void **pfn, int ver, unsigned long long flags)
+{
+    void *w = wrapper_by_real(*pfn);
+    if (!w) {
+        w = wrapper_by_base_name(sym, ver, flags);
+        /* leave our own wrappers (asked for twice) alone */
+        Dl_info self, got;
+        if (w && dladdr(w, &self) && dladdr(*pfn, &got) && self.dli_fbase == got.dli_fbase)
+            w = NULL;
+    }
+    if (w)
+        *pfn = w;
+}
+
+EXPORT CUresult cuGetProcAddress(const char *sym, void **pfn, int ver, unsigned long long flags)
+{
+    ensure_cuda();
+    CUresult r = CALL_REAL(cuGetProcAddress, sym, pfn, ver, flags);
+    if (r == CUDA_SUCCESS && pfn && *pfn)
+        swap_in_wrapper(sym, pfn, ver, flags);
+    return r;
+}
+
+EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, unsigned long long flags, int *status)
+{
+    ensure_cuda();
+    CUresult r = CALL_REAL(cuGetProcAddress_v2, sym, pfn, ver, flags, status);
+    if (r == CUDA_SUCCESS && pfn && *pfn)
+        swap_in_wrapper(sym, pfn, ver, flags);
+    return r;
+}
+
+/* Applications (and cudart) often dlopen libcuda / libnvidia-ml and look
+ * functions up by handle, which would bypass a preloaded library. For the
+ * names we intercept, hand out our wrapper when the library behind the
+ * handle really defines the name. RTLD_DEFAULT/RTLD_NEXT are passed through
+ * untouched; the tail call keeps the caller's return address so glibc
+ * resolves RTLD_NEXT relative to the real caller. */
+EXPORT NO_SANITIZE void *dlsym(void *handle, const char *name)
+{
+    if (UNLIKELY(!real_dlsym))
+        resolve_real_dlsym();
+    if (handle != RTLD_DEFAULT && handle != RTLD_NEXT) {
+        void *w = wrapper_by_name(name);
+        if (w && real_dlsym(handle, name))
+            return w;
+    }
+    return real_dlsym(handle, name);
+}

@@ -1,0 +1,88 @@
+/*
+ * tl_state.h - the shared-state file that all processes of one container
+ * map to share one GPU memory budget.
+ *
+ * Layout (little-endian, x86_64/aarch64 LP64), versioned by magic/version
+ * and the sizes recorded in the header. The Go reader in
+ * internal/limiterstate mirrors these offsets; a Go test checks them
+ * against offsetof()/sizeof() printed by test/layout_dump.c.
+ *
+ * Writers hold `lock` (a process-shared robust mutex). Every change made
+ * under the lock is bracketed by seq++ (odd while writing) so lock-free
+ * readers (the Go reader) can detect and retry torn snapshots.
+ */
+#ifndef TL_STATE_H
+#define TL_STATE_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#define TL_STATE_MAGIC 0x314D494C53534554ULL /* "TESSLIM1" little-endian */
+#define TL_STATE_VERSION 1u
+#define TL_MAX_DEVICES 16
+#define TL_MAX_PROCS 1024
+
+#define TL_STATE_READY 2u
+
+typedef struct tl_proc_slot {
+    int32_t pid;      /* 0 = free */
+    uint32_t flags;   /* reserved, 0 */
+    uint64_t pidns;   /* inode of the pid namespace of `pid` */
+    uint64_t used[TL_MAX_DEVICES]; /* bytes charged by this process */
+} tl_proc_slot;
+
+typedef struct tl_state {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t header_size;   /* offsetof(tl_state, slots) */
+    uint32_t slot_size;     /* sizeof(tl_proc_slot) */
+    uint32_t max_devices;
+    uint32_t max_procs;
+    uint32_t init_state;    /* TL_STATE_READY once initialised */
+    uint64_t seq;           /* odd while a writer is mid-update */
+    uint64_t limit[TL_MAX_DEVICES];   /* bytes, 0 = unlimited (last writer's config) */
+    uint64_t total_used[TL_MAX_DEVICES]; /* sum of slots[].used[dev] */
+    uint32_t sm_limit[TL_MAX_DEVICES];   /* percent, 0 = unlimited */
+    uint64_t reclaimed_procs;  /* dead processes whose usage was reclaimed */
+    uint64_t last_reclaim_ns;  /* CLOCK_MONOTONIC(_COARSE) of last dead-slot sweep */
+    union {
+        pthread_mutex_t mutex;
+        unsigned char pad[64];
+    } lock;
+    tl_proc_slot slots[TL_MAX_PROCS];
+} tl_state;
+
+/* Process-local handle. */
+typedef struct tl_shared {
+    tl_state *st;
+    int slot;        /* index of this process's slot, -1 if none */
+    int32_t pid;
+    uint64_t pidns;
+} tl_shared;
+
+/* Open (creating and initialising if needed) the state file at `path`.
+ * Returns 0 or -1 with a message printed to stderr. */
+int tl_shared_open(tl_shared *sh, const char *path);
+/* Register this process (claims a slot). Returns 0 or -1. */
+int tl_shared_register(tl_shared *sh);
+/* Clear this process's slot (process exit). */
+void tl_shared_unregister(tl_shared *sh);
+/* Record configured limits for readers. */
+void tl_shared_publish_limits(tl_shared *sh, const uint64_t *limit,
+                              const uint32_t *sm_limit, int ndev);
+/* Charge `bytes` on `dev` if total stays <= limit. Returns 0 on success,
+ * -1 if it would exceed the limit (after reclaiming dead processes). */
+int tl_shared_reserve(tl_shared *sh, int dev, uint64_t bytes, uint64_t limit);
+/* Give back `bytes` on `dev` previously charged by this process. */
+void tl_shared_release(tl_shared *sh, int dev, uint64_t bytes);
+/* Container-wide usage on `dev` (lock-free read). */
+uint64_t tl_shared_used(const tl_shared *sh, int dev);
+/* Sweep dead processes if the last sweep is older than `interval_ns`
+ * (reporting paths call this so nvidia-smi does not show the dead). */
+void tl_shared_maybe_reclaim(tl_shared *sh, uint64_t interval_ns);
+/* Sweep dead processes now; returns number of slots reclaimed. */
+int tl_shared_reclaim(tl_shared *sh);
+/* Copy the pids of live slots into out (at most n). Returns count. */
+int tl_shared_pids(const tl_shared *sh, int32_t *out, int n);
+
+#endif

@@ -1,0 +1,73 @@
+/* bench.c - cost of intercepted calls through the fake driver. Run once
+ * without and once with the limiter preloaded; run_bench.sh prints the
+ * difference. The fake calls themselves cost a few ns. Each figure is the
+ * best of 10 rounds (of N/10 calls), so that time the process spent
+ * descheduled on a busy machine does not count. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "fake_api.h"
+
+static double now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static volatile size_t sink;
+
+static double round_getinfo(long n)
+{
+    size_t f, t;
+    double t0 = now_ns();
+    for (long i = 0; i < n; i++) {
+        cuMemGetInfo_v2(&f, &t);
+        sink += f;
+    }
+    return (now_ns() - t0) / (double)n;
+}
+
+static double round_launch(long n)
+{
+    double t0 = now_ns();
+    for (long i = 0; i < n; i++)
+        cuLaunchKernel(NULL, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+    return (now_ns() - t0) / (double)n;
+}
+
+static double round_alloc(long n)
+{
+    CUdeviceptr d;
+    double t0 = now_ns();
+    for (long i = 0; i < n; i++) {
+        cuMemAlloc_v2(&d, 4096);
+        cuMemFree_v2(d);
+    }
+    return (now_ns() - t0) / (double)n;
+}
+
+static double best(double (*f)(long), long n)
+{
+    double b = 1e30;
+    f(n / 10); /* warm-up */
+    for (int r = 0; r < 10; r++) {
+        double v = f(n / 10);
+        if (v < b)
+            b = v;
+    }
+    return b;
+}
+
+int main(int argc, char **argv)
+{
+    long n = argc > 1 ? atol(argv[1]) : 10000000;
+    if (n < 10)
+        n = 10;
+    cuInit(0);
+    printf("cuMemGetInfo_v2 %.1f\n", best(round_getinfo, n));
+    printf("cuLaunchKernel %.1f\n", best(round_launch, n));
+    printf("cuMemAlloc_v2+cuMemFree_v2 %.1f\n", best(round_alloc, n / 10));
+    return 0;
+}

@@ -1,0 +1,408 @@
+/*
+ * fake_cuda.c - a stand-in libcuda.so.1 for CI: devices whose memory size
+ * comes from FAKE_GPU_MEM (bytes, default 16 GiB; FAKE_GPU_COUNT devices,
+ * default 2). It hands out fake addresses and keeps per-process usage so
+ * cuMemGetInfo answers like a real driver. Nothing runs on any GPU.
+ * Launches just count (fake_launch_count, read by the fake NVML).
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fake_api.h"
+
+#define MAXDEV 16
+#define MAXALLOC 65536
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static int inited, ndev = 2;
+static unsigned long long devmem = 16ull << 30;
+static unsigned long long used[MAXDEV];
+static unsigned long long next_addr = 0x700000000000ull;
+static struct { unsigned long long key, size; int dev, kind; } allocs[MAXALLOC];
+static struct fake_ctx { int dev; int magic; } ctxs[MAXDEV], created[256];
+static int ncreated;
+static int prim_refs[MAXDEV];
+static __thread int cur_dev = -1;
+
+/* exported for the fake NVML: total blocks launched by this process */
+unsigned long long fake_launch_blocks;
+/* exported for tests: the most device-0 memory ever allocated at once */
+unsigned long long fake_peak_used;
+
+static void setup(void)
+{
+    const char *m = getenv("FAKE_GPU_MEM"), *c = getenv("FAKE_GPU_COUNT");
+    if (m)
+        devmem = strtoull(m, NULL, 0);
+    if (c)
+        ndev = atoi(c);
+    if (ndev < 1 || ndev > MAXDEV)
+        ndev = 2;
+    for (int i = 0; i < MAXDEV; i++)
+        ctxs[i].dev = i;
+}
+
+CUresult cuInit(unsigned int flags)
+{
+    (void)flags;
+    pthread_mutex_lock(&mu);
+    if (!inited) {
+        setup();
+        inited = 1;
+    }
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+#define NEED_INIT() do { if (!inited) return CUDA_ERROR_NOT_INITIALIZED; } while (0)
+
+CUresult cuDriverGetVersion(int *v) { *v = 12040; return CUDA_SUCCESS; }
+
+CUresult cuDeviceGet(CUdevice *d, int ord)
+{
+    NEED_INIT();
+    if (ord < 0 || ord >= ndev)
+        return CUDA_ERROR_INVALID_VALUE;
+    *d = ord;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetDevice(CUdevice *d)
+{
+    NEED_INIT();
+    if (cur_dev < 0)
+        cur_dev = 0; /* behave as if the primary context of device 0 were current */
+    *d = cur_dev;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetCurrent(CUcontext c)
+{
+    NEED_INIT();
+    cur_dev = c ? ((struct fake_ctx *)c)->dev : -1;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxCreate_v2(CUcontext *pc, unsigned int flags, CUdevice dev)
+{
+    (void)flags;
+    NEED_INIT();
+    if (dev < 0 || dev >= ndev)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    if (ncreated >= 256) {
+        pthread_mutex_unlock(&mu);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    struct fake_ctx *c = &created[ncreated++];
+    c->dev = dev;
+    c->magic = 1;
+    pthread_mutex_unlock(&mu);
+    cur_dev = dev;
+    *pc = c;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxDestroy_v2(CUcontext c)
+{
+    NEED_INIT();
+    struct fake_ctx *f = c;
+    if (!f || f->magic != 1)
+        return CUDA_ERROR_INVALID_VALUE;
+    f->magic = 0;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pc, CUdevice dev)
+{
+    NEED_INIT();
+    if (dev < 0 || dev >= ndev)
+        return CUDA_ERROR_INVALID_VALUE;
+    prim_refs[dev]++;
+    *pc = &ctxs[dev];
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    NEED_INIT();
+    if (dev < 0 || dev >= ndev || prim_refs[dev] == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    prim_refs[dev]--;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    NEED_INIT();
+    if (dev < 0 || dev >= ndev)
+        return CUDA_ERROR_INVALID_VALUE;
+    prim_refs[dev] = 0;
+    return CUDA_SUCCESS;
+}
+
+/* kind: 1 pointer, 2 handle, 3 array, 4 mipmap */
+static CUresult fake_alloc(unsigned long long *out, size_t size, int kind)
+{
+    NEED_INIT();
+    int dev = cur_dev < 0 ? 0 : cur_dev;
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    if (size > devmem - used[dev]) {
+        pthread_mutex_unlock(&mu);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    for (int i = 0; i < MAXALLOC; i++) {
+        if (allocs[i].key == 0) {
+            allocs[i].key = next_addr;
+            allocs[i].size = size;
+            allocs[i].dev = dev;
+            allocs[i].kind = kind;
+            *out = next_addr;
+            next_addr += (size + 511) & ~511ull;
+            used[dev] += size;
+            if (dev == 0 && used[0] > fake_peak_used)
+                fake_peak_used = used[0];
+            pthread_mutex_unlock(&mu);
+            return CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static CUresult fake_free(unsigned long long key, int kind)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < MAXALLOC; i++) {
+        if (allocs[i].key == key && allocs[i].kind == kind && key) {
+            used[allocs[i].dev] -= allocs[i].size;
+            allocs[i].key = 0;
+            pthread_mutex_unlock(&mu);
+            return CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { return fake_alloc(p, n, 1); }
+CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned int e)
+{
+    (void)e;
+    /* FAKE_PITCH_ALIGN pads rows like a real driver would (default: none). */
+    const char *a = getenv("FAKE_PITCH_ALIGN");
+    size_t al = a ? strtoull(a, NULL, 0) : 1;
+    if (al == 0)
+        al = 1;
+    size_t pw = (w + al - 1) / al * al;
+    CUresult r = fake_alloc(p, pw * h, 1);
+    if (r == CUDA_SUCCESS)
+        *pitch = pw;
+    return r;
+}
+CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned int f) { (void)f; return fake_alloc(p, n, 1); }
+CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) { (void)s; return fake_alloc(p, n, 1); }
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) { (void)s; return fake_alloc(p, n, 1); }
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, CUmemoryPool pl, CUstream s)
+{
+    (void)pl; (void)s;
+    return fake_alloc(p, n, 1);
+}
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, CUmemoryPool pl, CUstream s)
+{
+    (void)pl; (void)s;
+    return fake_alloc(p, n, 1);
+}
+CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n, const TL_MEM_ALLOCATION_PROP *prop,
+                     unsigned long long f)
+{
+    (void)f;
+    if (!prop)
+        return CUDA_ERROR_INVALID_VALUE;
+    int save = cur_dev;
+    cur_dev = prop->location.id;
+    CUresult r = fake_alloc(h, n, 2);
+    cur_dev = save;
+    return r;
+}
+
+static size_t fmt_bytes(int f)
+{
+    switch (f) {
+    case 0x01: case 0x08: return 1;
+    case 0x02: case 0x09: case 0x10: return 2;
+    default: return 4;
+    }
+}
+
+static size_t arr_bytes(size_t w, size_t h, size_t d, int f, unsigned ch)
+{
+    return (w ? w : 1) * (h ? h : 1) * (d ? d : 1) * (ch ? ch : 1) * fmt_bytes(f);
+}
+
+CUresult cuArrayCreate_v2(CUarray *a, const TL_ARRAY_DESCRIPTOR *d)
+{
+    unsigned long long k;
+    CUresult r = fake_alloc(&k, arr_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels), 3);
+    if (r == CUDA_SUCCESS)
+        *a = (CUarray)(uintptr_t)k;
+    return r;
+}
+
+CUresult cuArray3DCreate_v2(CUarray *a, const TL_ARRAY3D_DESCRIPTOR *d)
+{
+    unsigned long long k;
+    CUresult r = fake_alloc(&k, arr_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels), 3);
+    if (r == CUDA_SUCCESS)
+        *a = (CUarray)(uintptr_t)k;
+    return r;
+}
+
+CUresult cuMipmappedArrayCreate(CUmipmappedArray *a, const TL_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
+{
+    size_t total = 0, w = d->Width, h = d->Height, dd = d->Depth;
+    for (unsigned l = 0; l < (levels ? levels : 1); l++) {
+        total += arr_bytes(w, h, dd, d->Format, d->NumChannels);
+        w = w > 1 ? w / 2 : 1;
+        h = h > 1 ? h / 2 : h;
+        dd = dd > 1 ? dd / 2 : dd;
+    }
+    unsigned long long k;
+    CUresult r = fake_alloc(&k, total, 4);
+    if (r == CUDA_SUCCESS)
+        *a = (CUmipmappedArray)(uintptr_t)k;
+    return r;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr p) { return fake_free(p, 1); }
+CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)s; return fake_free(p, 1); }
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { (void)s; return fake_free(p, 1); }
+CUresult cuMemRelease(CUmemGenericAllocationHandle h) { return fake_free(h, 2); }
+CUresult cuArrayDestroy(CUarray a) { return fake_free((uintptr_t)a, 3); }
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray a) { return fake_free((uintptr_t)a, 4); }
+
+CUresult cuMemGetInfo_v2(size_t *f, size_t *t)
+{
+    NEED_INIT();
+    int dev = cur_dev < 0 ? 0 : cur_dev;
+    *t = devmem;
+    *f = devmem - used[dev];
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice dev)
+{
+    NEED_INIT();
+    if (dev < 0 || dev >= ndev)
+        return CUDA_ERROR_INVALID_VALUE;
+    *b = devmem;
+    return CUDA_SUCCESS;
+}
+
+static CUresult launch(unsigned gx, unsigned gy, unsigned gz)
+{
+    __atomic_add_fetch(&fake_launch_blocks, (unsigned long long)gx * gy * gz, __ATOMIC_RELAXED);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                        unsigned bz, unsigned shm, CUstream s, void **p, void **e)
+{
+    (void)f; (void)bx; (void)by; (void)bz; (void)shm; (void)s; (void)p; (void)e;
+    return launch(gx, gy, gz);
+}
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                             unsigned bz, unsigned shm, CUstream s, void **p, void **e)
+{
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shm, s, p, e);
+}
+CUresult cuLaunchKernelEx(const TL_LAUNCH_CONFIG *c, CUfunction f, void **p, void **e)
+{
+    (void)f; (void)p; (void)e;
+    return launch(c->gridDimX, c->gridDimY, c->gridDimZ);
+}
+CUresult cuLaunchKernelEx_ptsz(const TL_LAUNCH_CONFIG *c, CUfunction f, void **p, void **e)
+{
+    return cuLaunchKernelEx(c, f, p, e);
+}
+CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                   unsigned by, unsigned bz, unsigned shm, CUstream s, void **p)
+{
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shm, s, p, NULL);
+}
+CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                        unsigned by, unsigned bz, unsigned shm, CUstream s, void **p)
+{
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shm, s, p, NULL);
+}
+CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { (void)g; (void)s; return launch(1, 1, 1); }
+CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) { (void)g; (void)s; return launch(1, 1, 1); }
+
+/* Entry-point table for cuGetProcAddress: like the real driver, a base name
+ * ("cuMemAlloc") resolves to the current versioned function. */
+#define ENTRY(ret, name, args) {#name, (void *)name},
+static const struct { const char *name; void *fn; } table[] = {FAKE_API_LIST(ENTRY)};
+
+/* FAKE_GPA_THUNKS=1: cuGetProcAddress hands out internal functions instead
+ * of the exported ones for a few entry points, as a driver may. */
+static CUresult thunk_alloc(CUdeviceptr *p, size_t n) { return fake_alloc(p, n, 1); }
+static CUresult thunk_free(CUdeviceptr p) { return fake_free(p, 1); }
+static CUresult thunk_getinfo(size_t *f, size_t *t) { return cuMemGetInfo_v2(f, t); }
+static CUresult thunk_launch_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                  unsigned bz, unsigned shm, CUstream s, void **p, void **e)
+{
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shm, s, p, e);
+}
+
+static void *find(const char *n)
+{
+    if (getenv("FAKE_GPA_THUNKS")) {
+        if (!strcmp(n, "cuMemAlloc_v2"))
+            return (void *)thunk_alloc;
+        if (!strcmp(n, "cuMemFree_v2"))
+            return (void *)thunk_free;
+        if (!strcmp(n, "cuMemGetInfo_v2"))
+            return (void *)thunk_getinfo;
+        if (!strcmp(n, "cuLaunchKernel_ptsz"))
+            return (void *)thunk_launch_ptsz;
+    }
+    for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
+        if (!strcmp(table[i].name, n))
+            return table[i].fn;
+    return NULL;
+}
+
+CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, unsigned long long flags, int *status)
+{
+    char buf[256];
+    void *p = NULL;
+    if (!sym || !pfn || strlen(sym) > 200)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (flags & TL_CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
+        snprintf(buf, sizeof(buf), "%s_ptsz", sym);
+        p = find(buf);
+    }
+    if (!p && ver >= 3020) {
+        snprintf(buf, sizeof(buf), "%s_v2", sym);
+        p = find(buf);
+    }
+    if (!p)
+        p = find(sym);
+    *pfn = p;
+    if (status)
+        *status = p ? 0 : 1;
+    return p ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+CUresult cuGetProcAddress(const char *sym, void **pfn, int ver, unsigned long long flags)
+{
+    return cuGetProcAddress_v2(sym, pfn, ver, flags, NULL);
+}

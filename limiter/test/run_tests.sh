@@ -1,0 +1,130 @@
+#!/bin/sh
+# run_tests.sh BUILD_DIR - runs every limiter test against the fake driver.
+# Each check prints PASS/FAIL; the last line is "N passed, M failed" and the
+# exit status is non-zero if anything failed. SANITIZE=1 runs the ASan/UBSan
+# build (the sanitizer runtimes must be preloaded ahead of the limiter).
+set -u
+B=$(cd "$1" && pwd)
+T=$(mktemp -d /tmp/tl-test.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+export LD_LIBRARY_PATH="$B/fake${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export FAKE_GPU_MEM=17179869184
+PRE="$B/libtessera-limiter.so"
+if [ "${SANITIZE:-0}" = 1 ]; then
+    PRE="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so) $PRE"
+    export ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:halt_on_error=1
+    export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+fi
+L=1048576
+LOG="$T/log"
+: >"$LOG"
+
+# record lines from a test program; a crash or a non-zero exit without any
+# FAIL line still counts as a failure
+run() { # name cmd...
+    name=$1; shift
+    out=$("$@" 2>"$T/err"); rc=$?
+    printf '%s\n' "$out" | grep -E '^(PASS|FAIL|#)' | tee -a "$LOG"
+    if [ $rc -ne 0 ] && ! printf '%s\n' "$out" | grep -q '^FAIL'; then
+        echo "FAIL $name: exit $rc: $(head -c 600 "$T/err")" | tee -a "$LOG"
+    fi
+}
+check() { # name condition-exit-status
+    if [ "$2" -eq 0 ]; then echo "PASS $1" | tee -a "$LOG"; else echo "FAIL $1" | tee -a "$LOG"; fi
+}
+state() { echo "$T/state.$1"; }
+lim() { # run a client with the limiter preloaded: lim STATE ENV... -- client args
+    st=$1; shift
+    env CUDA_DEVICE_MEMORY_SHARED_CACHE="$st" LD_PRELOAD="$PRE" "$@"
+}
+
+# 1. pure unit tests
+run units "$B/test_units"
+run pacer "$B/test_pacer"
+
+# 2. the fake driver alone does not enforce anything
+run nolimit-sym "$B/client_sym" nolimit $L
+run nolimit-dl "$B/client_dl" nolimit $L
+
+for c in client_sym client_dl; do
+    # 3. every allocation path at the boundary, both access routes
+    run "boundary-$c" lim "$(state b$c)" CUDA_DEVICE_MEMORY_LIMIT=1m CUDA_DEVICE_MEMORY_LIMIT_1=2m \
+        EXPECT_LIMIT_1=$((2 * L)) "$B/$c" boundary $L
+    # 4. context footprint
+    run "ctx-$c" lim "$(state c$c)" CUDA_DEVICE_MEMORY_LIMIT=$L TESSERA_CONTEXT_RESERVE=64k \
+        "$B/$c" ctx $L 65536
+    # 5. reporting
+    run "report-$c" lim "$(state r$c)" CUDA_DEVICE_MEMORY_LIMIT_0=$L EXPECT_DEV1_UNLIMITED=1 \
+        "$B/$c" report $L
+    # entry points come from the limiter whichever way they were looked up
+    run "routes-$c" lim "$(state r$c)" CUDA_DEVICE_MEMORY_LIMIT=$L "$B/$c" routes
+    # eight threads of one process
+    run "threads-$c" lim "$(state t$c)" CUDA_DEVICE_MEMORY_LIMIT=$L "$B/$c" threads $L
+    # 6. eight processes, one limit
+    run "multi-$c" lim "$(state m$c)" CUDA_DEVICE_MEMORY_LIMIT=$L "$B/$c" multi $L 8
+done
+
+# a driver whose cuGetProcAddress returns internal addresses: name fallback
+run boundary-thunks lim "$(state th)" CUDA_DEVICE_MEMORY_LIMIT=1m FAKE_GPA_THUNKS=1 "$B/client_dl" boundary $L
+run routes-thunks lim "$(state th)" CUDA_DEVICE_MEMORY_LIMIT=1m FAKE_GPA_THUNKS=1 "$B/client_dl" routes
+
+# 7. SIGKILL of a process holding memory returns its share
+# (env directly, not the lim function, so that $! is the client itself)
+S=$(state kill)
+env CUDA_DEVICE_MEMORY_SHARED_CACHE="$S" LD_PRELOAD="$PRE" CUDA_DEVICE_MEMORY_LIMIT=$L \
+    "$B/client_sym" hold $((3 * L / 4)) "$T/ready" >/dev/null 2>&1 &
+HOLDER=$!
+i=0; while [ ! -s "$T/ready" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
+check "holder allocated 3/4 L" "$(grep -qx 0 "$T/ready"; echo $?)"
+run kill-before lim "$S" CUDA_DEVICE_MEMORY_LIMIT=$L "$B/client_dl" try $((L / 2)) oom "second-process-refused-while-holder-lives"
+kill -9 $HOLDER; wait $HOLDER 2>/dev/null
+run kill-after lim "$S" CUDA_DEVICE_MEMORY_LIMIT=$L "$B/client_dl" try $((L / 2)) ok "sigkilled-holder-share-reclaimed"
+
+# 8. a process with a smaller limit than what is in use: never negative
+S=$(state over); rm -f "$T/ready"
+env CUDA_DEVICE_MEMORY_SHARED_CACHE="$S" LD_PRELOAD="$PRE" CUDA_DEVICE_MEMORY_LIMIT=$((2 * L)) \
+    "$B/client_sym" hold $((3 * L / 2)) "$T/ready" >/dev/null 2>&1 &
+HOLDER=$!
+i=0; while [ ! -s "$T/ready" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
+run overfull lim "$S" CUDA_DEVICE_MEMORY_LIMIT=$L "$B/client_sym" overfull $L
+kill -9 $HOLDER; wait $HOLDER 2>/dev/null
+
+# 9. malformed environment fails closed, naming the variable and value
+for kv in CUDA_DEVICE_MEMORY_LIMIT=12x CUDA_DEVICE_MEMORY_LIMIT_0=4gb CUDA_DEVICE_MEMORY_LIMIT=-1 \
+          CUDA_DEVICE_SM_LIMIT=150 CUDA_DEVICE_SM_LIMIT=half TESSERA_CONTEXT_RESERVE=big; do
+    var=${kv%%=*}; val=${kv#*=}
+    run "malformed $kv" lim "$(state bad)" CUDA_DEVICE_MEMORY_LIMIT=$L "$kv" "$B/client_dl" malformed
+    env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state bad)" LD_PRELOAD="$PRE" CUDA_DEVICE_MEMORY_LIMIT=$L "$kv" \
+        "$B/client_sym" malformed >/dev/null 2>"$T/err"
+    grep -q "$var=\"$val\"" "$T/err"
+    check "malformed $kv: stderr names variable and value" $?
+done
+# an unusable shared-state file also fails closed
+mkdir -p "$T/dir.state"
+run "unusable-state-file" lim "$T/dir.state" CUDA_DEVICE_MEMORY_LIMIT=$L "$B/client_sym" malformed
+
+# 10. compute pacing, closed loop through the fake NVML
+run pace-30 lim "$(state p)" CUDA_DEVICE_SM_LIMIT=30 FAKE_BLOCK_US=10 "$B/client_sym" pace 30 3
+run pace-60 lim "$(state p)" CUDA_DEVICE_SM_LIMIT=60 FAKE_BLOCK_US=10 "$B/client_dl" pace 60 3
+# NVML pids do not match ours (pid namespace): whole-device fallback
+run pace-30-pidns lim "$(state p)" CUDA_DEVICE_SM_LIMIT=30 FAKE_BLOCK_US=10 FAKE_NVML_PID_OFFSET=1000000 \
+    "$B/client_sym" pace 30 3
+# NVML has a new sample only every other period: missing samples hold the rate
+run pace-30-sparse lim "$(state p)" CUDA_DEVICE_SM_LIMIT=30 FAKE_BLOCK_US=10 FAKE_NVML_SPARSE=1 \
+    "$B/client_sym" pace 30 3
+# every launch variant is paced (NVML unavailable: fixed initial rate)
+run pace-each lim "$(state pe)" CUDA_DEVICE_SM_LIMIT=30 FAKE_NVML_FAIL=1 "$B/client_dl" paceeach 1
+grep -q "NVML unavailable" "$T/err"; check "NVML unavailable: warned on stderr" $?
+run pace-each-off lim "$(state pe)" FAKE_NVML_FAIL=1 "$B/client_dl" paceeach 0
+run nopace lim "$(state p)" CUDA_DEVICE_MEMORY_LIMIT=$L FAKE_BLOCK_US=10 "$B/client_sym" nopace
+
+# 11. harmless in processes that never touch CUDA (e.g. via /etc/ld.so.preload)
+S=$(state none)
+out=$(lim "$S" CUDA_DEVICE_MEMORY_LIMIT=$L sh -c 'echo hello' 2>&1)
+check "non-CUDA process unaffected" "$([ "$out" = hello ]; echo $?)"
+check "non-CUDA process creates no state" "$([ ! -e "$S" ]; echo $?)"
+
+P=$(grep -c '^PASS' "$LOG")
+F=$(grep -c '^FAIL' "$LOG")
+echo "$P passed, $F failed"
+[ "$F" -eq 0 ] && [ "$P" -gt 0 ]
