@@ -44,6 +44,9 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
 bench: ## placement benchmarks (see docs/benchmarks.md)
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./internal/placement/
 
+demo: ## replay the bundled openb trace through every placement policy (no cluster, no GPU)
+	$(GO) run ./cmd/tessera simulate --plot simulation.svg
+
 clean: ## remove build outputs
 	rm -rf bin
 ifneq ($(LIMITER),)

@@ -23,7 +23,8 @@ type command struct {
 }
 
 var commands = map[string]command{
-	"version": {"print the version and exit", runVersion},
+	"version":  {"print the version and exit", runVersion},
+	"simulate": {"replay a GPU cluster trace and compare placement policies", runSimulate},
 }
 
 // errUsage marks errors whose message is a usage text (exit code 2).

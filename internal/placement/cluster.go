@@ -20,6 +20,8 @@ type Cluster struct {
 	nodes  []*Node
 	byName map[string]int
 	pods   map[string]*podEntry
+	// onNode indexes pods by the node their record names.
+	onNode map[string]map[string]struct{}
 	models modelTable
 }
 
@@ -43,6 +45,7 @@ func NewCluster() *Cluster {
 		DefaultGPUPolicy: api.DefaultGPUPolicy,
 		byName:           map[string]int{},
 		pods:             map[string]*podEntry{},
+		onNode:           map[string]map[string]struct{}{},
 	}
 }
 
@@ -72,11 +75,9 @@ func (c *Cluster) Allocation(pod string) *api.PodAllocation {
 
 // PodsOn returns the keys of the pods allocated on a node, sorted.
 func (c *Cluster) PodsOn(node string) []string {
-	var out []string
-	for k, e := range c.pods {
-		if e.node == node {
-			out = append(out, k)
-		}
+	out := make([]string, 0, len(c.onNode[node]))
+	for k := range c.onNode[node] {
+		out = append(out, k)
 	}
 	sort.Strings(out)
 	return out
@@ -99,10 +100,8 @@ func (c *Cluster) UpsertNode(n *Node) {
 		c.byName[n.Name] = len(c.nodes)
 		c.nodes = append(c.nodes, n)
 	}
-	for _, e := range c.pods {
-		if e.node == n.Name {
-			c.apply(n, e, false)
-		}
+	for k := range c.onNode[n.Name] {
+		c.apply(n, c.pods[k], false)
 	}
 }
 
@@ -152,6 +151,10 @@ func (c *Cluster) AssignRecord(pod string, cpuMilli, memMiB int64, rec *api.PodA
 	}
 	e.charges = chargesOf(rec, n)
 	c.pods[pod] = e
+	if c.onNode[rec.Node] == nil {
+		c.onNode[rec.Node] = map[string]struct{}{}
+	}
+	c.onNode[rec.Node][pod] = struct{}{}
 	if n != nil {
 		c.apply(n, e, true)
 	}
@@ -165,6 +168,10 @@ func (c *Cluster) Release(pod string) bool {
 		return false
 	}
 	delete(c.pods, pod)
+	delete(c.onNode[e.node], pod)
+	if len(c.onNode[e.node]) == 0 {
+		delete(c.onNode, e.node)
+	}
 	if n := c.Node(e.node); n != nil {
 		n.CPUUsed -= e.cpu
 		n.MemUsed -= e.mem

@@ -84,10 +84,10 @@ func (p *Placement) Record(cr *Compiled) *api.PodAllocation {
 
 // GPURanker is implemented by policies that choose GPUs within a node
 // themselves (fragmentation-aware ones). RankGPU scores giving one GPU's
-// worth of a container's demand to GPU i of n, where pending is what the
-// pod being placed already charges to that GPU. Higher is better.
+// worth of a container's demand to GPU i of n, for the pod cr, where
+// pending is what the pod already charges to that GPU. Higher is better.
 type GPURanker interface {
-	RankGPU(n *Node, i int, pending, demand Usage) float64
+	RankGPU(cr *Compiled, n *Node, i int, pending, demand Usage) float64
 }
 
 // Scratch holds the working state of fit checks so they allocate nothing.
@@ -253,7 +253,7 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 		s.cand[m] = i
 		pending := combine(s.app[i], s.init[i])
 		if ranker != nil {
-			s.rank[i] = ranker.RankGPU(n, i, pending, d)
+			s.rank[i] = ranker.RankGPU(cr, n, i, pending, d)
 		} else {
 			s.rank[i] = builtinRank(cr.gpuPol, g, pending, d)
 		}

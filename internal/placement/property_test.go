@@ -330,6 +330,21 @@ func TestPropertyRandomClustersAndStreams(t *testing.T) {
 			placed++
 			live = append(live, r)
 		}
+		// The per-node index agrees with the records.
+		for _, n := range c.nodes {
+			for _, k := range c.PodsOn(n.Name) {
+				if rec := c.Allocation(k); rec == nil || rec.Node != n.Name {
+					t.Fatalf("seed %d: PodsOn(%s) lists %s, whose record says %+v", seed, n.Name, k, rec)
+				}
+			}
+		}
+		indexed := 0
+		for _, n := range c.nodes {
+			indexed += len(c.PodsOn(n.Name))
+		}
+		if indexed != c.PodCount() {
+			t.Fatalf("seed %d: %d pods indexed by node, %d held", seed, indexed, c.PodCount())
+		}
 		// Rebuilding from the records alone (a scheduler restart) gives the same state.
 		rebuilt := NewCluster()
 		for _, n := range c.nodes {

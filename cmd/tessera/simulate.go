@@ -1,0 +1,162 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/tessera-gpu/tessera/examples/traces/openb"
+	"github.com/tessera-gpu/tessera/internal/placement"
+	"github.com/tessera-gpu/tessera/internal/placement/policies"
+	"github.com/tessera-gpu/tessera/internal/sim"
+)
+
+func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	policyList := fs.String("policy", strings.Join(policies.Names(), ","), "comma-separated placement policies")
+	seedSpec := fs.String("seeds", "10", `seeds: a count N (seeds 1..N), a range "1-10" or a list "1,2,3"`)
+	format := fs.String("format", "table", "output format: table, csv or json")
+	nodesPath := fs.String("nodes", "", "node list CSV (default: the bundled openb node list)")
+	podsPath := fs.String("pods", "", "pod list CSV (default: the bundled openb default pod list)")
+	plot := fs.String("plot", "simulation.svg", `SVG plot output path ("" disables)`)
+	parallel := fs.Int("parallel", runtime.GOMAXPROCS(0), "runs in parallel")
+	variant := fs.String("variant", "", "replace the pods by a generated mix: gpushareN, multigpuN, gpuspecN or cpuN (e.g. gpushare40)")
+	variantSeed := fs.Int64("variant-seed", 1, "seed of the variant generator")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: tessera simulate [flags]\n\nReplays an openb trace through the placement core and reports unallocated GPU %%.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return err
+		}
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	switch *format {
+	case "table", "csv", "json":
+	default:
+		return fmt.Errorf("%w: --format %q: want table, csv or json", errUsage, *format)
+	}
+	if *parallel < 1 {
+		return fmt.Errorf("%w: --parallel %d: want at least 1", errUsage, *parallel)
+	}
+	seeds, err := sim.ParseSeeds(*seedSpec)
+	if err != nil {
+		return fmt.Errorf("%w: --seeds: %v", errUsage, err)
+	}
+	pols, err := parsePolicies(*policyList)
+	if err != nil {
+		return fmt.Errorf("%w: --policy: %v", errUsage, err)
+	}
+	tr, err := loadTrace(*nodesPath, *podsPath)
+	if err != nil {
+		return err
+	}
+	if *variant != "" {
+		if tr.Pods, err = sim.Variant(tr, *variant, *variantSeed); err != nil {
+			return fmt.Errorf("%w: --variant: %v", errUsage, err)
+		}
+	}
+	start := time.Now()
+	exp := &sim.Experiment{Trace: tr, Policies: pols, Seeds: seeds, Parallel: *parallel}
+	rs, err := exp.Run(ctx)
+	if err != nil {
+		return err
+	}
+	switch *format {
+	case "table":
+		err = sim.WriteTable(stdout, rs, len(seeds))
+		fmt.Fprintf(stderr, "%d runs in %.1fs\n", len(pols)*len(seeds), time.Since(start).Seconds())
+	case "csv":
+		err = sim.WriteCSV(stdout, rs)
+	case "json":
+		err = sim.WriteJSON(stdout, rs, seeds)
+	}
+	if err != nil {
+		return err
+	}
+	if *plot != "" {
+		title := "openb default trace"
+		if *variant != "" {
+			title = "openb variant " + *variant
+		}
+		if err := writePlot(*plot, rs, fmt.Sprintf("%s: unallocated GPU, mean of %d seeds", title, len(seeds))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func writePlot(path string, rs []sim.PolicyResult, title string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("--plot: %w", err)
+	}
+	if err := sim.WriteSVG(f, rs, title); err != nil {
+		f.Close()
+		return fmt.Errorf("--plot %s: %w", path, err)
+	}
+	return f.Close()
+}
+
+func loadTrace(nodesPath, podsPath string) (*sim.Trace, error) {
+	tr := &sim.Trace{}
+	var err error
+	if nodesPath == "" {
+		tr.Nodes, err = parseEmbedded(openb.NodeList, sim.ParseNodes)
+	} else {
+		tr.Nodes, err = sim.LoadNodes(nodesPath)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if podsPath == "" {
+		tr.Pods, err = parseEmbedded(openb.PodList, sim.ParsePods)
+	} else {
+		tr.Pods, err = sim.LoadPods(podsPath)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return tr, nil
+}
+
+func parseEmbedded[T any](name string, parse func(io.Reader, string) ([]T, error)) ([]T, error) {
+	f, err := openb.Files.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return parse(f, "(bundled) "+name)
+}
+
+func parsePolicies(s string) ([]string, error) {
+	known := map[string]bool{}
+	for _, n := range placement.PolicyNames() {
+		known[n] = true
+	}
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			continue
+		}
+		if !known[p] {
+			return nil, fmt.Errorf("unknown policy %q (known: %s)", p, strings.Join(placement.PolicyNames(), ", "))
+		}
+		out = append(out, p)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no policy given")
+	}
+	return out, nil
+}

@@ -1,0 +1,180 @@
+package policies
+
+import (
+	"sync/atomic"
+
+	"github.com/tessera-gpu/tessera/internal/placement"
+)
+
+func init() {
+	placement.Register(NameRandom, func(_ *placement.Cluster, seed int64) placement.Policy {
+		return &Random{base: base{seed: seed}}
+	})
+	placement.Register(NameBestFit, func(_ *placement.Cluster, seed int64) placement.Policy {
+		return &BestFit{base: base{seed: seed}}
+	})
+	placement.Register(NameDotProduct, func(_ *placement.Cluster, seed int64) placement.Policy {
+		return &DotProduct{base: base{seed: seed}}
+	})
+	placement.Register(NameGPUPacking, func(_ *placement.Cluster, seed int64) placement.Policy {
+		return &GPUPacking{base: base{seed: seed}}
+	})
+	placement.Register(NameGPUClustering, func(c *placement.Cluster, seed int64) placement.Policy {
+		return newGPUClustering(c, seed)
+	})
+}
+
+// base carries what random choices need: the run's seed and the arrival
+// number of the pod being placed (advanced by Observe).
+type base struct {
+	seed int64
+	seq  atomic.Uint64
+}
+
+// Observe advances the arrival number so each pod gets fresh tie-breaks.
+func (b *base) Observe(*placement.Compiled) { b.seq.Add(1) }
+
+func (b *base) tie(n *placement.Node, gpu int) float64 {
+	return tieBreak(b.seed, b.seq.Load(), n.Name, gpu)
+}
+
+// bestGPU is the original "best" GPU selection: a share goes to the GPU
+// with the least free room that still fits (lowest index on ties); whole
+// GPUs go to the lowest-indexed free GPUs.
+func bestGPU(n *placement.Node, i int, demand placement.Usage) float64 {
+	if demand.Exclusive > 0 {
+		return -float64(i)
+	}
+	return -float64(FreeMilli(&n.GPUs[i]))
+}
+
+// Random places each pod on a uniformly random node that fits it and a
+// share on a uniformly random GPU that fits it.
+type Random struct{ base }
+
+func (*Random) Name() string { return NameRandom }
+
+func (r *Random) ScoreNode(_ *placement.Compiled, p *placement.Placement) float64 {
+	return r.tie(p.Node, -1)
+}
+
+func (r *Random) RankGPU(_ *placement.Compiled, n *placement.Node, i int, _, demand placement.Usage) float64 {
+	if demand.Exclusive > 0 {
+		return -float64(i)
+	}
+	return r.tie(n, i)
+}
+
+// BestFit prefers the node with the least CPU and GPU left after placement,
+// each normalised by the largest node spec and weighted equally; the score
+// is an integer 0..100 as in the original.
+type BestFit struct{ base }
+
+func (*BestFit) Name() string { return NameBestFit }
+
+func (b *BestFit) ScoreNode(cr *placement.Compiled, p *placement.Placement) float64 {
+	return float64(BestFitScore(p.Node, ShapeOf(cr)))
+}
+
+// BestFitScore is Best-fit's integer score of placing s on n.
+func BestFitScore(n *placement.Node, s Shape) int64 {
+	left := float64(n.FreeCPU()-s.CPUMilli)/maxSpecCPU*0.5 +
+		float64(gpuFreeTotal(n)-s.TotalMilli())/maxSpecGPU*0.5
+	return int64((1 - left) * 100)
+}
+
+func (*BestFit) RankGPU(_ *placement.Compiled, n *placement.Node, i int, _, demand placement.Usage) float64 {
+	return bestGPU(n, i, demand)
+}
+
+// DotProduct is Tetris's alignment score with the GPU dimensions merged and
+// normalised by the largest node spec: it prefers the node whose free
+// (CPU, GPU) vector has the smallest dot product with the pod's request.
+// GPUs within the node are chosen best-fit, as in the published runs.
+type DotProduct struct{ base }
+
+func (*DotProduct) Name() string { return NameDotProduct }
+
+func (d *DotProduct) ScoreNode(cr *placement.Compiled, p *placement.Placement) float64 {
+	return float64(DotProductScore(p.Node, ShapeOf(cr)))
+}
+
+// DotProductScore is Dot-product's integer score of placing s on n.
+func DotProductScore(n *placement.Node, s Shape) int64 {
+	dot := float64(n.FreeCPU())/maxSpecCPU*float64(s.CPUMilli)/maxSpecCPU +
+		float64(gpuFreeTotal(n))/maxSpecGPU*float64(s.TotalMilli())/maxSpecGPU
+	return int64(100 * (1 - dot/2))
+}
+
+func (*DotProduct) RankGPU(_ *placement.Compiled, n *placement.Node, i int, _, demand placement.Usage) float64 {
+	return bestGPU(n, i, demand)
+}
+
+// GPUPacking prefers, in order: nodes where the pod fits on GPUs already in
+// use (fuller GPUs first), then used nodes where it needs idle GPUs (fewer
+// first), then idle nodes (smaller first). CPU-only pods score 0 everywhere.
+type GPUPacking struct{ base }
+
+func (*GPUPacking) Name() string { return NameGPUPacking }
+
+func (g *GPUPacking) ScoreNode(cr *placement.Compiled, p *placement.Placement) float64 {
+	return float64(GPUPackingScore(p.Node, ShapeOf(cr)))
+}
+
+// GPUPackingScore is GPU Packing's integer score of placing s on n.
+func GPUPackingScore(n *placement.Node, s Shape) int64 {
+	if s.TotalMilli() <= 0 {
+		return 0
+	}
+	var free [64]int64
+	idle := 0
+	for i := range n.GPUs {
+		free[i] = FreeMilli(&n.GPUs[i])
+		if free[i] == milli {
+			idle++
+		}
+	}
+	if idle == len(n.GPUs) {
+		return max(100/3-int64(idle), int64(idle))
+	}
+	// Take the fullest GPUs that fit, as the original does.
+	var order [64]int
+	sortByFree(order[:len(n.GPUs)], free[:len(n.GPUs)])
+	need, idleUsed := s.NumGPU, 0
+	var freeOnUsed int64
+	for _, i := range order[:len(n.GPUs)] {
+		if need == 0 {
+			break
+		}
+		if free[i] >= s.GPUMilli {
+			need--
+			if free[i] == milli {
+				idleUsed++
+			}
+			freeOnUsed += free[i] * 100 / milli
+		}
+	}
+	if need > 0 {
+		return 0
+	}
+	if idleUsed > 0 {
+		return max(100/2-int64(idleUsed), 100/3)
+	}
+	return max(100-freeOnUsed/10, 100/2)
+}
+
+// sortByFree fills idx with GPU positions by ascending free room, stable.
+func sortByFree(idx []int, free []int64) {
+	for i := range idx {
+		idx[i] = i
+	}
+	for i := 1; i < len(idx); i++ {
+		for j := i; j > 0 && free[idx[j]] < free[idx[j-1]]; j-- {
+			idx[j], idx[j-1] = idx[j-1], idx[j]
+		}
+	}
+}
+
+func (*GPUPacking) RankGPU(_ *placement.Compiled, n *placement.Node, i int, _, demand placement.Usage) float64 {
+	return bestGPU(n, i, demand)
+}

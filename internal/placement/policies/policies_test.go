@@ -1,0 +1,231 @@
+package policies
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/tessera-gpu/tessera/internal/placement"
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+// node builds a node with GPUs of 10000 MiB whose free milli are given
+// (1000 = idle) and the CPU in use.
+func node(t *testing.T, cpuCap, cpuUsed int64, model string, free ...int64) *placement.Node {
+	t.Helper()
+	inv := &api.NodeInventory{APIVersion: api.InventoryAPIVersion, Kind: api.InventoryKind, MemoryOvercommit: 1}
+	for i := range free {
+		inv.GPUs = append(inv.GPUs, api.GPU{UUID: fmt.Sprintf("GPU-%d", i), Index: i, Model: model,
+			MemoryMiB: 10000, Health: api.Healthy, Sharing: api.SharingShared, MaxShares: 100})
+	}
+	n, err := placement.NewNode("n", cpuCap, 1<<20, inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, f := range free {
+		used := 1000 - f
+		if used > 0 {
+			n.GPUs[i].Used = placement.Usage{MemoryMiB: used * 10, Cores: int(used / 10), Shares: 1}
+		}
+	}
+	n.CPUUsed = cpuUsed
+	return n
+}
+
+func TestFreeMilli(t *testing.T) {
+	n := node(t, 64000, 0, "T4", 1000, 300)
+	if got := FreeMilli(&n.GPUs[0]); got != 1000 {
+		t.Errorf("idle GPU: %d, want 1000", got)
+	}
+	if got := FreeMilli(&n.GPUs[1]); got != 300 {
+		t.Errorf("GPU with 700 used: %d, want 300", got)
+	}
+	n.GPUs[0].Used = placement.Usage{MemoryMiB: 10000, Cores: 100, Shares: 1, Exclusive: 1}
+	if got := FreeMilli(&n.GPUs[0]); got != 0 {
+		t.Errorf("exclusive GPU: %d, want 0", got)
+	}
+}
+
+func TestBestFitScore(t *testing.T) {
+	// 32000m CPU free, 1500m GPU free; the pod takes 8000m and 300m:
+	// left = 24000/128000·0.5 + 1200/8000·0.5 = 0.16875 → int(83.125).
+	n := node(t, 64000, 32000, "T4", 1000, 500)
+	if got := BestFitScore(n, Shape{CPUMilli: 8000, NumGPU: 1, GPUMilli: 300}); got != 83 {
+		t.Errorf("BestFitScore = %d, want 83", got)
+	}
+}
+
+func TestDotProductScore(t *testing.T) {
+	// dot = 32000/128000·8000/128000 + 1500/8000·300/8000 = 0.02265625;
+	// score = int(100·(1 − dot/2)) = 98.
+	n := node(t, 64000, 32000, "T4", 1000, 500)
+	if got := DotProductScore(n, Shape{CPUMilli: 8000, NumGPU: 1, GPUMilli: 300}); got != 98 {
+		t.Errorf("DotProductScore = %d, want 98", got)
+	}
+}
+
+func TestGPUPackingScore(t *testing.T) {
+	share := Shape{CPUMilli: 1000, NumGPU: 1, GPUMilli: 300}
+	whole := Shape{CPUMilli: 1000, NumGPU: 1, GPUMilli: 1000}
+	cases := []struct {
+		name string
+		free []int64
+		s    Shape
+		want int64
+	}{
+		{"idle 8-GPU node", []int64{1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000}, whole, 25}, // max(33−8, 8)
+		{"share on a used GPU", []int64{1000, 500}, share, 95},                                  // 100 − 50/10
+		{"whole GPU on a used node", []int64{1000, 500}, whole, 49},                             // 50 − 1
+		{"CPU-only pod", []int64{1000, 500}, Shape{CPUMilli: 1000}, 0},
+	}
+	for _, c := range cases {
+		n := node(t, 64000, 0, "T4", c.free...)
+		if got := GPUPackingScore(n, c.s); got != c.want {
+			t.Errorf("%s: GPUPackingScore = %d, want %d", c.name, got, c.want)
+		}
+	}
+}
+
+func TestGPUClusteringScore(t *testing.T) {
+	share := Shape{NumGPU: 1, GPUMilli: 300}
+	cases := []struct {
+		name  string
+		kinds map[string]int
+		left  int64
+		s     Shape
+		want  int64
+	}{
+		{"idle node", map[string]int{}, 8000, share, 25},
+		{"only shares", map[string]int{"share-gpu": 2}, 4000, share, 87}, // 25·4000/8000 + 75
+		{"shares among others", map[string]int{"share-gpu": 1, "1-gpu": 1}, 4000, share, 62},
+		{"other kinds only", map[string]int{"1-gpu": 1}, 4000, share, 12},
+		{"CPU-only pod", map[string]int{}, 8000, Shape{CPUMilli: 1000}, 0},
+	}
+	for _, c := range cases {
+		if got := GPUClusteringScore(c.kinds, c.left, c.s); got != c.want {
+			t.Errorf("%s: GPUClusteringScore = %d, want %d", c.name, got, c.want)
+		}
+	}
+}
+
+func TestRandomIsDeterministicPerSeed(t *testing.T) {
+	n := node(t, 64000, 0, "T4", 1000, 500)
+	a, b := &Random{base: base{seed: 1}}, &Random{base: base{seed: 1}}
+	for i := 0; i < 3; i++ {
+		x, y := a.tie(n, i), b.tie(n, i)
+		if x != y || x < 0 || x >= 0.5 {
+			t.Fatalf("tie(%d) = %v and %v, want equal values in [0, 0.5)", i, x, y)
+		}
+	}
+	if (&Random{base: base{seed: 2}}).tie(n, 0) == a.tie(n, 0) {
+		t.Errorf("different seeds gave the same draw")
+	}
+}
+
+// twoShapes is a target of a 500m share and a whole GPU, equally popular.
+var twoShapes = []WeightedShape{
+	{Shape: Shape{CPUMilli: 1000, NumGPU: 1, GPUMilli: 500}, Weight: 0.5},
+	{Shape: Shape{CPUMilli: 1000, NumGPU: 1, GPUMilli: 1000}, Weight: 0.5},
+}
+
+func TestFGDFrag(t *testing.T) {
+	m := newFragModel(twoShapes, false)
+	a := m.accessFor("T4")
+	// Free [1000, 300]: both shapes fit; the 300m GPU is a fragment to
+	// both: 0.5·300 + 0.5·300.
+	if got := m.frag(a, 64000, 0, []int64{1000, 300}); got != 300 {
+		t.Errorf("frag = %v, want 300", got)
+	}
+	// CPU short for both shapes: all 1300m idle is fragment.
+	if got := m.frag(a, 500, 0, []int64{1000, 300}); got != 1300 {
+		t.Errorf("frag without CPU = %v, want 1300", got)
+	}
+	// A model the shapes exclude: all idle is fragment.
+	x := newFragModel([]WeightedShape{{Shape: Shape{NumGPU: 1, GPUMilli: 500, Spec: "A10"}, Weight: 1}}, false)
+	if got := x.frag(x.accessFor("T4"), 64000, 0, []int64{1000}); got != 1000 {
+		t.Errorf("frag of excluded model = %v, want 1000", got)
+	}
+}
+
+func TestFGDChoosesGPUAndScores(t *testing.T) {
+	// A 200m share on free [1000, 300]: on GPU 1 frag goes 300 → 100
+	// (Δ = −200, score int(100·sigmoid(0.2)) = 54); on GPU 0 it goes
+	// 300 → 700 (the whole-GPU shape no longer fits; Δ = +400, score 40).
+	n := node(t, 64000, 0, "T4", 1000, 300)
+	var e fgdEntry
+	fragScores(newFragModel(twoShapes, false), n, Shape{CPUMilli: 1000, NumGPU: 1, GPUMilli: 200}, fgdQuantised, fgdQuantised, &e)
+	if e.gpu[0] != 40 || e.gpu[1] != 54 || e.node != 54 {
+		t.Errorf("scores gpu0 %v gpu1 %v node %v, want 40, 54, 54", e.gpu[0], e.gpu[1], e.node)
+	}
+}
+
+func TestFragMulti(t *testing.T) {
+	m := newFragModel(twoShapes, false)
+	m.multi = 1
+	a := m.accessFor("T4")
+	// Free [1000, 300]: two 500m copies fit (in the idle GPU), leaving
+	// 300; one whole GPU fits, leaving 300: 0.5·300 + 0.5·300.
+	if got := m.frag(a, 64000, 0, []int64{1000, 300}); got != 300 {
+		t.Errorf("fragMulti = %v, want 300", got)
+	}
+	// 700m free: FGD sees one 500m share fit and no fragment for it;
+	// fragMulti sees 200m left over.
+	if got := m.fragMulti(a, 64000, 0, []int64{700}); got != 0.5*200+0.5*700 {
+		t.Errorf("fragMulti(700) = %v, want %v", got, 0.5*200+0.5*700)
+	}
+	// CPU for one copy only: one 500m share, 800m left for that shape.
+	if got := m.fragMulti(a, 1500, 0, []int64{1000, 300}); got != 0.5*800+0.5*300 {
+		t.Errorf("fragMulti with CPU for one copy = %v, want %v", got, 0.5*800+0.5*300)
+	}
+}
+
+func TestPopularShapes(t *testing.T) {
+	a := Shape{CPUMilli: 1000, NumGPU: 1, GPUMilli: 500, MemMiB: 100}
+	b := Shape{CPUMilli: 2000, NumGPU: 1, GPUMilli: 1000}
+	c := Shape{CPUMilli: 500}
+	tasks := []Shape{a, a, a, a, a, a, b, b, b, c}
+	a.MemMiB = 300 // memory is averaged, not part of the key
+	tasks = append(tasks, a, a)
+	got := PopularShapes(tasks, 0.7)
+	if len(got) != 2 {
+		t.Fatalf("got %d shapes, want 2 (8+3 of 12 tasks reach 70%%): %+v", len(got), got)
+	}
+	if got[0].GPUMilli != 500 || math.Abs(got[0].Weight-8.0/11) > 1e-9 || got[0].MemMiB != 150 {
+		t.Errorf("first shape %+v, want the 500m share with weight 8/11 and mean memory 150", got[0])
+	}
+	if got[1].CPUMilli != 2000 || math.Abs(got[1].Weight-3.0/11) > 1e-9 {
+		t.Errorf("second shape %+v, want the whole GPU with weight 3/11", got[1])
+	}
+}
+
+func TestRegistered(t *testing.T) {
+	c := placement.NewCluster()
+	for _, name := range Names() {
+		p, err := placement.NewPolicy(name, c, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Name() != name {
+			t.Errorf("policy %s calls itself %s", name, p.Name())
+		}
+	}
+}
+
+func TestWeighByScarcity(t *testing.T) {
+	// 2 T4 GPUs and 6 A10 GPUs: a T4-only shape may use 2 of 8 GPUs, so
+	// its weight is multiplied by 8/2 = 4 before renormalising.
+	c := placement.NewCluster()
+	for i, m := range []string{"T4", "A10", "A10", "A10"} {
+		n := node(t, 64000, 0, m, 1000, 1000)
+		n.Name = fmt.Sprintf("n%d", i)
+		c.UpsertNode(n)
+	}
+	target := []WeightedShape{
+		{Shape: Shape{NumGPU: 1, GPUMilli: 500, Spec: "T4"}, Weight: 0.5},
+		{Shape: Shape{NumGPU: 1, GPUMilli: 500}, Weight: 0.5},
+	}
+	weighByScarcity(target, c, 1)
+	if math.Abs(target[0].Weight-0.8) > 1e-9 || math.Abs(target[1].Weight-0.2) > 1e-9 {
+		t.Errorf("weights %v and %v, want 0.8 and 0.2", target[0].Weight, target[1].Weight)
+	}
+}

@@ -1,0 +1,138 @@
+package policies
+
+import (
+	"math"
+
+	"github.com/tessera-gpu/tessera/internal/placement"
+)
+
+func init() {
+	placement.Register(NameTessera, func(c *placement.Cluster, seed int64) placement.Policy {
+		return NewTessera(c, seed, DefaultTesseraParams())
+	})
+}
+
+// TesseraParams tune the tessera policy.
+type TesseraParams struct {
+	// Multi weighs the multi-copy fragmentation measure (fragMulti)
+	// against FGD's single-copy one: 1 is fragMulti alone, 0 FGD's.
+	Multi float64
+	// Quantum rounds the node's fragmentation change (in GPUs) to a
+	// multiple of itself, so that near-equal nodes tie and the first node
+	// in the cluster's order wins: first-fit among equals keeps whole
+	// nodes free for large tasks. 0 scores the change exactly.
+	Quantum float64
+	// Cover is the share of observed tasks the target's shapes cover
+	// (0 means 0.95, FGD's value).
+	Cover float64
+	// Memory also limits a shape's copies by the node's free memory.
+	Memory bool
+	// WholeOne counts copies for GPU shares only and keeps FGD's
+	// single-copy test for whole-GPU shapes.
+	WholeOne bool
+	// Sigmoid scores nodes like FGD: int(100·sigmoid(−Δ/Scale)).
+	Sigmoid bool
+	// Scale is the sigmoid's scale in thousandths of a GPU (0: 1000).
+	Scale float64
+	// Scarcity weighs a shape limited to some GPU models by (all GPUs /
+	// GPUs it may use)^Scarcity, so scarce models are kept for the tasks
+	// that need them. 0 disables.
+	Scarcity float64
+	// UseTarget takes the trace's workload from the simulator instead of
+	// learning it from observed pods (what a scheduler has to do).
+	UseTarget bool
+}
+
+// DefaultTesseraParams are the values documented in docs/simulation.md.
+func DefaultTesseraParams() TesseraParams {
+	return TesseraParams{Multi: 1, WholeOne: true, Sigmoid: true, Cover: 1, Scarcity: 1, UseTarget: true}
+}
+
+// Tessera is our fragmentation-aware policy. It shares FGD's machinery
+// (expected fragmentation of a target workload, per-node caching, FGD's
+// rounded node score with ties to the first node) but: for GPU shares,
+// fragmentation counts how many copies the node can still take given its
+// GPU room and CPU (FGD asks only whether one fits); the target covers
+// every shape seen and weighs model-constrained shapes by how scarce their
+// models are; GPUs within a node are ranked by the exact change. Without a
+// target from the simulator it learns the workload from arrivals.
+type Tessera struct {
+	*FGD
+	p TesseraParams
+}
+
+// NewTessera returns a tessera policy for cluster c (whose GPU models weigh
+// constrained shapes; c may be nil).
+func NewTessera(c *placement.Cluster, seed int64, p TesseraParams) *Tessera {
+	f := NewFGD(seed)
+	t := &Tessera{FGD: f, p: p}
+	cover := p.Cover
+	if cover == 0 {
+		cover = 0.95
+	}
+	f.newModel = func(tasks []Shape) *fragModel {
+		target := PopularShapes(tasks, cover)
+		if p.Scarcity > 0 && c != nil {
+			weighByScarcity(target, c, p.Scarcity)
+		}
+		m := newFragModel(target, p.Memory)
+		m.multi = p.Multi
+		m.wholeOne = p.WholeOne
+		return m
+	}
+	f.scores = func(delta float64) float64 {
+		v := -delta / milli
+		if p.Quantum > 0 {
+			v = math.Floor(v/p.Quantum) * p.Quantum
+		}
+		return v
+	}
+	if p.Sigmoid {
+		scale := p.Scale
+		if scale == 0 {
+			scale = 1000
+		}
+		f.scores = func(delta float64) float64 { return float64(int64(sigmoid(-delta/scale) * 100)) }
+	}
+	f.gpuScores = func(delta float64) float64 { return -delta / milli }
+	return t
+}
+
+func (*Tessera) Name() string { return NameTessera }
+
+// SetTarget takes the trace's workload only when configured to.
+func (t *Tessera) SetTarget(tasks []Shape) {
+	if t.p.UseTarget {
+		t.FGD.SetTarget(tasks)
+	}
+}
+
+// weighByScarcity multiplies the weight of each shape by (GPUs in the
+// cluster / GPUs of models it may use)^alpha and renormalises.
+func weighByScarcity(target []WeightedShape, c *placement.Cluster, alpha float64) {
+	perModel := map[string]float64{}
+	var all float64
+	for _, n := range c.Nodes() {
+		perModel[nodeModel(n)] += float64(len(n.GPUs))
+		all += float64(len(n.GPUs))
+	}
+	var sum float64
+	for i := range target {
+		w := &target[i]
+		if w.NumGPU > 0 && w.Spec != "" {
+			var usable float64
+			for m, g := range perModel {
+				if modelAllowed(w.Spec, m) {
+					usable += g
+				}
+			}
+			if usable > 0 {
+				w.Weight *= math.Pow(all/usable, alpha)
+			}
+		}
+		sum += w.Weight
+	}
+	for i := range target {
+		target[i].Weight /= sum
+	}
+}

@@ -1,0 +1,64 @@
+package sim
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+)
+
+// WriteTable writes the results as an aligned text table.
+func WriteTable(w io.Writer, rs []PolicyResult, seeds int) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "unallocated GPU %% at arrived workload (mean ± sd over %d seeds)\n", seeds)
+	hdr := []string{"policy"}
+	for _, x := range Checkpoints {
+		hdr = append(hdr, fmt.Sprintf("%g%%", x))
+	}
+	hdr = append(hdr, "frag@100%")
+	fmt.Fprintln(tw, strings.Join(hdr, "\t"))
+	for _, r := range rs {
+		row := []string{r.Policy}
+		for _, s := range r.Unallocated {
+			row = append(row, fmtStat(s))
+		}
+		row = append(row, fmtStat(r.Fragmentation))
+		fmt.Fprintln(tw, strings.Join(row, "\t"))
+	}
+	return tw.Flush()
+}
+
+func fmtStat(s Stat) string { return fmt.Sprintf("%.2f ± %.2f", s.Mean, s.SD) }
+
+// WriteCSV writes one row per policy and checkpoint.
+func WriteCSV(w io.Writer, rs []PolicyResult) error {
+	cw := csv.NewWriter(w)
+	if err := cw.Write([]string{"policy", "arrived_pct", "unallocated_mean", "unallocated_sd", "frag100_mean", "frag100_sd"}); err != nil {
+		return err
+	}
+	f := func(x float64) string { return strconv.FormatFloat(x, 'f', 4, 64) }
+	for _, r := range rs {
+		for i, x := range Checkpoints {
+			s := r.Unallocated[i]
+			if err := cw.Write([]string{r.Policy, f(x), f(s.Mean), f(s.SD), f(r.Fragmentation.Mean), f(r.Fragmentation.SD)}); err != nil {
+				return err
+			}
+		}
+	}
+	cw.Flush()
+	return cw.Error()
+}
+
+// WriteJSON writes the results with the checkpoints.
+func WriteJSON(w io.Writer, rs []PolicyResult, seeds []int64) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(struct {
+		Checkpoints []float64      `json:"checkpoints"`
+		Seeds       []int64        `json:"seeds"`
+		Results     []PolicyResult `json:"results"`
+	}{Checkpoints, seeds, rs})
+}

@@ -1,0 +1,262 @@
+// Package sim replays GPU-sharing cluster traces (the openb CSV format of
+// Alibaba's cluster-trace-gpu-v2023) through the placement core and
+// measures how much GPU capacity each placement policy leaves unallocated.
+package sim
+
+import (
+	"encoding/csv"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// NodeRow is one line of a node list.
+type NodeRow struct {
+	Name     string
+	CPUMilli int64
+	MemMiB   int64
+	GPUs     int
+	Model    string
+}
+
+// PodRow is one line of a pod list. Only the columns the simulator uses
+// are kept; times are ignored (no departures).
+type PodRow struct {
+	Name     string
+	CPUMilli int64
+	MemMiB   int64
+	NumGPU   int
+	GPUMilli int64 // per GPU, 0..1000
+	Spec     string
+}
+
+// GPURequestMilli is the pod's total GPU request in thousandths of a GPU.
+func (p PodRow) GPURequestMilli() int64 { return int64(p.NumGPU) * p.GPUMilli }
+
+// maxGPUsPerNode bounds the gpu column; the core allows 64.
+const maxGPUsPerNode = 64
+
+// LoadNodes reads a node list CSV file.
+func LoadNodes(path string) ([]NodeRow, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return ParseNodes(f, path)
+}
+
+// LoadPods reads a pod list CSV file.
+func LoadPods(path string) ([]PodRow, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return ParsePods(f, path)
+}
+
+// table reads a CSV with a header and resolves the wanted columns; errors
+// name the file and line.
+type table struct {
+	r    *csv.Reader
+	name string
+	col  map[string]int
+	line int
+	rec  []string
+}
+
+func newTable(r io.Reader, name string, required []string) (*table, error) {
+	cr := csv.NewReader(r)
+	cr.FieldsPerRecord = -1
+	cr.ReuseRecord = true
+	hdr, err := cr.Read()
+	if err == io.EOF {
+		return nil, fmt.Errorf("%s: empty file, want a header with columns %s", name, strings.Join(required, ","))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	t := &table{r: cr, name: name, col: map[string]int{}, line: 1}
+	for i, h := range hdr {
+		t.col[strings.TrimSpace(strings.TrimPrefix(h, "\ufeff"))] = i
+	}
+	for _, c := range required {
+		if _, ok := t.col[c]; !ok {
+			return nil, fmt.Errorf("%s:1: missing column %q (want %s)", name, c, strings.Join(required, ","))
+		}
+	}
+	return t, nil
+}
+
+// next advances to the next record; it returns false at the end.
+func (t *table) next() (bool, error) {
+	rec, err := t.r.Read()
+	if err == io.EOF {
+		return false, nil
+	}
+	line, _ := t.r.FieldPos(0)
+	t.line = line
+	if err != nil {
+		var pe *csv.ParseError
+		if errors.As(err, &pe) {
+			return false, fmt.Errorf("%s:%d: %v", t.name, pe.Line, pe.Err)
+		}
+		return false, fmt.Errorf("%s:%d: %w", t.name, t.line, err)
+	}
+	t.rec = rec
+	return true, nil
+}
+
+func (t *table) str(c string) (string, error) {
+	i := t.col[c]
+	if i >= len(t.rec) {
+		return "", t.errf("row has %d fields, column %q is field %d", len(t.rec), c, i+1)
+	}
+	return strings.TrimSpace(t.rec[i]), nil
+}
+
+// int reads a non-negative integer no larger than limit.
+func (t *table) int(c string, limit int64) (int64, error) {
+	s, err := t.str(c)
+	if err != nil {
+		return 0, err
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, t.errf("%s %q is not an integer", c, s)
+	}
+	if v < 0 {
+		return 0, t.errf("%s %d is negative", c, v)
+	}
+	if v > limit {
+		return 0, t.errf("%s %d exceeds the limit %d", c, v, limit)
+	}
+	return v, nil
+}
+
+func (t *table) errf(format string, args ...any) error {
+	return fmt.Errorf("%s:%d: %s", t.name, t.line, fmt.Sprintf(format, args...))
+}
+
+// Sanity limits: large enough for any real node, small enough that sums
+// cannot overflow.
+const (
+	maxCPUMilli = 1 << 40
+	maxMemMiB   = 1 << 40
+)
+
+// ParseNodes parses a node list; name is used in error messages.
+func ParseNodes(r io.Reader, name string) ([]NodeRow, error) {
+	t, err := newTable(r, name, []string{"sn", "cpu_milli", "memory_mib", "gpu", "model"})
+	if err != nil {
+		return nil, err
+	}
+	var out []NodeRow
+	seen := map[string]int{}
+	for {
+		ok, err := t.next()
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			break
+		}
+		var n NodeRow
+		if n.Name, err = t.str("sn"); err != nil {
+			return nil, err
+		}
+		if n.Name == "" {
+			return nil, t.errf("sn is empty")
+		}
+		if prev, dup := seen[n.Name]; dup {
+			return nil, t.errf("node %s already defined on line %d", n.Name, prev)
+		}
+		seen[n.Name] = t.line
+		if n.CPUMilli, err = t.int("cpu_milli", maxCPUMilli); err != nil {
+			return nil, err
+		}
+		if n.MemMiB, err = t.int("memory_mib", maxMemMiB); err != nil {
+			return nil, err
+		}
+		g, err := t.int("gpu", maxGPUsPerNode)
+		if err != nil {
+			return nil, err
+		}
+		n.GPUs = int(g)
+		if n.Model, err = t.str("model"); err != nil {
+			return nil, err
+		}
+		if n.GPUs > 0 && n.Model == "" {
+			return nil, t.errf("node %s has %d GPUs but no model", n.Name, n.GPUs)
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s: no nodes", name)
+	}
+	return out, nil
+}
+
+// ParsePods parses a pod list; name is used in error messages.
+func ParsePods(r io.Reader, name string) ([]PodRow, error) {
+	t, err := newTable(r, name, []string{"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec"})
+	if err != nil {
+		return nil, err
+	}
+	var out []PodRow
+	seen := map[string]int{}
+	for {
+		ok, err := t.next()
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			break
+		}
+		var p PodRow
+		if p.Name, err = t.str("name"); err != nil {
+			return nil, err
+		}
+		if p.Name == "" {
+			return nil, t.errf("name is empty")
+		}
+		if prev, dup := seen[p.Name]; dup {
+			return nil, t.errf("pod %s already defined on line %d", p.Name, prev)
+		}
+		seen[p.Name] = t.line
+		if p.CPUMilli, err = t.int("cpu_milli", maxCPUMilli); err != nil {
+			return nil, err
+		}
+		if p.MemMiB, err = t.int("memory_mib", maxMemMiB); err != nil {
+			return nil, err
+		}
+		g, err := t.int("num_gpu", maxGPUsPerNode)
+		if err != nil {
+			return nil, err
+		}
+		p.NumGPU = int(g)
+		if p.GPUMilli, err = t.int("gpu_milli", 1000); err != nil {
+			return nil, err
+		}
+		switch {
+		case p.NumGPU == 0 && p.GPUMilli != 0:
+			return nil, t.errf("gpu_milli %d with num_gpu 0; a CPU-only task has gpu_milli 0", p.GPUMilli)
+		case p.NumGPU > 0 && p.GPUMilli == 0:
+			return nil, t.errf("num_gpu %d with gpu_milli 0; want gpu_milli in 1..1000", p.NumGPU)
+		case p.NumGPU > 1 && p.GPUMilli != 1000:
+			return nil, t.errf("num_gpu %d with gpu_milli %d; multi-GPU tasks take whole GPUs (1000)", p.NumGPU, p.GPUMilli)
+		}
+		if p.Spec, err = t.str("gpu_spec"); err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s: no pods", name)
+	}
+	return out, nil
+}
