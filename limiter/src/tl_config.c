@@ -129,6 +129,8 @@ int tl_config_parse(tl_config *c, char *const *envp)
                    !strncmp(kv, "TESSERA_CONTEXT_RESERVE", nlen)) {
             if (tl_parse_size(val, &c->ctx_reserve) != 0)
                 bad(c, kv, nlen, val, "want bytes with optional k/m/g/t suffix");
+            else
+                c->ctx_reserve_set = 1;
         }
     }
     for (int i = 0; i < TL_MAX_DEVICES; i++) {

@@ -15,6 +15,7 @@ typedef struct tl_config {
     uint64_t mem_limit[TL_MAX_DEVICES]; /* bytes, 0 = unlimited */
     uint32_t sm_limit[TL_MAX_DEVICES];  /* percent, 0 = unlimited */
     uint64_t ctx_reserve;               /* bytes charged per context */
+    int ctx_reserve_set;                /* TESSERA_CONTEXT_RESERVE given (else measured) */
     char state_path[4096];
     char errmsg[1024];                  /* what was wrong, for stderr */
 } tl_config;

@@ -21,6 +21,8 @@ typedef void *CUarray;
 typedef void *CUmipmappedArray;
 typedef void *CUmemoryPool;
 typedef unsigned long long CUmemGenericAllocationHandle;
+typedef void *CUgraph;
+typedef void *CUgraphNode;
 
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_INVALID_VALUE 1
@@ -75,6 +77,44 @@ typedef struct {
     void *attrs;
     unsigned int numAttrs;
 } TL_LAUNCH_CONFIG;
+
+/* CUmemPoolProps + CUDA_MEM_ALLOC_NODE_PARAMS (v1 and v2 share this
+ * layout): the limiter reads poolProps.location.id and bytesize. */
+typedef struct {
+    int allocType;
+    int handleTypes;
+    struct {
+        int type;
+        int id;
+    } location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} TL_MEM_POOL_PROPS;
+
+typedef struct {
+    TL_MEM_POOL_PROPS poolProps;
+    const void *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr;
+} TL_MEM_ALLOC_NODE_PARAMS;
+
+/* CUDA_GRAPH_INSTANTIATE_PARAMS: only flags is read. */
+typedef struct {
+    unsigned long long flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    int result_out;
+} TL_GRAPH_INSTANTIATE_PARAMS;
+
+#define TL_GRAPH_NODE_TYPE_GRAPH 4      /* child graph */
+#define TL_GRAPH_NODE_TYPE_MEM_ALLOC 10
+#define TL_GRAPH_INSTANTIATE_FLAG_UPLOAD 2
+#define TL_GRAPH_MEM_ATTR_USED_MEM_CURRENT 0
+#define TL_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT 2
+#define TL_STREAM_CAPTURE_STATUS_NONE 0
 
 /* ---- NVML ---- */
 typedef int nvmlReturn_t;

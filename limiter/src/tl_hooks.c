@@ -63,6 +63,8 @@ static dlsym_fn real_dlsym;
     X(cuArrayDestroy, (CUarray))                                                    \
     X(cuMipmappedArrayDestroy, (CUmipmappedArray))                                  \
     X(cuCtxCreate_v2, (CUcontext *, unsigned int, CUdevice))                        \
+    X(cuCtxCreate_v3, (CUcontext *, void *, int, unsigned int, CUdevice))           \
+    X(cuCtxCreate_v4, (CUcontext *, void *, unsigned int, CUdevice))                \
     X(cuCtxDestroy_v2, (CUcontext))                                                 \
     X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))                            \
     X(cuDevicePrimaryCtxRelease_v2, (CUdevice))                                     \
@@ -76,7 +78,26 @@ static dlsym_fn real_dlsym;
     X(cuLaunchCooperativeKernel, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **)) \
     X(cuLaunchCooperativeKernel_ptsz, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **)) \
     X(cuGraphLaunch, (CUgraphExec, CUstream))                                       \
-    X(cuGraphLaunch_ptsz, (CUgraphExec, CUstream))
+    X(cuGraphLaunch_ptsz, (CUgraphExec, CUstream))                                  \
+    X(cuGraphUpload, (CUgraphExec, CUstream))                                       \
+    X(cuGraphUpload_ptsz, (CUgraphExec, CUstream))                                  \
+    X(cuGraphInstantiateWithFlags, (CUgraphExec *, CUgraph, unsigned long long))    \
+    X(cuGraphInstantiateWithParams, (CUgraphExec *, CUgraph, TL_GRAPH_INSTANTIATE_PARAMS *)) \
+    X(cuGraphInstantiateWithParams_ptsz, (CUgraphExec *, CUgraph, TL_GRAPH_INSTANTIATE_PARAMS *)) \
+    X(cuGraphInstantiate_v2, (CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t)) \
+    X(cuGraphExecDestroy, (CUgraphExec))                                            \
+    X(cuDeviceGraphMemTrim, (CUdevice))
+
+/* Driver functions the limiter calls but does not intercept. */
+#define CU_AUX_LIST(X)                                                              \
+    X(cuCtxGetDevice, (CUdevice *))                                                 \
+    X(cuStreamIsCapturing, (CUstream, int *))                                       \
+    X(cuStreamIsCapturing_ptsz, (CUstream, int *))                                  \
+    X(cuGraphGetNodes, (CUgraph, CUgraphNode *, size_t *))                          \
+    X(cuGraphNodeGetType, (CUgraphNode, int *))                                     \
+    X(cuGraphMemAllocNodeGetParams, (CUgraphNode, TL_MEM_ALLOC_NODE_PARAMS *))      \
+    X(cuGraphChildGraphNodeGetGraph, (CUgraphNode, CUgraph *))                      \
+    X(cuDeviceGetGraphMemAttribute, (CUdevice, int, void *))
 
 #define NVML_REAL_LIST(X)                                                           \
     X(nvmlInit_v2, (void))                                                          \
@@ -90,8 +111,8 @@ static dlsym_fn real_dlsym;
 #define DECL_CU(name, args) static CUresult(*real_##name) args;
 #define DECL_NVML(name, args) static nvmlReturn_t(*real_##name) args;
 CU_REAL_LIST(DECL_CU)
+CU_AUX_LIST(DECL_CU)
 NVML_REAL_LIST(DECL_NVML)
-static CUresult (*real_cuCtxGetDevice)(CUdevice *);
 #define PROTO_CU(name, args) EXPORT CUresult name args;
 CU_REAL_LIST(PROTO_CU)
 
@@ -122,6 +143,10 @@ static int pace_started;
 static pthread_mutex_t pace_start_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t prim_mu = PTHREAD_MUTEX_INITIALIZER;
 static unsigned prim_refs[TL_MAX_DEVICES];
+static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t prim_charge[TL_MAX_DEVICES]; /* charged for the primary context */
+static pthread_mutex_t graph_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t graph_charged[TL_MAX_DEVICES]; /* charged for the driver's graph memory pool */
 
 static void after_fork_child(void)
 {
@@ -131,6 +156,10 @@ static void after_fork_child(void)
     pthread_mutex_init(&reg_mu, NULL);
     pthread_mutex_init(&prim_mu, NULL);
     pthread_mutex_init(&pace_start_mu, NULL);
+    pthread_mutex_init(&ctx_mu, NULL);
+    pthread_mutex_init(&graph_mu, NULL);
+    memset(prim_charge, 0, sizeof(prim_charge));
+    memset(graph_charged, 0, sizeof(graph_charged));
     registered = 0;
     sh.slot = -1;
     pace_started = 0;
@@ -166,7 +195,7 @@ static void cuda_init(void)
     } else if (real_dlsym) {
 #define RESOLVE_CU(name, args) *(void **)&real_##name = real_dlsym(h, #name);
         CU_REAL_LIST(RESOLVE_CU)
-        *(void **)&real_cuCtxGetDevice = real_dlsym(h, "cuCtxGetDevice");
+        CU_AUX_LIST(RESOLVE_CU)
     }
     __atomic_store_n(&cuda_ready, 1, __ATOMIC_RELEASE);
 }
@@ -348,27 +377,41 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned i
                CALL_REAL(cuMemAllocManaged, dptr, bytesize, flags))
 }
 
+/* During stream capture a stream-ordered allocation allocates nothing: it
+ * records a memory-alloc node in the graph being captured, whose memory
+ * is charged when the graph is instantiated and launched (graph memory,
+ * below). Charging it here as well would count it twice. */
+static int capturing(CUstream s, int ptsz)
+{
+    int st = TL_STREAM_CAPTURE_STATUS_NONE;
+    CUresult (*f)(CUstream, int *) = ptsz ? real_cuStreamIsCapturing_ptsz : real_cuStreamIsCapturing;
+    return f && f(s, &st) == CUDA_SUCCESS && st != TL_STREAM_CAPTURE_STATUS_NONE;
+}
+
+#define ASYNC_ALLOC_BODY(s, ptsz, call)                                            \
+    ensure_cuda();                                                                  \
+    if (cfg.mem_active && !cfg.error && capturing(s, ptsz))                         \
+        return call;                                                                \
+    ALLOC_BODY(TL_K_PTR, current_device(), bytesize, *dptr, call)
+
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream s)
 {
-    ALLOC_BODY(TL_K_PTR, current_device(), bytesize, *dptr, CALL_REAL(cuMemAllocAsync, dptr, bytesize, s))
+    ASYNC_ALLOC_BODY(s, 0, CALL_REAL(cuMemAllocAsync, dptr, bytesize, s))
 }
 
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream s)
 {
-    ALLOC_BODY(TL_K_PTR, current_device(), bytesize, *dptr,
-               CALL_REAL(cuMemAllocAsync_ptsz, dptr, bytesize, s))
+    ASYNC_ALLOC_BODY(s, 1, CALL_REAL(cuMemAllocAsync_ptsz, dptr, bytesize, s))
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s)
 {
-    ALLOC_BODY(TL_K_PTR, current_device(), bytesize, *dptr,
-               CALL_REAL(cuMemAllocFromPoolAsync, dptr, bytesize, pool, s))
+    ASYNC_ALLOC_BODY(s, 0, CALL_REAL(cuMemAllocFromPoolAsync, dptr, bytesize, pool, s))
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s)
 {
-    ALLOC_BODY(TL_K_PTR, current_device(), bytesize, *dptr,
-               CALL_REAL(cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, s))
+    ASYNC_ALLOC_BODY(s, 1, CALL_REAL(cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, s))
 }
 
 EXPORT CUresult cuArrayCreate_v2(CUarray *ph, const TL_ARRAY_DESCRIPTOR *a)
@@ -477,54 +520,180 @@ EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a)
 }
 
 /* ------------------------------------------------------------------ */
-/* contexts: each is charged cfg.ctx_reserve bytes                     */
+/* contexts                                                            */
+/*
+ * Each context (created, or primary while retained) is charged its own
+ * device memory. TESSERA_CONTEXT_RESERVE fixes the amount (0 = off). By
+ * default the first context this process creates or activates on a device
+ * is measured: the drop in the device's free memory across the real call,
+ * as NVML reports it (no driver call reports free memory before a context
+ * exists), clamped to [CTX_MIN, CTX_MAX], or CTX_FALLBACK when NVML cannot
+ * tell. Later contexts on that device are charged the same amount.
+ */
+#define CTX_MIN (32ull << 20)
+#define CTX_MAX (2ull << 30)
+#define CTX_FALLBACK (256ull << 20)
 
-EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+static uint64_t ctx_size[TL_MAX_DEVICES]; /* measured footprint, 0 = not yet */
+
+typedef struct {
+    int ver;
+    CUcontext *pctx;
+    void *params;
+    int nparams;
+    unsigned flags;
+    CUdevice dev;
+} ctx_args;
+
+/* Free memory of device `dev` per NVML. Called with ctx_mu held. */
+static int device_free(int dev, uint64_t *out)
+{
+    static int nvml_up;
+    nvmlDevice_t d;
+    TL_NVML_MEMORY m;
+    ensure_nvml();
+    if (!nvml_up)
+        nvml_up = real_nvmlInit_v2 && real_nvmlInit_v2() == NVML_SUCCESS ? 1 : -1;
+    if (nvml_up < 0 || !real_nvmlDeviceGetHandleByIndex_v2 || !real_nvmlDeviceGetMemoryInfo ||
+        real_nvmlDeviceGetHandleByIndex_v2((unsigned)dev, &d) != NVML_SUCCESS ||
+        real_nvmlDeviceGetMemoryInfo(d, &m) != NVML_SUCCESS)
+        return -1;
+    *out = m.free;
+    return 0;
+}
+
+/* Run `call`, which creates or activates a context on a.dev, with the
+ * context's footprint charged (check-and-reserve when the size is known;
+ * when it is being measured, charge afterwards and `undo` if over the
+ * limit). *charged gets what was charged (0 when nothing is tracked). */
+static CUresult with_ctx_charge(ctx_args *a, CUresult (*call)(ctx_args *), void (*undo)(ctx_args *),
+                                uint64_t *charged)
+{
+    int dev = a->dev;
+    *charged = 0;
+    if (dev < 0 || dev >= TL_MAX_DEVICES || (cfg.ctx_reserve_set && !cfg.ctx_reserve))
+        return call(a);
+    uint64_t n = cfg.ctx_reserve_set ? cfg.ctx_reserve : __atomic_load_n(&ctx_size[dev], __ATOMIC_ACQUIRE);
+    int measure = n == 0;
+    if (measure) {
+        if (!limit_of(dev))
+            return call(a);
+        pthread_mutex_lock(&ctx_mu);
+        n = ctx_size[dev]; /* another thread may have measured meanwhile */
+        measure = n == 0;
+        if (!measure)
+            pthread_mutex_unlock(&ctx_mu);
+    }
+    if (!measure) {
+        int c = reserve(dev, n);
+        if (c < 0)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        CUresult r = call(a);
+        if (c > 0 && r != CUDA_SUCCESS)
+            release(dev, n);
+        else if (c > 0)
+            *charged = n;
+        return r;
+    }
+    uint64_t before = 0, after = 0;
+    int ok = device_free(dev, &before) == 0;
+    CUresult r = call(a);
+    if (r == CUDA_SUCCESS) {
+        ok = ok && device_free(dev, &after) == 0;
+        n = !ok ? CTX_FALLBACK : before > after ? before - after : 0;
+        n = n < CTX_MIN ? CTX_MIN : n > CTX_MAX ? CTX_MAX : n;
+        __atomic_store_n(&ctx_size[dev], n, __ATOMIC_RELEASE);
+        int c = reserve(dev, n);
+        if (c < 0) {
+            undo(a);
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else if (c > 0) {
+            *charged = n;
+        }
+    }
+    pthread_mutex_unlock(&ctx_mu);
+    return r;
+}
+
+static CUresult ctx_create_real(ctx_args *a)
+{
+    switch (a->ver) {
+    case 3: return CALL_REAL(cuCtxCreate_v3, a->pctx, a->params, a->nparams, a->flags, a->dev);
+    case 4: return CALL_REAL(cuCtxCreate_v4, a->pctx, a->params, a->flags, a->dev);
+    default: return CALL_REAL(cuCtxCreate_v2, a->pctx, a->flags, a->dev);
+    }
+}
+
+static void ctx_create_undo(ctx_args *a) { (void)CALL_REAL(cuCtxDestroy_v2, *a->pctx); }
+
+static CUresult ctx_create(ctx_args *a)
 {
     ensure_cuda();
     if (UNLIKELY(cfg.error))
         return CUDA_ERROR_OUT_OF_MEMORY;
-    if (!cfg.mem_active || !cfg.ctx_reserve || !pctx)
-        return CALL_REAL(cuCtxCreate_v2, pctx, flags, dev);
-    ALLOC_BODY(TL_K_CTX, dev, cfg.ctx_reserve, (uintptr_t)*pctx, CALL_REAL(cuCtxCreate_v2, pctx, flags, dev))
+    if (!cfg.mem_active || !a->pctx)
+        return ctx_create_real(a);
+    uint64_t n;
+    CUresult r = with_ctx_charge(a, ctx_create_real, ctx_create_undo, &n);
+    if (r == CUDA_SUCCESS && n && track(TL_K_CTX, (uintptr_t)*a->pctx, n, a->dev) != 0)
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    return r;
+}
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    ctx_args a = {2, pctx, NULL, 0, flags, dev};
+    return ctx_create(&a);
+}
+
+EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *affinity, int n, unsigned int flags, CUdevice dev)
+{
+    ctx_args a = {3, pctx, affinity, n, flags, dev};
+    return ctx_create(&a);
+}
+
+EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flags, CUdevice dev)
+{
+    ctx_args a = {4, pctx, params, 0, flags, dev};
+    return ctx_create(&a);
 }
 
 EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) { FREE_BODY(TL_K_CTX, (uintptr_t)ctx, CALL_REAL(cuCtxDestroy_v2, ctx)) }
+
+static CUresult prim_retain_real(ctx_args *a) { return CALL_REAL(cuDevicePrimaryCtxRetain, a->pctx, a->dev); }
+static void prim_retain_undo(ctx_args *a) { (void)CALL_REAL(cuDevicePrimaryCtxRelease_v2, a->dev); }
 
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     ensure_cuda();
     if (UNLIKELY(cfg.error))
         return CUDA_ERROR_OUT_OF_MEMORY;
-    if (!cfg.mem_active || !cfg.ctx_reserve || dev < 0 || dev >= TL_MAX_DEVICES)
+    if (!cfg.mem_active || dev < 0 || dev >= TL_MAX_DEVICES || (cfg.ctx_reserve_set && !cfg.ctx_reserve))
         return CALL_REAL(cuDevicePrimaryCtxRetain, pctx, dev);
+    ctx_args a = {0, pctx, NULL, 0, 0, dev};
     pthread_mutex_lock(&prim_mu);
-    int charged = 0;
-    if (prim_refs[dev] == 0) {
-        charged = reserve(dev, cfg.ctx_reserve);
-        if (charged < 0) {
-            pthread_mutex_unlock(&prim_mu);
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-    }
-    CUresult r = CALL_REAL(cuDevicePrimaryCtxRetain, pctx, dev);
+    CUresult r;
+    if (prim_refs[dev] == 0)
+        r = with_ctx_charge(&a, prim_retain_real, prim_retain_undo, &prim_charge[dev]);
+    else
+        r = prim_retain_real(&a);
     if (r == CUDA_SUCCESS)
         prim_refs[dev]++;
-    else if (charged > 0)
-        release(dev, cfg.ctx_reserve);
     pthread_mutex_unlock(&prim_mu);
     return r;
 }
 
 static CUresult primary_drop(CUdevice dev, int all, CUresult r)
 {
-    if (r != CUDA_SUCCESS || !cfg.mem_active || !cfg.ctx_reserve || dev < 0 || dev >= TL_MAX_DEVICES)
+    if (r != CUDA_SUCCESS || !cfg.mem_active || dev < 0 || dev >= TL_MAX_DEVICES)
         return r;
     pthread_mutex_lock(&prim_mu);
     if (prim_refs[dev] > 0) {
         prim_refs[dev] = all ? 0 : prim_refs[dev] - 1;
-        if (prim_refs[dev] == 0 && limit_of(dev))
-            release(dev, cfg.ctx_reserve);
+        if (prim_refs[dev] == 0 && prim_charge[dev]) {
+            release(dev, prim_charge[dev]);
+            prim_charge[dev] = 0;
+        }
     }
     pthread_mutex_unlock(&prim_mu);
     return r;
@@ -540,6 +709,254 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
     ensure_cuda();
     return primary_drop(dev, 1, CALL_REAL(cuDevicePrimaryCtxReset_v2, dev));
+}
+
+/* ------------------------------------------------------------------ */
+/* graph memory                                                        */
+/*
+ * Memory-alloc nodes (cuGraphAddMemAllocNode, cuGraphAddNode, stream
+ * capture of cuMemAllocAsync) get physical memory from the driver's
+ * per-device graph pool when an exec is first launched or uploaded
+ * (or instantiated with the upload flag), and the pool keeps it until
+ * cuDeviceGraphMemTrim. The process's charge on a device follows the
+ * pool's reservation (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), re-read
+ * after every call that can change it. Before an exec's first launch the
+ * growth it can cause (its alloc nodes' bytes minus the pool's unused
+ * part) is reserved, and the launch refused if that does not fit.
+ *
+ * Execs with alloc nodes are in the table (TL_K_GEXEC) with their bytes;
+ * `dev` holds the device in its low 8 bits and, once launched, the device's
+ * trim generation + 1 above them: after a trim the driver may remap on the
+ * next launch, so that launch re-reads the pool.
+ */
+static unsigned trim_gen[TL_MAX_DEVICES];
+
+static int gexec_tag(int dev)
+{
+    return dev | (int)(((__atomic_load_n(&trim_gen[dev], __ATOMIC_RELAXED) + 1) & 0x7fffff) << 8);
+}
+
+static int pool_attr(int dev, int attr, uint64_t *out)
+{
+    unsigned long long v = 0;
+    if (!real_cuDeviceGetGraphMemAttribute || real_cuDeviceGetGraphMemAttribute(dev, attr, &v) != CUDA_SUCCESS)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* Bytes of the alloc nodes of g and its child graphs; *dev is set to the
+ * device of the first one found. */
+static uint64_t graph_alloc_bytes(CUgraph g, int *dev, int depth)
+{
+    size_t n = 0;
+    if (depth > 8 || !real_cuGraphGetNodes || !real_cuGraphNodeGetType || !real_cuGraphMemAllocNodeGetParams ||
+        !real_cuGraphChildGraphNodeGetGraph || real_cuGraphGetNodes(g, NULL, &n) != CUDA_SUCCESS || n == 0)
+        return 0;
+    CUgraphNode *nodes = calloc(n, sizeof(*nodes));
+    uint64_t total = 0;
+    if (nodes && real_cuGraphGetNodes(g, nodes, &n) == CUDA_SUCCESS) {
+        for (size_t i = 0; i < n; i++) {
+            int t;
+            TL_MEM_ALLOC_NODE_PARAMS p;
+            CUgraph child;
+            uint64_t b = 0;
+            if (real_cuGraphNodeGetType(nodes[i], &t) != CUDA_SUCCESS)
+                continue;
+            if (t == TL_GRAPH_NODE_TYPE_MEM_ALLOC && real_cuGraphMemAllocNodeGetParams(nodes[i], &p) == CUDA_SUCCESS) {
+                if (*dev < 0)
+                    *dev = p.poolProps.location.id;
+                b = p.bytesize;
+            } else if (t == TL_GRAPH_NODE_TYPE_GRAPH &&
+                       real_cuGraphChildGraphNodeGetGraph(nodes[i], &child) == CUDA_SUCCESS) {
+                b = graph_alloc_bytes(child, dev, depth + 1);
+            }
+            total = total + b < total ? UINT64_MAX : total + b;
+        }
+    }
+    free(nodes);
+    return total;
+}
+
+/* With graph_mu held: reserve the growth of dev's pool that `bytes` of
+ * not-yet-backed allocations can cause, into *pre. Returns 0, or -1 if it
+ * does not fit. */
+static int graph_prereserve(int dev, uint64_t bytes, uint64_t *pre)
+{
+    uint64_t res = 0, used = 0;
+    if (pool_attr(dev, TL_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &res) != 0 ||
+        pool_attr(dev, TL_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &used) != 0)
+        res = used = 0; /* unknown: assume nothing idle */
+    uint64_t idle = res > used ? res - used : 0;
+    *pre = bytes > idle ? bytes - idle : 0;
+    return *pre && reserve(dev, *pre) < 0 ? -1 : 0;
+}
+
+/* With graph_mu held: set the charge on dev to the pool's reservation,
+ * using the `pre` bytes reserved beforehand first. Growth that does not
+ * fit is charged anyway (the driver already holds the memory); returns -1
+ * then. If the pool cannot be read, `pre` stays charged. */
+static int graph_sync(int dev, uint64_t pre)
+{
+    uint64_t r, c = graph_charged[dev];
+    int over = 0;
+    if (pool_attr(dev, TL_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &r) != 0) {
+        graph_charged[dev] = c + pre;
+        return 0;
+    }
+    if (r > c) {
+        uint64_t d = r - c, use = d < pre ? d : pre;
+        pre -= use;
+        d -= use;
+        if (d && reserve(dev, d) < 0) {
+            tl_shared_reserve(&sh, dev, d, UINT64_MAX);
+            over = 1;
+        }
+    } else if (c > r) {
+        release(dev, c - r);
+    }
+    graph_charged[dev] = r;
+    if (pre)
+        release(dev, pre);
+    return over ? -1 : 0;
+}
+
+/* Before a launch or upload of an exec with alloc nodes (tag from the
+ * table). Returns 0: go, nothing to account (backed, no trim since);
+ * 1: go, graph_mu is held, call graph_run_end after; -1: refused. */
+static int graph_run_begin(int dev, int tag, uint64_t bytes, uint64_t *pre)
+{
+    *pre = 0;
+    if (tag == gexec_tag(dev))
+        return 0;
+    pthread_mutex_lock(&graph_mu);
+    if ((tag >> 8) == 0 && graph_prereserve(dev, bytes, pre) < 0) {
+        pthread_mutex_unlock(&graph_mu);
+        return -1;
+    }
+    return 1;
+}
+
+/* A launch cannot be undone: growth over the limit stays charged. */
+static void graph_run_end(CUgraphExec e, int dev, uint64_t bytes, uint64_t pre, CUresult r)
+{
+    graph_sync(dev, pre);
+    if (r == CUDA_SUCCESS)
+        tl_table_put(TL_K_GEXEC, (uintptr_t)e, bytes, gexec_tag(dev));
+    pthread_mutex_unlock(&graph_mu);
+}
+
+#define GRAPH_RUN_BODY(e, call)                                                    \
+    uint64_t bytes_, pre_;                                                          \
+    int tag_;                                                                       \
+    if (!cfg.mem_active || !tl_table_get(TL_K_GEXEC, (uintptr_t)(e), &bytes_, &tag_)) \
+        return call;                                                                \
+    int go_ = graph_run_begin(tag_ & 0xff, tag_, bytes_, &pre_);                    \
+    if (go_ < 0)                                                                    \
+        return CUDA_ERROR_OUT_OF_MEMORY;                                            \
+    CUresult r_ = call;                                                             \
+    if (go_ > 0)                                                                    \
+        graph_run_end(e, tag_ & 0xff, bytes_, pre_, r_);                            \
+    return r_;
+
+/* After the real instantiate, with graph_mu held (released here): record
+ * the exec; with the upload flag the pool was filled already, so re-read it
+ * and undo the instantiation if that went over the limit. */
+static CUresult graph_instantiated(CUgraphExec *pe, int dev, uint64_t bytes, int upload, uint64_t pre, CUresult r)
+{
+    if (r == CUDA_SUCCESS && tl_table_put(TL_K_GEXEC, (uintptr_t)*pe, bytes, upload ? gexec_tag(dev) : dev) != 0) {
+        (void)CALL_REAL(cuGraphExecDestroy, *pe);
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (graph_sync(dev, pre) != 0 && r == CUDA_SUCCESS && upload) {
+        uint64_t b;
+        int t;
+        tl_table_take(TL_K_GEXEC, (uintptr_t)*pe, &b, &t);
+        (void)CALL_REAL(cuGraphExecDestroy, *pe);
+        (void)CALL_REAL(cuDeviceGraphMemTrim, dev);
+        graph_sync(dev, 0);
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_mutex_unlock(&graph_mu);
+    return r;
+}
+
+/* Instantiation: execs whose graph has alloc nodes are recorded; with the
+ * upload flag the pool grows now, so the growth is reserved first. */
+#define INSTANTIATE_BODY(pe, g, flags, call)                                       \
+    ensure_cuda();                                                                  \
+    if (UNLIKELY(cfg.error))                                                        \
+        return CUDA_ERROR_OUT_OF_MEMORY;                                            \
+    int dev_ = -1, up_ = ((flags) & TL_GRAPH_INSTANTIATE_FLAG_UPLOAD) != 0;         \
+    uint64_t pre_ = 0, bytes_ = cfg.mem_active && (pe) ? graph_alloc_bytes(g, &dev_, 0) : 0; \
+    if (!bytes_ || dev_ < 0 || dev_ >= TL_MAX_DEVICES || !limit_of(dev_))           \
+        return call;                                                                \
+    pthread_mutex_lock(&graph_mu);                                                  \
+    if (up_ && graph_prereserve(dev_, bytes_, &pre_) < 0) {                         \
+        pthread_mutex_unlock(&graph_mu);                                            \
+        return CUDA_ERROR_OUT_OF_MEMORY;                                            \
+    }                                                                               \
+    return graph_instantiated(pe, dev_, bytes_, up_, pre_, call);
+
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *pe, CUgraph g, unsigned long long flags)
+{
+    INSTANTIATE_BODY(pe, g, flags, CALL_REAL(cuGraphInstantiateWithFlags, pe, g, flags))
+}
+
+EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *pe, CUgraph g, TL_GRAPH_INSTANTIATE_PARAMS *p)
+{
+    INSTANTIATE_BODY(pe, g, p ? p->flags : 0, CALL_REAL(cuGraphInstantiateWithParams, pe, g, p))
+}
+
+EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *pe, CUgraph g, TL_GRAPH_INSTANTIATE_PARAMS *p)
+{
+    INSTANTIATE_BODY(pe, g, p ? p->flags : 0, CALL_REAL(cuGraphInstantiateWithParams_ptsz, pe, g, p))
+}
+
+EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *pe, CUgraph g, CUgraphNode *err, char *log, size_t n)
+{
+    INSTANTIATE_BODY(pe, g, 0, CALL_REAL(cuGraphInstantiate_v2, pe, g, err, log, n))
+}
+
+EXPORT CUresult cuGraphUpload(CUgraphExec e, CUstream s)
+{
+    ensure_cuda();
+    GRAPH_RUN_BODY(e, CALL_REAL(cuGraphUpload, e, s))
+}
+
+EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec e, CUstream s)
+{
+    ensure_cuda();
+    GRAPH_RUN_BODY(e, CALL_REAL(cuGraphUpload_ptsz, e, s))
+}
+
+/* The pool keeps a destroyed exec's memory (until a trim): nothing to
+ * re-read, only forget the exec. */
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
+{
+    ensure_cuda();
+    if (!cfg.mem_active)
+        return CALL_REAL(cuGraphExecDestroy, e);
+    uint64_t b;
+    int t;
+    int had = tl_table_take(TL_K_GEXEC, (uintptr_t)e, &b, &t);
+    CUresult r = CALL_REAL(cuGraphExecDestroy, e);
+    if (had && r != CUDA_SUCCESS)
+        tl_table_put(TL_K_GEXEC, (uintptr_t)e, b, t);
+    return r;
+}
+
+EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
+{
+    ensure_cuda();
+    CUresult r = CALL_REAL(cuDeviceGraphMemTrim, dev);
+    if (r == CUDA_SUCCESS && cfg.mem_active && dev >= 0 && dev < TL_MAX_DEVICES && limit_of(dev)) {
+        pthread_mutex_lock(&graph_mu);
+        __atomic_add_fetch(&trim_gen[dev], 1, __ATOMIC_RELAXED);
+        graph_sync(dev, 0);
+        pthread_mutex_unlock(&graph_mu);
+    }
+    return r;
 }
 
 /* ------------------------------------------------------------------ */
@@ -872,13 +1289,13 @@ EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsign
 EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
 {
     PACE(1)
-    return CALL_REAL(cuGraphLaunch, g, s);
+    GRAPH_RUN_BODY(g, CALL_REAL(cuGraphLaunch, g, s))
 }
 
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
 {
     PACE(1)
-    return CALL_REAL(cuGraphLaunch_ptsz, g, s);
+    GRAPH_RUN_BODY(g, CALL_REAL(cuGraphLaunch_ptsz, g, s))
 }
 
 /* ------------------------------------------------------------------ */
@@ -924,10 +1341,11 @@ static void *wrapper_by_real(void *p)
 /* Fallback by name, for a driver whose cuGetProcAddress hands out addresses
  * other than its exported symbols. Only names whose versioned variant is
  * certain for any cudart >= 11 are listed; cuCtxCreate (v2/v3/v4 depending
- * on the version asked for) and cuGetProcAddress itself are not. */
+ * on the version asked for), cuGraphInstantiate (v2 or WithFlags) and
+ * cuGetProcAddress itself are not. */
 static const char *const ptsz_names[] = {
     "cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuGraphLaunch",
-    "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemFreeAsync",
+    "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemFreeAsync", "cuGraphUpload", "cuGraphInstantiateWithParams",
 };
 static const char *const v2_names[] = {
     "cuMemAlloc", "cuMemAllocPitch", "cuMemFree", "cuMemGetInfo", "cuDeviceTotalMem", "cuArrayCreate",
@@ -937,6 +1355,8 @@ static const char *const plain_names[] = {
     "cuInit", "cuMemAllocManaged", "cuMemCreate", "cuMemRelease", "cuArrayDestroy", "cuMipmappedArrayCreate",
     "cuMipmappedArrayDestroy", "cuDevicePrimaryCtxRetain", "cuLaunchKernel", "cuLaunchKernelEx",
     "cuLaunchCooperativeKernel", "cuGraphLaunch", "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemFreeAsync",
+    "cuGraphUpload", "cuGraphInstantiateWithFlags", "cuGraphInstantiateWithParams", "cuGraphExecDestroy",
+    "cuDeviceGraphMemTrim",
 };
 
 static int listed(const char *const *list, size_t n, const char *sym)

@@ -114,6 +114,26 @@ int tl_table_take(int kind, uint64_t key, uint64_t *size, int *dev)
     }
 }
 
+int tl_table_get(int kind, uint64_t key, uint64_t *size, int *dev)
+{
+    if (!key)
+        return 0;
+    pthread_mutex_lock(&mu);
+    int found = 0;
+    if (cap) {
+        uint64_t m = cap - 1, j = hash(kind, key) & m;
+        while (tab[j].key && !(tab[j].key == key && tab[j].kind == kind))
+            j = (j + 1) & m;
+        if (tab[j].key) {
+            *size = tab[j].size;
+            *dev = tab[j].dev;
+            found = 1;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return found;
+}
+
 void tl_table_reset(void)
 {
     pthread_mutex_lock(&mu);

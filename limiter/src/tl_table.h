@@ -4,12 +4,14 @@
 
 #include <stdint.h>
 
-enum { TL_K_PTR = 1, TL_K_HANDLE = 2, TL_K_ARRAY = 3, TL_K_MIPMAP = 4, TL_K_CTX = 5 };
+enum { TL_K_PTR = 1, TL_K_HANDLE = 2, TL_K_ARRAY = 3, TL_K_MIPMAP = 4, TL_K_CTX = 5, TL_K_GEXEC = 6 };
 
 /* Insert; returns 0, or -1 if out of memory. */
 int tl_table_put(int kind, uint64_t key, uint64_t size, int dev);
 /* Remove; returns 1 and fills size/dev if found, else 0. */
 int tl_table_take(int kind, uint64_t key, uint64_t *size, int *dev);
+/* Look up without removing; returns 1 and fills size/dev if found, else 0. */
+int tl_table_get(int kind, uint64_t key, uint64_t *size, int *dev);
 /* Forget everything. */
 void tl_table_reset(void);
 /* In a fork child: forget everything without taking the lock, which a

@@ -48,6 +48,27 @@ static double round_alloc(long n)
     return (now_ns() - t0) / (double)n;
 }
 
+static double round_async(long n)
+{
+    CUdeviceptr d;
+    double t0 = now_ns();
+    for (long i = 0; i < n; i++) {
+        cuMemAllocAsync(&d, 4096, NULL);
+        cuMemFreeAsync(d, NULL);
+    }
+    return (now_ns() - t0) / (double)n;
+}
+
+static CUgraphExec gexec; /* NULL: a graph without memory nodes */
+
+static double round_graph(long n)
+{
+    double t0 = now_ns();
+    for (long i = 0; i < n; i++)
+        cuGraphLaunch(gexec, NULL);
+    return (now_ns() - t0) / (double)n;
+}
+
 static double best(double (*f)(long), long n)
 {
     double b = 1e30;
@@ -69,5 +90,18 @@ int main(int argc, char **argv)
     printf("cuMemGetInfo_v2 %.1f\n", best(round_getinfo, n));
     printf("cuLaunchKernel %.1f\n", best(round_launch, n));
     printf("cuMemAlloc_v2+cuMemFree_v2 %.1f\n", best(round_alloc, n / 10));
+    printf("cuMemAllocAsync+cuMemFreeAsync %.1f\n", best(round_async, n / 10));
+    printf("cuGraphLaunch(no-alloc-nodes) %.1f\n", best(round_graph, n));
+    /* a graph with a memory-alloc node, relaunched (its memory is backed) */
+    CUgraph g;
+    CUgraphNode node;
+    TL_MEM_ALLOC_NODE_PARAMS ap = {0};
+    ap.poolProps.location.type = 1;
+    ap.bytesize = 1 << 20;
+    cuGraphCreate(&g, 0);
+    cuGraphAddMemAllocNode(&node, g, NULL, 0, &ap);
+    cuGraphInstantiateWithFlags(&gexec, g, 0);
+    cuGraphLaunch(gexec, NULL);
+    printf("cuGraphLaunch(alloc-node) %.1f\n", best(round_graph, n));
     return 0;
 }

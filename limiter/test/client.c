@@ -314,6 +314,13 @@ static void t_ctx(unsigned long long L, unsigned long long R)
     check(r == CUDA_SUCCESS && mem_free() == L - R, "ctx-create-charged", "r=%d free=%zu", r, mem_free());
     r = api.cuCtxDestroy_v2(c2);
     check(r == CUDA_SUCCESS && mem_free() == L, "ctx-destroy-released", "r=%d free=%zu", r, mem_free());
+    r = api.cuCtxCreate_v3(&c2, NULL, 0, 0, 0);
+    check(r == CUDA_SUCCESS && mem_free() == L - R, "ctx-create-v3-charged", "r=%d free=%zu", r, mem_free());
+    api.cuCtxDestroy_v2(c2);
+    r = api.cuCtxCreate_v4(&c2, NULL, 0, 0);
+    check(r == CUDA_SUCCESS && mem_free() == L - R, "ctx-create-v4-charged", "r=%d free=%zu", r, mem_free());
+    api.cuCtxDestroy_v2(c2);
+    check(mem_free() == L, "ctx-v3-v4-destroy-released", "free=%zu", mem_free());
     /* enough contexts to exceed the limit are refused */
     int n = 0;
     CUcontext cs[64];
@@ -323,6 +330,217 @@ static void t_ctx(unsigned long long L, unsigned long long R)
     while (n > 0)
         api.cuCtxDestroy_v2(cs[--n]);
     check(mem_free() == L, "ctx-all-released", "free=%zu", mem_free());
+}
+
+static unsigned long long fake_used(int dev)
+{
+    unsigned long long (*f)(int) = (unsigned long long (*)(int))dlsym(RTLD_DEFAULT, "fake_used_bytes");
+    return f ? f(dev) : ~0ull;
+}
+
+/* Default context charge: measured footprint M (the fake's contexts take
+ * FAKE_CTX_MEM), clamped; M > L: the first context is refused and undone. */
+static void t_ctxmeasure(unsigned long long L, unsigned long long M)
+{
+    init_cuda();
+    CUcontext c[64];
+    char n[96];
+    CUresult r;
+    if (getenv("PRIMARY_FIRST")) { /* cudart's way: the primary context is measured */
+        r = api.cuDevicePrimaryCtxRetain(&c[0], 0);
+        check(r == CUDA_SUCCESS && mem_free() == L - M, "ctx-measured-on-primary", "r=%d free=%zu", r, mem_free());
+        api.cuDevicePrimaryCtxRelease_v2(0);
+        check(mem_free() == L && fake_used(0) == 0, "ctx-measured-on-primary-released", "free=%zu", mem_free());
+    }
+    r = api.cuCtxCreate_v2(&c[0], 0, 0);
+    if (M > L) {
+        check(r == CUDA_ERROR_OUT_OF_MEMORY, "ctx-measured-over-limit-refused", "r=%d", r);
+        check(fake_used(0) == 0 && mem_free() == L, "ctx-measured-over-limit-undone", "driver used %llu free=%zu",
+              fake_used(0), mem_free());
+        return;
+    }
+    snprintf(n, sizeof(n), "ctx-measured-%llum-charged", M >> 20);
+    check(r == CUDA_SUCCESS && mem_free() == L - M, n, "r=%d free=%zu want %llu", r, mem_free(), L - M);
+    r = api.cuCtxCreate_v3(&c[1], NULL, 0, 0, 0);
+    check(r == CUDA_SUCCESS && mem_free() == L - 2 * M, "ctx-measured-v3-charged", "r=%d free=%zu", r, mem_free());
+    r = api.cuCtxCreate_v4(&c[2], NULL, 0, 0);
+    check(r == CUDA_SUCCESS && mem_free() == L - 3 * M, "ctx-measured-v4-charged", "r=%d free=%zu", r, mem_free());
+    for (int i = 0; i < 3; i++)
+        api.cuCtxDestroy_v2(c[i]);
+    check(mem_free() == L, "ctx-measured-destroy-released", "free=%zu", mem_free());
+    CUcontext p;
+    r = api.cuDevicePrimaryCtxRetain(&p, 0);
+    check(r == CUDA_SUCCESS && mem_free() == L - M, "ctx-measured-primary-charged", "r=%d free=%zu", r, mem_free());
+    api.cuDevicePrimaryCtxRelease_v2(0);
+    check(mem_free() == L, "ctx-measured-primary-released", "free=%zu", mem_free());
+    if (M == 0)
+        return;
+    int k = 0;
+    while (k < 64 && api.cuCtxCreate_v2(&c[k], 0, 0) == CUDA_SUCCESS)
+        k++;
+    check((unsigned long long)k == L / M, "ctx-measured-count-bounded", "created %d want %llu", k, L / M);
+    while (k > 0)
+        api.cuCtxDestroy_v2(c[--k]);
+    check(mem_free() == L && fake_used(0) == 0, "ctx-measured-all-released", "free=%zu driver used %llu",
+          mem_free(), fake_used(0));
+}
+
+static unsigned long long pool_reserved(void)
+{
+    unsigned long long v = 0;
+    api.cuDeviceGetGraphMemAttribute(0, TL_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &v);
+    return v;
+}
+
+static CUgraph alloc_graph(unsigned long long bytes, int via_add_node)
+{
+    CUgraph g;
+    CUgraphNode node;
+    api.cuGraphCreate(&g, 0);
+    if (via_add_node) {
+        FAKE_GRAPH_NODE_PARAMS np;
+        memset(&np, 0, sizeof(np));
+        np.type = TL_GRAPH_NODE_TYPE_MEM_ALLOC;
+        np.u.alloc.poolProps.location.type = 1;
+        np.u.alloc.bytesize = bytes;
+        api.cuGraphAddNode_v2(&node, g, NULL, NULL, 0, &np);
+    } else {
+        TL_MEM_ALLOC_NODE_PARAMS ap;
+        memset(&ap, 0, sizeof(ap));
+        ap.poolProps.location.type = 1;
+        ap.bytesize = bytes;
+        api.cuGraphAddMemAllocNode(&node, g, NULL, 0, &ap);
+    }
+    return g;
+}
+
+/* Graph memory: alloc nodes are charged when the driver's graph pool
+ * backs them (launch / upload / instantiate-with-upload), a launch that
+ * would exceed the limit is refused, and a trim gives the pool back. */
+static void t_graph(unsigned long long L)
+{
+    init_cuda();
+    CUgraphExec e, e2;
+    CUresult r;
+    /* an alloc node bigger than the limit: instantiates, launch refused */
+    CUgraph g = alloc_graph(L + 1, 0);
+    r = api.cuGraphInstantiateWithFlags(&e, g, 0);
+    check(r == CUDA_SUCCESS && mem_free() == L, "graph-instantiate-charges-nothing", "r=%d free=%zu", r, mem_free());
+    r = api.cuGraphLaunch(e, NULL);
+    check(r == CUDA_ERROR_OUT_OF_MEMORY && pool_reserved() == 0 && mem_free() == L, "graph-launch-over-limit-refused",
+          "r=%d pool=%llu free=%zu", r, pool_reserved(), mem_free());
+    api.cuGraphExecDestroy(e);
+    /* 3/4 L via cuGraphAddNode_v2: charged at launch, not twice on relaunch */
+    g = alloc_graph(3 * L / 4, 1);
+    api.cuGraphInstantiateWithFlags(&e, g, 0);
+    r = api.cuGraphLaunch(e, NULL);
+    check(r == CUDA_SUCCESS && mem_free() == L / 4, "graph-launch-charged", "r=%d free=%zu", r, mem_free());
+    CUdeviceptr d;
+    r = api.cuMemAlloc_v2(&d, L / 4 + 1);
+    check(r == CUDA_ERROR_OUT_OF_MEMORY, "graph-memory-counts-against-allocs", "r=%d", r);
+    r = api.cuGraphLaunch_ptsz(e, NULL);
+    check(r == CUDA_SUCCESS && mem_free() == L / 4, "graph-relaunch-not-recharged", "r=%d free=%zu", r, mem_free());
+    /* a second exec of the same graph needs another 3/4 L: refused */
+    api.cuGraphInstantiateWithFlags(&e2, g, 0);
+    r = api.cuGraphUpload(e2, NULL);
+    check(r == CUDA_ERROR_OUT_OF_MEMORY, "graph-upload-over-limit-refused", "r=%d", r);
+    /* the pool keeps a destroyed exec's memory until trimmed; a new exec reuses it */
+    api.cuGraphExecDestroy(e);
+    check(mem_free() == L / 4, "graph-pool-kept-after-exec-destroy", "free=%zu", mem_free());
+    r = api.cuGraphLaunch(e2, NULL);
+    check(r == CUDA_SUCCESS && mem_free() == L / 4, "graph-pool-reused-by-next-exec", "r=%d free=%zu", r,
+          mem_free());
+    api.cuGraphExecDestroy(e2);
+    r = api.cuDeviceGraphMemTrim(0);
+    check(r == CUDA_SUCCESS && mem_free() == L && pool_reserved() == 0, "graph-trim-releases", "free=%zu pool=%llu",
+          mem_free(), pool_reserved());
+    /* instantiate with the upload flag fills the pool at once */
+    TL_GRAPH_INSTANTIATE_PARAMS ip;
+    memset(&ip, 0, sizeof(ip));
+    ip.flags = TL_GRAPH_INSTANTIATE_FLAG_UPLOAD;
+    r = api.cuGraphInstantiateWithParams(&e, g, &ip);
+    check(r == CUDA_SUCCESS && mem_free() == L / 4, "graph-instantiate-upload-charged", "r=%d free=%zu", r,
+          mem_free());
+    r = api.cuGraphInstantiateWithParams_ptsz(&e2, g, &ip);
+    check(r == CUDA_ERROR_OUT_OF_MEMORY && mem_free() == L / 4, "graph-instantiate-upload-over-refused",
+          "r=%d free=%zu", r, mem_free());
+    api.cuGraphExecDestroy(e);
+    api.cuDeviceGraphMemTrim(0);
+    check(mem_free() == L && fake_used(0) == 0, "graph-all-released", "free=%zu driver used %llu", mem_free(),
+          fake_used(0));
+    /* an alloc node inside a child graph counts */
+    CUgraph parent;
+    CUgraphNode cn;
+    api.cuGraphCreate(&parent, 0);
+    api.cuGraphAddChildGraphNode(&cn, parent, NULL, 0, alloc_graph(L + 1, 0));
+    api.cuGraphInstantiate_v2(&e, parent, NULL, NULL, 0);
+    r = api.cuGraphLaunch(e, NULL);
+    check(r == CUDA_ERROR_OUT_OF_MEMORY && pool_reserved() == 0, "graph-child-alloc-node-counted", "r=%d", r);
+    api.cuGraphExecDestroy(e);
+    /* stream capture: the captured cuMemAllocAsync allocates nothing and is
+     * not charged; the graph it produced is charged at launch, once */
+    CUstream st;
+    api.cuStreamCreate(&st, 0);
+    api.cuStreamBeginCapture_v2(st, 0);
+    CUdeviceptr a1, a2;
+    r = api.cuMemAllocAsync(&a1, L / 2, st);
+    CUresult r2 = api.cuMemAllocFromPoolAsync_ptsz(&a2, L / 4, (CUmemoryPool)0x1, st);
+    check(r == CUDA_SUCCESS && r2 == CUDA_SUCCESS && mem_free() == L, "capture-async-alloc-not-charged",
+          "r=%d r2=%d free=%zu", r, r2, mem_free());
+    api.cuMemFreeAsync(a1, st);
+    check(mem_free() == L, "capture-async-free-no-credit", "free=%zu", mem_free());
+    api.cuStreamEndCapture(st, &g);
+    api.cuGraphInstantiateWithFlags(&e, g, 0);
+    r = api.cuGraphLaunch(e, st);
+    check(r == CUDA_SUCCESS && mem_free() == L / 4, "captured-graph-charged-once-at-launch", "r=%d free=%zu", r,
+          mem_free());
+    r = api.cuMemAllocAsync(&a1, L / 4, st);
+    check(r == CUDA_SUCCESS && mem_free() == 0, "after-capture-async-alloc-charged", "r=%d free=%zu", r, mem_free());
+    api.cuMemFreeAsync(a1, st);
+    api.cuGraphExecDestroy(e);
+    api.cuDeviceGraphMemTrim(0);
+    check(mem_free() == L, "capture-graph-released", "free=%zu", mem_free());
+    /* ordinary allocations leave less room for a graph */
+    g = alloc_graph(L / 2 + 1, 0);
+    api.cuMemAlloc_v2(&d, L / 2);
+    api.cuGraphInstantiateWithFlags(&e, g, 0);
+    r = api.cuGraphLaunch(e, NULL);
+    check(r == CUDA_ERROR_OUT_OF_MEMORY, "graph-launch-refused-next-to-allocs", "r=%d", r);
+    api.cuMemFree_v2(d);
+    r = api.cuGraphLaunch(e, NULL);
+    check(r == CUDA_SUCCESS && mem_free() == L / 2 - 1, "graph-launch-after-free", "r=%d free=%zu", r, mem_free());
+}
+
+/* The pool grows by more than the pre-check foresaw (FAKE_GRAPH_GRANULE =
+ * L/2: a 3/4-L node takes a whole L). A launch cannot be undone: the growth
+ * is charged over the limit and later allocations are refused until a trim.
+ * An instantiation with the upload flag is undone instead. */
+static void t_graph_over(unsigned long long L)
+{
+    init_cuda();
+    CUdeviceptr d, d2;
+    CUgraphExec e;
+    api.cuMemAlloc_v2(&d, L / 8);
+    CUgraph g = alloc_graph(3 * L / 4, 0);
+    TL_GRAPH_INSTANTIATE_PARAMS ip;
+    memset(&ip, 0, sizeof(ip));
+    ip.flags = TL_GRAPH_INSTANTIATE_FLAG_UPLOAD;
+    CUresult r = api.cuGraphInstantiateWithParams(&e, g, &ip);
+    check(r == CUDA_ERROR_OUT_OF_MEMORY && pool_reserved() == 0 && mem_free() == L - L / 8 &&
+              fake_used(0) == L / 8,
+          "graph-upload-overshoot-undone", "r=%d pool=%llu free=%zu driver used %llu", r, pool_reserved(),
+          mem_free(), fake_used(0));
+    api.cuGraphInstantiateWithFlags(&e, g, 0);
+    r = api.cuGraphLaunch(e, NULL);
+    check(r == CUDA_SUCCESS && pool_reserved() == L && mem_free() == 0, "graph-launch-overshoot-charged",
+          "r=%d pool=%llu free=%zu", r, pool_reserved(), mem_free());
+    r = api.cuMemAlloc_v2(&d2, 1);
+    check(r == CUDA_ERROR_OUT_OF_MEMORY, "graph-launch-overshoot-blocks-allocs", "r=%d", r);
+    api.cuGraphExecDestroy(e);
+    api.cuDeviceGraphMemTrim(0);
+    check(mem_free() == L - L / 8, "graph-launch-overshoot-trimmed", "free=%zu", mem_free());
+    api.cuMemFree_v2(d);
+    check(mem_free() == L, "graph-launch-overshoot-all-released", "free=%zu", mem_free());
 }
 
 /* Reporting hooks. */
@@ -606,6 +824,12 @@ static void t_routes(void)
         {"cuLaunchKernel_ptsz", (void *)api.cuLaunchKernel_ptsz},
         {"cuLaunchKernelEx", (void *)api.cuLaunchKernelEx},
         {"cuGraphLaunch", (void *)api.cuGraphLaunch},
+        {"cuGraphInstantiateWithFlags", (void *)api.cuGraphInstantiateWithFlags},
+        {"cuGraphInstantiateWithParams_ptsz", (void *)api.cuGraphInstantiateWithParams_ptsz},
+        {"cuGraphUpload", (void *)api.cuGraphUpload},
+        {"cuDeviceGraphMemTrim", (void *)api.cuDeviceGraphMemTrim},
+        {"cuCtxCreate_v3", (void *)api.cuCtxCreate_v3},
+        {"cuCtxCreate_v4", (void *)api.cuCtxCreate_v4},
         {"cuMemAllocAsync_ptsz", (void *)api.cuMemAllocAsync_ptsz},
         {"cuGetProcAddress_v2", (void *)api.cuGetProcAddress_v2},
         {"nvmlDeviceGetMemoryInfo", (void *)api.nvmlDeviceGetMemoryInfo},
@@ -617,6 +841,8 @@ static void t_routes(void)
         check(in_lib(hooked[i].fn, "libtessera-limiter"), name, "entry point not intercepted");
     }
     check(in_lib((void *)api.cuDeviceGet, "libcuda"), "route-cuDeviceGet-is-the-driver", "not the driver's");
+    check(in_lib((void *)api.cuStreamIsCapturing, "libcuda"), "route-cuStreamIsCapturing-is-the-driver",
+          "not the driver's");
     check(in_lib((void *)api.nvmlDeviceGetIndex, "libnvidia-ml"), "route-nvmlDeviceGetIndex-is-nvml",
           "not NVML's");
     /* the older cuGetProcAddress (v1) also hands out wrappers */
@@ -694,6 +920,12 @@ int main(int argc, char **argv)
         t_nolimit(a);
     else if (!strcmp(t, "ctx") && argc > 3)
         t_ctx(a, strtoull(argv[3], NULL, 0));
+    else if (!strcmp(t, "ctxmeasure") && argc > 3)
+        t_ctxmeasure(a, strtoull(argv[3], NULL, 0));
+    else if (!strcmp(t, "graph"))
+        t_graph(a);
+    else if (!strcmp(t, "graphover"))
+        t_graph_over(a);
     else if (!strcmp(t, "report"))
         t_report(a);
     else if (!strcmp(t, "overfull"))

@@ -42,6 +42,31 @@
     X(CUresult, cuLaunchCooperativeKernel_ptsz, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **)) \
     X(CUresult, cuGraphLaunch, (CUgraphExec, CUstream))                              \
     X(CUresult, cuGraphLaunch_ptsz, (CUgraphExec, CUstream))                         \
+    X(CUresult, cuCtxCreate_v3, (CUcontext *, void *, int, unsigned int, CUdevice))  \
+    X(CUresult, cuCtxCreate_v4, (CUcontext *, void *, unsigned int, CUdevice))       \
+    X(CUresult, cuStreamCreate, (CUstream *, unsigned int))                          \
+    X(CUresult, cuStreamBeginCapture_v2, (CUstream, int))                            \
+    X(CUresult, cuStreamEndCapture, (CUstream, CUgraph *))                           \
+    X(CUresult, cuStreamIsCapturing, (CUstream, int *))                              \
+    X(CUresult, cuStreamIsCapturing_ptsz, (CUstream, int *))                         \
+    X(CUresult, cuGraphCreate, (CUgraph *, unsigned int))                            \
+    X(CUresult, cuGraphDestroy, (CUgraph))                                           \
+    X(CUresult, cuGraphAddMemAllocNode, (CUgraphNode *, CUgraph, const CUgraphNode *, size_t, TL_MEM_ALLOC_NODE_PARAMS *)) \
+    X(CUresult, cuGraphAddNode_v2, (CUgraphNode *, CUgraph, const CUgraphNode *, const void *, size_t, void *)) \
+    X(CUresult, cuGraphAddChildGraphNode, (CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraph)) \
+    X(CUresult, cuGraphGetNodes, (CUgraph, CUgraphNode *, size_t *))                \
+    X(CUresult, cuGraphNodeGetType, (CUgraphNode, int *))                           \
+    X(CUresult, cuGraphMemAllocNodeGetParams, (CUgraphNode, TL_MEM_ALLOC_NODE_PARAMS *)) \
+    X(CUresult, cuGraphChildGraphNodeGetGraph, (CUgraphNode, CUgraph *))            \
+    X(CUresult, cuGraphInstantiateWithFlags, (CUgraphExec *, CUgraph, unsigned long long)) \
+    X(CUresult, cuGraphInstantiateWithParams, (CUgraphExec *, CUgraph, TL_GRAPH_INSTANTIATE_PARAMS *)) \
+    X(CUresult, cuGraphInstantiateWithParams_ptsz, (CUgraphExec *, CUgraph, TL_GRAPH_INSTANTIATE_PARAMS *)) \
+    X(CUresult, cuGraphInstantiate_v2, (CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t)) \
+    X(CUresult, cuGraphUpload, (CUgraphExec, CUstream))                              \
+    X(CUresult, cuGraphUpload_ptsz, (CUgraphExec, CUstream))                         \
+    X(CUresult, cuGraphExecDestroy, (CUgraphExec))                                   \
+    X(CUresult, cuDeviceGetGraphMemAttribute, (CUdevice, int, void *))               \
+    X(CUresult, cuDeviceGraphMemTrim, (CUdevice))                                    \
     X(CUresult, cuGetProcAddress, (const char *, void **, int, unsigned long long))  \
     X(CUresult, cuGetProcAddress_v2, (const char *, void **, int, unsigned long long, int *))
 
@@ -54,6 +79,17 @@
     X(nvmlReturn_t, nvmlDeviceGetMemoryInfo_v2, (nvmlDevice_t, TL_NVML_MEMORY_V2 *)) \
     X(nvmlReturn_t, nvmlDeviceGetProcessUtilization, (nvmlDevice_t, TL_NVML_PROC_UTIL_SAMPLE *, unsigned int *, unsigned long long)) \
     X(nvmlReturn_t, nvmlDeviceGetUtilizationRates, (nvmlDevice_t, TL_NVML_UTILIZATION *))
+
+/* CUgraphNodeParams (cuGraphAddNode_v2): type, then a union at 16. */
+typedef struct {
+    int type;
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        TL_MEM_ALLOC_NODE_PARAMS alloc;
+    } u;
+    long long reserved2;
+} FAKE_GRAPH_NODE_PARAMS;
 
 #define FAKE_DECL(ret, name, args) ret name args;
 FAKE_API_LIST(FAKE_DECL)

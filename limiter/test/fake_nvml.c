@@ -51,13 +51,23 @@ nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *i)
     return NVML_SUCCESS;
 }
 
+/* Device memory this process holds through the fake libcuda (allocations,
+ * contexts, graph pool), as a real NVML would see it; 0 without it. */
+static unsigned long long dev_used(nvmlDevice_t d)
+{
+    unsigned long long (*f)(int) = (unsigned long long (*)(int))dlsym(RTLD_DEFAULT, "fake_used_bytes");
+    return f ? f((int)((struct fake_dev *)d)->idx) : 0;
+}
+
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, TL_NVML_MEMORY *m)
 {
     if (!d || !m)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (getenv("FAKE_NVML_MEM_FAIL"))
+        return 999;
     m->total = devmem;
-    m->used = 0;
-    m->free = devmem;
+    m->used = dev_used(d);
+    m->free = devmem - m->used;
     return NVML_SUCCESS;
 }
 
@@ -67,8 +77,8 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, TL_NVML_MEMORY_V2 *m)
         return NVML_ERROR_INVALID_ARGUMENT;
     m->total = devmem;
     m->reserved = 0;
-    m->used = 0;
-    m->free = devmem;
+    m->used = dev_used(d);
+    m->free = devmem - m->used;
     return NVML_SUCCESS;
 }
 

@@ -34,6 +34,11 @@ check() { # name condition-exit-status
 }
 state() { echo "$T/state.$1"; }
 lim() { # run a client with the limiter preloaded: lim STATE ENV... -- client args
+    # (context charges off unless a test sets TESSERA_CONTEXT_RESERVE: exact boundaries)
+    st=$1; shift
+    env CUDA_DEVICE_MEMORY_SHARED_CACHE="$st" LD_PRELOAD="$PRE" TESSERA_CONTEXT_RESERVE=0 "$@"
+}
+limm() { # the same with the default (measured) context charge
     st=$1; shift
     env CUDA_DEVICE_MEMORY_SHARED_CACHE="$st" LD_PRELOAD="$PRE" "$@"
 }
@@ -53,6 +58,25 @@ for c in client_sym client_dl; do
     # 4. context footprint
     run "ctx-$c" lim "$(state c$c)" CUDA_DEVICE_MEMORY_LIMIT=$L TESSERA_CONTEXT_RESERVE=64k \
         "$B/$c" ctx $L 65536
+    # context footprint measured by default (the fake's contexts take FAKE_CTX_MEM), clamped
+    G=1073741824
+    run "ctxmeasure-$c" limm "$(state cm$c)" CUDA_DEVICE_MEMORY_LIMIT=$G FAKE_CTX_MEM=$((100 * L)) \
+        "$B/$c" ctxmeasure $G $((100 * L))
+    run "ctxmeasure-primary-$c" limm "$(state cm$c)" CUDA_DEVICE_MEMORY_LIMIT=$G FAKE_CTX_MEM=$((100 * L)) \
+        PRIMARY_FIRST=1 "$B/$c" ctxmeasure $G $((100 * L))
+    run "ctxmeasure-min-$c" limm "$(state cm$c)" CUDA_DEVICE_MEMORY_LIMIT=$G "$B/$c" ctxmeasure $G $((32 * L))
+    run "ctxmeasure-max-$c" limm "$(state cm$c)" CUDA_DEVICE_MEMORY_LIMIT=8g FAKE_CTX_MEM=$((3 * G)) \
+        "$B/$c" ctxmeasure $((8 * G)) $((2 * G))
+    run "ctxmeasure-nonvml-$c" limm "$(state cm$c)" CUDA_DEVICE_MEMORY_LIMIT=$G FAKE_CTX_MEM=$((100 * L)) \
+        FAKE_NVML_MEM_FAIL=1 "$B/$c" ctxmeasure $G $((256 * L))
+    run "ctxmeasure-over-$c" limm "$(state cm$c)" CUDA_DEVICE_MEMORY_LIMIT=64m FAKE_CTX_MEM=$((100 * L)) \
+        "$B/$c" ctxmeasure $((64 * L)) $((100 * L))
+    run "ctxmeasure-off-$c" limm "$(state cm$c)" CUDA_DEVICE_MEMORY_LIMIT=$G FAKE_CTX_MEM=$((100 * L)) \
+        TESSERA_CONTEXT_RESERVE=0 "$B/$c" ctxmeasure $G 0
+    # graph memory: alloc nodes, child graphs, stream capture, upload, trim
+    run "graph-$c" lim "$(state g$c)" CUDA_DEVICE_MEMORY_LIMIT=$L "$B/$c" graph $L
+    run "graphover-$c" lim "$(state go$c)" CUDA_DEVICE_MEMORY_LIMIT=$L FAKE_GRAPH_GRANULE=$((L / 2)) \
+        "$B/$c" graphover $L
     # 5. reporting
     run "report-$c" lim "$(state r$c)" CUDA_DEVICE_MEMORY_LIMIT_0=$L EXPECT_DEV1_UNLIMITED=1 \
         "$B/$c" report $L

@@ -69,8 +69,11 @@ static void test_config(void)
     CHECK(parse(&c, "CUDA_DEVICE_SM_LIMIT=0", NULL, NULL) == 0 && !c.sm_active, "sm limit 0 = unlimited");
     CHECK(parse(&c, "CUDA_DEVICE_MEMORY_SHARED_CACHE=/x/y", "TESSERA_SM_ELASTIC=1",
                 "TESSERA_CONTEXT_RESERVE=300m") == 0 &&
-              !strcmp(c.state_path, "/x/y") && c.elastic && c.ctx_reserve == 300ull << 20,
+              !strcmp(c.state_path, "/x/y") && c.elastic && c.ctx_reserve == 300ull << 20 && c.ctx_reserve_set,
           "shared cache path, elastic, context reserve");
+    CHECK(parse(&c, "TESSERA_CONTEXT_RESERVE=0", NULL, NULL) == 0 && c.ctx_reserve == 0 && c.ctx_reserve_set,
+          "context reserve 0 = explicitly off");
+    CHECK(parse(&c, NULL, NULL, NULL) == 0 && !c.ctx_reserve_set, "context reserve unset = measured");
     const char *bad[] = {"CUDA_DEVICE_MEMORY_LIMIT=12x", "CUDA_DEVICE_MEMORY_LIMIT=", "CUDA_DEVICE_MEMORY_LIMIT_0=-1",
                          "CUDA_DEVICE_MEMORY_LIMIT_x=1g", "CUDA_DEVICE_MEMORY_LIMIT_16=1g",
                          "CUDA_DEVICE_SM_LIMIT=101", "CUDA_DEVICE_SM_LIMIT=abc", "CUDA_DEVICE_SM_LIMIT=",
@@ -104,6 +107,9 @@ static void test_table(void)
     for (uint64_t i = 2; i <= N; i += 2)
         ok &= tl_table_take(TL_K_PTR, 0x7000000000ull + i * 512, &s, &d) == 1 && s == i;
     CHECK(ok, "remaining entries intact after deletions");
+    CHECK(tl_table_get(TL_K_HANDLE, 0x7000000000ull + 512, &s, &d) == 1 && s == 99 && d == 1 &&
+              tl_table_get(TL_K_PTR, 0x7000000000ull + 512, &s, &d) == 0,
+          "get finds by kind and key without removing");
     CHECK(tl_table_take(TL_K_HANDLE, 0x7000000000ull + 512, &s, &d) == 1 && s == 99, "other kind kept");
     CHECK(tl_table_count() == 0, "table empty");
     CHECK(tl_table_put(TL_K_PTR, 0, 1, 0) != 0, "NULL key rejected");
