@@ -14,8 +14,11 @@
 #      30 +- 5 % of its solo throughput (and alone, non-elastic, also 30 +- 5)
 #   6. a launch-bound microbenchmark is at most 3% slower with the limiter
 # Prints a results table; exits 1 if any check failed, 2 if it cannot run.
-# Run it on the host (or in a container sharing the host pid namespace):
-# the per-process utilisation NVML reports is keyed by host pid.
+# NVML keys per-process utilisation by host pid; the limiter finds its host
+# pid (docs/isolation.md, "Host pids"), so it can also run in a container
+# with its own pid namespace: run the limited process there with
+# TESSERA_LIMITER_DEBUG=1 to see which host pid it found (unverified on a
+# real GPU so far; on the host it is the plain case).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 PY=${PYTHON:-python3}

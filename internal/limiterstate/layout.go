@@ -9,10 +9,11 @@
 // The package uses the standard library only and no cgo.
 package limiterstate
 
-// Layout constants of version 1 of the shared-state file.
+// Layout constants of version 2 of the shared-state file (version 2 turned
+// the reserved slot.flags into slot.host_pid; offsets are unchanged).
 const (
 	Magic      uint64 = 0x314D494C53534554 // "TESSLIM1" little-endian
-	Version    uint32 = 1
+	Version    uint32 = 2
 	MaxDevices        = 16
 	MaxProcs          = 1024
 
@@ -36,11 +37,11 @@ const (
 	LockSize         = 64
 	OffSlots         = 440 // [MaxProcs]slot
 
-	SlotOffPID   = 0  // int32, 0 = free slot
-	SlotOffFlags = 4  // uint32
-	SlotOffPIDNS = 8  // uint64, inode of the pid namespace
-	SlotOffUsed  = 16 // [MaxDevices]uint64
-	SlotSize     = 144
+	SlotOffPID     = 0  // int32, 0 = free slot
+	SlotOffHostPID = 4  // int32, the pid in the host pid namespace (as NVML reports it), 0 = unknown
+	SlotOffPIDNS   = 8  // uint64, inode of the pid namespace
+	SlotOffUsed    = 16 // [MaxDevices]uint64
+	SlotSize       = 144
 
 	HeaderSize = OffSlots
 	StateSize  = OffSlots + MaxProcs*SlotSize
@@ -71,7 +72,7 @@ var Fields = []Field{
 	{"state.lock", OffLock, LockSize},
 	{"state.slots", OffSlots, MaxProcs * SlotSize},
 	{"slot.pid", SlotOffPID, 4},
-	{"slot.flags", SlotOffFlags, 4},
+	{"slot.host_pid", SlotOffHostPID, 4},
 	{"slot.pidns", SlotOffPIDNS, 8},
 	{"slot.used", SlotOffUsed, 8 * MaxDevices},
 }

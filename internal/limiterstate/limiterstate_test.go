@@ -173,7 +173,7 @@ func TestParseRejects(t *testing.T) {
 	}{
 		{"short", func(b []byte) []byte { return b[:100] }, ErrShort},
 		{"magic", func(b []byte) []byte { b[0] ^= 1; return b }, ErrMagic},
-		{"version", func(b []byte) []byte { le.PutUint32(b[OffVersion:], 2); return b }, ErrVersion},
+		{"version", func(b []byte) []byte { le.PutUint32(b[OffVersion:], Version+1); return b }, ErrVersion},
 		{"slot size", func(b []byte) []byte { le.PutUint32(b[OffSlotSize:], 8); return b }, ErrLayout},
 		{"not ready", func(b []byte) []byte { le.PutUint32(b[OffInitState:], 1); return b }, ErrNotInit},
 		{"torn", func(b []byte) []byte { le.PutUint64(b[OffSeq:], 7); return b }, ErrTorn},
@@ -195,6 +195,7 @@ func TestParseSlots(t *testing.T) {
 	for i, pid := range []int32{0, 42, 0, 77} {
 		o := OffSlots + (i*300)*SlotSize
 		le.PutUint32(b[o+SlotOffPID:], uint32(pid))
+		le.PutUint32(b[o+SlotOffHostPID:], uint32(pid)+100000)
 		le.PutUint64(b[o+SlotOffUsed+8*2:], uint64(i)<<30)
 	}
 	s, err := Parse(b)
@@ -205,7 +206,8 @@ func TestParseSlots(t *testing.T) {
 		t.Errorf("device 2 = %+v", s.Devices[2])
 	}
 	if len(s.Processes) != 2 || s.Processes[0].PID != 42 || s.Processes[1].PID != 77 ||
-		s.Processes[0].Used[2] != 1<<30 || s.Processes[1].Used[2] != 3<<30 {
+		s.Processes[0].Used[2] != 1<<30 || s.Processes[1].Used[2] != 3<<30 ||
+		s.Processes[0].HostPID != 100042 || s.Processes[1].HostPID != 100077 {
 		t.Errorf("processes = %+v", s.Processes)
 	}
 }

@@ -29,6 +29,7 @@ type Device struct {
 // Process is one registered process of the container.
 type Process struct {
 	PID          int32 // in the container's pid namespace
+	HostPID      int32 // in the host pid namespace (as NVML reports it); 0 = not resolved yet
 	PIDNamespace uint64
 	Used         [MaxDevices]uint64
 }
@@ -82,7 +83,7 @@ func Parse(b []byte) (*Snapshot, error) {
 		if pid == 0 {
 			continue
 		}
-		p := Process{PID: pid, PIDNamespace: le.Uint64(b[o+SlotOffPIDNS:])}
+		p := Process{PID: pid, HostPID: int32(le.Uint32(b[o+SlotOffHostPID:])), PIDNamespace: le.Uint64(b[o+SlotOffPIDNS:])}
 		for d := 0; d < MaxDevices; d++ {
 			p.Used[d] = le.Uint64(b[o+SlotOffUsed+8*d:])
 		}

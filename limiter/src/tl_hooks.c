@@ -16,6 +16,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,7 @@
 
 #include "tl_config.h"
 #include "tl_cuda.h"
+#include "tl_hostpid.h"
 #include "tl_pacer.h"
 #include "tl_state.h"
 #include "tl_table.h"
@@ -106,7 +108,10 @@ static dlsym_fn real_dlsym;
     X(nvmlDeviceGetMemoryInfo, (nvmlDevice_t, TL_NVML_MEMORY *))                    \
     X(nvmlDeviceGetMemoryInfo_v2, (nvmlDevice_t, TL_NVML_MEMORY_V2 *))              \
     X(nvmlDeviceGetProcessUtilization, (nvmlDevice_t, TL_NVML_PROC_UTIL_SAMPLE *, unsigned int *, unsigned long long)) \
-    X(nvmlDeviceGetUtilizationRates, (nvmlDevice_t, TL_NVML_UTILIZATION *))
+    X(nvmlDeviceGetUtilizationRates, (nvmlDevice_t, TL_NVML_UTILIZATION *))             \
+    X(nvmlDeviceGetComputeRunningProcesses_v3, (nvmlDevice_t, unsigned int *, void *))   \
+    X(nvmlDeviceGetComputeRunningProcesses_v2, (nvmlDevice_t, unsigned int *, void *))   \
+    X(nvmlDeviceGetComputeRunningProcesses, (nvmlDevice_t, unsigned int *, void *))
 
 #define DECL_CU(name, args) static CUresult(*real_##name) args;
 #define DECL_NVML(name, args) static nvmlReturn_t(*real_##name) args;
@@ -147,6 +152,17 @@ static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t prim_charge[TL_MAX_DEVICES]; /* charged for the primary context */
 static pthread_mutex_t graph_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t graph_charged[TL_MAX_DEVICES]; /* charged for the driver's graph memory pool */
+static int debug; /* TESSERA_LIMITER_DEBUG=1 */
+
+/* Host pid discovery (tl_hostpid.h), one state per device; hp_mu guards
+ * hp[] and is taken before any other lock of this file. */
+static pthread_mutex_t hp_mu = PTHREAD_MUTEX_INITIALIZER;
+static tl_hostpid hp[TL_MAX_DEVICES];
+static int hp_probed[TL_MAX_DEVICES]; /* hp[d] has a `before` list */
+static int32_t host_pid;              /* resolved, 0 = not yet */
+static uint32_t nspid_outer;          /* from /proc/self/status, 0 = one level */
+static int nspid_read;
+static void hp_reset(void);
 
 static void after_fork_child(void)
 {
@@ -164,6 +180,8 @@ static void after_fork_child(void)
     sh.slot = -1;
     pace_started = 0;
     memset(prim_refs, 0, sizeof(prim_refs));
+    pthread_mutex_init(&hp_mu, NULL);
+    hp_reset(); /* the child has another host pid and no context */
     tl_table_reset_after_fork();
 }
 
@@ -181,7 +199,12 @@ static void core_init(void)
         resolve_real_dlsym();
     if (cfg.error)
         fputs(cfg.errmsg, stderr);
-    if (!cfg.error && cfg.mem_active && tl_shared_open(&sh, cfg.state_path) != 0)
+    const char *dbg = getenv("TESSERA_LIMITER_DEBUG");
+    debug = dbg && *dbg == '1';
+    /* With only an SM limit the shared state is optional: it lets the
+     * container's processes pace on their summed utilisation. */
+    if (!cfg.error && (cfg.mem_active || cfg.sm_active) && tl_shared_open(&sh, cfg.state_path) != 0 &&
+        cfg.mem_active)
         cfg.error = 1;
     pthread_atfork(NULL, NULL, after_fork_child);
 }
@@ -545,21 +568,186 @@ typedef struct {
     CUdevice dev;
 } ctx_args;
 
+static pthread_once_t nvml_up_once = PTHREAD_ONCE_INIT;
+static int nvml_ok;
+static void nvml_up_init(void)
+{
+    ensure_nvml();
+    nvml_ok = real_nvmlInit_v2 && real_nvmlInit_v2() == NVML_SUCCESS;
+}
+
+/* NVML initialised for the limiter's own queries; 0 if unavailable. */
+static int nvml_up(void)
+{
+    pthread_once(&nvml_up_once, nvml_up_init);
+    return nvml_ok;
+}
+
 /* Free memory of device `dev` per NVML. Called with ctx_mu held. */
 static int device_free(int dev, uint64_t *out)
 {
-    static int nvml_up;
     nvmlDevice_t d;
     TL_NVML_MEMORY m;
-    ensure_nvml();
-    if (!nvml_up)
-        nvml_up = real_nvmlInit_v2 && real_nvmlInit_v2() == NVML_SUCCESS ? 1 : -1;
-    if (nvml_up < 0 || !real_nvmlDeviceGetHandleByIndex_v2 || !real_nvmlDeviceGetMemoryInfo ||
+    if (!nvml_up() || !real_nvmlDeviceGetHandleByIndex_v2 || !real_nvmlDeviceGetMemoryInfo ||
         real_nvmlDeviceGetHandleByIndex_v2((unsigned)dev, &d) != NVML_SUCCESS ||
         real_nvmlDeviceGetMemoryInfo(d, &m) != NVML_SUCCESS)
         return -1;
     *out = m.free;
     return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* host pid                                                            */
+/*
+ * NVML names processes by their pid in the host's pid namespace; inside a
+ * container getpid() differs. tl_hostpid.h has the method; here are its
+ * inputs: the device's compute-process list around this process's first
+ * context creation on a device (only where an SM limit needs it) and at
+ * each sampling period until resolved, the host pids the container's other
+ * processes published in the shared state, the memory this process has
+ * accounted on the device, and NSpid. The result is published in our slot.
+ */
+
+/* Sizes of nvmlProcessInfo_v1_t {pid; usedGpuMemory} and of the struct of
+ * the _v2/_v3 functions, which adds gpuInstanceId and computeInstanceId
+ * (both: pid at 0, usedGpuMemory at 8). */
+#define TL_PROCINFO_V1 16
+#define TL_PROCINFO_V2 24
+#define TL_PID_MAX 4194304u /* PID_MAX_LIMIT: larger pids mean a wrong layout */
+
+/* The compute processes on NVML device `dev`: count, or -1. */
+static int gpu_procs(int dev, tl_gpu_proc *out, int max)
+{
+    static unsigned char buf[TL_HP_MAX * 32]; /* callers hold hp_mu */
+    nvmlDevice_t d;
+    if (!nvml_up() || !real_nvmlDeviceGetHandleByIndex_v2 ||
+        real_nvmlDeviceGetHandleByIndex_v2((unsigned)dev, &d) != NVML_SUCCESS)
+        return -1;
+    struct {
+        nvmlReturn_t (*fn)(nvmlDevice_t, unsigned int *, void *);
+        size_t stride;
+    } v[] = {{real_nvmlDeviceGetComputeRunningProcesses_v3, TL_PROCINFO_V2},
+             {real_nvmlDeviceGetComputeRunningProcesses_v2, TL_PROCINFO_V2},
+             {real_nvmlDeviceGetComputeRunningProcesses, TL_PROCINFO_V1}};
+    for (size_t k = 0; k < sizeof(v) / sizeof(v[0]); k++) {
+        if (!v[k].fn)
+            continue;
+        unsigned cnt = (unsigned)max;
+        memset(buf, 0, sizeof(buf));
+        nvmlReturn_t r = v[k].fn(d, &cnt, buf);
+        if (r == NVML_ERROR_INSUFFICIENT_SIZE)
+            return -1; /* more processes than we consider */
+        if (r != NVML_SUCCESS || cnt > (unsigned)max)
+            continue;  /* not supported by this driver: an older version */
+        int ok = 1;
+        for (unsigned i = 0; i < cnt; i++) {
+            uint32_t pid;
+            uint64_t used;
+            memcpy(&pid, buf + i * v[k].stride, sizeof(pid));
+            memcpy(&used, buf + i * v[k].stride + 8, sizeof(used));
+            if (pid == 0 || pid > TL_PID_MAX)
+                ok = 0;
+            out[i].pid = pid;
+            out[i].used = used;
+        }
+        if (ok)
+            return (int)cnt;
+    }
+    return -1;
+}
+
+static void hp_reset(void)
+{
+    for (int i = 0; i < TL_MAX_DEVICES; i++)
+        tl_hp_init(&hp[i]);
+    memset(hp_probed, 0, sizeof(hp_probed));
+    host_pid = 0;
+    nspid_read = 0;
+}
+
+static void read_nspid(void)
+{
+    char buf[4096];
+    nspid_read = 1;
+    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return;
+    buf[n] = 0;
+    uint32_t p = tl_hp_parse_nspid(buf);
+    nspid_outer = p != (uint32_t)getpid() ? p : 0;
+}
+
+/* With hp_mu held: one observation of device dev's process list. */
+static void hp_step(int dev)
+{
+    static tl_gpu_proc list[TL_HP_MAX];
+    int n = gpu_procs(dev, list, TL_HP_MAX);
+    if (n < 0)
+        return;
+    uint32_t excl[64];
+    int ne = 0;
+    uint64_t known = 0;
+    if (sh.st && ensure_registered() == 0) {
+        int32_t hs[64];
+        ne = tl_shared_host_pids(&sh, hs, 64, sh.slot);
+        for (int i = 0; i < ne; i++)
+            excl[i] = (uint32_t)hs[i];
+        if (cfg.mem_active && sh.slot >= 0)
+            known = __atomic_load_n(&sh.st->slots[sh.slot].used[dev], __ATOMIC_RELAXED);
+    }
+    int had = hp[dev].ncand;
+    uint32_t r = tl_hp_observe(&hp[dev], list, n, excl, ne, nspid_outer, known);
+    if (r) {
+        __atomic_store_n(&host_pid, (int32_t)r, __ATOMIC_RELEASE);
+        if (sh.st && ensure_registered() == 0)
+            tl_shared_set_host_pid(&sh, (int32_t)r);
+        if (debug)
+            fprintf(stderr, "tessera-limiter: host pid %u (pid %d here), from %s on device %d\n", r, (int)getpid(),
+                    hp[dev].how, dev);
+        return;
+    }
+    if (!hp[dev].have_before)
+        hp_probed[dev] = 0; /* wait for a new context creation */
+    if (debug && hp[dev].ncand != had)
+        fprintf(stderr, "tessera-limiter: device %d: host pid not resolved yet (%d candidates); "
+                        "using whole-device utilisation meanwhile\n", dev, hp[dev].ncand < 0 ? 0 : hp[dev].ncand);
+}
+
+/* Around a call that may create this process's first context on dev:
+ * returns 1 (hp_mu held, `before` read) if hp_ctx_end must follow. */
+static int hp_ctx_begin(int dev)
+{
+    if (!cfg.sm_active || dev < 0 || dev >= TL_MAX_DEVICES || !cfg.sm_limit[dev] ||
+        __atomic_load_n(&host_pid, __ATOMIC_ACQUIRE) || __atomic_load_n(&hp_probed[dev], __ATOMIC_ACQUIRE))
+        return 0;
+    static tl_gpu_proc list[TL_HP_MAX];
+    pthread_mutex_lock(&hp_mu);
+    if (!nspid_read)
+        read_nspid();
+    int n = hp_probed[dev] || host_pid ? -1 : gpu_procs(dev, list, TL_HP_MAX);
+    if (n < 0) {
+        pthread_mutex_unlock(&hp_mu);
+        return 0;
+    }
+    tl_hp_before(&hp[dev], list, n);
+    return 1;
+}
+
+static void hp_ctx_end(int dev, int began, CUresult r)
+{
+    if (!began)
+        return;
+    if (r == CUDA_SUCCESS) {
+        __atomic_store_n(&hp_probed[dev], 1, __ATOMIC_RELEASE);
+        hp_step(dev);
+    } else {
+        tl_hp_init(&hp[dev]);
+    }
+    pthread_mutex_unlock(&hp_mu);
 }
 
 /* Run `call`, which creates or activates a context on a.dev, with the
@@ -626,17 +814,25 @@ static CUresult ctx_create_real(ctx_args *a)
 
 static void ctx_create_undo(ctx_args *a) { (void)CALL_REAL(cuCtxDestroy_v2, *a->pctx); }
 
-static CUresult ctx_create(ctx_args *a)
+static CUresult ctx_create_charged(ctx_args *a)
 {
-    ensure_cuda();
-    if (UNLIKELY(cfg.error))
-        return CUDA_ERROR_OUT_OF_MEMORY;
     if (!cfg.mem_active || !a->pctx)
         return ctx_create_real(a);
     uint64_t n;
     CUresult r = with_ctx_charge(a, ctx_create_real, ctx_create_undo, &n);
     if (r == CUDA_SUCCESS && n && track(TL_K_CTX, (uintptr_t)*a->pctx, n, a->dev) != 0)
         r = CUDA_ERROR_OUT_OF_MEMORY;
+    return r;
+}
+
+static CUresult ctx_create(ctx_args *a)
+{
+    ensure_cuda();
+    if (UNLIKELY(cfg.error))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    int hp_ = hp_ctx_begin(a->dev);
+    CUresult r = ctx_create_charged(a);
+    hp_ctx_end(a->dev, hp_, r);
     return r;
 }
 
@@ -663,11 +859,21 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) { FREE_BODY(TL_K_CTX, (uintptr_t)
 static CUresult prim_retain_real(ctx_args *a) { return CALL_REAL(cuDevicePrimaryCtxRetain, a->pctx, a->dev); }
 static void prim_retain_undo(ctx_args *a) { (void)CALL_REAL(cuDevicePrimaryCtxRelease_v2, a->dev); }
 
+static CUresult primary_retain(CUcontext *pctx, CUdevice dev);
+
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     ensure_cuda();
     if (UNLIKELY(cfg.error))
         return CUDA_ERROR_OUT_OF_MEMORY;
+    int hp_ = hp_ctx_begin(dev);
+    CUresult r = primary_retain(pctx, dev);
+    hp_ctx_end(dev, hp_, r);
+    return r;
+}
+
+static CUresult primary_retain(CUcontext *pctx, CUdevice dev)
+{
     if (!cfg.mem_active || dev < 0 || dev >= TL_MAX_DEVICES || (cfg.ctx_reserve_set && !cfg.ctx_reserve))
         return CALL_REAL(cuDevicePrimaryCtxRetain, pctx, dev);
     ctx_args a = {0, pctx, NULL, 0, 0, dev};
@@ -1066,8 +1272,11 @@ static double mono_s(void)
 }
 
 /* Container SM utilisation on NVML device `d` from per-process samples
- * newer than *last_ts, counting the pids registered in the shared state
- * (and our own). Returns -1 if NVML gave no sample for them. */
+ * newer than *last_ts. Once this process's host pid is known, the samples
+ * counted are those of the host pids the container's processes published
+ * in the shared state (ours included); before that, of the pids registered
+ * there and getpid() (right when the container shares the host's pid
+ * namespace). Returns -1 if NVML gave no sample for them. */
 static double container_util(nvmlDevice_t d, unsigned long long *last_ts)
 {
     unsigned n = 0;
@@ -1085,9 +1294,16 @@ static double container_util(nvmlDevice_t d, unsigned long long *last_ts)
     r = real_nvmlDeviceGetProcessUtilization(d, s, &n, *last_ts);
     int32_t pids[64];
     int np = 0;
-    if (sh.st)
-        np = tl_shared_pids(&sh, pids, 63);
-    pids[np++] = getpid();
+    int32_t self = __atomic_load_n(&host_pid, __ATOMIC_ACQUIRE);
+    if (self) {
+        pids[np++] = self;
+        if (sh.st && sh.slot >= 0)
+            np += tl_shared_host_pids(&sh, pids + np, 63, sh.slot);
+    } else {
+        if (sh.st)
+            np = tl_shared_pids(&sh, pids, 63);
+        pids[np++] = getpid();
+    }
     /* NVML may return several samples per process: use each pid's latest. */
     unsigned long long best_ts[64] = {0};
     unsigned best_util[64] = {0};
@@ -1117,12 +1333,12 @@ static double container_util(nvmlDevice_t d, unsigned long long *last_ts)
     }
     free(s);
     *last_ts = newest;
-    if (seen)
-        return sum;
-    /* NVML reports host pids; inside a container with its own pid
-     * namespace none of ours match. Fall back to whole-device utilisation:
-     * exact when the container is alone on the GPU, conservative (the
-     * container gets less than its share) next to busy neighbours. */
+    if (seen || self)
+        return seen ? sum : -1; /* host pid known: no sample of ours is no news */
+    /* Host pid not resolved yet (tl_hostpid.h) and no pid matches: fall
+     * back to whole-device utilisation: exact when the container is alone
+     * on the GPU, conservative (less than its share) next to busy
+     * neighbours. */
     TL_NVML_UTILIZATION ur;
     if (r == NVML_SUCCESS && n > 0 && real_nvmlDeviceGetUtilizationRates &&
         real_nvmlDeviceGetUtilizationRates(d, &ur) == NVML_SUCCESS)
@@ -1143,17 +1359,23 @@ static void *pace_thread(void *arg)
     for (int i = 0; have_nvml && i < TL_MAX_DEVICES; i++)
         if (cfg.sm_limit[i] && real_nvmlDeviceGetHandleByIndex_v2)
             real_nvmlDeviceGetHandleByIndex_v2((unsigned)i, &devs[i]);
-    const char *dbg = getenv("TESSERA_LIMITER_DEBUG");
-    int debug = dbg && *dbg == '1';
     double last = mono_s();
     for (;;) {
         struct timespec ts = {0, PACE_PERIOD_NS};
         nanosleep(&ts, NULL);
         double now = mono_s(), dt = now - last;
         last = now;
+        if (sh.st)
+            tl_shared_maybe_reclaim(&sh, 1000000000ull); /* stale host pids */
         for (int i = 0; i < TL_MAX_DEVICES; i++) {
             if (!cfg.sm_limit[i] || !devs[i])
                 continue;
+            if (!__atomic_load_n(&host_pid, __ATOMIC_ACQUIRE) && __atomic_load_n(&hp_probed[i], __ATOMIC_ACQUIRE)) {
+                pthread_mutex_lock(&hp_mu);
+                if (!host_pid && hp_probed[i])
+                    hp_step(i);
+                pthread_mutex_unlock(&hp_mu);
+            }
             double u = container_util(devs[i], &last_ts[i]);
             double others = 0;
             TL_NVML_UTILIZATION ur;

@@ -69,7 +69,7 @@ static void clear_slot(tl_state *st, int i)
         st->total_used[d] = st->total_used[d] >= u ? st->total_used[d] - u : 0;
         s->used[d] = 0;
     }
-    s->flags = 0;
+    s->host_pid = 0;
     s->pidns = 0;
     __atomic_store_n(&s->pid, 0, __ATOMIC_RELEASE);
 }
@@ -238,7 +238,7 @@ int tl_shared_register(tl_shared *sh)
         if (free_slot >= 0) {
             tl_proc_slot *s = &st->slots[free_slot];
             memset(s->used, 0, sizeof(s->used));
-            s->flags = 0;
+            s->host_pid = 0;
             s->pidns = sh->pidns;
             __atomic_store_n(&s->pid, sh->pid, __ATOMIC_RELEASE);
             sh->slot = free_slot;
@@ -356,6 +356,32 @@ int tl_shared_pids(const tl_shared *sh, int32_t *out, int n)
         int32_t p = __atomic_load_n(&sh->st->slots[i].pid, __ATOMIC_ACQUIRE);
         if (p != 0)
             out[k++] = p;
+    }
+    return k;
+}
+
+void tl_shared_set_host_pid(tl_shared *sh, int32_t host_pid)
+{
+    if (!sh->st || sh->slot < 0 || lock_state(sh) != 0)
+        return;
+    write_begin(sh->st);
+    if (sh->st->slots[sh->slot].pid == sh->pid)
+        __atomic_store_n(&sh->st->slots[sh->slot].host_pid, host_pid, __ATOMIC_RELEASE);
+    write_end(sh->st);
+    unlock_state(sh);
+}
+
+int tl_shared_host_pids(const tl_shared *sh, int32_t *out, int n, int skip)
+{
+    int k = 0;
+    if (!sh->st)
+        return 0;
+    for (int i = 0; i < TL_MAX_PROCS && k < n; i++) {
+        if (i == skip || __atomic_load_n(&sh->st->slots[i].pid, __ATOMIC_ACQUIRE) == 0)
+            continue;
+        int32_t h = __atomic_load_n(&sh->st->slots[i].host_pid, __ATOMIC_ACQUIRE);
+        if (h > 0)
+            out[k++] = h;
     }
     return k;
 }

@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #define TL_STATE_MAGIC 0x314D494C53534554ULL /* "TESSLIM1" little-endian */
-#define TL_STATE_VERSION 1u
+#define TL_STATE_VERSION 2u /* 2: slot.flags became slot.host_pid */
 #define TL_MAX_DEVICES 16
 #define TL_MAX_PROCS 1024
 
@@ -26,7 +26,7 @@
 
 typedef struct tl_proc_slot {
     int32_t pid;      /* 0 = free */
-    uint32_t flags;   /* reserved, 0 */
+    int32_t host_pid; /* `pid` as NVML reports it (host pid namespace), 0 = not known yet */
     uint64_t pidns;   /* inode of the pid namespace of `pid` */
     uint64_t used[TL_MAX_DEVICES]; /* bytes charged by this process */
 } tl_proc_slot;
@@ -84,5 +84,10 @@ void tl_shared_maybe_reclaim(tl_shared *sh, uint64_t interval_ns);
 int tl_shared_reclaim(tl_shared *sh);
 /* Copy the pids of live slots into out (at most n). Returns count. */
 int tl_shared_pids(const tl_shared *sh, int32_t *out, int n);
+/* Publish this process's host pid in its slot. */
+void tl_shared_set_host_pid(tl_shared *sh, int32_t host_pid);
+/* Copy the known host pids of live slots other than slot `skip` into out
+ * (at most n). Lock-free. Returns count. */
+int tl_shared_host_pids(const tl_shared *sh, int32_t *out, int n, int skip);
 
 #endif

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "fake_api.h"
+#include "fake_procs.h"
 
 #define MAXDEV 16
 #define MAXALLOC 65536
@@ -122,6 +123,7 @@ static CUresult ctx_create(CUcontext *pc, CUdevice dev)
     c->dev = dev;
     c->magic = 1;
     pthread_mutex_unlock(&mu);
+    fake_proc_register();
     cur_dev = dev;
     *pc = c;
     return CUDA_SUCCESS;
@@ -170,6 +172,7 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pc, CUdevice dev)
     }
     prim_refs[dev]++;
     pthread_mutex_unlock(&mu);
+    fake_proc_register();
     *pc = &ctxs[dev];
     return CUDA_SUCCESS;
 }
@@ -416,6 +419,20 @@ static struct fake_graph graphs[MAXG];
 static struct fake_exec execs[MAXG];
 static struct fake_stream streams[MAXG];
 static unsigned long long gp_res[MAXDEV], gp_used[MAXDEV]; /* graph pool: reserved, mapped */
+
+/* exported for the fake NVML: contexts this process holds (created and
+ * not destroyed, primary while retained) */
+int fake_ctx_live(void)
+{
+    int n = 0;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < ncreated; i++)
+        n += created[i].magic == 1;
+    for (int i = 0; i < MAXDEV; i++)
+        n += prim_refs[i] > 0;
+    pthread_mutex_unlock(&mu);
+    return n;
+}
 
 unsigned long long fake_used_bytes(int dev) { return dev >= 0 && dev < MAXDEV ? used[dev] : 0; }
 

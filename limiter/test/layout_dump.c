@@ -48,7 +48,7 @@ int main(int argc, char **argv)
     F(lock);
     F(slots);
     S(pid);
-    S(flags);
+    S(host_pid);
     S(pidns);
     S(used);
     return 0;

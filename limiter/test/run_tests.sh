@@ -130,9 +130,14 @@ run "unusable-state-file" lim "$T/dir.state" CUDA_DEVICE_MEMORY_LIMIT=$L "$B/cli
 # 10. compute pacing, closed loop through the fake NVML
 run pace-30 lim "$(state p)" CUDA_DEVICE_SM_LIMIT=30 FAKE_BLOCK_US=10 "$B/client_sym" pace 30 3
 run pace-60 lim "$(state p)" CUDA_DEVICE_SM_LIMIT=60 FAKE_BLOCK_US=10 "$B/client_dl" pace 60 3
-# NVML pids do not match ours (pid namespace): whole-device fallback
-run pace-30-pidns lim "$(state p)" CUDA_DEVICE_SM_LIMIT=30 FAKE_BLOCK_US=10 FAKE_NVML_PID_OFFSET=1000000 \
-    "$B/client_sym" pace 30 3
+# NVML pids are host pids (FAKE_NVML_PID_OFFSET: a container's own pid
+# namespace). With the compute-process lists unavailable the host pid stays
+# unknown: whole-device fallback, right when alone on the GPU
+run pace-30-pidns-fallback lim "$(state p)" CUDA_DEVICE_SM_LIMIT=30 FAKE_BLOCK_US=10 FAKE_NVML_PID_OFFSET=1000000 \
+    FAKE_NVML_NO_PROCLIST=1 "$B/client_sym" pace 30 3
+# host pid discovered: a saturating neighbour (100 %) no longer throttles us
+run pace-30-pidns-neighbour lim "$(state p)" CUDA_DEVICE_SM_LIMIT=30 FAKE_BLOCK_US=10 FAKE_NVML_PID_OFFSET=1000000 \
+    FAKE_NVML_NEIGHBOURS=3999000:100,3999001:0 "$B/client_dl" pace 30 3
 # NVML has a new sample only every other period: missing samples hold the rate
 run pace-30-sparse lim "$(state p)" CUDA_DEVICE_SM_LIMIT=30 FAKE_BLOCK_US=10 FAKE_NVML_SPARSE=1 \
     "$B/client_sym" pace 30 3
@@ -141,6 +146,73 @@ run pace-each lim "$(state pe)" CUDA_DEVICE_SM_LIMIT=30 FAKE_NVML_FAIL=1 "$B/cli
 grep -q "NVML unavailable" "$T/err"; check "NVML unavailable: warned on stderr" $?
 run pace-each-off lim "$(state pe)" FAKE_NVML_FAIL=1 "$B/client_dl" paceeach 0
 run nopace lim "$(state p)" CUDA_DEVICE_MEMORY_LIMIT=$L FAKE_BLOCK_US=10 "$B/client_sym" nopace
+
+# 10b. host pid discovery. hpcheck NAME ERRFILE [HOW]: the limiter's debug
+# line names pid + FAKE_NVML_PID_OFFSET as this process's host pid (and was
+# found by HOW)
+OFF=100000
+hpcheck() {
+    line=$(grep "host pid" "$2" | grep -v "not resolved" | head -n 1)
+    hp=$(printf '%s\n' "$line" | sed -n 's/.*host pid \([0-9]*\) (pid \([0-9]*\) here).*/\1 \2/p')
+    ok=1
+    [ -n "$hp" ] && [ "${hp% *}" -eq $((${hp#* } + OFF)) ] && ok=0
+    [ $ok -eq 0 ] && [ -n "${3:-}" ] && ! printf '%s\n' "$line" | grep -q "$3" && ok=1
+    check "$1" $ok
+    [ $ok -eq 0 ] || echo "# $1: $(head -c 400 "$2")" | tee -a "$LOG"
+}
+HP="CUDA_DEVICE_SM_LIMIT=30 TESSERA_LIMITER_DEBUG=1 FAKE_NVML_PID_OFFSET=$OFF FAKE_NVML_NEIGHBOURS=3999000:50:300"
+for v in 0 1 2; do # _v3, _v2, v1 process lists
+    env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state hp$v)" LD_PRELOAD="$PRE" $HP FAKE_NVML_NO_V3=$v \
+        "$B/client_sym" hostpid 0.4 0 >/dev/null 2>"$T/hp.err"
+    hpcheck "hostpid-simple-list-v$((3 - v))" "$T/hp.err" "context-creation diff"
+done
+# two processes of different containers create their contexts at the same
+# moment (both appear between both before/after lists): told apart by
+# usedGpuMemory against what each has accounted
+for c in a b; do
+    env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state hpc$c)" LD_PRELOAD="$PRE" $HP FAKE_NVML_PROCS="$T/procs1" \
+        FAKE_CTX_RENDEZVOUS=2 CUDA_DEVICE_MEMORY_LIMIT=1g TESSERA_CONTEXT_RESERVE=0 \
+        "$B/client_sym" hostpid 2 $([ $c = a ] && echo $((64 * L)) || echo $((512 * L))) >/dev/null 2>"$T/hp.$c" &
+    eval "P$c=\$!"
+done
+wait $Pa; wait $Pb
+grep -q "not resolved yet (2 candidates)" "$T/hp.a"; check "hostpid-concurrent: ambiguous at first" $?
+hpcheck hostpid-concurrent-a "$T/hp.a" "usedGpuMemory"
+hpcheck hostpid-concurrent-b "$T/hp.b" "usedGpuMemory"
+# the same with nothing to compare (no memory limit): resolved by
+# intersecting the candidates over time once the other process has gone
+env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state hpi)" LD_PRELOAD="$PRE" $HP FAKE_NVML_PROCS="$T/procs2" \
+    FAKE_CTX_RENDEZVOUS=2 "$B/client_sym" hostpid 0.5 0 >/dev/null 2>"$T/hp.a" &
+Pa=$!
+env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state hpi)" LD_PRELOAD="$PRE" $HP FAKE_NVML_PROCS="$T/procs2" \
+    FAKE_CTX_RENDEZVOUS=2 "$B/client_dl" hostpid 2.5 0 >/dev/null 2>"$T/hp.b" &
+Pb=$!
+wait $Pa; wait $Pb
+hpcheck hostpid-intersection "$T/hp.b" "intersected"
+# two processes of one container, one after the other: each resolves its own
+# host pid (and publishes it in its slot, where the other excludes it)
+env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state hps)" LD_PRELOAD="$PRE" $HP FAKE_NVML_PROCS="$T/procs3" \
+    "$B/client_sym" hostpid 1.5 0 >/dev/null 2>"$T/hp.a" &
+Pa=$!
+sleep 0.5
+env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state hps)" LD_PRELOAD="$PRE" $HP FAKE_NVML_PROCS="$T/procs3" \
+    "$B/client_dl" hostpid 0.4 0 >/dev/null 2>"$T/hp.b"
+wait $Pa
+hpcheck hostpid-container-first "$T/hp.a"
+hpcheck hostpid-container-second "$T/hp.b"
+# two processes of one container pace on their summed utilisation (next to
+# a 50 % neighbour): together they stay at the container's share
+PC="CUDA_DEVICE_MEMORY_SHARED_CACHE=$(state pc) CUDA_DEVICE_SM_LIMIT=30 FAKE_BLOCK_US=10 \
+    FAKE_NVML_PID_OFFSET=$OFF FAKE_NVML_NEIGHBOURS=3999000:50 FAKE_NVML_PROCS=$T/procs4 PACE_SHARED=1"
+env LD_PRELOAD="$PRE" $PC "$B/client_sym" pace 30 4 >"$T/pc.a" 2>/dev/null &
+Pa=$!
+sleep 0.3
+env LD_PRELOAD="$PRE" $PC "$B/client_dl" pace 30 3.7 >"$T/pc.b" 2>/dev/null
+wait $Pa
+sum=$(cat "$T/pc.a" "$T/pc.b" | sed -n 's/^# pacing: target 30% measured \([0-9.]*\)%.*/\1/p' | awk '{s += $1; n++} END {if (n == 2) print s; else print -1}')
+echo "# pacing, two processes of one container: sum $sum% (target 30%)" | tee -a "$LOG"
+check "pace-container-sum-within-share" "$(awk -v s="$sum" 'BEGIN {exit !(s < 35)}'; echo $?)"
+check "pace-container-sum-not-starved" "$(awk -v s="$sum" 'BEGIN {exit !(s > 10)}'; echo $?)"
 
 # 11. harmless in processes that never touch CUDA (e.g. via /etc/ld.so.preload)
 S=$(state none)

@@ -1,5 +1,6 @@
 /* test_units.c - unit tests for configuration parsing, the allocation
- * table and the shared-state file (including crash recovery). */
+ * table, the shared-state file (including crash recovery) and host pid
+ * discovery. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <signal.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include "../src/tl_config.h"
+#include "../src/tl_hostpid.h"
 #include "../src/tl_state.h"
 #include "../src/tl_table.h"
 
@@ -203,12 +205,82 @@ static void test_state(void)
     unlink(path);
 }
 
+#define MB (1ull << 20)
+static void test_hostpid(void)
+{
+    CHECK(tl_hp_parse_nspid("Name:\tx\nNSpid:\t4242\t17\nNSpgid:\t1\n") == 4242, "nspid two levels: outermost");
+    CHECK(tl_hp_parse_nspid("Name:\tx\nNSpid:\t17\nNSpgid:\t1\n") == 0, "nspid one level: unknown");
+    CHECK(tl_hp_parse_nspid("Name:\tx\nPid:\t17\n") == 0, "nspid missing: unknown");
+    CHECK(tl_hp_parse_nspid("NSpid:\t99\t5\t1") == 99, "nspid three levels, first line, no newline");
+
+    tl_hostpid h;
+    tl_gpu_proc before[] = {{500, 1 * MB}, {600, 2 * MB}};
+    tl_gpu_proc after1[] = {{500, 1 * MB}, {600, 2 * MB}, {700, 3 * MB}};
+    tl_hp_init(&h);
+    tl_hp_before(&h, before, 2);
+    CHECK(tl_hp_observe(&h, after1, 3, NULL, 0, 0, 0) == 700, "hostpid: the one pid that appeared");
+
+    /* NSpid wins when listed, ignored when not */
+    tl_hp_init(&h);
+    tl_hp_before(&h, before, 2);
+    CHECK(tl_hp_observe(&h, after1, 3, NULL, 0, 600, 0) == 600, "hostpid: NSpid in the list");
+    tl_hp_init(&h);
+    tl_hp_before(&h, before, 2);
+    CHECK(tl_hp_observe(&h, after1, 3, NULL, 0, 999, 0) == 700, "hostpid: NSpid not listed is ignored");
+
+    /* two appeared (concurrent start): a sibling's published pid is not ours */
+    tl_gpu_proc after2[] = {{500, 1 * MB}, {700, 3 * MB}, {800, 4 * MB}};
+    uint32_t sib[] = {800};
+    tl_hp_init(&h);
+    tl_hp_before(&h, before, 2);
+    CHECK(tl_hp_observe(&h, after2, 3, sib, 1, 0, 0) == 700, "hostpid: sibling's host pid excluded");
+
+    /* two appeared, nothing to tell them apart: wait; the other exits */
+    tl_hp_init(&h);
+    tl_hp_before(&h, before, 2);
+    CHECK(tl_hp_observe(&h, after2, 3, NULL, 0, 0, 0) == 0 && h.ncand == 2, "hostpid: ambiguous, unresolved");
+    CHECK(tl_hp_observe(&h, after2, 3, NULL, 0, 0, 0) == 0, "hostpid: still ambiguous");
+    tl_gpu_proc later[] = {{500, 1 * MB}, {800, 4 * MB}, {900, 5 * MB}};
+    CHECK(tl_hp_observe(&h, later, 3, NULL, 0, 0, 0) == 800, "hostpid: intersection over time (new pids not candidates)");
+
+    /* two appeared: usedGpuMemory matches what we accounted */
+    tl_gpu_proc mem[] = {{500, 1 * MB}, {700, 64 * MB}, {800, 512 * MB}};
+    tl_hp_init(&h);
+    tl_hp_before(&h, before, 2);
+    CHECK(tl_hp_observe(&h, mem, 3, NULL, 0, 0, 0) == 0, "hostpid: memory unknown, ambiguous");
+    CHECK(tl_hp_observe(&h, mem, 3, NULL, 0, 0, 512 * MB) == 800, "hostpid: usedGpuMemory match");
+    tl_gpu_proc close2[] = {{700, 500 * MB}, {800, 512 * MB}};
+    tl_hp_init(&h);
+    tl_hp_before(&h, before, 2);
+    CHECK(tl_hp_observe(&h, close2, 2, NULL, 0, 0, 512 * MB) == 0, "hostpid: two close memory sizes: no guess");
+    tl_gpu_proc na[] = {{700, UINT64_MAX}, {800, 512 * MB}};
+    tl_hp_init(&h);
+    tl_hp_before(&h, before, 2);
+    CHECK(tl_hp_observe(&h, na, 2, NULL, 0, 0, 512 * MB) == 0, "hostpid: memory not available: no guess");
+
+    /* not listed right after creation: retried at the next lists */
+    tl_hp_init(&h);
+    tl_hp_before(&h, before, 2);
+    CHECK(tl_hp_observe(&h, before, 2, NULL, 0, 0, 0) == 0 && h.have_before, "hostpid: not listed yet, retry");
+    CHECK(tl_hp_observe(&h, after1, 3, NULL, 0, 0, 0) == 700, "hostpid: listed one period later");
+    /* candidates run out (context gone): only a new creation starts over */
+    tl_hp_init(&h);
+    tl_hp_before(&h, before, 2);
+    tl_hp_observe(&h, after2, 3, NULL, 0, 0, 0);
+    CHECK(tl_hp_observe(&h, before, 2, NULL, 0, 0, 0) == 0 && !h.have_before, "hostpid: candidates gone: stop");
+    CHECK(tl_hp_observe(&h, after1, 3, NULL, 0, 0, 0) == 0, "hostpid: no guess without a new before list");
+    /* no before list at all */
+    tl_hp_init(&h);
+    CHECK(tl_hp_observe(&h, after1, 3, NULL, 0, 0, 0) == 0, "hostpid: no context creation seen: no guess");
+}
+
 int main(void)
 {
     test_sizes();
     test_config();
     test_table();
     test_state();
+    test_hostpid();
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
