@@ -6,7 +6,9 @@ FUZZ_PACKAGES   := ./pkg/api/
 BENCHTIME       ?= 200x
 LIMITER         := $(wildcard limiter/Makefile)
 
-.PHONY: help build test test-go test-limiter lint fuzz bench demo clean
+INTEGRATION     := ./internal/nodeagent/... ./test/integration/...
+
+.PHONY: help build test test-go test-limiter test-integration lint fuzz bench bench-scheduler-ci bench-scheduler demo clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
@@ -17,7 +19,7 @@ ifneq ($(LIMITER),)
 	$(MAKE) -C limiter
 endif
 
-test: test-go test-limiter ## run every test (Go with -race, limiter with sanitizers)
+test: test-go test-limiter test-integration ## run every test (Go with -race, limiter with sanitizers, integration)
 
 test-go: ## Go tests with the race detector
 	$(GO) test -race -count=1 ./...
@@ -27,11 +29,16 @@ ifneq ($(LIMITER),)
 	$(MAKE) -C limiter test sanitize
 endif
 
-lint: ## gofmt, go vet, staticcheck
+test-integration: ## real kube-apiserver + etcd, kube-scheduler, kubelet device manager, hollow kubelet (needs root for unshare -m)
+	$(GO) test -tags integration -count=1 -timeout 30m $(INTEGRATION)
+
+lint: ## gofmt, go vet, staticcheck (with and without the integration tag)
 	@out=$$(gofmt -l .); \
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags integration ./...
 	$(GO) run $(STATICCHECK) ./...
+	$(GO) run $(STATICCHECK) -tags integration ./...
 
 fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
 	@set -e; for pkg in $(FUZZ_PACKAGES); do \
@@ -43,6 +50,12 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
 
 bench: ## placement benchmarks (see docs/benchmarks.md)
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./internal/placement/
+
+bench-scheduler-ci: ## scheduler_perf, 100 nodes (about 40 s)
+	$(GO) test -tags integration -count=1 -run '^$$' -bench BenchmarkPerfScheduling -benchtime=1x ./test/integration/schedulerperf/ -perf-scheduling-label-filter=integration-test
+
+bench-scheduler: ## scheduler_perf, 5,000 nodes x 8 GPUs, 10,000 pods per scheduler (see docs/benchmarks.md)
+	$(GO) test -tags integration -count=1 -run '^$$' -bench BenchmarkPerfScheduling -benchtime=1x -timeout=80m ./test/integration/schedulerperf/ -data-items-dir=$(CURDIR)/bench-results
 
 demo: ## replay the bundled openb trace through every placement policy (no cluster, no GPU)
 	$(GO) run ./cmd/tessera simulate --plot simulation.svg

@@ -403,14 +403,18 @@ func (cr *Compiled) explain(n *Node, cc *compiledContainer, s *Scratch, m int) R
 	// Find the first resource that no eligible GPU has enough of.
 	var need, largest, physical int64
 	var memGPU, coreGPU string
-	mostCores, memOK, coresOK, sharesOK, modeOK := -1, 0, 0, 0, 0
+	mostCores, memOK, coresOK, sharesOK, modeOK, heldWhole := -1, 0, 0, 0, 0, 0
 	for i := range n.GPUs {
 		if !s.eligible[i] {
 			continue
 		}
 		g := &n.GPUs[i]
 		physical = max(physical, g.MemoryMiB)
-		if g.Sharing == api.SharingExclusive || g.Used.Exclusive > 0 {
+		if g.Sharing == api.SharingExclusive {
+			continue
+		}
+		if g.Used.Exclusive > 0 {
+			heldWhole++
 			continue
 		}
 		modeOK++
@@ -434,6 +438,8 @@ func (cr *Compiled) explain(n *Node, cc *compiledContainer, s *Scratch, m int) R
 		}
 	}
 	switch {
+	case modeOK == 0 && heldWhole > 0:
+		return Reason{Kind: ReasonHeldWhole, Container: name, Total: heldWhole}
 	case modeOK == 0:
 		return Reason{Kind: ReasonSharingMode, Container: name}
 	case need > physical:

@@ -468,3 +468,12 @@ func TestInitContainersRunOneAtATime(t *testing.T) {
 		t.Fatalf("usage %+v: two init containers must not add up", got)
 	}
 }
+
+func TestShareOnGPUHeldWholeSaysSo(t *testing.T) {
+	c, n := oneNodeCluster(t, inventory(1, "A100", 40960, 10))
+	place(t, c, pod("whole", whole("main", 1)))
+	reason := fitOn(t, c, n, pod("p", share("main", 1000, 10)))
+	if reason.Kind != ReasonHeldWhole || reason.String() != `container "main": every usable GPU is held whole by another pod (1)` {
+		t.Fatalf("reason %q", reason)
+	}
+}

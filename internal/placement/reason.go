@@ -20,6 +20,7 @@ const (
 	ReasonModelNotIncluded
 	ReasonUUID
 	ReasonSharingMode
+	ReasonHeldWhole
 	ReasonGPUMemory
 	ReasonGPUMemoryPhysical
 	ReasonGPUCores
@@ -39,6 +40,7 @@ var reasonNames = [...]string{
 	ReasonModelNotIncluded:  "GPUModelNotIncluded",
 	ReasonUUID:              "GPUUUIDNotAllowed",
 	ReasonSharingMode:       "GPUSharingMode",
+	ReasonHeldWhole:         "GPUsHeldWhole",
 	ReasonGPUMemory:         "InsufficientGPUMemory",
 	ReasonGPUMemoryPhysical: "GPUMemoryTooSmall",
 	ReasonGPUCores:          "InsufficientGPUCores",
@@ -111,6 +113,8 @@ func (r Reason) summary(detail bool) string {
 		return "no GPU allowed by the pod's GPU UUID selection (use-gpuuuid/nouse-gpuuuid)"
 	case ReasonSharingMode:
 		return "GPUs are in exclusive mode and take only whole-GPU requests"
+	case ReasonHeldWhole:
+		return fmt.Sprintf("every usable GPU is held whole by another pod (%d)", r.Total)
 	case ReasonGPUMemory:
 		if detail {
 			return fmt.Sprintf("no GPU with %d MiB free; largest free is %d MiB on %s", r.Need, r.Have, shortUUID(r.GPU))

@@ -24,7 +24,8 @@ type NodeInventory struct {
 type GPU struct {
 	// UUID is NVML's identifier ("GPU-…"); unique within the node.
 	UUID string `json:"uuid"`
-	// Index is NVML's device index, 0..n-1, unique within the node.
+	// Index is NVML's device index, unique within the node. Excluded or
+	// lost GPUs leave gaps, so indices need not be 0..n-1.
 	Index int `json:"index"`
 	// Model is the product name NVML reports, e.g. "NVIDIA A100-SXM4-40GB".
 	Model string `json:"model"`

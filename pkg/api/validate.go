@@ -64,7 +64,7 @@ func ValidateInventory(inv *NodeInventory) error {
 			return fmt.Errorf("%s: uuid duplicates gpus[%d]", gpuRef(i, g.UUID), j)
 		}
 		uuids[g.UUID] = i
-		if err := validateGPU(g, len(inv.GPUs)); err != nil {
+		if err := validateGPU(g); err != nil {
 			return fmt.Errorf("%s: %w", gpuRef(i, g.UUID), err)
 		}
 		if j, dup := indices[g.Index]; dup {
@@ -111,9 +111,11 @@ func checkOvercommit(v float64) error {
 }
 
 // validateGPU checks the fields of one GPU that need no other GPU.
-func validateGPU(g *GPU, n int) error {
-	if g.Index < 0 || g.Index >= n {
-		return fmt.Errorf("index %d outside [0, %d]", g.Index, n-1)
+func validateGPU(g *GPU) error {
+	// NVML's index, unique within the node; not necessarily dense, since
+	// excluded or lost GPUs leave gaps.
+	if g.Index < 0 || g.Index >= MaxGPUsPerNode {
+		return fmt.Errorf("index %d outside [0, %d]", g.Index, MaxGPUsPerNode-1)
 	}
 	if g.Model == "" {
 		return fmt.Errorf("model is empty")

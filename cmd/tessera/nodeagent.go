@@ -1,0 +1,163 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/internal/nodeagent"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/config"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/discovery"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("node-agent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	def := deviceplugin.DefaultPaths()
+	discoverOnly := fs.Bool("discover-only", false, "print the node's GPU inventory as JSON and exit (needs NVML, not Kubernetes)")
+	profile := fs.String("profile", "", "with --discover-only: a profile file (Tessera or NVIDIA time-slicing format) to apply")
+	nodeName := fs.String("node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
+	prefix := fs.String("resource-prefix", api.DefaultResourcePrefix, "prefix of the GPU resource names")
+	cm := fs.String("config-map", "", `node configuration ConfigMap "namespace/name" (empty: built-in defaults)`)
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file (default: in-cluster)")
+	ignore := fs.String("ignore-xids", joinXIDs(health.DefaultIgnoredXIDs), "XIDs that leave a GPU healthy (application errors)")
+	recovery := fs.Duration("recovery-period", 5*time.Minute, "how long an unhealthy GPU must stay error-free to be healthy again (0: never)")
+	pluginDir := fs.String("plugin-dir", "/var/lib/kubelet/device-plugins", "the kubelet's device-plugin directory")
+	podRes := fs.String("pod-resources-socket", deviceplugin.DefaultPodResourcesSocket, "the kubelet's pod-resources socket")
+	fs.StringVar(&def.LimiterHost, "limiter-host-path", def.LimiterHost, "limiter library on the host")
+	fs.StringVar(&def.LimiterContainer, "limiter-container-path", def.LimiterContainer, "where containers see the limiter library")
+	fs.StringVar(&def.PreloadHost, "preload-host-path", def.PreloadHost, "ld.so.preload file the agent writes and containers get")
+	fs.StringVar(&def.StateRoot, "state-root", def.StateRoot, "host directory of the per-container limiter state")
+	fs.StringVar(&def.StateContainer, "state-container-path", def.StateContainer, "where containers see their state directory")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: tessera node-agent [flags]\n\nDiscovers GPUs through NVML, publishes the node's inventory, watches GPU health and serves the kubelet device plugin.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return err
+		}
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	names, err := api.NewResourceNames(*prefix)
+	if err != nil {
+		return fmt.Errorf("%w: --resource-prefix: %v", errUsage, err)
+	}
+	xids, err := health.ParseXIDs(*ignore)
+	if err != nil {
+		return fmt.Errorf("%w: --ignore-xids: %v", errUsage, err)
+	}
+	if *recovery < 0 {
+		return fmt.Errorf("%w: --recovery-period %v is negative", errUsage, *recovery)
+	}
+	if *profile != "" && !*discoverOnly {
+		return fmt.Errorf("%w: --profile is for --discover-only; the agent reads profiles from --config-map", errUsage)
+	}
+	var cmNS, cmName string
+	if *cm != "" {
+		var ok bool
+		if cmNS, cmName, ok = strings.Cut(*cm, "/"); !ok || cmNS == "" || cmName == "" {
+			return fmt.Errorf("%w: --config-map %q: want \"namespace/name\"", errUsage, *cm)
+		}
+	}
+
+	lib, err := discovery.Open()
+	if err != nil {
+		return err
+	}
+	defer lib.Shutdown()
+	if *discoverOnly {
+		return discoverOnlyMode(lib, *profile, names.GPU, stdout)
+	}
+	if *nodeName == "" {
+		return fmt.Errorf("%w: --node-name is empty and $NODE_NAME is not set", errUsage)
+	}
+	restCfg, err := restConfig(*kubeconfig)
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return err
+	}
+	logger := klog.Background().WithName("node-agent")
+	a, err := nodeagent.New(lib, client, nodeagent.Options{
+		NodeName: *nodeName, Resource: names.GPU,
+		ConfigMapNamespace: cmNS, ConfigMapName: cmName,
+		Health:             health.Options{IgnoredXIDs: xids, RecoveryPeriod: *recovery},
+		Paths:              def,
+		PluginDir:          *pluginDir,
+		PodResourcesSocket: *podRes,
+	}, logger)
+	if err != nil {
+		return err
+	}
+	return a.Run(ctx)
+}
+
+// discoverOnlyMode prints the inventory this node would publish.
+func discoverOnlyMode(lib nvml.Interface, profilePath, resource string, stdout io.Writer) error {
+	res, err := discovery.Discover(lib, discovery.Options{})
+	if err != nil {
+		return err
+	}
+	for _, e := range res.Skipped {
+		klog.Background().Error(e, "GPU left out of the inventory")
+	}
+	cfg := api.NodeConfig{}
+	cfg.Defaults()
+	if profilePath != "" {
+		b, err := os.ReadFile(profilePath)
+		if err != nil {
+			return err
+		}
+		if cfg, err = config.Parse(b, resource); err != nil {
+			return fmt.Errorf("%s: %w", profilePath, err)
+		}
+	}
+	inv, _ := nodeagent.BuildInventory(res.Devices, nil, cfg)
+	b, err := api.EncodeInventory(inv)
+	if err != nil {
+		return err
+	}
+	var out bytes.Buffer
+	if err := json.Indent(&out, b, "", "  "); err != nil {
+		return err
+	}
+	out.WriteByte('\n')
+	_, err = stdout.Write(out.Bytes())
+	return err
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		return clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	return rest.InClusterConfig()
+}
+
+func joinXIDs(x []uint64) string {
+	s := make([]string, len(x))
+	for i, v := range x {
+		s[i] = fmt.Sprint(v)
+	}
+	return strings.Join(s, ",")
+}

@@ -1,0 +1,19 @@
+package main
+
+import (
+	"context"
+	"io"
+
+	"github.com/tessera-gpu/tessera/internal/scheduler"
+)
+
+// runScheduler runs kube-scheduler with the Tessera plugin; the arguments
+// are kube-scheduler's (see deploy/scheduler/config.yaml).
+func runScheduler(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cmd := scheduler.NewCommand()
+	cmd.Use = "tessera scheduler"
+	cmd.SetArgs(args)
+	cmd.SetOut(stdout)
+	cmd.SetErr(stderr)
+	return cmd.ExecuteContext(ctx)
+}

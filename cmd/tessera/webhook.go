@@ -1,0 +1,79 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/tessera-gpu/tessera/internal/webhook"
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+// runWebhook serves Tessera's admission webhook (see docs/webhook.md).
+func runWebhook(ctx context.Context, args []string, _, stderr io.Writer) error {
+	fs := flag.NewFlagSet("webhook", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
+	listen := fs.String("listen", ":8443", "TLS listen address")
+	prefix := fs.String("resource-prefix", api.DefaultResourcePrefix, "prefix of the GPU resource names")
+	schedulerName := fs.String("scheduler-name", "tessera-scheduler", "scheduler that GPU pods are sent to")
+	namespace := fs.String("namespace", "tessera-system", "namespace of the webhook's Service and CA Secret")
+	service := fs.String("service-name", "tessera-webhook", "name of the webhook's Service")
+	port := fs.Int("service-port", 443, "port of the webhook's Service")
+	configName := fs.String("configuration-name", "tessera-webhook", "name of the Mutating/ValidatingWebhookConfiguration written at start-up")
+	caSecret := fs.String("ca-secret", "tessera-webhook-ca", "Secret holding the CA shared by replicas (empty: a fresh CA per start)")
+	exclude := fs.String("exclude-namespaces", "tessera-system", "comma-separated namespaces never sent to the webhook, besides kube-system")
+	register := fs.Bool("register", true, "write the webhook configurations with the CA at start-up (false with cert-manager)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: webhook takes no positional arguments, got %q", errUsage, fs.Args())
+	}
+	names, err := api.NewResourceNames(*prefix)
+	if err != nil {
+		return fmt.Errorf("%w: --resource-prefix: %v", errUsage, err)
+	}
+	var cfg *rest.Config
+	if *kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", *kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return fmt.Errorf("kubernetes client configuration: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	var excluded []string
+	for _, ns := range strings.Split(*exclude, ",") {
+		if ns = strings.TrimSpace(ns); ns != "" {
+			excluded = append(excluded, ns)
+		}
+	}
+	return webhook.Run(ctx, webhook.Options{
+		Client:            client,
+		Names:             names,
+		SchedulerName:     *schedulerName,
+		Listen:            *listen,
+		Hosts:             webhook.ServiceHosts(*service, *namespace),
+		CASecretNamespace: *namespace,
+		CASecretName:      *caSecret,
+		Register:          *register,
+		Registration: webhook.Registration{
+			Name:              *configName,
+			ServiceNamespace:  *namespace,
+			ServiceName:       *service,
+			ServicePort:       int32(*port),
+			ExcludeNamespaces: excluded,
+		},
+	})
+}

@@ -1,0 +1,360 @@
+// Package nodeagent is Tessera's node agent: it discovers the node's GPUs
+// through NVML, watches their health, publishes the node's inventory on
+// its Node object when it changes, applies the node's configuration
+// profile, serves the kubelet device plugin and removes per-container
+// state of pods that are gone.
+package nodeagent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/internal/nodeagent/config"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/discovery"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+// Options configure the agent.
+type Options struct {
+	NodeName string
+	// Resource is the GPU resource served (api.ResourceNames.GPU).
+	Resource string
+	// ConfigMapNamespace and ConfigMapName locate the profiles; an empty
+	// name runs on the built-in defaults.
+	ConfigMapNamespace, ConfigMapName string
+	Health                            health.Options
+	Paths                             deviceplugin.Paths
+	// PluginDir is the kubelet's device-plugin directory.
+	PluginDir string
+	// PodResourcesSocket is the kubelet's pod-resources socket.
+	PodResourcesSocket string
+	// Resync is how often the inventory is rebuilt without a trigger and
+	// state directories are collected (default 1m).
+	Resync time.Duration
+	// NoPlugin skips the device plugin (tests of publishing only).
+	NoPlugin bool
+}
+
+// Agent is one node's agent.
+type Agent struct {
+	opts    Options
+	client  kubernetes.Interface
+	logger  klog.Logger
+	devices []discovery.Device
+	monitor *health.Monitor
+	config  *config.Store
+	plugin  *deviceplugin.Plugin
+	state   deviceplugin.StateDirs
+
+	nodes   corelisters.NodeLister
+	cms     corelisters.ConfigMapLister
+	pods    corelisters.PodLister
+	trigger chan struct{}
+
+	mu        sync.Mutex
+	published string // last inventory we wrote on the Node
+	stale     string // the annotation our cache held when we wrote it
+	synced    bool   // our cache has shown what we wrote
+	patches   int
+	configErr string // last configuration error reported
+}
+
+// New discovers the GPUs of lib (initialised) and prepares the agent.
+func New(lib nvml.Interface, client kubernetes.Interface, opts Options, logger klog.Logger) (*Agent, error) {
+	if opts.NodeName == "" {
+		return nil, fmt.Errorf("node name is empty (set --node-name or NODE_NAME)")
+	}
+	if opts.Resync <= 0 {
+		opts.Resync = time.Minute
+	}
+	res, err := discovery.Discover(lib, discovery.Options{})
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range res.Skipped {
+		logger.Error(e, "GPU left out of the inventory")
+	}
+	handles := map[string]nvml.Device{}
+	for _, d := range res.Devices {
+		handles[d.GPU.UUID] = d.Handle
+	}
+	a := &Agent{
+		opts: opts, client: client, logger: logger, devices: res.Devices,
+		monitor: health.New(lib, handles, opts.Health, logger.WithName("health")),
+		config:  config.NewStore(opts.Resource),
+		state:   deviceplugin.StateDirs{Root: opts.Paths.StateRoot},
+		trigger: make(chan struct{}, 1),
+	}
+	return a, nil
+}
+
+// Devices returns the discovered GPUs.
+func (a *Agent) Devices() []discovery.Device { return a.devices }
+
+// Plugin returns the device plugin (nil before Run creates it).
+func (a *Agent) Plugin() *deviceplugin.Plugin {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.plugin
+}
+
+func (a *Agent) poke() {
+	select {
+	case a.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// Run runs the agent until ctx ends.
+func (a *Agent) Run(ctx context.Context) error {
+	nodeFactory := informers.NewSharedInformerFactoryWithOptions(a.client, a.opts.Resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", a.opts.NodeName).String()
+		}))
+	podFactory := informers.NewSharedInformerFactoryWithOptions(a.client, a.opts.Resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", a.opts.NodeName).String()
+		}))
+	onChange := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { a.poke() },
+		UpdateFunc: func(any, any) { a.poke() },
+		DeleteFunc: func(any) { a.poke() },
+	}
+	nodeInf := nodeFactory.Core().V1().Nodes()
+	if _, err := nodeInf.Informer().AddEventHandler(onChange); err != nil {
+		return err
+	}
+	a.nodes = nodeInf.Lister()
+	a.pods = podFactory.Core().V1().Pods().Lister()
+	podInformer := podFactory.Core().V1().Pods().Informer()
+	synced := []cache.InformerSynced{nodeInf.Informer().HasSynced, podInformer.HasSynced}
+	if a.opts.ConfigMapName != "" {
+		cmFactory := informers.NewSharedInformerFactoryWithOptions(a.client, a.opts.Resync,
+			informers.WithNamespace(a.opts.ConfigMapNamespace),
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", a.opts.ConfigMapName).String()
+			}))
+		cmInf := cmFactory.Core().V1().ConfigMaps()
+		if _, err := cmInf.Informer().AddEventHandler(onChange); err != nil {
+			return err
+		}
+		a.cms = cmInf.Lister()
+		synced = append(synced, cmInf.Informer().HasSynced)
+		cmFactory.Start(ctx.Done())
+	}
+	nodeFactory.Start(ctx.Done())
+	podFactory.Start(ctx.Done())
+	a.logger.Info("Waiting for the API caches (Node, pods on the node, ConfigMap)", "node", a.opts.NodeName, "gpus", len(a.devices))
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return ctx.Err()
+	}
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := a.monitor.Run(ctx); err != nil {
+			a.logger.Error(err, "Health monitor stopped; GPU errors will not be detected")
+		}
+	}()
+	if !a.opts.NoPlugin {
+		if err := a.opts.Paths.WritePreload(); err != nil {
+			return fmt.Errorf("writing %s: %w", a.opts.Paths.PreloadHost, err)
+		}
+		podResources := &deviceplugin.PodResources{Socket: a.opts.PodResourcesSocket, Resource: a.opts.Resource}
+		defer podResources.Close()
+		plugin := deviceplugin.New(deviceplugin.Options{
+			Resource:  a.opts.Resource,
+			PluginDir: a.opts.PluginDir,
+			Paths:     a.opts.Paths,
+			Matcher: &deviceplugin.Matcher{
+				Node: a.opts.NodeName, Resource: a.opts.Resource,
+				Kubelet: podResources,
+				Pods:    podGetter{lister: a.pods, client: a.client},
+				State:   a.state,
+			},
+		}, a.logger.WithName("deviceplugin"))
+		a.mu.Lock()
+		a.plugin = plugin
+		a.mu.Unlock()
+		a.reconcile(ctx) // the first ListAndWatch already has the GPUs
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = plugin.Run(ctx)
+		}()
+	}
+	tick := time.NewTicker(a.opts.Resync)
+	defer tick.Stop()
+	for {
+		a.reconcile(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-a.trigger:
+		case <-a.monitor.Changes():
+		case <-tick.C:
+			a.collect()
+		}
+	}
+}
+
+// reconcile applies configuration and health: the device plugin's list
+// and the Node's inventory annotation (written only when it changed).
+func (a *Agent) reconcile(ctx context.Context) {
+	node, err := a.nodes.Get(a.opts.NodeName)
+	if err != nil {
+		a.logger.Error(err, "Node not readable; inventory not published", "node", a.opts.NodeName)
+		node = nil
+	}
+	if a.cms != nil && node != nil {
+		a.applyConfig(node)
+	}
+	cfg, _ := a.config.Current()
+	inv, gpus := BuildInventory(a.devices, a.monitor.Snapshot(), cfg)
+	if p := a.Plugin(); p != nil {
+		p.SetGPUs(gpus, cfg.Sharing)
+	}
+	if node == nil {
+		return
+	}
+	if err := a.publish(ctx, node, inv); err != nil {
+		a.logger.Error(err, "Publishing the inventory failed; will retry", "node", a.opts.NodeName)
+		go func() { time.Sleep(5 * time.Second); a.poke() }()
+	}
+}
+
+func (a *Agent) applyConfig(node *v1.Node) {
+	cm, err := a.cms.ConfigMaps(a.opts.ConfigMapNamespace).Get(a.opts.ConfigMapName)
+	var data map[string]string
+	switch {
+	case apierrors.IsNotFound(err):
+		err = fmt.Errorf("ConfigMap %s/%s not found", a.opts.ConfigMapNamespace, a.opts.ConfigMapName)
+	case err == nil:
+		data = cm.Data
+	}
+	changed := false
+	if err == nil {
+		changed, err = a.config.Update(data, node.Labels)
+	}
+	cur, profile := a.config.Current()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err != nil {
+		if err.Error() != a.configErr {
+			a.logger.Error(err, "Bad node configuration; keeping the last good one", "profile", profile, "config", cur)
+		}
+		a.configErr = err.Error()
+		return
+	}
+	a.configErr = ""
+	if changed {
+		a.logger.Info("Node configuration applied", "profile", profile, "config", cur)
+	}
+}
+
+// Patches returns how many times the inventory was written.
+func (a *Agent) Patches() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.patches
+}
+
+// ConfigError returns the last configuration error, "" when the current
+// configuration applied cleanly.
+func (a *Agent) ConfigError() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.configErr
+}
+
+func (a *Agent) publish(ctx context.Context, node *v1.Node, inv *api.NodeInventory) error {
+	b, err := api.EncodeInventory(inv)
+	if err != nil {
+		return err
+	}
+	val := string(b)
+	cached := node.Annotations[api.AnnotationInventory]
+	a.mu.Lock()
+	if cached == val {
+		a.synced = true
+	}
+	// Unchanged, or written by us and our cache has not caught up yet. Once
+	// it has, any other value (someone removed or edited it) is rewritten.
+	skip := cached == val || (a.published == val && !a.synced && a.stale == cached)
+	a.mu.Unlock()
+	if skip {
+		return nil
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{api.AnnotationInventory: val}}})
+	if err != nil {
+		return err
+	}
+	if _, err := a.client.CoreV1().Nodes().Patch(ctx, a.opts.NodeName, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.published, a.stale, a.synced = val, cached, false
+	a.patches++
+	a.mu.Unlock()
+	a.logger.Info("Inventory published", "node", a.opts.NodeName, "gpus", len(inv.GPUs))
+	return nil
+}
+
+// collect removes the state directories of pods no longer on the node.
+func (a *Agent) collect() {
+	live := func(uid types.UID) bool {
+		pods, err := a.pods.List(labels.Everything())
+		if err != nil {
+			return true
+		}
+		for _, p := range pods {
+			if p.UID == uid && p.Status.Phase != v1.PodSucceeded && p.Status.Phase != v1.PodFailed {
+				return true
+			}
+		}
+		return false
+	}
+	removed, err := a.state.GC(live, 2*a.opts.Resync, time.Now())
+	if err != nil {
+		a.logger.Error(err, "Removing state directories of finished pods")
+	}
+	if len(removed) > 0 {
+		a.logger.Info("Removed state directories of finished pods", "pods", removed)
+	}
+}
+
+// podGetter reads pods from the informer cache and, on a miss, from the
+// API server: the kubelet may see a pod before our cache does. A cached
+// pod is complete: the scheduler writes the allocation record before it
+// binds the pod, and the cache only holds bound pods.
+type podGetter struct {
+	lister corelisters.PodLister
+	client kubernetes.Interface
+}
+
+func (g podGetter) GetPod(ctx context.Context, ns, name string) (*v1.Pod, error) {
+	if p, err := g.lister.Pods(ns).Get(name); err == nil {
+		return p, nil
+	}
+	return g.client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+}

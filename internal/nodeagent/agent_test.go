@@ -1,0 +1,168 @@
+package nodeagent
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/nvmltest"
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+// TestPublishHealthAndConfig runs the agent (without the device plugin)
+// against a fake API server: the inventory follows GPU health and the
+// node's configuration profile, and is written only when it changes.
+func TestPublishHealthAndConfig(t *testing.T) {
+	n := nvmltest.DGXA100()
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
+	cm := &v1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "tessera-system", Name: "node-agent"},
+		Data: map[string]string{
+			"default": "sharesPerGPU: 4\nmemoryOvercommit: 1.5",
+			"excl":    "sharing: exclusive\nexcludeGPUs: [\"7\"]",
+		},
+	}
+	client := fake.NewClientset(node, cm)
+	a, err := New(n, client, Options{
+		NodeName: "n1", Resource: "nvidia.com/gpu",
+		ConfigMapNamespace: "tessera-system", ConfigMapName: "node-agent",
+		Health:   health.Options{IgnoredXIDs: health.DefaultIgnoredXIDs, RecoveryPeriod: 300 * time.Millisecond, WaitTimeout: 5 * time.Millisecond},
+		Paths:    deviceplugin.Paths{StateRoot: t.TempDir()},
+		Resync:   20 * time.Millisecond,
+		NoPlugin: true,
+	}, ktesting.NewLogger(t, ktesting.NewConfig()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- a.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+
+	inv := func() *api.NodeInventory {
+		nd, err := client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, ok := nd.Annotations[api.AnnotationInventory]
+		if !ok {
+			return nil
+		}
+		inv, err := api.DecodeInventory([]byte(raw))
+		if err != nil {
+			t.Fatalf("published inventory does not decode: %v", err)
+		}
+		return inv
+	}
+	eventually(t, "first inventory", func() bool { i := inv(); return i != nil && len(i.GPUs) == 8 })
+	i := inv()
+	if i.MemoryOvercommit != 1.5 || i.GPUs[0].MaxShares != 4 || i.GPUs[0].Sharing != api.SharingShared || len(i.GPUs[0].Links) != 7 {
+		t.Errorf("inventory %+v", i.GPUs[0])
+	}
+
+	// Steady state: no further writes.
+	p := a.Patches()
+	time.Sleep(200 * time.Millisecond)
+	if a.Patches() != p {
+		t.Errorf("inventory rewritten without a change: %d -> %d patches", p, a.Patches())
+	}
+
+	// Someone removes the annotation: the agent writes it again.
+	nd, err := client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(nd.Annotations, api.AnnotationInventory)
+	if _, err := client.CoreV1().Nodes().Update(ctx, nd, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "inventory restored", func() bool { return inv() != nil })
+
+	// XID 79 on GPU 2: unhealthy at once, healthy again after the period.
+	n.Events.Inject(n.Devices[2], nvml.EventTypeXidCriticalError, 79)
+	eventually(t, "GPU 2 unhealthy", func() bool {
+		g := inv().GPUs[2]
+		return g.Health == api.Unhealthy && g.HealthReason == "XID 79"
+	})
+	eventually(t, "GPU 2 recovered", func() bool { return inv().GPUs[2].Health == api.Healthy })
+
+	// A bad profile is reported and the last good one stays.
+	cm.Data["default"] = "sharesPerGPU: 1000"
+	if _, err := client.CoreV1().ConfigMaps("tessera-system").Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "config error", func() bool { return a.ConfigError() != "" })
+	if got := a.ConfigError(); got != `profile "default": sharesPerGPU 1000 outside [1, 128]` {
+		t.Errorf("config error %q", got)
+	}
+	if inv().GPUs[0].MaxShares != 4 {
+		t.Error("bad config applied")
+	}
+
+	// The node label picks another profile. (The update also drops the
+	// annotation, which the agent writes again.)
+	node.Labels = map[string]string{api.LabelNodeConfig: "excl"}
+	if _, err := client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "exclusive profile", func() bool {
+		i := inv()
+		return i != nil && len(i.GPUs) == 7 && i.GPUs[0].Sharing == api.SharingExclusive && i.GPUs[0].MaxShares == 1 && i.MemoryOvercommit == 1
+	})
+	if a.ConfigError() != "" {
+		t.Errorf("config error %q", a.ConfigError())
+	}
+}
+
+func TestBuildInventoryExclude(t *testing.T) {
+	n := nvmltest.DGXA100()
+	a, err := New(n, fake.NewClientset(), Options{NodeName: "x", Resource: "nvidia.com/gpu"}, ktesting.NewLogger(t, ktesting.NewConfig()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := api.NodeConfig{ExcludeGPUs: []string{"0", n.Device(5).UUID}}
+	cfg.Defaults()
+	inv, gpus := BuildInventory(a.Devices(), map[string]health.State{n.Device(3).UUID: {Reason: "XID 48"}}, cfg)
+	if len(inv.GPUs) != 6 || len(gpus) != 6 {
+		t.Fatalf("%d GPUs", len(inv.GPUs))
+	}
+	if _, err := api.EncodeInventory(inv); err != nil {
+		t.Fatal(err)
+	}
+	// NVML's indices are kept: 0 and 5 are excluded, so the rest keep theirs.
+	wantIndex := []int{1, 2, 3, 4, 6, 7}
+	for k, g := range inv.GPUs {
+		if g.Index != wantIndex[k] || g.UUID == n.Device(0).UUID || g.UUID == n.Device(5).UUID || len(g.Links) != 5 {
+			t.Errorf("gpu %d: index %d uuid %s links %d", k, g.Index, g.UUID, len(g.Links))
+		}
+		if unhealthy := g.UUID == n.Device(3).UUID; unhealthy != (g.Health == api.Unhealthy) || unhealthy == gpus[k].Healthy {
+			t.Errorf("gpu %s health %s / plugin %v", g.UUID, g.Health, gpus[k].Healthy)
+		}
+		if gpus[k].Slots != 10 {
+			t.Errorf("slots %d", gpus[k].Slots)
+		}
+	}
+}

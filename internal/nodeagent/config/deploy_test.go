@@ -1,0 +1,44 @@
+package config
+
+import (
+	"os"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+// TestShippedConfigMap parses every profile of the example ConfigMap.
+func TestShippedConfigMap(t *testing.T) {
+	b, err := os.ReadFile("../../../deploy/node-agent/configmap.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cm v1.ConfigMap
+	if err := yaml.UnmarshalStrict(b, &cm); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]api.SharingMode{"default": api.SharingShared, "exclusive": api.SharingExclusive, "dense": api.SharingShared, "nvidia-time-slicing": api.SharingTimeSlicing}
+	if len(cm.Data) != len(want) {
+		t.Errorf("profiles %v", cm.Data)
+	}
+	for name, mode := range want {
+		c, err := Parse([]byte(cm.Data[name]), "nvidia.com/gpu")
+		if err != nil {
+			t.Errorf("profile %s: %v", name, err)
+			continue
+		}
+		if c.Sharing != mode {
+			t.Errorf("profile %s: sharing %s, want %s", name, c.Sharing, mode)
+		}
+	}
+	s := NewStore("nvidia.com/gpu")
+	if _, err := s.Update(cm.Data, map[string]string{api.LabelNodeConfig: "nvidia-time-slicing"}); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := s.Current(); c.SharesPerGPU != 4 {
+		t.Errorf("%+v", c)
+	}
+}

@@ -1,0 +1,194 @@
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+// KubeletPod is a pod as the kubelet's pod-resources API lists it: the
+// pods the kubelet has admitted or is admitting right now, with the device
+// IDs of our resource it has assigned to each container so far.
+type KubeletPod struct {
+	Namespace, Name string
+	// Devices maps container name to the device IDs assigned. The API
+	// lists app containers and restartable init containers only.
+	Devices map[string][]string
+}
+
+// KubeletPods lists the kubelet's active pods.
+type KubeletPods interface {
+	List(ctx context.Context) ([]KubeletPod, error)
+}
+
+// PodGetter returns a pod from the API (an informer cache backed by a
+// direct read).
+type PodGetter interface {
+	GetPod(ctx context.Context, namespace, name string) (*v1.Pod, error)
+}
+
+// Matcher finds the pod and container a kubelet request is for. Neither
+// GetPreferredAllocation nor Allocate names the pod, but the kubelet admits
+// one pod at a time and allocates its containers in order (init containers
+// first) during admission, after adding the pod to its pod manager, so
+// while it waits on us exactly one active pod has a GPU container that is
+// not yet served. The kubelet's pod-resources API tells us its active pods
+// and what each container holds; StateDirs tell us which containers we
+// have answered. No lock across pods, no guessing: if the answer is not
+// exactly one pod, the request is refused (fail closed).
+type Matcher struct {
+	Node     string
+	Resource string
+	Kubelet  KubeletPods
+	Pods     PodGetter
+	State    StateDirs
+}
+
+// Target is the container a request belongs to and its grant.
+type Target struct {
+	Pod       *v1.Pod
+	Container string
+	Grant     api.ContainerAllocation
+}
+
+// pending is a pod with a GPU container not yet served.
+type pending struct {
+	pod       *v1.Pod
+	container string
+	count     int64
+}
+
+// ErrNoMatch wraps every refusal, so callers and tests can tell refusals
+// from transport failures.
+var ErrNoMatch = errors.New("refused")
+
+// Match returns the target of a request for n devices.
+func (m *Matcher) Match(ctx context.Context, n int) (*Target, error) {
+	kps, err := m.Kubelet.List(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("listing the kubelet's pods (pod-resources API): %w", err)
+	}
+	var cands []pending
+	seen := map[types.UID]bool{}
+	for _, kp := range kps {
+		pod, err := m.Pods.GetPod(ctx, kp.Namespace, kp.Name)
+		if apierrors.IsNotFound(err) {
+			continue // deleted since the kubelet listed it
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading pod %s/%s: %w", kp.Namespace, kp.Name, err)
+		}
+		// The pod-resources API names pods, not UIDs: a pod re-created under
+		// its old name (a StatefulSet's) is listed twice while the old one
+		// terminates, and both entries lead to the new pod. The old entry
+		// shows the old pod's devices, so only the new one can be pending.
+		if seen[pod.UID] || pod.Spec.NodeName != m.Node || pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
+			continue
+		}
+		if c, cnt, ok := m.nextContainer(pod, kp); ok {
+			seen[pod.UID] = true
+			cands = append(cands, pending{pod, c, cnt})
+		}
+	}
+	if len(cands) == 0 {
+		return nil, fmt.Errorf("%w: no pod on node %s is waiting for %s (the kubelet lists %d active pods, all served)", ErrNoMatch, m.Node, m.Resource, len(kps))
+	}
+	var fit []pending
+	for _, c := range cands {
+		if c.count == int64(n) {
+			fit = append(fit, c)
+		}
+	}
+	if len(cands) == 1 && len(fit) == 0 {
+		c := cands[0]
+		return nil, fmt.Errorf("%w: pod %s/%s container %s asks for %d %s, the kubelet's request is for %d", ErrNoMatch, c.pod.Namespace, c.pod.Name, c.container, c.count, m.Resource, n)
+	}
+	if len(fit) != 1 {
+		return nil, fmt.Errorf("%w: cannot tell which pod this request for %d %s is for: %s; refusing rather than guessing", ErrNoMatch, n, m.Resource, describe(cands))
+	}
+	return m.target(fit[0], n)
+}
+
+// nextContainer returns the first container of the pod, init containers
+// first, that asks for the resource and has not been served.
+func (m *Matcher) nextContainer(pod *v1.Pod, kp KubeletPod) (string, int64, bool) {
+	check := func(c *v1.Container) (string, int64, bool) {
+		q, ok := c.Resources.Limits[v1.ResourceName(m.Resource)]
+		if !ok || q.Value() <= 0 {
+			return "", 0, false
+		}
+		if len(kp.Devices[c.Name]) > 0 || m.State.Served(pod.UID, c.Name) {
+			return "", 0, false
+		}
+		return c.Name, q.Value(), true
+	}
+	for i := range pod.Spec.InitContainers {
+		if name, n, ok := check(&pod.Spec.InitContainers[i]); ok {
+			return name, n, true
+		}
+	}
+	for i := range pod.Spec.Containers {
+		if name, n, ok := check(&pod.Spec.Containers[i]); ok {
+			return name, n, true
+		}
+	}
+	return "", 0, false
+}
+
+// target reads the pod's allocation record for the container.
+func (m *Matcher) target(p pending, n int) (*Target, error) {
+	ref := p.pod.Namespace + "/" + p.pod.Name
+	raw, ok := p.pod.Annotations[api.AnnotationAllocation]
+	if !ok {
+		return nil, fmt.Errorf("%w: pod %s has no %s annotation: it was not placed by the Tessera scheduler, and a GPU share without a record would run without limits", ErrNoMatch, ref, api.AnnotationAllocation)
+	}
+	rec, err := api.DecodeAllocation([]byte(raw))
+	if err != nil {
+		return nil, fmt.Errorf("%w: pod %s: %v", ErrNoMatch, ref, err)
+	}
+	if rec.Node != m.Node {
+		return nil, fmt.Errorf("%w: pod %s: allocation record is for node %q, this is node %q", ErrNoMatch, ref, rec.Node, m.Node)
+	}
+	init := isInit(p.pod, p.container)
+	for _, c := range rec.Containers {
+		if c.Name != p.container || c.Init != init {
+			continue
+		}
+		if len(c.Devices) != n {
+			return nil, fmt.Errorf("%w: pod %s container %s: allocation record grants %d GPUs, the kubelet asks for %d", ErrNoMatch, ref, p.container, len(c.Devices), n)
+		}
+		return &Target{Pod: p.pod, Container: p.container, Grant: c}, nil
+	}
+	return nil, fmt.Errorf("%w: pod %s: allocation record has no entry for container %s (init=%v)", ErrNoMatch, ref, p.container, init)
+}
+
+func isInit(pod *v1.Pod, name string) bool {
+	for _, c := range pod.Spec.InitContainers {
+		if c.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func describe(c []pending) string {
+	s := make([]string, len(c))
+	for i, p := range c {
+		s[i] = fmt.Sprintf("%s/%s container %s wants %d", p.pod.Namespace, p.pod.Name, p.container, p.count)
+	}
+	sort.Strings(s)
+	return fmt.Sprintf("%d pods are waiting (%s)", len(c), strings.Join(s, "; "))
+}
+
+// MarkServed records that the container was answered.
+func (m *Matcher) MarkServed(uid types.UID, container string) (string, error) {
+	return m.State.Create(uid, container)
+}

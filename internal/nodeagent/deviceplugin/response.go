@@ -1,0 +1,176 @@
+package deviceplugin
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+// The limiter environment's names live in pkg/api (api.EnvVisibleDevices, …).
+
+// Paths are where the limiter lives on the host and in containers.
+type Paths struct {
+	// LimiterHost is the limiter library on the host; it is mounted
+	// read-only at LimiterContainer.
+	LimiterHost      string
+	LimiterContainer string
+	// PreloadHost is a file naming LimiterContainer, mounted read-only
+	// over the container's /etc/ld.so.preload.
+	PreloadHost string
+	// StateRoot holds one directory per container (StateDirs); each is
+	// mounted at StateContainer.
+	StateRoot      string
+	StateContainer string
+}
+
+// DefaultPaths are the paths of the DaemonSet in deploy/node-agent.
+func DefaultPaths() Paths {
+	return Paths{
+		LimiterHost:      "/usr/local/tessera/libtessera-limiter.so",
+		LimiterContainer: "/usr/local/tessera/libtessera-limiter.so",
+		PreloadHost:      "/usr/local/tessera/ld.so.preload",
+		StateRoot:        "/var/lib/tessera/containers",
+		StateContainer:   "/tessera/state",
+	}
+}
+
+// WritePreload writes the ld.so.preload file the containers get; the
+// agent rewrites it at start so it always names LimiterContainer.
+func (p Paths) WritePreload() error {
+	if err := os.MkdirAll(filepath.Dir(p.PreloadHost), 0o755); err != nil {
+		return err
+	}
+	return writeAtomic(p.PreloadHost, []byte(p.LimiterContainer+"\n"), 0o644)
+}
+
+func writeAtomic(path string, data []byte, mode os.FileMode) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, mode); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// buildResponse is the kubelet's answer for one container's grant. Limited
+// means the limiter is injected (shared GPUs on a node in shared mode).
+func buildResponse(c api.ContainerAllocation, limited bool, stateDir string, p Paths) *pluginapi.ContainerAllocateResponse {
+	uuids := make([]string, len(c.Devices))
+	for i, d := range c.Devices {
+		uuids[i] = d.UUID
+	}
+	r := &pluginapi.ContainerAllocateResponse{Envs: map[string]string{api.EnvVisibleDevices: strings.Join(uuids, ",")}}
+	if !limited {
+		return r
+	}
+	cores := c.Devices[0].Cores
+	for i, d := range c.Devices {
+		r.Envs[fmt.Sprintf("%s_%d", api.EnvMemoryLimit, i)] = fmt.Sprintf("%dm", d.MemoryMiB)
+		if d.Cores != cores {
+			cores = -1
+		}
+	}
+	switch {
+	case cores > 0 && cores < api.MaxCores:
+		r.Envs[api.EnvSMLimit] = fmt.Sprint(cores)
+	case cores < 0:
+		// HAMi-core has one SM limit: the smallest share; Tessera's
+		// limiter reads the per-device values.
+		low := api.MaxCores
+		for i, d := range c.Devices {
+			if d.Cores > 0 {
+				low = min(low, d.Cores)
+			}
+			r.Envs[fmt.Sprintf("%s_%d", api.EnvSMLimit, i)] = fmt.Sprint(d.Cores)
+		}
+		r.Envs[api.EnvSMLimit] = fmt.Sprint(low)
+	}
+	r.Envs[api.EnvSharedCache] = filepath.Join(p.StateContainer, "cache")
+	r.Mounts = []*pluginapi.Mount{
+		{ContainerPath: p.LimiterContainer, HostPath: p.LimiterHost, ReadOnly: true},
+		{ContainerPath: p.StateContainer, HostPath: stateDir},
+		{ContainerPath: "/etc/ld.so.preload", HostPath: p.PreloadHost, ReadOnly: true},
+	}
+	return r
+}
+
+// needsLimiter reports whether a grant gets the limiter: only shared
+// grants on a node in shared mode; exclusive whole GPUs and time-slicing
+// run unlimited.
+func needsLimiter(c api.ContainerAllocation, mode api.SharingMode) bool {
+	if mode != api.SharingShared {
+		return false
+	}
+	for _, d := range c.Devices {
+		if !d.Exclusive {
+			return true
+		}
+	}
+	return false
+}
+
+// StateDirs are the per-container directories under Root
+// (<root>/<pod UID>/<container>). A directory is created when the
+// container's Allocate is answered, so it also records that the container
+// was served: the record survives agent restarts, and nothing is served
+// twice.
+type StateDirs struct{ Root string }
+
+// Path is the directory of one container.
+func (s StateDirs) Path(uid types.UID, container string) string {
+	return filepath.Join(s.Root, string(uid), container)
+}
+
+// Served reports whether the container was answered before.
+func (s StateDirs) Served(uid types.UID, container string) bool {
+	_, err := os.Stat(s.Path(uid, container))
+	return err == nil
+}
+
+// Create makes the container's directory (mode 0777: the container's
+// processes, of any user, share the limiter's file in it).
+func (s StateDirs) Create(uid types.UID, container string) (string, error) {
+	dir := s.Path(uid, container)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("creating the container state directory: %w", err)
+	}
+	if err := os.Chmod(dir, 0o777); err != nil {
+		return "", fmt.Errorf("creating the container state directory: %w", err)
+	}
+	return dir, nil
+}
+
+// GC removes the directories of pods for which live returns false, when
+// they are older than minAge (so a pod the caller's cache does not know
+// yet keeps its directory). It returns the pod UIDs removed.
+func (s StateDirs) GC(live func(types.UID) bool, minAge time.Duration, now time.Time) ([]types.UID, error) {
+	entries, err := os.ReadDir(s.Root)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var removed []types.UID
+	for _, e := range entries {
+		uid := types.UID(e.Name())
+		if !e.IsDir() || live(uid) {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil || now.Sub(info.ModTime()) < minAge {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(s.Root, e.Name())); err != nil {
+			return removed, err
+		}
+		removed = append(removed, uid)
+	}
+	return removed, nil
+}

@@ -1,0 +1,196 @@
+package scheduler
+
+import (
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/internal/placement"
+	"github.com/tessera-gpu/tessera/internal/podrequest"
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+// state is the plugin's view of the cluster: the placement core fed from
+// Node inventories and Pod allocation records. The core does no locking:
+// fit checks and scoring take mu for reading, everything that changes the
+// core (informer events, Reserve, Unreserve) takes it for writing.
+type state struct {
+	mu      sync.RWMutex
+	cluster *placement.Cluster
+	// inventory is the last inventory annotation applied per node, so that
+	// status-only Node updates cost nothing.
+	inventory map[string]string
+	// holders maps a pod key to the UID of the pod whose allocation the
+	// core holds under that key (a pod recreated under the same name is a
+	// different pod).
+	holders map[string]types.UID
+	// slot gives every node seen a stable dense index, so a scheduling
+	// cycle can keep per-node results in a flat slice instead of a map.
+	slot map[string]int
+}
+
+func newState() *state {
+	return &state{
+		cluster:   placement.NewCluster(),
+		inventory: map[string]string{},
+		holders:   map[string]types.UID{},
+		slot:      map[string]int{},
+	}
+}
+
+// upsertNode applies a Node's inventory annotation. It reports whether the
+// core changed. A missing or invalid inventory leaves the node without
+// GPUs (logged), so GPU pods never land on GPUs nobody described.
+func (s *state) upsertNode(logger klog.Logger, node *corev1.Node) bool {
+	raw, has := node.Annotations[api.AnnotationInventory]
+	s.mu.RLock()
+	prev, known := s.inventory[node.Name]
+	s.mu.RUnlock()
+	if known && prev == raw {
+		return false
+	}
+	var inv *api.NodeInventory
+	if has {
+		var err error
+		if inv, err = api.DecodeInventory([]byte(raw)); err != nil {
+			logger.Error(err, "Ignoring the node's GPU inventory", "node", klog.KObj(node))
+			inv = nil
+		}
+	}
+	n, err := placement.NewNode(node.Name, placement.Unlimited, placement.Unlimited, inv)
+	if err != nil {
+		logger.Error(err, "Ignoring the node's GPU inventory", "node", klog.KObj(node))
+		if n, err = placement.NewNode(node.Name, placement.Unlimited, placement.Unlimited, nil); err != nil {
+			return false
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inventory[node.Name] = raw
+	if _, ok := s.slot[node.Name]; !ok {
+		s.slot[node.Name] = len(s.slot)
+	}
+	s.cluster.UpsertNode(n)
+	s.publishLocked(node.Name)
+	return true
+}
+
+func (s *state) removeNode(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n := s.cluster.Node(name); n != nil {
+		for i := range n.GPUs {
+			for _, g := range []interface{ DeleteLabelValues(...string) bool }{gpuMemory, gpuCores, gpuShares} {
+				g.DeleteLabelValues(name, n.GPUs[i].UUID)
+			}
+		}
+	}
+	delete(s.inventory, name)
+	s.cluster.RemoveNode(name)
+}
+
+// observePod charges or releases a pod seen by the informer. Bound pods
+// with a record for their node are charged (after a restart this rebuilds
+// the state before the first pod is scheduled); terminated pods release.
+// Pods the plugin reserved itself are already charged. It reports whether
+// something was released.
+func (s *state) observePod(logger klog.Logger, pod *corev1.Pod) bool {
+	key := podrequest.Key(pod)
+	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		return s.release(key, pod.UID)
+	}
+	raw, ok := pod.Annotations[api.AnnotationAllocation]
+	if !ok || pod.Spec.NodeName == "" {
+		// Unbound pods with a record were annotated by a PreBind whose
+		// binding never happened; they will be scheduled again.
+		return false
+	}
+	s.mu.RLock()
+	uid, held := s.holders[key]
+	s.mu.RUnlock()
+	if held && uid == pod.UID {
+		return false
+	}
+	rec, err := api.DecodeAllocation([]byte(raw))
+	if err != nil {
+		logger.Error(err, "Ignoring the pod's GPU allocation record", "pod", klog.KObj(pod))
+		return false
+	}
+	if rec.Node != pod.Spec.NodeName {
+		logger.Error(nil, "Ignoring a GPU allocation record for another node", "pod", klog.KObj(pod), "recordNode", rec.Node, "node", pod.Spec.NodeName)
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	released := false
+	if held {
+		// The key now names a new pod; what the old one held is free.
+		released = s.releaseLocked(key)
+	}
+	if err := s.cluster.AssignRecord(key, 0, 0, rec); err != nil {
+		logger.Error(err, "Cannot charge the pod's GPU allocation record", "pod", klog.KObj(pod))
+		return released
+	}
+	s.holders[key] = pod.UID
+	s.publishLocked(rec.Node)
+	return released
+}
+
+// deletePod releases a deleted pod; obj may be a tombstone.
+func (s *state) deletePod(obj any) bool {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return false
+	}
+	return s.release(podrequest.Key(pod), pod.UID)
+}
+
+// release drops what the pod with this key and UID holds.
+func (s *state) release(key string, uid types.UID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if held, ok := s.holders[key]; !ok || held != uid {
+		return false
+	}
+	return s.releaseLocked(key)
+}
+
+func (s *state) releaseLocked(key string) bool {
+	rec := s.cluster.Allocation(key)
+	delete(s.holders, key)
+	if !s.cluster.Release(key) {
+		return false
+	}
+	if rec != nil {
+		s.publishLocked(rec.Node)
+	}
+	return true
+}
+
+// publishLocked updates the per-GPU gauges of a node. Idle GPUs have no
+// series: a large cluster would otherwise export three per GPU whether
+// used or not.
+func (s *state) publishLocked(node string) {
+	n := s.cluster.Node(node)
+	if n == nil {
+		return
+	}
+	for i := range n.GPUs {
+		g := &n.GPUs[i]
+		if g.Used == (placement.Usage{}) {
+			gpuMemory.DeleteLabelValues(node, g.UUID)
+			gpuCores.DeleteLabelValues(node, g.UUID)
+			gpuShares.DeleteLabelValues(node, g.UUID)
+			continue
+		}
+		gpuMemory.WithLabelValues(node, g.UUID).Set(float64(g.Used.MemoryMiB))
+		gpuCores.WithLabelValues(node, g.UUID).Set(float64(g.Used.Cores))
+		gpuShares.WithLabelValues(node, g.UUID).Set(float64(g.Used.Shares))
+	}
+}

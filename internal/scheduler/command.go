@@ -1,0 +1,47 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/spf13/cobra"
+	"k8s.io/kubernetes/cmd/kube-scheduler/app"
+	"k8s.io/kubernetes/cmd/kube-scheduler/app/options"
+)
+
+// NewCommand returns kube-scheduler's command with the Tessera plugin
+// registered; every kube-scheduler flag works (--config, --kubeconfig,
+// --leader-elect, …).
+func NewCommand() *cobra.Command {
+	return app.NewSchedulerCommand(app.WithPlugin(Name, New))
+}
+
+// RunInProcess runs a scheduler with the Tessera plugin from a
+// KubeSchedulerConfiguration file until ctx ends, without the HTTP
+// endpoints and leader election of the command. Tests use it to start,
+// kill and restart schedulers inside one process (the command's configz
+// registration allows only one per process).
+func RunInProcess(ctx context.Context, configFile string) error {
+	opts := options.NewOptions()
+	opts.ConfigFile = configFile
+	opts.SecureServing.BindPort = 0
+	cc, sched, err := app.Setup(ctx, opts, app.WithPlugin(Name, New))
+	if err != nil {
+		return fmt.Errorf("setting up the scheduler: %w", err)
+	}
+	cc.EventBroadcaster.StartRecordingToSink(ctx.Done())
+	defer cc.EventBroadcaster.Shutdown()
+	cc.InformerFactory.Start(ctx.Done())
+	if cc.DynInformerFactory != nil {
+		cc.DynInformerFactory.Start(ctx.Done())
+	}
+	cc.InformerFactory.WaitForCacheSync(ctx.Done())
+	if cc.DynInformerFactory != nil {
+		cc.DynInformerFactory.WaitForCacheSync(ctx.Done())
+	}
+	if err := sched.WaitForHandlersSync(ctx); err != nil {
+		return fmt.Errorf("waiting for the scheduler's handlers: %w", err)
+	}
+	sched.Run(ctx)
+	return nil
+}

@@ -1,0 +1,66 @@
+package scheduler
+
+import (
+	"sync"
+
+	"k8s.io/component-base/metrics"
+	"k8s.io/component-base/metrics/legacyregistry"
+)
+
+// Metrics are registered in component-base's legacy registry, which
+// kube-scheduler serves on its /metrics endpoint.
+var (
+	placementsTotal = metrics.NewCounter(&metrics.CounterOpts{
+		Namespace:      "tessera",
+		Subsystem:      "scheduler",
+		Name:           "placements_total",
+		Help:           "GPU pods placed (reserved) by the Tessera plugin.",
+		StabilityLevel: metrics.ALPHA,
+	})
+	failuresTotal = metrics.NewCounterVec(&metrics.CounterOpts{
+		Namespace:      "tessera",
+		Subsystem:      "scheduler",
+		Name:           "failures_total",
+		Help:           "Scheduling attempts of GPU pods that found no node, by reason (counted once per reason and attempt).",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"reason"})
+	gpuMemory = metrics.NewGaugeVec(&metrics.GaugeOpts{
+		Namespace:      "tessera",
+		Subsystem:      "scheduler",
+		Name:           "gpu_allocated_memory_mib",
+		Help:           "GPU memory allocated to pods, per GPU, in MiB.",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"node", "gpu"})
+	gpuCores = metrics.NewGaugeVec(&metrics.GaugeOpts{
+		Namespace:      "tessera",
+		Subsystem:      "scheduler",
+		Name:           "gpu_allocated_cores_percent",
+		Help:           "GPU compute allocated to pods, per GPU, in percent of its SMs.",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"node", "gpu"})
+	gpuShares = metrics.NewGaugeVec(&metrics.GaugeOpts{
+		Namespace:      "tessera",
+		Subsystem:      "scheduler",
+		Name:           "gpu_allocated_shares",
+		Help:           "Containers holding a share of the GPU.",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"node", "gpu"})
+	pluginDuration = metrics.NewHistogramVec(&metrics.HistogramOpts{
+		Namespace:      "tessera",
+		Subsystem:      "scheduler",
+		Name:           "plugin_duration_seconds",
+		Help:           "Latency of the Tessera plugin per extension point.",
+		Buckets:        metrics.ExponentialBuckets(0.00001, 4, 10),
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"extension_point"})
+)
+
+var registerOnce sync.Once
+
+// registerMetrics registers the metrics once per process (a test may build
+// several plugins).
+func registerMetrics() {
+	registerOnce.Do(func() {
+		legacyregistry.MustRegister(placementsTotal, failuresTotal, gpuMemory, gpuCores, gpuShares, pluginDuration)
+	})
+}

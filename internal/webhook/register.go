@@ -1,0 +1,150 @@
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+// Registration says how the API server reaches the webhook.
+type Registration struct {
+	// Name of both webhook configurations.
+	Name string
+	// Service is the webhook's Service (namespace/name, port); ignored if
+	// URL is set.
+	ServiceNamespace, ServiceName string
+	ServicePort                   int32
+	// URL is the webhook's base URL (tests, out-of-cluster runs).
+	URL string
+	// CABundle is the PEM CA that signed the serving certificate.
+	CABundle []byte
+	Names    api.ResourceNames
+	// ExcludeNamespaces are never sent to the webhook (kube-system at least).
+	ExcludeNamespaces []string
+}
+
+// MatchCondition is the CEL expression that sends a pod to the webhook
+// only when one of its containers names a GPU resource in its limits or
+// requests: pods that ask for no GPU are never affected by the webhook,
+// even when it is down.
+func MatchCondition(names api.ResourceNames) string {
+	quoted := make([]string, 0, 4)
+	for _, n := range names.All() {
+		quoted = append(quoted, "'"+n+"'")
+	}
+	set := "[" + strings.Join(quoted, ", ") + "]"
+	uses := fmt.Sprintf("(has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, r in %s)) || (has(c.resources.requests) && c.resources.requests.exists(r, r in %s))))", set, set)
+	return fmt.Sprintf("object.spec.containers.exists(c, %s) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, %s))", uses, uses)
+}
+
+func (r *Registration) clientConfig(path string) admissionregistrationv1.WebhookClientConfig {
+	if r.URL != "" {
+		u := strings.TrimSuffix(r.URL, "/") + path
+		return admissionregistrationv1.WebhookClientConfig{URL: &u, CABundle: r.CABundle}
+	}
+	port := r.ServicePort
+	return admissionregistrationv1.WebhookClientConfig{
+		Service:  &admissionregistrationv1.ServiceReference{Namespace: r.ServiceNamespace, Name: r.ServiceName, Path: &path, Port: &port},
+		CABundle: r.CABundle,
+	}
+}
+
+func (r *Registration) common() (rules []admissionregistrationv1.RuleWithOperations, ns *metav1.LabelSelector, conds []admissionregistrationv1.MatchCondition) {
+	scope := admissionregistrationv1.NamespacedScope
+	rules = []admissionregistrationv1.RuleWithOperations{{
+		Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+		Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}, Scope: &scope},
+	}}
+	excluded := append([]string{"kube-system"}, r.ExcludeNamespaces...)
+	ns = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+		Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn, Values: excluded,
+	}}}
+	conds = []admissionregistrationv1.MatchCondition{{Name: "requests-gpu", Expression: MatchCondition(r.Names)}}
+	return rules, ns, conds
+}
+
+// Configurations returns the mutating and validating configurations.
+// failurePolicy is Fail: a GPU pod is not admitted while the webhook is
+// down (it would otherwise escape validation); the namespace selector and
+// the match condition keep every other pod out of the webhook's reach.
+func (r *Registration) Configurations() (*admissionregistrationv1.MutatingWebhookConfiguration, *admissionregistrationv1.ValidatingWebhookConfiguration) {
+	rules, ns, conds := r.common()
+	fail := admissionregistrationv1.Fail
+	none := admissionregistrationv1.SideEffectClassNone
+	timeout := int32(5)
+	reinvoke := admissionregistrationv1.IfNeededReinvocationPolicy
+	equivalent := admissionregistrationv1.Equivalent
+	m := &admissionregistrationv1.MutatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: r.Name},
+		Webhooks: []admissionregistrationv1.MutatingWebhook{{
+			Name:                    "mutate.pods.tessera.io",
+			ClientConfig:            r.clientConfig(MutatePath),
+			Rules:                   rules,
+			FailurePolicy:           &fail,
+			MatchPolicy:             &equivalent,
+			NamespaceSelector:       ns,
+			MatchConditions:         conds,
+			SideEffects:             &none,
+			TimeoutSeconds:          &timeout,
+			AdmissionReviewVersions: []string{"v1"},
+			ReinvocationPolicy:      &reinvoke,
+		}},
+	}
+	v := &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: r.Name},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name:                    "validate.pods.tessera.io",
+			ClientConfig:            r.clientConfig(ValidatePath),
+			Rules:                   rules,
+			FailurePolicy:           &fail,
+			MatchPolicy:             &equivalent,
+			NamespaceSelector:       ns,
+			MatchConditions:         conds,
+			SideEffects:             &none,
+			TimeoutSeconds:          &timeout,
+			AdmissionReviewVersions: []string{"v1"},
+		}},
+	}
+	return m, v
+}
+
+// Apply creates or updates both configurations.
+func (r *Registration) Apply(ctx context.Context, client kubernetes.Interface) error {
+	m, v := r.Configurations()
+	mc := client.AdmissionregistrationV1().MutatingWebhookConfigurations()
+	if old, err := mc.Get(ctx, m.Name, metav1.GetOptions{}); err == nil {
+		m.ResourceVersion = old.ResourceVersion
+		_, err = mc.Update(ctx, m, metav1.UpdateOptions{})
+		if err != nil {
+			return fmt.Errorf("updating MutatingWebhookConfiguration %s: %w", m.Name, err)
+		}
+	} else if apierrors.IsNotFound(err) {
+		if _, err := mc.Create(ctx, m, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("creating MutatingWebhookConfiguration %s: %w", m.Name, err)
+		}
+	} else {
+		return fmt.Errorf("reading MutatingWebhookConfiguration %s: %w", m.Name, err)
+	}
+	vc := client.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	if old, err := vc.Get(ctx, v.Name, metav1.GetOptions{}); err == nil {
+		v.ResourceVersion = old.ResourceVersion
+		_, err = vc.Update(ctx, v, metav1.UpdateOptions{})
+		if err != nil {
+			return fmt.Errorf("updating ValidatingWebhookConfiguration %s: %w", v.Name, err)
+		}
+	} else if apierrors.IsNotFound(err) {
+		if _, err := vc.Create(ctx, v, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("creating ValidatingWebhookConfiguration %s: %w", v.Name, err)
+		}
+	} else {
+		return fmt.Errorf("reading ValidatingWebhookConfiguration %s: %w", v.Name, err)
+	}
+	return nil
+}

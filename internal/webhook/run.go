@@ -1,0 +1,185 @@
+package webhook
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+// Inventories tracks the largest GPU of each node from the nodes'
+// inventory annotations.
+type Inventories struct {
+	mu      sync.RWMutex
+	largest map[string]int64
+}
+
+// NewInventories returns an empty tracker.
+func NewInventories() *Inventories { return &Inventories{largest: map[string]int64{}} }
+
+// Set records a node's inventory annotation (nil or invalid: no GPUs).
+func (iv *Inventories) Set(node *corev1.Node) {
+	var m int64
+	if raw, ok := node.Annotations[api.AnnotationInventory]; ok {
+		if inv, err := api.DecodeInventory([]byte(raw)); err == nil {
+			for _, g := range inv.GPUs {
+				m = max(m, g.MemoryMiB)
+			}
+		}
+	}
+	iv.mu.Lock()
+	defer iv.mu.Unlock()
+	if m == 0 {
+		delete(iv.largest, node.Name)
+		return
+	}
+	iv.largest[node.Name] = m
+}
+
+// Delete forgets a node.
+func (iv *Inventories) Delete(name string) {
+	iv.mu.Lock()
+	defer iv.mu.Unlock()
+	delete(iv.largest, name)
+}
+
+// Largest is the memory of the largest GPU on any node, 0 if none.
+func (iv *Inventories) Largest() int64 {
+	iv.mu.RLock()
+	defer iv.mu.RUnlock()
+	var m int64
+	for _, v := range iv.largest {
+		m = max(m, v)
+	}
+	return m
+}
+
+// Watch keeps iv up to date from a Node informer.
+func (iv *Inventories) Watch(inf cache.SharedIndexInformer) (cache.ResourceEventHandlerRegistration, error) {
+	return inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { iv.setObj(obj) },
+		UpdateFunc: func(_, obj any) { iv.setObj(obj) },
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if n, ok := obj.(*corev1.Node); ok {
+				iv.Delete(n.Name)
+			}
+		},
+	})
+}
+
+func (iv *Inventories) setObj(obj any) {
+	if n, ok := obj.(*corev1.Node); ok {
+		iv.Set(n)
+	}
+}
+
+// Options configure Run.
+type Options struct {
+	Client kubernetes.Interface
+	Names  api.ResourceNames
+	// SchedulerName is set on GPU pods that name the default scheduler.
+	SchedulerName string
+	// Listen is the TLS listen address, e.g. ":8443" or "127.0.0.1:0".
+	Listen string
+	// Hosts are the names in the serving certificate (ServiceHosts, or an
+	// IP address for tests).
+	Hosts []string
+	// CASecretNamespace/CASecretName keep the CA shared by replicas; when
+	// empty, each start issues a fresh CA (single replica, tests).
+	CASecretNamespace, CASecretName string
+	// Registration is written with the CA when Register is true. With
+	// neither URL nor ServiceName set it points at the listen address.
+	Registration Registration
+	Register     bool
+	// Ready, if set, receives the listen address once the webhook serves
+	// and its configurations are written.
+	Ready func(addr string)
+}
+
+// Run serves the webhook until ctx ends: it issues its certificate, starts
+// watching node inventories, listens, and writes its CA into its webhook
+// configurations.
+func Run(ctx context.Context, o Options) error {
+	logger := klog.FromContext(ctx).WithName("webhook")
+	if len(o.Hosts) == 0 {
+		return errors.New("no host names for the serving certificate")
+	}
+	var ca *CA
+	var err error
+	if o.CASecretName != "" {
+		ca, err = LoadOrCreateCA(ctx, o.Client, o.CASecretNamespace, o.CASecretName)
+	} else {
+		ca, err = NewCA("tessera-webhook-ca")
+	}
+	if err != nil {
+		return fmt.Errorf("webhook CA: %w", err)
+	}
+	cert, err := ca.ServingCert(o.Hosts)
+	if err != nil {
+		return fmt.Errorf("serving certificate: %w", err)
+	}
+
+	inv := NewInventories()
+	factory := informers.NewSharedInformerFactory(o.Client, 0)
+	if _, err := inv.Watch(factory.Core().V1().Nodes().Informer()); err != nil {
+		return err
+	}
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	factory.WaitForCacheSync(ctx.Done())
+
+	pol := &Policy{Names: o.Names, SchedulerName: o.SchedulerName, LargestGPUMiB: inv.Largest}
+	ln, err := net.Listen("tcp", o.Listen)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", o.Listen, err)
+	}
+	srv := &http.Server{
+		Handler:           pol.Handler(logger),
+		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	errCh := make(chan error, 1)
+	go func() { errCh <- srv.ServeTLS(ln, "", "") }()
+
+	if o.Register {
+		reg := o.Registration
+		reg.CABundle = ca.CertPEM
+		reg.Names = o.Names
+		if reg.URL == "" && reg.ServiceName == "" {
+			// No Service: the API server calls the listener directly.
+			reg.URL = "https://" + ln.Addr().String()
+		}
+		if err := reg.Apply(ctx, o.Client); err != nil {
+			_ = srv.Close()
+			return err
+		}
+	}
+	logger.Info("Webhook serving", "address", ln.Addr().String(), "hosts", o.Hosts)
+	if o.Ready != nil {
+		o.Ready(ln.Addr().String())
+	}
+	select {
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		return nil
+	case err := <-errCh:
+		return fmt.Errorf("serving: %w", err)
+	}
+}

@@ -1,0 +1,232 @@
+// Package webhook is Tessera's mutating and validating admission webhook
+// for Pods that request GPU resources. The mutation routes them to
+// tessera-scheduler and writes the request defaults into the spec (so what
+// the kubelet and the scheduler see agree); the validation rejects requests
+// the scheduler could not honour, naming the field, the value and the limit.
+package webhook
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/tessera-gpu/tessera/internal/podrequest"
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+// Policy is what the webhook enforces.
+type Policy struct {
+	Names api.ResourceNames
+	// SchedulerName is where GPU pods are sent.
+	SchedulerName string
+	// LargestGPUMiB returns the memory of the largest GPU in the cluster's
+	// inventories, or 0 when none is known (the check is then skipped).
+	LargestGPUMiB func() int64
+}
+
+// containerRef is one container of the pod with its field path.
+type containerRef struct {
+	c    *corev1.Container
+	path *field.Path
+}
+
+func containers(pod *corev1.Pod) []containerRef {
+	var out []containerRef
+	spec := field.NewPath("spec")
+	for i := range pod.Spec.InitContainers {
+		out = append(out, containerRef{&pod.Spec.InitContainers[i], spec.Child("initContainers").Index(i)})
+	}
+	for i := range pod.Spec.Containers {
+		out = append(out, containerRef{&pod.Spec.Containers[i], spec.Child("containers").Index(i)})
+	}
+	return out
+}
+
+// Validate checks a GPU pod. Fractional GPU counts below 1 pass (the
+// mutation converts them); everything else must be what the scheduler
+// can place. A pod without GPU resources is always valid.
+func (p *Policy) Validate(pod *corev1.Pod) field.ErrorList {
+	if !podrequest.RequestsGPU(pod, p.Names) {
+		return nil
+	}
+	var errs field.ErrorList
+	if pod.Spec.NodeName != "" {
+		errs = append(errs, field.Forbidden(field.NewPath("spec", "nodeName"),
+			fmt.Sprintf("preset to %q on a pod that requests GPU resources; such pods must be placed by %s, which records their GPU shares (the node refuses GPUs without a record)",
+				pod.Spec.NodeName, p.SchedulerName)))
+	}
+	if _, err := api.ParsePodSelectors(pod.Annotations); err != nil {
+		errs = append(errs, field.Invalid(field.NewPath("metadata", "annotations"), "", err.Error()))
+	}
+	largest := int64(0)
+	if p.LargestGPUMiB != nil {
+		largest = p.LargestGPUMiB()
+	}
+	for _, ref := range containers(pod) {
+		errs = append(errs, p.validateContainer(ref, largest)...)
+	}
+	if len(errs) > 0 {
+		return errs
+	}
+	// Anything else the placement core would refuse (GPU counts, limits
+	// on containers), in its words.
+	if _, err := podrequest.FromPod(pod, p.Names); err != nil {
+		errs = append(errs, field.Invalid(field.NewPath("spec"), "", err.Error()))
+	}
+	return errs
+}
+
+func (p *Policy) validateContainer(ref containerRef, largest int64) field.ErrorList {
+	c, path := ref.c, ref.path
+	var errs field.ErrorList
+	res := path.Child("resources")
+	gpuNames := p.Names.All()
+	asks := false
+	for _, n := range gpuNames {
+		name := corev1.ResourceName(n)
+		lim, hasLim := c.Resources.Limits[name]
+		req, hasReq := c.Resources.Requests[name]
+		if !hasLim && !hasReq {
+			continue
+		}
+		asks = true
+		switch {
+		case !hasLim:
+			errs = append(errs, field.Required(res.Child("limits").Key(n),
+				fmt.Sprintf("GPU resources need a limit equal to the request (request is %s)", qstr(req))))
+		case hasReq && req.Cmp(lim) != 0:
+			errs = append(errs, field.Invalid(res.Child("requests").Key(n), qstr(req),
+				fmt.Sprintf("must equal the limit %s: GPU resources cannot be overcommitted", qstr(lim))))
+		}
+	}
+	if !asks {
+		return nil
+	}
+	if sc := c.SecurityContext; sc != nil && sc.Privileged != nil && *sc.Privileged {
+		errs = append(errs, field.Forbidden(path.Child("securityContext", "privileged"),
+			"a privileged container sees every GPU of the node, so its GPU share cannot be enforced; drop privileged or the GPU resources"))
+	}
+	r, err := podrequest.ReadResources(c, p.Names)
+	if err != nil {
+		return append(errs, field.Invalid(res.Child("limits"), "", err.Error()))
+	}
+	lim := res.Child("limits")
+	if r.HasCores && (r.Cores < 0 || r.Cores > 100) {
+		errs = append(errs, field.Invalid(lim.Key(p.Names.Cores), r.Cores, "must be between 0 and 100 (percent of the GPU's compute)"))
+	}
+	if r.HasPercent && (r.MemoryPercent < 0 || r.MemoryPercent > 100) {
+		errs = append(errs, field.Invalid(lim.Key(p.Names.MemoryPercentage), r.MemoryPercent, "must be between 0 and 100 (percent of the GPU's memory)"))
+	}
+	if r.HasMemory && r.HasPercent {
+		errs = append(errs, field.Invalid(lim.Key(p.Names.MemoryPercentage), r.MemoryPercent,
+			fmt.Sprintf("must not be set together with %s=%d; give the memory one way", p.Names.Memory, r.MemoryMiB)))
+	}
+	if r.HasMemory && largest > 0 && r.MemoryMiB > largest {
+		errs = append(errs, field.Invalid(lim.Key(p.Names.Memory), r.MemoryMiB,
+			fmt.Sprintf("exceeds the largest GPU in the cluster (%d MiB)", largest)))
+	}
+	if _, err := podrequest.Defaulted(c.Name, r, p.Names); err != nil {
+		errs = append(errs, field.Invalid(lim.Key(p.Names.GPU), quantityString(c, p.Names.GPU), err.Error()))
+	}
+	return errs
+}
+
+func quantityString(c *corev1.Container, name string) string {
+	if q, ok := c.Resources.Limits[corev1.ResourceName(name)]; ok {
+		return qstr(q)
+	}
+	return ""
+}
+
+// qstr prints whole quantities as plain integers ("1000", not "1k").
+func qstr(q resource.Quantity) string {
+	if q.MilliValue()%1000 == 0 {
+		return strconv.FormatInt(q.Value(), 10)
+	}
+	return q.String()
+}
+
+// Message renders errors the way the API server shows them to the user.
+func Message(errs field.ErrorList) string {
+	msgs := make([]string, len(errs))
+	for i, e := range errs {
+		msgs[i] = e.Error()
+	}
+	return strings.Join(msgs, "; ")
+}
+
+// Mutate returns the pod as it should be admitted: sent to the Tessera
+// scheduler when it names the default scheduler or none, and with every
+// GPU container's resources defaulted and written as equal integer
+// requests and limits. It reports whether anything changed. The pod must
+// be valid (Validate).
+func (p *Policy) Mutate(pod *corev1.Pod) (*corev1.Pod, bool, error) {
+	if !podrequest.RequestsGPU(pod, p.Names) {
+		return pod, false, nil
+	}
+	out := pod.DeepCopy()
+	changed := false
+	if out.Spec.SchedulerName == "" || out.Spec.SchedulerName == corev1.DefaultSchedulerName {
+		out.Spec.SchedulerName = p.SchedulerName
+		changed = true
+	}
+	for _, ref := range containers(out) {
+		r, err := podrequest.ReadResources(ref.c, p.Names)
+		if err != nil {
+			return nil, false, err
+		}
+		if !r.Any() {
+			continue
+		}
+		d, err := podrequest.Defaulted(ref.c.Name, r, p.Names)
+		if err != nil {
+			return nil, false, err
+		}
+		if p.writeResources(ref.c, d) {
+			changed = true
+		}
+	}
+	return out, changed, nil
+}
+
+// writeResources sets the GPU entries of c's requests and limits to d.
+func (p *Policy) writeResources(c *corev1.Container, d podrequest.Resources) bool {
+	want := map[string]int64{p.Names.GPU: d.GPUMilli / 1000}
+	if d.MemoryMiB > 0 {
+		want[p.Names.Memory] = d.MemoryMiB
+	}
+	if d.MemoryPercent > 0 {
+		want[p.Names.MemoryPercentage] = d.MemoryPercent
+	}
+	if d.HasCores {
+		want[p.Names.Cores] = d.Cores
+	}
+	changed := false
+	for _, list := range []*corev1.ResourceList{&c.Resources.Limits, &c.Resources.Requests} {
+		if *list == nil {
+			*list = corev1.ResourceList{}
+		}
+		for _, n := range p.Names.All() {
+			name := corev1.ResourceName(n)
+			v, ok := want[n]
+			old, had := (*list)[name]
+			if !ok {
+				if had {
+					delete(*list, name)
+					changed = true
+				}
+				continue
+			}
+			q := *resource.NewQuantity(v, resource.DecimalSI)
+			if !had || old.Cmp(q) != 0 || old.String() != q.String() {
+				(*list)[name] = q
+				changed = true
+			}
+		}
+	}
+	return changed
+}

@@ -1,0 +1,265 @@
+//go:build integration
+
+// Package integration runs Tessera's scheduler and webhook against a real
+// kube-apiserver and etcd (internal/testenv). Run with
+//
+//	go test -tags integration -count=1 ./test/integration/
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/yaml"
+
+	"github.com/tessera-gpu/tessera/internal/placement"
+	"github.com/tessera-gpu/tessera/internal/scheduler"
+	"github.com/tessera-gpu/tessera/internal/testenv"
+	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
+	"github.com/tessera-gpu/tessera/internal/webhook"
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+var names = api.DefaultResourceNames
+
+const gpuNS = "gpu"
+
+// env is a control plane with Tessera's webhook registered over TLS and
+// handles to start and stop the scheduler.
+type env struct {
+	t  *testing.T
+	cp *testenv.ControlPlane
+
+	stopWebhook func()
+	schedConfig string
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	start := time.Now()
+	e := &env{t: t, cp: testenv.StartControlPlane(t)}
+	t.Logf("control plane up in %v", time.Since(start).Round(time.Millisecond))
+	ctx := context.Background()
+	if _, err := e.cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: gpuNS}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.startWebhook()
+	e.schedConfig = e.writeSchedulerConfig()
+	return e
+}
+
+// startWebhook runs the webhook on a loopback port and waits until the API
+// server sends GPU pods to it.
+func (e *env) startWebhook() {
+	t := e.t
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- webhook.Run(ctx, webhook.Options{
+			Client:        e.cp.Client,
+			Names:         names,
+			SchedulerName: scheduler.SchedulerName,
+			Listen:        "127.0.0.1:0",
+			Hosts:         []string{"127.0.0.1"},
+			Register:      true,
+			Registration:  webhook.Registration{Name: "tessera-webhook"},
+		})
+	}()
+	e.stopWebhook = func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("webhook: %v", err)
+		}
+	}
+	t.Cleanup(func() {
+		if ctx.Err() == nil {
+			e.stopWebhook()
+		}
+	})
+	// The API server picks up new webhook configurations asynchronously.
+	probe := fixtures.Pod(gpuNS, "probe", "", fixtures.Container("c", map[string]string{names.GPU: "0.5"}))
+	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		p, err := e.cp.Client.CoreV1().Pods(gpuNS).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err == nil && p.Spec.SchedulerName == scheduler.SchedulerName, nil
+	})
+	if err != nil {
+		t.Fatalf("webhook never took effect: %v", err)
+	}
+}
+
+// writeSchedulerConfig is deploy/scheduler/config.yaml, the shipped
+// configuration, pointed at the test's API server without leader election.
+func (e *env) writeSchedulerConfig() string {
+	t := e.t
+	data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "deploy", "scheduler", "config.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := yaml.Unmarshal(data, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg["leaderElection"] = map[string]any{"leaderElect": false}
+	// A modest client rate keeps a 500-pod run a few seconds long, so a
+	// scheduler killed "in the middle" really is.
+	cfg["clientConnection"] = map[string]any{"kubeconfig": e.cp.Kubeconfig, "qps": 200, "burst": 200}
+	out, err := yaml.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "scheduler.yaml")
+	if err := os.WriteFile(path, out, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// startScheduler runs a scheduler in the process; the returned function
+// kills it (cancels it and waits until it has stopped).
+func (e *env) startScheduler() (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- scheduler.RunInProcess(ctx, e.schedConfig) }()
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				e.t.Errorf("scheduler: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			e.t.Errorf("scheduler did not stop within 30s")
+		}
+	}
+	e.t.Cleanup(stop)
+	return stop
+}
+
+func (e *env) addNodes(prefix string, count, gpus int, model string, memMiB int64) []string {
+	var out []string
+	for i := range count {
+		name := fmt.Sprintf("%s-%02d", prefix, i)
+		n := fixtures.Node(name, fixtures.Inventory(name, gpus, model, memMiB, 10), names)
+		if _, err := e.cp.Client.CoreV1().Nodes().Create(context.Background(), n, metav1.CreateOptions{}); err != nil {
+			e.t.Fatal(err)
+		}
+		out = append(out, name)
+	}
+	return out
+}
+
+func (e *env) create(p *corev1.Pod) (*corev1.Pod, error) {
+	if p.Namespace == "" {
+		p.Namespace = gpuNS
+	}
+	return e.cp.Client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{})
+}
+
+// waitBound waits until the pod is bound and returns it with its record.
+func (e *env) waitBound(name string) (*corev1.Pod, *api.PodAllocation) {
+	e.t.Helper()
+	var pod *corev1.Pod
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		p, err := e.cp.Client.CoreV1().Pods(gpuNS).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		pod = p
+		return p.Spec.NodeName != "", nil
+	})
+	if err != nil {
+		e.t.Fatalf("pod %s not bound: %v (conditions %+v)", name, err, pod.Status.Conditions)
+	}
+	rec, err := api.DecodeAllocation([]byte(pod.Annotations[api.AnnotationAllocation]))
+	if err != nil {
+		e.t.Fatalf("pod %s bound without a valid record: %v", name, err)
+	}
+	if rec.Node != pod.Spec.NodeName {
+		e.t.Fatalf("pod %s bound to %s, record says %s", name, pod.Spec.NodeName, rec.Node)
+	}
+	return pod, rec
+}
+
+// published reads what the API server holds: node inventories and the
+// records of bound pods.
+func (e *env) published() (map[string]*api.NodeInventory, map[string]*api.PodAllocation, []corev1.Pod) {
+	e.t.Helper()
+	ctx := context.Background()
+	nodes, err := e.cp.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	invs := map[string]*api.NodeInventory{}
+	for _, n := range nodes.Items {
+		inv, err := api.DecodeInventory([]byte(n.Annotations[api.AnnotationInventory]))
+		if err != nil {
+			e.t.Fatalf("node %s: %v", n.Name, err)
+		}
+		invs[n.Name] = inv
+	}
+	pods, err := e.cp.Client.CoreV1().Pods(gpuNS).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	recs := map[string]*api.PodAllocation{}
+	for _, p := range pods.Items {
+		if p.Spec.NodeName == "" {
+			continue
+		}
+		raw, ok := p.Annotations[api.AnnotationAllocation]
+		if !ok {
+			e.t.Errorf("pod %s bound to %s without an allocation record", p.Name, p.Spec.NodeName)
+			continue
+		}
+		rec, err := api.DecodeAllocation([]byte(raw))
+		if err != nil {
+			e.t.Errorf("pod %s: %v", p.Name, err)
+			continue
+		}
+		recs[p.Namespace+"/"+p.Name] = rec
+	}
+	return invs, recs, pods.Items
+}
+
+// checkInvariant runs the placement core's invariant checker over what the
+// API server holds.
+func (e *env) checkInvariant() int {
+	e.t.Helper()
+	invs, recs, _ := e.published()
+	if err := placement.CheckRecords(invs, recs); err != nil {
+		e.t.Fatalf("invariant broken over %d records: %v", len(recs), err)
+	}
+	return len(recs)
+}
+
+func expectDenied(t *testing.T, err error, wants ...string) {
+	t.Helper()
+	if err == nil {
+		t.Errorf("accepted, want rejection mentioning %q", wants)
+		return
+	}
+	if !apierrors.IsInvalid(err) && !apierrors.IsBadRequest(err) && !strings.Contains(err.Error(), "denied the request") {
+		t.Logf("error type: %T %v", err, err)
+	}
+	for _, w := range wants {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("API server answer %q does not mention %q", err.Error(), w)
+		}
+	}
+}
+
+func sleep() { time.Sleep(100 * time.Millisecond) }
