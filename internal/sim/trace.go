@@ -149,6 +149,23 @@ const (
 	maxMemMiB   = 1 << 40
 )
 
+// uniqueName reads column col, which must be non-empty and unique in the
+// file; seen maps names to the line that defined them.
+func (t *table) uniqueName(col, kind string, seen map[string]int) (string, error) {
+	v, err := t.str(col)
+	if err != nil {
+		return "", err
+	}
+	if v == "" {
+		return "", t.errf("%s is empty", col)
+	}
+	if prev, dup := seen[v]; dup {
+		return "", t.errf("%s %s already defined on line %d", kind, v, prev)
+	}
+	seen[v] = t.line
+	return v, nil
+}
+
 // ParseNodes parses a node list; name is used in error messages.
 func ParseNodes(r io.Reader, name string) ([]NodeRow, error) {
 	t, err := newTable(r, name, []string{"sn", "cpu_milli", "memory_mib", "gpu", "model"})
@@ -166,16 +183,9 @@ func ParseNodes(r io.Reader, name string) ([]NodeRow, error) {
 			break
 		}
 		var n NodeRow
-		if n.Name, err = t.str("sn"); err != nil {
+		if n.Name, err = t.uniqueName("sn", "node", seen); err != nil {
 			return nil, err
 		}
-		if n.Name == "" {
-			return nil, t.errf("sn is empty")
-		}
-		if prev, dup := seen[n.Name]; dup {
-			return nil, t.errf("node %s already defined on line %d", n.Name, prev)
-		}
-		seen[n.Name] = t.line
 		if n.CPUMilli, err = t.int("cpu_milli", maxCPUMilli); err != nil {
 			return nil, err
 		}
@@ -218,16 +228,9 @@ func ParsePods(r io.Reader, name string) ([]PodRow, error) {
 			break
 		}
 		var p PodRow
-		if p.Name, err = t.str("name"); err != nil {
+		if p.Name, err = t.uniqueName("name", "pod", seen); err != nil {
 			return nil, err
 		}
-		if p.Name == "" {
-			return nil, t.errf("name is empty")
-		}
-		if prev, dup := seen[p.Name]; dup {
-			return nil, t.errf("pod %s already defined on line %d", p.Name, prev)
-		}
-		seen[p.Name] = t.line
 		if p.CPUMilli, err = t.int("cpu_milli", maxCPUMilli); err != nil {
 			return nil, err
 		}
