@@ -48,6 +48,14 @@ func bestGPU(n *placement.Node, i int, demand placement.Usage) float64 {
 	return -float64(FreeMilli(&n.GPUs[i]))
 }
 
+// bestFitGPUs gives a policy bestGPU as its GPU choice, as the published
+// baselines other than Random and FGD used.
+type bestFitGPUs struct{}
+
+func (bestFitGPUs) RankGPU(_ *placement.Compiled, n *placement.Node, i int, _, demand placement.Usage) float64 {
+	return bestGPU(n, i, demand)
+}
+
 // Random places each pod on a uniformly random node that fits it and a
 // share on a uniformly random GPU that fits it.
 type Random struct{ base }
@@ -68,7 +76,10 @@ func (r *Random) RankGPU(_ *placement.Compiled, n *placement.Node, i int, _, dem
 // BestFit prefers the node with the least CPU and GPU left after placement,
 // each normalised by the largest node spec and weighted equally; the score
 // is an integer 0..100 as in the original.
-type BestFit struct{ base }
+type BestFit struct {
+	base
+	bestFitGPUs
+}
 
 func (*BestFit) Name() string { return NameBestFit }
 
@@ -83,15 +94,14 @@ func BestFitScore(n *placement.Node, s Shape) int64 {
 	return int64((1 - left) * 100)
 }
 
-func (*BestFit) RankGPU(_ *placement.Compiled, n *placement.Node, i int, _, demand placement.Usage) float64 {
-	return bestGPU(n, i, demand)
-}
-
 // DotProduct is Tetris's alignment score with the GPU dimensions merged and
 // normalised by the largest node spec: it prefers the node whose free
 // (CPU, GPU) vector has the smallest dot product with the pod's request.
 // GPUs within the node are chosen best-fit, as in the published runs.
-type DotProduct struct{ base }
+type DotProduct struct {
+	base
+	bestFitGPUs
+}
 
 func (*DotProduct) Name() string { return NameDotProduct }
 
@@ -106,14 +116,13 @@ func DotProductScore(n *placement.Node, s Shape) int64 {
 	return int64(100 * (1 - dot/2))
 }
 
-func (*DotProduct) RankGPU(_ *placement.Compiled, n *placement.Node, i int, _, demand placement.Usage) float64 {
-	return bestGPU(n, i, demand)
-}
-
 // GPUPacking prefers, in order: nodes where the pod fits on GPUs already in
 // use (fuller GPUs first), then used nodes where it needs idle GPUs (fewer
 // first), then idle nodes (smaller first). CPU-only pods score 0 everywhere.
-type GPUPacking struct{ base }
+type GPUPacking struct {
+	base
+	bestFitGPUs
+}
 
 func (*GPUPacking) Name() string { return NameGPUPacking }
 
@@ -175,6 +184,12 @@ func sortByFree(idx []int, free []int64) {
 	}
 }
 
-func (*GPUPacking) RankGPU(_ *placement.Compiled, n *placement.Node, i int, _, demand placement.Usage) float64 {
-	return bestGPU(n, i, demand)
-}
+// Every policy chooses GPUs itself, as its original does.
+var (
+	_ placement.GPURanker = (*Random)(nil)
+	_ placement.GPURanker = (*BestFit)(nil)
+	_ placement.GPURanker = (*DotProduct)(nil)
+	_ placement.GPURanker = (*GPUPacking)(nil)
+	_ placement.GPURanker = (*GPUClustering)(nil)
+	_ placement.GPURanker = (*FGD)(nil)
+)

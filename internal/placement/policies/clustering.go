@@ -13,6 +13,7 @@ import (
 // within a tier fuller nodes score higher. CPU-only pods score 0.
 type GPUClustering struct {
 	base
+	bestFitGPUs
 	c     *placement.Cluster
 	mu    sync.Mutex
 	kinds map[*placement.Node]*nodeKinds
@@ -96,8 +97,4 @@ func (g *GPUClustering) kindsOf(n *placement.Node) map[string]int {
 	}
 	g.kinds[n] = k
 	return k.count
-}
-
-func (*GPUClustering) RankGPU(_ *placement.Compiled, n *placement.Node, i int, _, demand placement.Usage) float64 {
-	return bestGPU(n, i, demand)
 }
