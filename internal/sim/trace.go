@@ -166,44 +166,60 @@ func (t *table) uniqueName(col, kind string, seen map[string]int) (string, error
 	return v, nil
 }
 
-// ParseNodes parses a node list; name is used in error messages.
-func ParseNodes(r io.Reader, name string) ([]NodeRow, error) {
-	t, err := newTable(r, name, []string{"sn", "cpu_milli", "memory_mib", "gpu", "model"})
-	if err != nil {
-		return nil, err
-	}
-	var out []NodeRow
-	seen := map[string]int{}
+// rows parses every data row of t with parse, in file order, stopping at
+// the first error.
+func rows[T any](t *table, parse func() (T, error)) ([]T, error) {
+	var out []T
 	for {
 		ok, err := t.next()
 		if err != nil {
 			return nil, err
 		}
 		if !ok {
-			break
+			return out, nil
 		}
-		var n NodeRow
-		if n.Name, err = t.uniqueName("sn", "node", seen); err != nil {
-			return nil, err
-		}
-		if n.CPUMilli, err = t.int("cpu_milli", maxCPUMilli); err != nil {
-			return nil, err
-		}
-		if n.MemMiB, err = t.int("memory_mib", maxMemMiB); err != nil {
-			return nil, err
-		}
-		g, err := t.int("gpu", maxGPUsPerNode)
+		v, err := parse()
 		if err != nil {
 			return nil, err
 		}
+		out = append(out, v)
+	}
+}
+
+// ParseNodes parses a node list; name is used in error messages.
+func ParseNodes(r io.Reader, name string) ([]NodeRow, error) {
+	t, err := newTable(r, name, []string{"sn", "cpu_milli", "memory_mib", "gpu", "model"})
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]int{}
+	out, err := rows(t, func() (NodeRow, error) {
+		var n NodeRow
+		var err error
+		if n.Name, err = t.uniqueName("sn", "node", seen); err != nil {
+			return n, err
+		}
+		if n.CPUMilli, err = t.int("cpu_milli", maxCPUMilli); err != nil {
+			return n, err
+		}
+		if n.MemMiB, err = t.int("memory_mib", maxMemMiB); err != nil {
+			return n, err
+		}
+		g, err := t.int("gpu", maxGPUsPerNode)
+		if err != nil {
+			return n, err
+		}
 		n.GPUs = int(g)
 		if n.Model, err = t.str("model"); err != nil {
-			return nil, err
+			return n, err
 		}
 		if n.GPUs > 0 && n.Model == "" {
-			return nil, t.errf("node %s has %d GPUs but no model", n.Name, n.GPUs)
+			return n, t.errf("node %s has %d GPUs but no model", n.Name, n.GPUs)
 		}
-		out = append(out, n)
+		return n, nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("%s: no nodes", name)
@@ -217,46 +233,42 @@ func ParsePods(r io.Reader, name string) ([]PodRow, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []PodRow
 	seen := map[string]int{}
-	for {
-		ok, err := t.next()
-		if err != nil {
-			return nil, err
-		}
-		if !ok {
-			break
-		}
+	out, err := rows(t, func() (PodRow, error) {
 		var p PodRow
+		var err error
 		if p.Name, err = t.uniqueName("name", "pod", seen); err != nil {
-			return nil, err
+			return p, err
 		}
 		if p.CPUMilli, err = t.int("cpu_milli", maxCPUMilli); err != nil {
-			return nil, err
+			return p, err
 		}
 		if p.MemMiB, err = t.int("memory_mib", maxMemMiB); err != nil {
-			return nil, err
+			return p, err
 		}
 		g, err := t.int("num_gpu", maxGPUsPerNode)
 		if err != nil {
-			return nil, err
+			return p, err
 		}
 		p.NumGPU = int(g)
 		if p.GPUMilli, err = t.int("gpu_milli", 1000); err != nil {
-			return nil, err
+			return p, err
 		}
 		switch {
 		case p.NumGPU == 0 && p.GPUMilli != 0:
-			return nil, t.errf("gpu_milli %d with num_gpu 0; a CPU-only task has gpu_milli 0", p.GPUMilli)
+			return p, t.errf("gpu_milli %d with num_gpu 0; a CPU-only task has gpu_milli 0", p.GPUMilli)
 		case p.NumGPU > 0 && p.GPUMilli == 0:
-			return nil, t.errf("num_gpu %d with gpu_milli 0; want gpu_milli in 1..1000", p.NumGPU)
+			return p, t.errf("num_gpu %d with gpu_milli 0; want gpu_milli in 1..1000", p.NumGPU)
 		case p.NumGPU > 1 && p.GPUMilli != 1000:
-			return nil, t.errf("num_gpu %d with gpu_milli %d; multi-GPU tasks take whole GPUs (1000)", p.NumGPU, p.GPUMilli)
+			return p, t.errf("num_gpu %d with gpu_milli %d; multi-GPU tasks take whole GPUs (1000)", p.NumGPU, p.GPUMilli)
 		}
 		if p.Spec, err = t.str("gpu_spec"); err != nil {
-			return nil, err
+			return p, err
 		}
-		out = append(out, p)
+		return p, nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("%s: no pods", name)
