@@ -11,13 +11,14 @@ LIMITER         := $(wildcard limiter/Makefile)
 
 INTEGRATION     := ./internal/nodeagent/... ./test/integration/...
 
-.PHONY: help build test test-go test-limiter test-integration lint fuzz bench bench-scheduler-ci bench-scheduler demo clean
+.PHONY: help build test test-go test-limiter test-integration lint fuzz bench bench-scheduler-ci bench-scheduler demo lab simulate clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
 
-build: ## build bin/tessera (and the limiter library)
+build: ## build bin/tessera, bin/tessera-lab (and the limiter library)
 	$(GO) build -o bin/tessera ./cmd/tessera
+	$(GO) build -o bin/tessera-lab ./cmd/tessera-lab
 ifneq ($(LIMITER),)
 	$(MAKE) -C limiter
 endif
@@ -32,7 +33,7 @@ ifneq ($(LIMITER),)
 	$(MAKE) -C limiter test sanitize
 endif
 
-test-integration: ## real kube-apiserver + etcd, kube-scheduler, kubelet device manager, hollow kubelet (needs root for unshare -m)
+test-integration: ## real kube-apiserver + etcd, kube-scheduler, kubelet device manager, hollow kubelets, the emulated cluster (root)
 	$(GO) test -tags integration -count=1 -timeout 30m $(INTEGRATION)
 
 lint: ## gofmt, go vet, staticcheck (with and without the integration tag)
@@ -60,7 +61,15 @@ bench-scheduler-ci: ## scheduler_perf, 100 nodes (about 40 s)
 bench-scheduler: ## scheduler_perf, 5,000 nodes x 8 GPUs, 10,000 pods per scheduler (see docs/benchmarks.md)
 	$(GO) test -tags integration -count=1 -run '^$$' -bench BenchmarkPerfScheduling -benchtime=1x -timeout=80m ./test/integration/schedulerperf/ -data-items-dir=$(CURDIR)/bench-results
 
-demo: ## replay the bundled openb trace through every placement policy (no cluster, no GPU)
+demo: ## start the emulated GPU cluster, apply examples/, print the allocation, stop (no cluster, no GPU; root)
+	$(GO) build -o bin/tessera-lab ./cmd/tessera-lab
+	bin/tessera-lab demo
+
+lab: ## start the emulated GPU cluster and keep it running (tessera-lab up; Ctrl-C stops it)
+	$(GO) build -o bin/tessera-lab ./cmd/tessera-lab
+	bin/tessera-lab up $(LAB_FLAGS)
+
+simulate: ## replay the bundled openb trace through every placement policy
 	$(GO) run ./cmd/tessera simulate --plot simulation.svg
 
 clean: ## remove build outputs

@@ -24,31 +24,12 @@ import (
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel/trace/noop"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/sets"
 	clientset "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	internalapi "k8s.io/cri-api/pkg/apis"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
-	apitest "k8s.io/cri-api/pkg/apis/testing"
-	remote "k8s.io/cri-client/pkg"
-	fakeremote "k8s.io/cri-client/pkg/fake"
-	"k8s.io/klog/v2"
-	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
-	cadvisortest "k8s.io/kubernetes/pkg/kubelet/cadvisor/testing"
-	"k8s.io/kubernetes/pkg/kubelet/cm"
-	"k8s.io/kubernetes/pkg/kubelet/cm/containermap"
-	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
-	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
-	"k8s.io/kubernetes/pkg/kubelet/config"
-	kubecontainer "k8s.io/kubernetes/pkg/kubelet/container"
-	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
-	"k8s.io/kubernetes/pkg/kubelet/status"
-	"k8s.io/kubernetes/pkg/kubemark"
-	schedulerframework "k8s.io/kubernetes/pkg/scheduler/framework"
 
+	"github.com/tessera-gpu/tessera/internal/hollowkubelet"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/nvmltest"
 	"github.com/tessera-gpu/tessera/internal/testenv"
 	"github.com/tessera-gpu/tessera/pkg/api"
@@ -106,30 +87,14 @@ func hollowChild(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	endpoint, err := fakeremote.GenerateEndpoint()
-	if err != nil {
-		t.Fatal(err)
-	}
-	fakeRuntime := fakeremote.NewFakeRemoteRuntime()
-	if err := fakeRuntime.Start(endpoint); err != nil {
-		t.Fatal(err)
-	}
-	rs, err := remote.NewRemoteRuntimeService(ctx, endpoint, 15*time.Second, noop.NewTracerProvider(), false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runtime := &recordingRuntime{RuntimeService: rs, fake: fakeRuntime.RuntimeService, created: map[string]*runtimeapi.ContainerConfig{}}
-
+	runtime := &createdContainers{byName: map[string]hollowkubelet.Container{}}
 	port, err := freeTCPPort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, c := kubemark.GetHollowKubeletConfig(&kubemark.HollowKubeletOptions{NodeName: nodeName, KubeletPort: port, MaxPods: 110})
-	f.RootDirectory = kubeletRoot // the tmpfs of this mount namespace
-	c.NodeStatusUpdateFrequency.Duration = time.Second
-	c.SyncFrequency.Duration = time.Second
-	hk := kubemark.NewHollowKubelet(f, c, client, client, &cadvisortest.Fake{NodeName: nodeName}, fakeRuntime.ImageService, runtime, newGPUContainerManager())
-	go hk.Run(ctx)
+	if err := hollowkubelet.Run(ctx, hollowkubelet.Options{NodeName: nodeName, Client: client, RootDir: kubeletRoot, Port: port, OnCreate: runtime.add}); err != nil {
+		t.Fatal(err)
+	}
 
 	n := nvmltest.DGXA100()
 	agent := startAgent(t, n, client, t.TempDir()+"/containers")
@@ -229,10 +194,7 @@ func hollowChild(t *testing.T) {
 				t.Errorf("%s/%s: never created", p.Name, c.Name)
 				continue
 			}
-			env := map[string]string{}
-			for _, e := range cfg.Envs {
-				env[e.Key] = string(e.Value)
-			}
+			env := cfg.Env
 			var uuids []string
 			for k, d := range c.Devices {
 				uuids = append(uuids, d.UUID)
@@ -293,125 +255,32 @@ func freeTCPPort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// recordingRuntime remembers the config of every container created, and
-// makes init containers exit successfully once started, so that the
-// kubelet goes on to the app containers.
-type recordingRuntime struct {
-	internalapi.RuntimeService
-	fake    *apitest.FakeRuntimeService
-	mu      sync.Mutex
-	created map[string]*runtimeapi.ContainerConfig // "pod/container"
-	last    time.Time                              // of the last CreateContainer
+// createdContainers remembers every container the fake runtime created.
+type createdContainers struct {
+	mu     sync.Mutex
+	byName map[string]hollowkubelet.Container // "pod/container"
+	last   time.Time                          // of the last creation
 }
 
-func (r *recordingRuntime) StartContainer(ctx context.Context, id string) error {
-	if err := r.RuntimeService.StartContainer(ctx, id); err != nil {
-		return err
-	}
-	r.fake.Lock()
-	defer r.fake.Unlock()
-	if c, ok := r.fake.Containers[id]; ok && strings.HasPrefix(c.Metadata.GetName(), "init") {
-		c.State = runtimeapi.ContainerState_CONTAINER_EXITED
-		c.FinishedAt = time.Now().UnixNano()
-		c.ExitCode = 0
-		c.Reason = "Completed"
-	}
-	return nil
-}
-
-func (r *recordingRuntime) CreateContainer(ctx context.Context, sandbox string, cfg *runtimeapi.ContainerConfig, sb *runtimeapi.PodSandboxConfig) (string, error) {
+func (r *createdContainers) add(c hollowkubelet.Container) {
 	r.mu.Lock()
-	r.created[sb.GetMetadata().GetName()+"/"+cfg.GetMetadata().GetName()] = cfg
-	r.last = time.Now()
-	r.mu.Unlock()
-	return r.RuntimeService.CreateContainer(ctx, sandbox, cfg, sb)
+	defer r.mu.Unlock()
+	r.byName[c.Pod+"/"+c.Name] = c
+	r.last = c.Created
 }
 
-func (r *recordingRuntime) lastCreate() time.Time {
+func (r *createdContainers) lastCreate() time.Time {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.last
 }
 
-func (r *recordingRuntime) config(pod, container string) *runtimeapi.ContainerConfig {
+func (r *createdContainers) config(pod, container string) *hollowkubelet.Container {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.created[pod+"/"+container]
-}
-
-// gpuContainerManager is the kubelet's stub container manager with the
-// device manager wired in the way the real one does it.
-type gpuContainerManager struct {
-	cm.ContainerManager
-	dm *devicemanager.ManagerImpl
-}
-
-func newGPUContainerManager() *gpuContainerManager {
-	dm, err := devicemanager.NewManagerImpl(nil, topologymanager.NewFakeManager())
-	if err != nil {
-		panic(err)
+	c, ok := r.byName[pod+"/"+container]
+	if !ok {
+		return nil
 	}
-	return &gpuContainerManager{ContainerManager: cm.NewStubContainerManager(), dm: dm}
-}
-
-func (g *gpuContainerManager) Start(ctx context.Context, node *v1.Node, activePods cm.ActivePodsFunc, getNode cm.GetNodeFunc, sources config.SourcesReady, ps status.PodStatusProvider, rs internalapi.RuntimeService, lsci bool) error {
-	if err := g.ContainerManager.Start(ctx, node, activePods, getNode, sources, ps, rs, lsci); err != nil {
-		return err
-	}
-	return g.dm.Start(klog.FromContext(ctx), devicemanager.ActivePodsFunc(activePods), sources, containermap.NewContainerMap(), sets.New[string]())
-}
-
-func (g *gpuContainerManager) GetDevicePluginResourceCapacity() (v1.ResourceList, v1.ResourceList, []string) {
-	return g.dm.GetCapacity()
-}
-
-func (g *gpuContainerManager) GetResources(ctx context.Context, pod *v1.Pod, c *v1.Container) (*kubecontainer.RunContainerOptions, error) {
-	opts := &kubecontainer.RunContainerOptions{}
-	dev, err := g.dm.GetDeviceRunContainerOptions(ctx, pod, c)
-	if err != nil || dev == nil {
-		return opts, err
-	}
-	opts.Envs, opts.Mounts, opts.Devices = dev.Envs, dev.Mounts, dev.Devices
-	return opts, nil
-}
-
-func (g *gpuContainerManager) UpdatePluginResources(n *schedulerframework.NodeInfo, a *lifecycle.PodAdmitAttributes) error {
-	return g.dm.UpdatePluginResources(n, a)
-}
-
-func (g *gpuContainerManager) ShouldResetExtendedResourceCapacity() bool {
-	return g.dm.ShouldResetExtendedResourceCapacity()
-}
-
-func (g *gpuContainerManager) GetAllocateResourcesPodAdmitHandler() lifecycle.PodAdmitHandler {
-	return deviceAdmitHandler{g.dm}
-}
-
-func (g *gpuContainerManager) UpdateAllocatedDevices() { g.dm.UpdateAllocatedDevices() }
-
-func (g *gpuContainerManager) GetDevices(podUID, container string) []*podresourcesapi.ContainerDevices {
-	return toContainerDevices(g.dm.GetDevices(podUID, container))
-}
-
-func (g *gpuContainerManager) GetAllocatableDevices() []*podresourcesapi.ContainerDevices {
-	return toContainerDevices(g.dm.GetAllocatableDevices())
-}
-
-func (g *gpuContainerManager) UpdateAllocatedResourcesStatus(pod *v1.Pod, s *v1.PodStatus) {
-	g.dm.UpdateAllocatedResourcesStatus(pod, s)
-}
-
-// deviceAdmitHandler allocates devices container by container, init
-// containers first, as the topology manager's admit handler does.
-type deviceAdmitHandler struct{ dm *devicemanager.ManagerImpl }
-
-func (h deviceAdmitHandler) Admit(attrs *lifecycle.PodAdmitAttributes) lifecycle.PodAdmitResult {
-	pod := attrs.Pod
-	all := append(append([]v1.Container(nil), pod.Spec.InitContainers...), pod.Spec.Containers...)
-	for i := range all {
-		if err := h.dm.Allocate(pod, &all[i]); err != nil {
-			return lifecycle.PodAdmitResult{Admit: false, Reason: "UnexpectedAdmissionError", Message: fmt.Sprintf("Allocate failed due to %v, which is unexpected", err)}
-		}
-	}
-	return lifecycle.PodAdmitResult{Admit: true}
+	return &c
 }

@@ -44,6 +44,7 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
 
+	"github.com/tessera-gpu/tessera/internal/hollowkubelet"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/nvmltest"
@@ -271,20 +272,10 @@ type devicesAdapter struct{ k *kubelet }
 
 func (d devicesAdapter) UpdateAllocatedDevices() { d.k.manager().UpdateAllocatedDevices() }
 func (d devicesAdapter) GetDevices(podUID, container string) []*podresourcesapi.ContainerDevices {
-	return toContainerDevices(d.k.manager().GetDevices(podUID, container))
+	return hollowkubelet.ContainerDevices(d.k.manager().GetDevices(podUID, container))
 }
 func (d devicesAdapter) GetAllocatableDevices() []*podresourcesapi.ContainerDevices {
-	return toContainerDevices(d.k.manager().GetAllocatableDevices())
-}
-
-func toContainerDevices(devs devicemanager.ResourceDeviceInstances) []*podresourcesapi.ContainerDevices {
-	var out []*podresourcesapi.ContainerDevices
-	for res, ds := range devs {
-		for id := range ds {
-			out = append(out, &podresourcesapi.ContainerDevices{ResourceName: res, DeviceIds: []string{id}})
-		}
-	}
-	return out
+	return hollowkubelet.ContainerDevices(d.k.manager().GetAllocatableDevices())
 }
 
 type noCPUs struct{}

@@ -149,9 +149,15 @@ func startEtcd(dir string) (*embed.Etcd, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, "", err
+	}
 	cfg := embed.NewConfig()
 	cfg.Dir = dir
 	cfg.LogLevel = "error"
+	// Shutting down logs harmless "server closed" errors; keep them with
+	// the data rather than on the caller's output.
+	cfg.LogOutputs = []string{filepath.Join(dir, "etcd.log")}
 	cu := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", clientPort)}
 	pu := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", peerPort)}
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
@@ -230,15 +236,26 @@ func RepoRoot(t testing.TB) string {
 // (scheduler_perf) find it once dir is put first in PATH. It needs the go
 // command; the build cache makes every build after the first quick.
 func BuildEtcd(dir string) (string, error) {
+	return buildTool(dir, "etcd", "./internal/testenv/etcdbin", nil)
+}
+
+// BuildKubectl builds kubectl from the pinned module (./kubectlbin, no
+// cgo, like the released kubectl) into dir and returns its path.
+func BuildKubectl(dir string) (string, error) {
+	return buildTool(dir, "kubectl", "./internal/testenv/kubectlbin", []string{"CGO_ENABLED=0"})
+}
+
+func buildTool(dir, name, pkg string, env []string) (string, error) {
 	root, err := repoRoot()
 	if err != nil {
 		return "", err
 	}
-	out := filepath.Join(dir, "etcd")
-	cmd := exec.Command("go", "build", "-o", out, "./internal/testenv/etcdbin")
+	out := filepath.Join(dir, name)
+	cmd := exec.Command("go", "build", "-o", out, pkg)
 	cmd.Dir = root
+	cmd.Env = append(os.Environ(), env...)
 	if msg, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building etcd: %v\n%s", err, msg)
+		return "", fmt.Errorf("building %s: %v\n%s", name, err, msg)
 	}
 	return out, nil
 }

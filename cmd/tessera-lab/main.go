@@ -1,0 +1,294 @@
+// Command tessera-lab is Tessera's emulated GPU cluster: a real
+// kube-apiserver, controller manager, Tessera scheduler and webhook, and
+// hollow kubelets with real Tessera node agents over mock NVML, all on
+// this machine, with no GPU. It is a separate binary from tessera because
+// it carries the whole control plane.
+//
+//	tessera-lab up [--nodes N] [--gpus-per-node K] [--gpu-model M]
+//	tessera-lab status | down | demo
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/internal/lab"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/nvmltest"
+)
+
+var errUsage = errors.New("usage")
+
+func main() {
+	args := os.Args[1:]
+	if len(args) > 0 && args[0] == lab.ComponentCommand {
+		os.Exit(runComponent(args[1:]))
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, args, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+const usageText = `tessera-lab: an emulated GPU cluster with Tessera, on this machine, with no GPU.
+
+Usage:
+  tessera-lab up      [--nodes N] [--gpus-per-node K] [--gpu-model MODEL] [--node-groups SPEC] [--dir DIR]
+                      start the cluster and keep it running until Ctrl-C
+  tessera-lab status  [--dir DIR]   per node and GPU: model, memory and cores allocated, pods
+  tessera-lab demo    [flags of up] start a cluster, apply examples/, print the allocation, stop
+  tessera-lab down    [--dir DIR]   stop the cluster and remove its state directory
+
+GPU models: %s
+`
+
+func usage(w io.Writer) { fmt.Fprintf(w, usageText, strings.Join(nvmltest.ModelNames(), ", ")) }
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stderr)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	cmds := map[string]func(context.Context, []string, io.Writer, io.Writer) error{
+		"up": runUp, "demo": runDemo, "status": runStatus, "down": runDown,
+	}
+	cmd, ok := cmds[args[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "tessera-lab: unknown command %q\n\n", args[0])
+		usage(stderr)
+		return 2
+	}
+	if err := cmd(ctx, args[1:], stdout, stderr); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintf(stderr, "tessera-lab %s: %v\n", args[0], err)
+		if errors.Is(err, errUsage) {
+			return 2
+		}
+		return 1
+	}
+	return 0
+}
+
+// labFlags are the flags of up and demo.
+type labFlags struct {
+	dir    *string
+	nodes  *int
+	gpus   *int
+	model  *string
+	groups *string
+}
+
+func addLabFlags(fs *flag.FlagSet, defaultDir string, defaultNodes int) labFlags {
+	return labFlags{
+		dir:    fs.String("dir", defaultDir, "state directory (kubeconfig, logs, etcd data)"),
+		nodes:  fs.Int("nodes", defaultNodes, "emulated GPU nodes"),
+		gpus:   fs.Int("gpus-per-node", 8, "GPUs per node"),
+		model:  fs.String("gpu-model", "A100-40GB", "GPU model of every node: "+strings.Join(nvmltest.ModelNames(), ", ")),
+		groups: fs.String("node-groups", "", `heterogeneous nodes instead of --nodes/--gpu-model, e.g. "2xA100-40GB:8,1xH100-80GB:4"`),
+	}
+}
+
+func (f labFlags) config(stdout io.Writer) (lab.Config, error) {
+	var nodes []lab.NodeSpec
+	var err error
+	if *f.groups != "" {
+		nodes, err = lab.ParseNodes(*f.groups)
+	} else {
+		nodes, err = lab.Uniform(*f.nodes, *f.gpus, *f.model)
+	}
+	if err != nil {
+		return lab.Config{}, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return lab.Config{}, err
+	}
+	return lab.Config{Dir: lab.Dir(*f.dir), Nodes: nodes, Exe: exe, Out: stdout}, nil
+}
+
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	return nil
+}
+
+func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("up", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	f := addLabFlags(fs, lab.DefaultDir(), 2)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	cfg, err := f.config(stdout)
+	if err != nil {
+		return err
+	}
+	quietKlog()
+	return lab.Up(ctx, cfg, func(st *lab.State, _ kubernetes.Interface) {
+		fmt.Fprintf(stdout, `
+Tessera lab is up: %d emulated GPU nodes. Press Ctrl-C to stop it.
+
+  export KUBECONFIG=%s
+  kubectl get nodes
+  kubectl apply -f examples/
+  tessera-lab status%s
+
+Logs: %s
+`, len(st.Nodes), st.Kubeconfig, dirFlag(*f.dir), cfg.Dir.Logs())
+	})
+}
+
+// dirFlag repeats --dir in printed commands when it is not the default.
+func dirFlag(dir string) string {
+	if dir == lab.DefaultDir() {
+		return ""
+	}
+	return " --dir " + dir
+}
+
+func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	f := addLabFlags(fs, "", 3)
+	keep := fs.Bool("keep", false, "keep the state directory (logs) afterwards")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *f.dir == "" {
+		tmp, err := os.MkdirTemp("", "tessera-lab-demo-")
+		if err != nil {
+			return err
+		}
+		*f.dir = tmp
+	}
+	cfg, err := f.config(stdout)
+	if err != nil {
+		return err
+	}
+	quietKlog()
+	start := time.Now()
+	err = lab.Demo(ctx, cfg)
+	if err != nil || *keep {
+		fmt.Fprintf(stdout, "state and logs kept in %s (remove with `tessera-lab down --dir %s`)\n", cfg.Dir, cfg.Dir)
+	} else if rmErr := os.RemoveAll(string(cfg.Dir)); rmErr != nil {
+		return rmErr
+	}
+	if err == nil {
+		fmt.Fprintf(stdout, "\ndemo done in %.1fs\n", time.Since(start).Seconds())
+	}
+	return err
+}
+
+func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dir := fs.String("dir", lab.DefaultDir(), "state directory")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	d := lab.Dir(*dir)
+	st, err := d.ReadState()
+	if err != nil {
+		return err
+	}
+	if !st.Alive() {
+		return fmt.Errorf("the lab in %s is not running (start it with `tessera-lab up%s`)", d, dirFlag(*dir))
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", st.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	r, err := lab.Collect(ctx, client)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "lab %s: API server %s, up %s\n", d, st.APIServer, time.Since(st.Started).Round(time.Second))
+	for _, name := range sortedKeys(st.Components) {
+		if c := st.Components[name]; c.Restarts > 0 {
+			fmt.Fprintf(stdout, "  %s restarted %d times\n", name, c.Restarts)
+		}
+	}
+	fmt.Fprintln(stdout)
+	return r.Print(stdout)
+}
+
+func runDown(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("down", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dir := fs.String("dir", lab.DefaultDir(), "state directory")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	d := lab.Dir(*dir)
+	if _, err := os.Stat(*dir); os.IsNotExist(err) {
+		fmt.Fprintf(stdout, "no lab in %s\n", d)
+		return nil
+	}
+	if err := lab.Stop(ctx, d, time.Minute); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(*dir); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "lab stopped; removed %s\n", d)
+	return nil
+}
+
+func runComponent(args []string) int {
+	if len(args) == 0 {
+		fmt.Fprintln(os.Stderr, "tessera-lab component: name missing")
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := lab.RunComponent(ctx, args[0], args[1:]); err != nil {
+		fmt.Fprintf(os.Stderr, "tessera-lab component %s: %v\n", args[0], err)
+		return 1
+	}
+	return 0
+}
+
+func quietKlog() {
+	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	_ = fs.Set("v", "0")
+	_ = fs.Set("logtostderr", "false")
+	_ = fs.Set("stderrthreshold", "FATAL")
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

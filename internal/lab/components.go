@@ -1,0 +1,218 @@
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+	apiserverapp "k8s.io/kubernetes/cmd/kube-apiserver/app"
+	kcmapp "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+
+	"github.com/tessera-gpu/tessera/internal/hollowkubelet"
+	"github.com/tessera-gpu/tessera/internal/nodeagent"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/nvmltest"
+	"github.com/tessera-gpu/tessera/internal/scheduler"
+	"github.com/tessera-gpu/tessera/internal/webhook"
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+// ComponentCommand is the hidden subcommand under which the supervisor
+// starts each component: tessera-lab component <name> [flags].
+const ComponentCommand = "component"
+
+// RunComponent runs one component in this process until it is signalled.
+func RunComponent(ctx context.Context, name string, args []string) error {
+	switch name {
+	case "kube-apiserver":
+		cmd := apiserverapp.NewAPIServerCommand()
+		cmd.SetArgs(args)
+		return cmd.Execute()
+	case "kube-controller-manager":
+		cmd := kcmapp.NewControllerManagerCommand()
+		cmd.SetArgs(args)
+		return cmd.Execute()
+	case "scheduler":
+		cmd := scheduler.NewCommand()
+		cmd.SetArgs(args)
+		return cmd.Execute()
+	case "webhook":
+		return runWebhook(ctx, args)
+	case "kubelet":
+		return runKubelet(ctx, args)
+	case "node-agent":
+		return runNodeAgent(ctx, args)
+	}
+	return fmt.Errorf("unknown component %q", name)
+}
+
+func clientFrom(kubeconfig string) (*kubernetes.Clientset, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	cfg.QPS, cfg.Burst = 200, 400
+	return kubernetes.NewForConfig(cfg)
+}
+
+func runWebhook(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("webhook", flag.ContinueOnError)
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig")
+	listen := fs.String("listen", "127.0.0.1:0", "listen address")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	client, err := clientFrom(*kubeconfig)
+	if err != nil {
+		return err
+	}
+	return webhook.Run(ctx, webhook.Options{
+		Client: client, Names: api.DefaultResourceNames, SchedulerName: scheduler.SchedulerName,
+		Listen: *listen, Hosts: []string{"127.0.0.1"},
+		// A CA kept in a Secret: a restarted webhook keeps its trust.
+		CASecretNamespace: systemNamespace, CASecretName: "tessera-webhook-ca",
+		Register: true, Registration: webhook.Registration{Name: "tessera-webhook", ExcludeNamespaces: []string{"kube-system", systemNamespace}},
+	})
+}
+
+// nodeFlags are the flags of the two per-node components.
+type nodeFlags struct {
+	kubeconfig, node, dir, model string
+	gpus, port                   int
+}
+
+func parseNodeFlags(name string, args []string) (*nodeFlags, error) {
+	f := &nodeFlags{}
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig")
+	fs.StringVar(&f.node, "node", "", "node name")
+	fs.StringVar(&f.dir, "dir", "", "the node's directory")
+	fs.StringVar(&f.model, "model", "", "GPU model")
+	fs.IntVar(&f.gpus, "gpus", 0, "GPUs")
+	fs.IntVar(&f.port, "port", 0, "kubelet port")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if f.node == "" || f.dir == "" || f.kubeconfig == "" {
+		return nil, fmt.Errorf("%s: --node, --dir and --kubeconfig are required", name)
+	}
+	return f, nil
+}
+
+// kubeletRoot is where a hollow kubelet's device manager listens; the
+// node's directory is bind-mounted there in the kubelet's own mount
+// namespace.
+const kubeletRoot = "/var/lib/kubelet"
+
+func runKubelet(ctx context.Context, args []string) error {
+	f, err := parseNodeFlags("kubelet", args)
+	if err != nil {
+		return err
+	}
+	root := filepath.Join(f.dir, "kubelet")
+	if err := mountKubeletRoot(root); err != nil {
+		return err
+	}
+	client, err := clientFrom(f.kubeconfig)
+	if err != nil {
+		return err
+	}
+	containers := filepath.Join(f.dir, "containers")
+	if err := os.MkdirAll(containers, 0o755); err != nil {
+		return err
+	}
+	err = hollowkubelet.Run(ctx, hollowkubelet.Options{
+		NodeName: f.node, Client: client, RootDir: kubeletRoot, Port: f.port, MaxPods: 250,
+		Cores: 64, MemoryBytes: 512 << 30,
+		Labels: map[string]string{"tessera.io/emulated": "true"},
+		OnCreate: func(c hollowkubelet.Container) {
+			b, err := json.MarshalIndent(c, "", "  ")
+			if err == nil {
+				err = writeFileAtomic(filepath.Join(containers, c.Namespace+"_"+c.Pod+"_"+c.Name+".json"), b)
+			}
+			if err != nil {
+				klog.FromContext(ctx).Error(err, "Recording a container", "pod", c.Namespace+"/"+c.Pod, "container", c.Name)
+			}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// mountKubeletRoot makes root the kubelet's /var/lib/kubelet inside this
+// process's private mount namespace (the supervisor starts the kubelet
+// with CLONE_NEWNS).
+func mountKubeletRoot(root string) error {
+	if err := os.MkdirAll(filepath.Join(root, "device-plugins"), 0o755); err != nil {
+		return err
+	}
+	if err := syscall.Mount("", "/", "", syscall.MS_REC|syscall.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("making mounts private (the kubelet needs its own mount namespace): %w", err)
+	}
+	if err := os.MkdirAll(kubeletRoot, 0o755); err != nil {
+		// Unprivileged, with no /var/lib/kubelet to mount on: a tmpfs
+		// over /var/lib provides one.
+		if err := syscall.Mount("tmpfs", filepath.Dir(kubeletRoot), "tmpfs", 0, "size=16m"); err != nil {
+			return fmt.Errorf("no %s to mount on: %w", kubeletRoot, err)
+		}
+		if err := os.MkdirAll(kubeletRoot, 0o755); err != nil {
+			return err
+		}
+	}
+	if err := syscall.Mount(root, kubeletRoot, "", syscall.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind-mounting %s on %s: %w", root, kubeletRoot, err)
+	}
+	return nil
+}
+
+func runNodeAgent(ctx context.Context, args []string) error {
+	f, err := parseNodeFlags("node-agent", args)
+	if err != nil {
+		return err
+	}
+	lib, err := nvmltest.NewModel(f.model, f.gpus, f.node)
+	if err != nil {
+		return err
+	}
+	client, err := clientFrom(f.kubeconfig)
+	if err != nil {
+		return err
+	}
+	root := filepath.Join(f.dir, "kubelet")
+	paths := deviceplugin.DefaultPaths()
+	paths.LimiterHost = filepath.Join(f.dir, "limiter", "libtessera-limiter.so")
+	paths.PreloadHost = filepath.Join(f.dir, "limiter", "ld.so.preload")
+	paths.StateRoot = filepath.Join(f.dir, "limiter-state")
+	a, err := nodeagent.New(lib, client, nodeagent.Options{
+		NodeName: f.node, Resource: api.DefaultResourceNames.GPU,
+		Health:             health.Options{IgnoredXIDs: health.DefaultIgnoredXIDs, RecoveryPeriod: time.Minute},
+		Paths:              paths,
+		PluginDir:          filepath.Join(root, "device-plugins"),
+		PodResourcesSocket: filepath.Join(root, "pod-resources", "kubelet.sock"),
+		Resync:             30 * time.Second,
+	}, klog.Background().WithName("node-agent"))
+	if err != nil {
+		return err
+	}
+	return a.Run(ctx)
+}
+
+func writeFileAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}

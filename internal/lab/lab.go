@@ -1,0 +1,189 @@
+// Package lab is the emulated GPU cluster behind tessera-lab: etcd
+// (embedded), a kube-apiserver, the kube-controller-manager controllers
+// that Deployments and Jobs need, Tessera's scheduler and webhook, and
+// emulated GPU nodes, each a hollow kubelet (the real kubelet code with a
+// fake container runtime and the real device manager) beside a real
+// Tessera node agent over go-nvml's mock NVML. Everything runs on one
+// machine, as child processes of one supervisor, with its state in one
+// directory.
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/tessera-gpu/tessera/internal/nodeagent/nvmltest"
+)
+
+// NodeSpec is one emulated GPU node.
+type NodeSpec struct {
+	Name  string `json:"name"`
+	Model string `json:"model"`
+	GPUs  int    `json:"gpus"`
+}
+
+// Uniform returns n nodes of gpus GPUs of one model, named lab-gpu-01…
+func Uniform(n, gpus int, model string) ([]NodeSpec, error) {
+	if n < 1 || n > 64 {
+		return nil, fmt.Errorf("--nodes %d: want 1 to 64", n)
+	}
+	var out []NodeSpec
+	for i := range n {
+		out = append(out, NodeSpec{Name: fmt.Sprintf("lab-gpu-%02d", i+1), Model: model, GPUs: gpus})
+	}
+	return out, validate(out)
+}
+
+var groupRE = regexp.MustCompile(`^(\d+)x([A-Za-z0-9-]+):(\d+)$`)
+
+// ParseNodes reads a heterogeneous node list such as
+// "2xA100-40GB:8,1xH100-80GB:4" (count x model : GPUs per node).
+func ParseNodes(s string) ([]NodeSpec, error) {
+	var out []NodeSpec
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		m := groupRE.FindStringSubmatch(part)
+		if m == nil {
+			return nil, fmt.Errorf("--node-groups entry %q: want COUNTxMODEL:GPUS, e.g. 2xA100-40GB:8", part)
+		}
+		count, _ := strconv.Atoi(m[1])
+		gpus, _ := strconv.Atoi(m[3])
+		for range count {
+			out = append(out, NodeSpec{Name: fmt.Sprintf("lab-gpu-%02d", len(out)+1), Model: m[2], GPUs: gpus})
+		}
+	}
+	if len(out) == 0 || len(out) > 64 {
+		return nil, fmt.Errorf("--node-groups %q: %d nodes, want 1 to 64", s, len(out))
+	}
+	return out, validate(out)
+}
+
+// validate builds each node's mock once, so a bad model or GPU count is
+// reported before anything starts.
+func validate(nodes []NodeSpec) error {
+	for _, n := range nodes {
+		if _, err := nvmltest.NewModel(n.Model, n.GPUs, n.Name); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+	}
+	return nil
+}
+
+// Dir is the lab's state directory and the layout inside it.
+type Dir string
+
+// DefaultDir is $HOME/.tessera-lab (or a directory under the temporary
+// directory when there is no home).
+func DefaultDir() string {
+	if home, err := os.UserHomeDir(); err == nil && home != "" && home != "/" {
+		return filepath.Join(home, ".tessera-lab")
+	}
+	return filepath.Join(os.TempDir(), fmt.Sprintf("tessera-lab-%d", os.Getuid()))
+}
+
+func (d Dir) path(p ...string) string { return filepath.Join(append([]string{string(d)}, p...)...) }
+
+// Kubeconfig is the cluster-admin kubeconfig users and tools take.
+func (d Dir) Kubeconfig() string { return d.path("kubeconfig") }
+
+// StateFile describes the running lab (State).
+func (d Dir) StateFile() string { return d.path("lab.json") }
+
+// Logs holds one log file per component.
+func (d Dir) Logs() string { return d.path("logs") }
+
+// Node is an emulated node's directory; its kubelet's root directory is
+// Node(name)/kubelet and the containers its fake runtime created are in
+// Containers(name).
+func (d Dir) Node(name string) string { return d.path("nodes", name) }
+
+// Containers holds one JSON file (hollowkubelet.Container) per container
+// created on the node.
+func (d Dir) Containers(node string) string { return d.path("nodes", node, "containers") }
+
+// State is what a running lab publishes in lab.json for status, down and
+// tests.
+type State struct {
+	PID        int        `json:"pid"`
+	Started    time.Time  `json:"started"`
+	Ready      bool       `json:"ready"`
+	Stopped    bool       `json:"stopped,omitempty"`
+	APIServer  string     `json:"apiServer"`
+	Kubeconfig string     `json:"kubeconfig"`
+	Nodes      []NodeSpec `json:"nodes"`
+	// Components maps each child process's name (apiserver, scheduler,
+	// kubelet/<node>, node-agent/<node>, …) to its PID and restart count.
+	Components map[string]Component `json:"components"`
+}
+
+// Component is one supervised child process.
+type Component struct {
+	PID      int `json:"pid"`
+	Restarts int `json:"restarts"`
+}
+
+// ReadState reads lab.json.
+func (d Dir) ReadState() (*State, error) {
+	b, err := os.ReadFile(d.StateFile())
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil, fmt.Errorf("no lab in %s (start one with `tessera-lab up`)", d)
+		}
+		return nil, err
+	}
+	var s State
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("%s: %w", d.StateFile(), err)
+	}
+	return &s, nil
+}
+
+func (d Dir) writeState(s *State) error {
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := d.StateFile() + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, d.StateFile())
+}
+
+// Alive reports whether the lab's supervisor process still runs.
+func (s *State) Alive() bool { return !s.Stopped && processAlive(s.PID) }
+
+// Stop asks the lab's supervisor to stop (SIGTERM, as Ctrl-C does) and
+// waits until it has; after timeout it kills it, and with it every
+// component (they die with their parent).
+func Stop(ctx context.Context, d Dir, timeout time.Duration) error {
+	st, err := d.ReadState()
+	if err != nil || !st.Alive() {
+		return nil // nothing runs
+	}
+	if err := syscall.Kill(st.PID, syscall.SIGTERM); err != nil {
+		return fmt.Errorf("stopping the lab (pid %d): %w", st.PID, err)
+	}
+	deadline := time.Now().Add(timeout)
+	for processAlive(st.PID) {
+		if time.Now().After(deadline) {
+			_ = syscall.Kill(st.PID, syscall.SIGKILL)
+			time.Sleep(time.Second)
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return nil
+}

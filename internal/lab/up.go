@@ -1,0 +1,284 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/yaml"
+
+	"github.com/tessera-gpu/tessera/deploy"
+	"github.com/tessera-gpu/tessera/internal/scheduler"
+	"github.com/tessera-gpu/tessera/internal/testenv"
+	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+// systemNamespace holds Tessera's own objects (scheduler lease, webhook CA).
+const systemNamespace = "tessera-system"
+
+// controllers are the kube-controller-manager controllers a user's
+// Deployments, Jobs and CronJobs need, and the collectors behind them.
+var controllers = []string{
+	"deployment-controller", "replicaset-controller", "job-controller", "cronjob-controller",
+	"garbage-collector-controller", "namespace-controller", "pod-garbage-collector-controller",
+	"ttl-after-finished-controller",
+}
+
+// Config is what `tessera-lab up` starts.
+type Config struct {
+	Dir   Dir
+	Nodes []NodeSpec
+	// Exe is the tessera-lab binary the components run from.
+	Exe string
+	// Out receives progress lines.
+	Out io.Writer
+	// ReadyTimeout bounds the wait for every component (default 3m).
+	ReadyTimeout time.Duration
+}
+
+// Up starts the lab, calls ready once every component serves, and runs
+// until ctx ends; then it stops every component and leaves the state
+// directory for `tessera-lab down` (or another Up) to take.
+func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface)) error {
+	logger := klog.FromContext(ctx).WithName("lab")
+	d := cfg.Dir
+	out := cfg.Out
+	if out == nil {
+		out = io.Discard
+	}
+	if cfg.ReadyTimeout == 0 {
+		cfg.ReadyTimeout = 3 * time.Minute
+	}
+	if old, err := d.ReadState(); err == nil && old.Alive() {
+		return fmt.Errorf("a lab already runs in %s (pid %d); stop it with `tessera-lab down --dir %s` or pick another --dir", d, old.PID, d)
+	}
+	for _, p := range []string{d.Logs(), d.path("pki")} {
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return err
+		}
+	}
+	start := time.Now()
+	step := func(format string, args ...any) {
+		fmt.Fprintf(out, "[%5.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
+	}
+	p, err := ensurePKI(d.path("pki"))
+	if err != nil {
+		return fmt.Errorf("credentials: %w", err)
+	}
+	etcdURL, stopEtcd, err := testenv.StartEtcd(d.path("etcd"))
+	if err != nil {
+		return fmt.Errorf("etcd: %w", err)
+	}
+	defer stopEtcd()
+	step("etcd serving at %s", etcdURL)
+
+	ports, err := freePorts(2 + len(cfg.Nodes))
+	if err != nil {
+		return err
+	}
+	apiURL := fmt.Sprintf("https://127.0.0.1:%d", ports[0])
+	if err := p.writeKubeconfig(d.Kubeconfig(), apiURL); err != nil {
+		return err
+	}
+	state := &State{PID: os.Getpid(), Started: start, APIServer: apiURL, Kubeconfig: d.Kubeconfig(), Nodes: cfg.Nodes}
+	var stateMu sync.Mutex
+	var sup *supervisor
+	save := func(mutate func(*State)) {
+		stateMu.Lock()
+		defer stateMu.Unlock()
+		if mutate != nil {
+			mutate(state)
+		}
+		if sup != nil {
+			state.Components = sup.components()
+		}
+		if err := d.writeState(state); err != nil {
+			logger.Error(err, "Writing the lab state")
+		}
+	}
+	sup = newSupervisor(cfg.Exe, d.Logs(), logger, func() { go save(nil) })
+	defer func() {
+		sup.stopAll(10 * time.Second)
+		save(func(s *State) { s.Ready, s.Stopped = false, true })
+	}()
+	save(nil)
+
+	comp := func(name string, args ...string) []string { return append([]string{ComponentCommand, name}, args...) }
+	if err := sup.start("kube-apiserver", comp("kube-apiserver",
+		"--etcd-servers="+etcdURL,
+		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", ports[0]),
+		"--cert-dir="+d.path("pki", "apiserver-generated"),
+		"--tls-cert-file="+p.file("apiserver.crt"), "--tls-private-key-file="+p.file("apiserver.key"),
+		"--token-auth-file="+p.file("tokens.csv"),
+		"--authorization-mode=RBAC",
+		"--service-account-issuer=https://kubernetes.default.svc",
+		"--service-account-key-file="+p.file("sa.key"), "--service-account-signing-key-file="+p.file("sa.key"),
+		"--service-cluster-ip-range=10.96.0.0/16",
+		"--allow-privileged=true",
+		// No pod gets a service-account token volume (the hollow kubelet
+		// has nothing to mount it with), and no controller lifts the
+		// not-ready taint a new Node would get.
+		"--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+		"--profiling=false",
+	), nil, false); err != nil {
+		return err
+	}
+	client, err := clientFrom(d.Kubeconfig())
+	if err != nil {
+		return err
+	}
+	if err := waitUntil(ctx, 2*time.Minute, func(ctx context.Context) (bool, error) {
+		if !sup.alive("kube-apiserver") {
+			return false, fmt.Errorf("kube-apiserver exited; see %s", filepath.Join(d.Logs(), "kube-apiserver.log"))
+		}
+		_, err := client.CoreV1().Namespaces().Get(ctx, metav1.NamespaceDefault, metav1.GetOptions{})
+		return err == nil, nil
+	}); err != nil {
+		return fmt.Errorf("kube-apiserver not ready: %w", err)
+	}
+	step("kube-apiserver serving at %s", apiURL)
+	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: systemNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+
+	schedConfig, err := writeSchedulerConfig(d.path("scheduler.yaml"), d.Kubeconfig())
+	if err != nil {
+		return err
+	}
+	if err := sup.start("kube-controller-manager", comp("kube-controller-manager",
+		"--kubeconfig="+d.Kubeconfig(), "--controllers="+strings.Join(controllers, ","),
+		"--leader-elect=false", "--use-service-account-credentials=false", "--secure-port=0",
+	), nil, false); err != nil {
+		return err
+	}
+	if err := sup.start("webhook", comp("webhook", "--kubeconfig="+d.Kubeconfig(), fmt.Sprintf("--listen=127.0.0.1:%d", ports[1])), nil, false); err != nil {
+		return err
+	}
+	if err := sup.start("scheduler", comp("scheduler", "--config="+schedConfig, "--secure-port=0"), nil, false); err != nil {
+		return err
+	}
+	for i, n := range cfg.Nodes {
+		dir := d.Node(n.Name)
+		if err := os.MkdirAll(filepath.Join(dir, "tmp"), 0o755); err != nil {
+			return err
+		}
+		common := []string{"--kubeconfig=" + d.Kubeconfig(), "--node=" + n.Name, "--dir=" + dir}
+		if err := sup.start("kubelet/"+n.Name, comp("kubelet", append(common, fmt.Sprintf("--port=%d", ports[2+i]))...), []string{"TMPDIR=" + filepath.Join(dir, "tmp")}, true); err != nil {
+			return err
+		}
+		if err := sup.start("node-agent/"+n.Name, comp("node-agent", append(common, "--model="+n.Model, fmt.Sprintf("--gpus=%d", n.GPUs))...), nil, false); err != nil {
+			return err
+		}
+	}
+	step("started kube-controller-manager, scheduler, webhook and %d emulated GPU nodes", len(cfg.Nodes))
+
+	if err := waitReady(ctx, client, cfg.Nodes, cfg.ReadyTimeout); err != nil {
+		return fmt.Errorf("%w (logs in %s)", err, d.Logs())
+	}
+	step("ready: webhook admitting, %d nodes Ready with their GPUs", len(cfg.Nodes))
+	save(func(s *State) { s.Ready = true })
+	if ready != nil {
+		ready(state, client)
+	}
+	<-ctx.Done()
+	fmt.Fprintln(out, "stopping the lab…")
+	return nil
+}
+
+// writeSchedulerConfig is deploy/scheduler/config.yaml pointed at the lab,
+// without leader election (one replica).
+func writeSchedulerConfig(path, kubeconfig string) (string, error) {
+	var cfg map[string]any
+	if err := yaml.Unmarshal(deploy.SchedulerConfig, &cfg); err != nil {
+		return "", err
+	}
+	cfg["leaderElection"] = map[string]any{"leaderElect": false}
+	cfg["clientConnection"] = map[string]any{"kubeconfig": kubeconfig, "qps": 200, "burst": 400}
+	out, err := yaml.Marshal(cfg)
+	if err != nil {
+		return "", err
+	}
+	return path, os.WriteFile(path, out, 0o644)
+}
+
+// waitReady waits until the webhook routes GPU pods to Tessera's scheduler
+// and every node is Ready with its inventory and GPU slots published.
+func waitReady(ctx context.Context, client kubernetes.Interface, nodes []NodeSpec, timeout time.Duration) error {
+	probe := fixtures.Pod(metav1.NamespaceDefault, "tessera-lab-probe", "", fixtures.Container("c", map[string]string{api.DefaultResourceNames.GPU: "0.5"}))
+	var missing []string
+	err := waitUntil(ctx, timeout, func(ctx context.Context) (bool, error) {
+		missing = missing[:0]
+		p, err := client.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err != nil || p.Spec.SchedulerName != scheduler.SchedulerName {
+			missing = append(missing, "webhook")
+		}
+		for _, n := range nodes {
+			if !nodeReady(ctx, client, n.Name) {
+				missing = append(missing, "node "+n.Name)
+			}
+		}
+		return len(missing) == 0, nil
+	})
+	if err != nil {
+		return fmt.Errorf("not ready after %v: waiting for %s", timeout, strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+func nodeReady(ctx context.Context, client kubernetes.Interface, name string) bool {
+	n, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil || n.Annotations[api.AnnotationInventory] == "" {
+		return false
+	}
+	slots := n.Status.Allocatable[corev1.ResourceName(api.DefaultResourceNames.GPU)]
+	if slots.Value() == 0 {
+		return false
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func waitUntil(ctx context.Context, timeout time.Duration, cond func(context.Context) (bool, error)) error {
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, timeout, true, cond)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("timed out after %v", timeout)
+	}
+	return err
+}
+
+func freePorts(n int) ([]int, error) {
+	var out []int
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+		out = append(out, l.Addr().(*net.TCPAddr).Port)
+	}
+	return out, nil
+}

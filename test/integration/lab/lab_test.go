@@ -1,0 +1,184 @@
+//go:build integration
+
+// Package lab_test drives the emulated cluster (cmd/tessera-lab) as a
+// user would: the binary is built, `tessera-lab up` runs as a process, and
+// the tests use a kubectl built from the pinned module, the lab's
+// kubeconfig and what the hollow kubelets' fake runtimes recorded. One
+// lab (4 nodes x 8 A100-40GB) serves every test of the package, in order.
+package lab_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/tessera-gpu/tessera/internal/lab"
+	"github.com/tessera-gpu/tessera/internal/testenv"
+)
+
+var (
+	labBin, kubectlBin string
+	dir                lab.Dir
+	client             kubernetes.Interface
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	tmp, err := os.MkdirTemp("", "lab-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(tmp)
+	if labBin, err = buildLab(tmp); err == nil {
+		kubectlBin, err = testenv.BuildKubectl(tmp)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	dir = lab.Dir(filepath.Join(tmp, "lab"))
+	up := exec.Command(labBin, "up", "--dir", string(dir), "--nodes", "4", "--gpus-per-node", "8", "--gpu-model", "A100-40GB")
+	var out bytes.Buffer
+	up.Stdout, up.Stderr = &out, &out
+	// A killed test run takes its lab down with it.
+	up.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	start := time.Now()
+	if err := up.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- up.Wait() }()
+	stop := func() {
+		_ = up.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(90 * time.Second):
+			_ = up.Process.Kill()
+		}
+	}
+	defer stop()
+	for {
+		st, err := dir.ReadState()
+		if err == nil && st.Ready {
+			break
+		}
+		select {
+		case err := <-exited:
+			fmt.Fprintf(os.Stderr, "tessera-lab up exited: %v\n%s", err, out.String())
+			return 1
+		case <-time.After(200 * time.Millisecond):
+		}
+		if time.Since(start) > 4*time.Minute {
+			fmt.Fprintf(os.Stderr, "lab not ready after 4 minutes\n%s", out.String())
+			return 1
+		}
+	}
+	fmt.Printf("lab up in %v\n", time.Since(start).Round(100*time.Millisecond))
+	cfg, err := clientcmd.BuildConfigFromFlags("", dir.Kubeconfig())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	cfg.QPS, cfg.Burst = 500, 1000
+	if client, err = kubernetes.NewForConfig(cfg); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	code := m.Run()
+	if code != 0 {
+		fmt.Fprintf(os.Stderr, "lab output:\n%s\n", out.String())
+		dumpLogs()
+	}
+	return code
+}
+
+func buildLab(dir string) (string, error) {
+	out := filepath.Join(dir, "tessera-lab")
+	cmd := exec.Command("go", "build", "-o", out, "./cmd/tessera-lab")
+	cmd.Dir = repoRoot()
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building tessera-lab: %v\n%s", err, msg)
+	}
+	return out, nil
+}
+
+func repoRoot() string {
+	wd, _ := os.Getwd()
+	return filepath.Join(wd, "..", "..", "..")
+}
+
+// dumpLogs prints the tail of every component's log after a failure.
+func dumpLogs() {
+	logs, _ := filepath.Glob(filepath.Join(dir.Logs(), "*.log"))
+	for _, l := range logs {
+		b, _ := os.ReadFile(l)
+		lines := strings.Split(string(b), "\n")
+		if len(lines) > 25 {
+			lines = lines[len(lines)-25:]
+		}
+		fmt.Fprintf(os.Stderr, "--- %s\n%s\n", filepath.Base(l), strings.Join(lines, "\n"))
+	}
+}
+
+// kubectl runs the kubectl built from the pinned module against the lab.
+func kubectl(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(kubectlBin, append([]string{"--kubeconfig", dir.Kubeconfig()}, args...)...)
+	cmd.Dir = repoRoot()
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// labCmd runs tessera-lab with the lab's --dir.
+func labCmd(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(labBin, append(args, "--dir", string(dir))...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("tessera-lab %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// checkInvariant runs the placement core's checker over what the API
+// server holds.
+func checkInvariant(t *testing.T) *lab.Report {
+	t.Helper()
+	r, err := lab.Collect(context.Background(), client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Invariant != nil {
+		t.Fatalf("invariant broken: %v", r.Invariant)
+	}
+	return r
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(timeout); ; time.Sleep(250 * time.Millisecond) {
+		if cond() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+	}
+}

@@ -1,0 +1,369 @@
+//go:build integration
+
+package lab_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tessera-gpu/tessera/internal/hollowkubelet"
+	"github.com/tessera-gpu/tessera/internal/lab"
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+var names = api.DefaultResourceNames
+
+// TestExamples applies examples/ with kubectl and follows every pod down
+// the whole path: webhook → scheduler → kubelet admission → device plugin
+// Allocate → the environment and mounts of the containers the runtime
+// created.
+func TestExamples(t *testing.T) {
+	ctx := context.Background()
+	out := kubectl(t, "apply", "-f", "examples/")
+	t.Logf("kubectl apply -f examples/:\n%s", out)
+	if err := lab.WaitSettled(ctx, client, metav1.NamespaceDefault, 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	pods, err := client.CoreV1().Pods(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pods.Items) != 14 { // 6 pods and 8 Deployment replicas
+		t.Fatalf("%d pods in default, want 14", len(pods.Items))
+	}
+	// What each example asked for, per container: memory (MiB) and
+	// cores of each GPU it gets; 0 cores with exclusive = whole GPU.
+	type want struct {
+		gpus      int
+		mem       int64
+		cores     int
+		exclusive bool
+	}
+	wants := map[string]want{
+		"whole-gpu/train":           {1, 40960, 100, true},
+		"fractional-explicit/infer": {1, 10000, 30, false},
+		"fractional-half/notebook":  {1, 20480, 50, false},
+		"multi-gpu/finetune":        {2, 16384, 50, false},
+		"multi-container/warmup":    {1, 4096, 20, false},
+		"multi-container/model":     {1, 8192, 40, false},
+		"multi-container/embedder":  {1, 4096, 10, false},
+		"hami-style/app":            {1, 10240, 25, false},
+		"inference/server":          {1, 8192, 20, false},
+	}
+	for _, p := range pods.Items {
+		if p.Status.Phase != corev1.PodRunning {
+			t.Errorf("pod %s is %s: %+v", p.Name, p.Status.Phase, p.Status.Conditions)
+			continue
+		}
+		rec := record(t, &p)
+		if len(rec.Containers) == 0 {
+			t.Errorf("pod %s: record holds no container", p.Name)
+		}
+		for _, c := range rec.Containers {
+			key := p.Name + "/" + c.Name
+			if p.Labels["app"] == "inference" {
+				key = "inference/" + c.Name
+			}
+			w, ok := wants[key]
+			if !ok {
+				t.Errorf("%s: unexpected container in the record", key)
+				continue
+			}
+			if len(c.Devices) != w.gpus {
+				t.Errorf("%s: %d GPUs, want %d", key, len(c.Devices), w.gpus)
+			}
+			for _, d := range c.Devices {
+				if d.MemoryMiB != w.mem || d.Exclusive != w.exclusive || (!w.exclusive && d.Cores != w.cores) {
+					t.Errorf("%s: granted %+v, want %+v", key, d, w)
+				}
+			}
+			checkContainer(t, &p, c)
+		}
+	}
+	status := labCmd(t, "status")
+	t.Logf("tessera-lab status:\n%s", status)
+	for _, s := range []string{"whole-gpu", "fractional-half", "lab-gpu-01", "A100-SXM4-40GB", "invariant checker: no GPU over"} {
+		if !strings.Contains(status, s) {
+			t.Errorf("status does not mention %q", s)
+		}
+	}
+	checkInvariant(t)
+	kubectl(t, "delete", "-f", "examples/", "--grace-period=0", "--wait=false")
+	waitFor(t, "the examples' pods deleted", 2*time.Minute, func() bool {
+		l, err := client.CoreV1().Pods(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{})
+		return err == nil && len(l.Items) == 0
+	})
+}
+
+func record(t *testing.T, p *corev1.Pod) *api.PodAllocation {
+	t.Helper()
+	rec, err := api.DecodeAllocation([]byte(p.Annotations[api.AnnotationAllocation]))
+	if err != nil {
+		t.Fatalf("pod %s/%s: %v", p.Namespace, p.Name, err)
+	}
+	if rec.Node != p.Spec.NodeName {
+		t.Fatalf("pod %s/%s bound to %s, record says %s", p.Namespace, p.Name, p.Spec.NodeName, rec.Node)
+	}
+	return rec
+}
+
+// checkContainer compares what the node's fake runtime was asked to
+// create with the pod's allocation record.
+func checkContainer(t *testing.T, p *corev1.Pod, c api.ContainerAllocation) *hollowkubelet.Container {
+	t.Helper()
+	got, err := lab.ContainerIn(dir, p.Spec.NodeName, p.Namespace, p.Name, c.Name)
+	if err != nil {
+		t.Errorf("%s/%s: %v", p.Name, c.Name, err)
+		return nil
+	}
+	if got.PodUID != string(p.UID) {
+		t.Errorf("%s/%s: recorded container belongs to pod UID %s, want %s", p.Name, c.Name, got.PodUID, p.UID)
+	}
+	var uuids []string
+	shared := false
+	for k, d := range c.Devices {
+		uuids = append(uuids, d.UUID)
+		if d.Exclusive {
+			continue
+		}
+		shared = true
+		if v := got.Env[fmt.Sprintf("CUDA_DEVICE_MEMORY_LIMIT_%d", k)]; v != fmt.Sprintf("%dm", d.MemoryMiB) {
+			t.Errorf("%s/%s: CUDA_DEVICE_MEMORY_LIMIT_%d=%q, want %dm", p.Name, c.Name, k, v, d.MemoryMiB)
+		}
+		if d.Cores > 0 && got.Env["CUDA_DEVICE_SM_LIMIT"] != fmt.Sprint(d.Cores) {
+			t.Errorf("%s/%s: CUDA_DEVICE_SM_LIMIT=%q, want %d", p.Name, c.Name, got.Env["CUDA_DEVICE_SM_LIMIT"], d.Cores)
+		}
+	}
+	if v := got.Env[api.EnvVisibleDevices]; v != strings.Join(uuids, ",") {
+		t.Errorf("%s/%s: %s=%q, want %q", p.Name, c.Name, api.EnvVisibleDevices, v, strings.Join(uuids, ","))
+	}
+	preload := false
+	for _, m := range got.Mounts {
+		preload = preload || m.ContainerPath == "/etc/ld.so.preload"
+	}
+	if preload != shared {
+		t.Errorf("%s/%s: limiter preloaded = %v, want %v (shared GPU)", p.Name, c.Name, preload, shared)
+	}
+	if !shared && got.Env["CUDA_DEVICE_MEMORY_LIMIT_0"] != "" {
+		t.Errorf("%s/%s: whole GPU limited: %v", p.Name, c.Name, got.Env)
+	}
+	return got
+}
+
+// shapes are the fractional requests of the load tests.
+var shapes = []map[string]string{
+	{names.GPU: "1", names.MemoryPercentage: "10", names.Cores: "10"},
+	{names.GPU: "1", names.Memory: "2048", names.Cores: "5"},
+	{names.GPU: "1", names.MemoryPercentage: "15", names.Cores: "15"},
+	{names.GPU: "1", names.Memory: "3000"},
+}
+
+func fractionalPod(ns, name string, shape map[string]string) *corev1.Pod {
+	limits := corev1.ResourceList{}
+	for k, v := range shape {
+		limits[corev1.ResourceName(k)] = resource.MustParse(v)
+	}
+	zero := int64(0)
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: corev1.PodSpec{
+			TerminationGracePeriodSeconds: &zero,
+			Containers:                    []corev1.Container{{Name: "c", Image: "busybox", Resources: corev1.ResourceRequirements{Limits: limits}}},
+		},
+	}
+}
+
+// createAll creates the pods from 16 concurrent clients.
+func createAll(t *testing.T, pods []*corev1.Pod) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, len(pods))
+	for w := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < len(pods); i += 16 {
+				if _, err := client.CoreV1().Pods(pods[i].Namespace).Create(context.Background(), pods[i], metav1.CreateOptions{}); err != nil {
+					errs <- fmt.Errorf("creating %s: %w", pods[i].Name, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+const loadNS = "load"
+
+// checkSettled asserts every pod of the namespace runs with its record
+// in its containers, or is pending with a reason a user can act on.
+func checkSettled(t *testing.T, ns string) (running, pending int) {
+	t.Helper()
+	ctx := context.Background()
+	if err := lab.WaitSettled(ctx, client, ns, 5*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	pods, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods.Items {
+		switch p.Status.Phase {
+		case corev1.PodRunning:
+			running++
+			rec := record(t, &p)
+			for _, c := range rec.Containers {
+				checkContainer(t, &p, c)
+			}
+		case corev1.PodPending:
+			pending++
+			msg := ""
+			for _, c := range p.Status.Conditions {
+				if c.Type == corev1.PodScheduled {
+					msg = c.Message
+				}
+			}
+			if !strings.Contains(msg, "nodes") {
+				t.Errorf("pending pod %s: scheduling message %q does not say why per node group", p.Name, msg)
+			}
+		default:
+			t.Errorf("pod %s is %s: %s %s", p.Name, p.Status.Phase, p.Status.Reason, p.Status.Message)
+		}
+	}
+	return running, pending
+}
+
+// TestConcurrentFractionalPods creates 300 fractional pods at once on the
+// 4 x 8 GPUs.
+func TestConcurrentFractionalPods(t *testing.T) {
+	ctx := context.Background()
+	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: loadNS}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var pods []*corev1.Pod
+	for i := range 300 {
+		pods = append(pods, fractionalPod(loadNS, fmt.Sprintf("p-%03d", i), shapes[i%len(shapes)]))
+	}
+	start := time.Now()
+	createAll(t, pods)
+	running, pending := checkSettled(t, loadNS)
+	r := checkInvariant(t)
+	k := r.Packing()
+	t.Logf("300 pods created at once: %d running, %d pending after %v; %d of %d GPUs in use, %.1f%% of GPU memory allocated",
+		running, pending, time.Since(start).Round(100*time.Millisecond), k.InUse, k.GPUs, 100*float64(k.UsedMiB)/float64(k.MemoryMiB))
+	if running < 250 {
+		t.Errorf("only %d of 300 pods running; the 32 GPUs hold more", running)
+	}
+}
+
+// TestFaults kills the scheduler, a node agent and a hollow kubelet while
+// pods are being created, and checks that they come back, that no pod
+// lost its allocation, and that nothing is double-allocated.
+func TestFaults(t *testing.T) {
+	ctx := context.Background()
+	before, err := client.CoreV1().Pods(loadNS).List(ctx, metav1.ListOptions{})
+	if err != nil || len(before.Items) == 0 {
+		t.Fatalf("no pods from TestConcurrentFractionalPods (%v)", err)
+	}
+	// Free half the capacity, keep the other half as witnesses.
+	kept := map[string]corev1.Pod{}
+	for i, p := range before.Items {
+		if i%2 == 0 {
+			if err := client.CoreV1().Pods(loadNS).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		} else if p.Spec.NodeName != "" {
+			kept[p.Name] = p
+		}
+	}
+	waitFor(t, "half the pods deleted", 3*time.Minute, func() bool {
+		l, err := client.CoreV1().Pods(loadNS).List(ctx, metav1.ListOptions{})
+		return err == nil && len(l.Items) == len(before.Items)-(len(before.Items)+1)/2
+	})
+
+	victims := []string{"scheduler", "node-agent/lab-gpu-02", "kubelet/lab-gpu-03"}
+	st, err := dir.ReadState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pods []*corev1.Pod
+	for i := range 150 {
+		pods = append(pods, fractionalPod(loadNS, fmt.Sprintf("f-%03d", i), shapes[i%len(shapes)]))
+	}
+	killedAt := time.Now()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		createAll(t, pods)
+	}()
+	for _, v := range victims {
+		time.Sleep(700 * time.Millisecond)
+		pid := st.Components[v].PID
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Errorf("killing %s (pid %d): %v", v, pid, err)
+		}
+		t.Logf("killed %s (pid %d) %v after the pods started coming", v, pid, time.Since(killedAt).Round(time.Millisecond))
+	}
+	<-done
+	waitFor(t, "the killed components restarted", time.Minute, func() bool {
+		now, err := dir.ReadState()
+		if err != nil {
+			return false
+		}
+		for _, v := range victims {
+			if c := now.Components[v]; c.Restarts == 0 || c.PID == st.Components[v].PID || !processAlive(c.PID) {
+				return false
+			}
+		}
+		return true
+	})
+	// Every running pod of the restarted kubelet's node gets its
+	// containers created again, from the device manager's checkpoint.
+	waitFor(t, "lab-gpu-03's containers re-created after its kubelet restart", 3*time.Minute, func() bool {
+		l, err := client.CoreV1().Pods(loadNS).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		for _, p := range l.Items {
+			if p.Spec.NodeName != "lab-gpu-03" || p.Status.Phase != corev1.PodRunning {
+				continue
+			}
+			c, err := lab.ContainerIn(dir, p.Spec.NodeName, p.Namespace, p.Name, "c")
+			if err != nil || c.Created.Before(killedAt) {
+				return false
+			}
+		}
+		return true
+	})
+	running, pending := checkSettled(t, loadNS)
+	checkInvariant(t)
+	lost := 0
+	for name, old := range kept {
+		p, err := client.CoreV1().Pods(loadNS).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Errorf("pod %s present before the faults: %v", name, err)
+			lost++
+			continue
+		}
+		if p.Spec.NodeName != old.Spec.NodeName || p.Annotations[api.AnnotationAllocation] != old.Annotations[api.AnnotationAllocation] {
+			t.Errorf("pod %s: allocation changed across the faults: %s %s -> %s %s", name, old.Spec.NodeName, old.Annotations[api.AnnotationAllocation], p.Spec.NodeName, p.Annotations[api.AnnotationAllocation])
+			lost++
+		}
+	}
+	t.Logf("after killing %s: %d pods running, %d pending; %d of %d earlier pods kept their allocation",
+		strings.Join(victims, ", "), running, pending, len(kept)-lost, len(kept))
+}
+
+func processAlive(pid int) bool { return pid > 0 && syscall.Kill(pid, 0) == nil }
