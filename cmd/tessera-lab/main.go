@@ -48,7 +48,8 @@ Usage:
   tessera-lab up      [--nodes N] [--gpus-per-node K] [--gpu-model MODEL] [--node-groups SPEC] [--dir DIR]
                       start the cluster and keep it running until Ctrl-C
   tessera-lab status  [--dir DIR]   per node and GPU: model, memory and cores allocated, pods
-  tessera-lab demo    [flags of up] start a cluster, apply examples/, print the allocation, stop
+  tessera-lab demo    [flags of up] start a cluster (default 2xA100-40GB:8,1xH100-80GB:8),
+                      apply examples/, print the allocation, stop
   tessera-lab down    [--dir DIR]   stop the cluster and remove its state directory
 
 GPU models: %s
@@ -177,6 +178,12 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	keep := fs.Bool("keep", false, "keep the state directory (logs) afterwards")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	// Unless told otherwise, the demo shows two GPU models side by side.
+	uniform := false
+	fs.Visit(func(fl *flag.Flag) { uniform = uniform || fl.Name == "nodes" || fl.Name == "gpu-model" || fl.Name == "gpus-per-node" })
+	if *f.groups == "" && !uniform {
+		*f.groups = "2xA100-40GB:8,1xH100-80GB:8"
 	}
 	if *f.dir == "" {
 		tmp, err := os.MkdirTemp("", "tessera-lab-demo-")

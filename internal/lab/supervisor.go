@@ -179,28 +179,43 @@ func (s *supervisor) alive(name string) bool {
 	}
 }
 
-// stopAll stops the components, last started first: SIGTERM, then SIGKILL
-// after grace.
+// stopAll stops the components: every one but the first started (the API
+// server) at once, then the first, so that none loses its API server
+// while shutting down. Each gets SIGTERM, then SIGKILL after grace.
 func (s *supervisor) stopAll(grace time.Duration) {
 	s.mu.Lock()
 	s.stopping = true
 	order := append([]string(nil), s.order...)
 	s.mu.Unlock()
-	for i := len(order) - 1; i >= 0; i-- {
-		s.mu.Lock()
-		p := s.procs[order[i]]
-		cmd, exited := p.cmd, p.exited
-		s.mu.Unlock()
-		if cmd == nil {
-			continue
-		}
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(grace):
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-exited
-		}
+	if len(order) == 0 {
+		return
+	}
+	var wg sync.WaitGroup
+	for _, name := range order[1:] {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.stop(name, grace)
+		}()
+	}
+	wg.Wait()
+	s.stop(order[0], grace)
+}
+
+func (s *supervisor) stop(name string, grace time.Duration) {
+	s.mu.Lock()
+	p := s.procs[name]
+	cmd, exited := p.cmd, p.exited
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(grace):
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-exited
 	}
 }
 

@@ -112,7 +112,7 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	}
 	sup = newSupervisor(cfg.Exe, d.Logs(), logger, func() { go save(nil) })
 	defer func() {
-		sup.stopAll(10 * time.Second)
+		sup.stopAll(5 * time.Second)
 		save(func(s *State) { s.Ready, s.Stopped = false, true })
 	}()
 	save(nil)
