@@ -181,7 +181,9 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	// Unless told otherwise, the demo shows two GPU models side by side.
 	uniform := false
-	fs.Visit(func(fl *flag.Flag) { uniform = uniform || fl.Name == "nodes" || fl.Name == "gpu-model" || fl.Name == "gpus-per-node" })
+	fs.Visit(func(fl *flag.Flag) {
+		uniform = uniform || fl.Name == "nodes" || fl.Name == "gpu-model" || fl.Name == "gpus-per-node"
+	})
 	if *f.groups == "" && !uniform {
 		*f.groups = "2xA100-40GB:8,1xH100-80GB:8"
 	}
