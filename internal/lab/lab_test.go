@@ -1,0 +1,183 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+func TestParseNodes(t *testing.T) {
+	nodes, err := ParseNodes("2xA100-40GB:8, 1xh100-80gb:4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []NodeSpec{{"lab-gpu-01", "A100-40GB", 8}, {"lab-gpu-02", "A100-40GB", 8}, {"lab-gpu-03", "h100-80gb", 4}}
+	if len(nodes) != len(want) {
+		t.Fatalf("got %+v, want %+v", nodes, want)
+	}
+	for i := range want {
+		if nodes[i] != want[i] {
+			t.Errorf("node %d: %+v, want %+v", i, nodes[i], want[i])
+		}
+	}
+	for in, msg := range map[string]string{
+		"2xA100-40GB":     `entry "2xA100-40GB": want COUNTxMODEL:GPUS`,
+		"1xV100:8":        `node lab-gpu-01: unknown GPU model "V100"`,
+		"1xA100-40GB:0":   "0 GPUs per node: want 1 to 16",
+		"65xA100-40GB:8":  "65 nodes, want 1 to 64",
+		"0xA100-40GB:8":   "0 nodes, want 1 to 64",
+		"1xA100-40GB:8,,": `entry "": want COUNTxMODEL:GPUS`,
+	} {
+		if _, err := ParseNodes(in); err == nil || !strings.Contains(err.Error(), msg) {
+			t.Errorf("ParseNodes(%q) = %v, want an error containing %q", in, err, msg)
+		}
+	}
+	if _, err := Uniform(0, 8, "A100-40GB"); err == nil || !strings.Contains(err.Error(), "--nodes 0") {
+		t.Errorf("Uniform(0): %v", err)
+	}
+	if nodes, err := Uniform(3, 2, "H200-141GB"); err != nil || len(nodes) != 3 || nodes[2].Name != "lab-gpu-03" {
+		t.Errorf("Uniform(3) = %+v, %v", nodes, err)
+	}
+}
+
+func gpuPod(t *testing.T, ns, name, node string, rec *api.PodAllocation) *corev1.Pod {
+	t.Helper()
+	p := fixtures.Pod(ns, name, "tessera-scheduler", fixtures.Container("c", map[string]string{api.DefaultResourceNames.GPU: "1"}))
+	p.Spec.NodeName = node
+	if rec != nil {
+		b, err := api.EncodeAllocation(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Annotations = map[string]string{api.AnnotationAllocation: string(b)}
+		p.Status.Phase = corev1.PodRunning
+	}
+	return p
+}
+
+func TestCollectAndPrint(t *testing.T) {
+	inv := fixtures.Inventory("n1", 2, "A100-SXM4-40GB", 40960, 4)
+	node := fixtures.Node("n1", inv, api.DefaultResourceNames)
+	g0, g1 := inv.GPUs[0].UUID, inv.GPUs[1].UUID
+	shared := &api.PodAllocation{Node: "n1", Containers: []api.ContainerAllocation{{Name: "c", Devices: []api.DeviceGrant{{UUID: g0, MemoryMiB: 10000, Cores: 30}}}}}
+	other := &api.PodAllocation{Node: "n1", Containers: []api.ContainerAllocation{{Name: "c", Devices: []api.DeviceGrant{{UUID: g0, MemoryMiB: 20000, Cores: 50}}}}}
+	whole := &api.PodAllocation{Node: "n1", Containers: []api.ContainerAllocation{{Name: "c", Devices: []api.DeviceGrant{{UUID: g1, MemoryMiB: 40960, Cores: 100, Exclusive: true}}}}}
+	pending := gpuPod(t, "default", "waiting", "", nil)
+	pending.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable, Message: "0/1 nodes: 1 no GPU with 50000 MiB free"}}
+	done := gpuPod(t, "default", "done", "n1", shared)
+	done.Status.Phase = corev1.PodSucceeded // released: not counted
+	client := fake.NewClientset(node, gpuPod(t, "default", "a", "n1", shared), gpuPod(t, "team", "b", "n1", other), gpuPod(t, "default", "w", "n1", whole), pending, done)
+
+	r, err := Collect(context.Background(), client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Invariant != nil {
+		t.Fatalf("invariant: %v", r.Invariant)
+	}
+	if len(r.Nodes) != 1 || len(r.Nodes[0].GPUs) != 2 {
+		t.Fatalf("report %+v", r)
+	}
+	got0 := r.Nodes[0].GPUs[0]
+	if got0.UsedMiB != 30000 || got0.Cores != 80 || got0.Shares != 2 || strings.Join(got0.Pods, ",") != "default/a,team/b" {
+		t.Errorf("GPU 0: %+v", got0)
+	}
+	if got1 := r.Nodes[0].GPUs[1]; !got1.Exclusive || got1.UsedMiB != 40960 {
+		t.Errorf("GPU 1: %+v", got1)
+	}
+	if len(r.Pending) != 1 || r.Pending[0].Name != "default/waiting" || !strings.Contains(r.Pending[0].Reason, "50000 MiB") {
+		t.Errorf("pending: %+v", r.Pending)
+	}
+	k := r.Packing()
+	if k.GPUs != 2 || k.InUse != 2 || k.Exclusive != 1 || k.PartlyUsed != 1 || k.Pods != 3 {
+		t.Errorf("packing %+v", k)
+	}
+	var out bytes.Buffer
+	if err := r.Print(&out); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"30000/40960", "80%", "2/4", "whole", "a,team/b", "3 pods on 2 of 2 GPUs (1 whole, 1 shared and partly free)", "default/waiting: 0/1 nodes", "invariant checker: no GPU over"} {
+		if !strings.Contains(out.String(), s) {
+			t.Errorf("output lacks %q:\n%s", s, out.String())
+		}
+	}
+
+	// Two records over-committing GPU 0 are reported, not hidden.
+	big := &api.PodAllocation{Node: "n1", Containers: []api.ContainerAllocation{{Name: "c", Devices: []api.DeviceGrant{{UUID: g0, MemoryMiB: 30000, Cores: 10}}}}}
+	if _, err := client.CoreV1().Pods("default").Create(context.Background(), gpuPod(t, "default", "big", "n1", big), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r, err = Collect(context.Background(), client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Invariant == nil {
+		t.Fatal("60000 MiB granted on a 40960 MiB GPU, and the checker found nothing")
+	}
+	out.Reset()
+	_ = r.Print(&out)
+	if !strings.Contains(out.String(), "INVARIANT BROKEN") {
+		t.Errorf("output hides the broken invariant:\n%s", out.String())
+	}
+}
+
+// TestSupervisorRestartsAndStops runs a stand-in component (sh), kills
+// it, and expects it back with a new PID; stopAll ends it for good.
+func TestSupervisorRestartsAndStops(t *testing.T) {
+	logs := t.TempDir()
+	changed := make(chan struct{}, 10)
+	s := newSupervisor("/bin/sh", logs, ktesting.NewLogger(t, ktesting.NewConfig()), func() { changed <- struct{}{} })
+	if err := s.start("api", []string{"-c", "sleep 60"}, nil, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.start("worker", []string{"-c", "trap 'exit 0' TERM; sleep 60 & wait"}, []string{"X=1"}, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.start("worker", nil, nil, false); err == nil {
+		t.Error("a second component named worker was accepted")
+	}
+	first := s.components()["worker"].PID
+	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c := s.components()["worker"]
+		if c.Restarts == 1 && c.PID != first && s.alive("worker") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("worker not restarted: %+v", c)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	start := time.Now()
+	s.stopAll(5 * time.Second)
+	if s.alive("worker") || s.alive("api") {
+		t.Error("components alive after stopAll")
+	}
+	if time.Since(start) > 4*time.Second {
+		t.Errorf("stopAll took %v for components that exit on SIGTERM", time.Since(start))
+	}
+	time.Sleep(1500 * time.Millisecond) // past the restart delay
+	if c := s.components()["worker"]; c.Restarts != 1 {
+		t.Errorf("worker restarted after stopAll: %+v", c)
+	}
+	b, err := os.ReadFile(filepath.Join(logs, "worker.log"))
+	if err != nil || strings.Count(string(b), "starting worker") != 2 || !strings.Contains(string(b), "signal: killed") {
+		t.Errorf("worker.log: %v\n%s", err, b)
+	}
+}
