@@ -186,7 +186,14 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	}
 	step("started kube-controller-manager, scheduler, webhook and %d emulated GPU nodes", len(cfg.Nodes))
 
-	if err := waitReady(ctx, client, cfg.Nodes, cfg.ReadyTimeout); err != nil {
+	if err := waitReady(ctx, client, cfg.Nodes, cfg.ReadyTimeout, func() error {
+		for name, c := range sup.components() {
+			if c.Restarts >= 3 {
+				return fmt.Errorf("%s keeps exiting (%d restarts); see %s", name, c.Restarts, filepath.Join(d.Logs(), sanitize(name)+".log"))
+			}
+		}
+		return nil
+	}); err != nil {
 		return fmt.Errorf("%w (logs in %s)", err, d.Logs())
 	}
 	step("ready: webhook admitting, %d nodes Ready with their GPUs", len(cfg.Nodes))
@@ -217,10 +224,15 @@ func writeSchedulerConfig(path, kubeconfig string) (string, error) {
 
 // waitReady waits until the webhook routes GPU pods to Tessera's scheduler
 // and every node is Ready with its inventory and GPU slots published.
-func waitReady(ctx context.Context, client kubernetes.Interface, nodes []NodeSpec, timeout time.Duration) error {
+// crashing, polled meanwhile, ends the wait early when a component keeps
+// failing (no root, a port taken, …).
+func waitReady(ctx context.Context, client kubernetes.Interface, nodes []NodeSpec, timeout time.Duration, crashing func() error) error {
 	probe := fixtures.Pod(metav1.NamespaceDefault, "tessera-lab-probe", "", fixtures.Container("c", map[string]string{api.DefaultResourceNames.GPU: "0.5"}))
 	var missing []string
 	err := waitUntil(ctx, timeout, func(ctx context.Context) (bool, error) {
+		if err := crashing(); err != nil {
+			return false, err
+		}
 		missing = missing[:0]
 		p, err := client.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		if err != nil || p.Spec.SchedulerName != scheduler.SchedulerName {
@@ -233,10 +245,10 @@ func waitReady(ctx context.Context, client kubernetes.Interface, nodes []NodeSpe
 		}
 		return len(missing) == 0, nil
 	})
-	if err != nil {
+	if errors.Is(err, errTimeout) {
 		return fmt.Errorf("not ready after %v: waiting for %s", timeout, strings.Join(missing, ", "))
 	}
-	return nil
+	return err
 }
 
 func nodeReady(ctx context.Context, client kubernetes.Interface, name string) bool {
@@ -256,10 +268,12 @@ func nodeReady(ctx context.Context, client kubernetes.Interface, name string) bo
 	return false
 }
 
+var errTimeout = errors.New("timed out")
+
 func waitUntil(ctx context.Context, timeout time.Duration, cond func(context.Context) (bool, error)) error {
 	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, timeout, true, cond)
 	if errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("timed out after %v", timeout)
+		return fmt.Errorf("%w after %v", errTimeout, timeout)
 	}
 	return err
 }
