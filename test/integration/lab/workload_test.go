@@ -208,8 +208,9 @@ func createAll(t *testing.T, pods []*corev1.Pod) {
 const loadNS = "load"
 
 // checkSettled asserts every pod of the namespace runs with its record
-// in its containers, or is pending with a reason a user can act on.
-func checkSettled(t *testing.T, ns string) (running, pending int) {
+// in its containers, or is pending with a reason a user can act on, or
+// has failed in a way mayFail (if not nil) accepts; it returns those.
+func checkSettled(t *testing.T, ns string, mayFail func(*corev1.Pod) bool) (running, pending int, failed []corev1.Pod) {
 	t.Helper()
 	ctx := context.Background()
 	if err := lab.WaitSettled(ctx, client, ns, 5*time.Minute); err != nil {
@@ -239,10 +240,14 @@ func checkSettled(t *testing.T, ns string) (running, pending int) {
 				t.Errorf("pending pod %s: scheduling message %q does not say why per node group", p.Name, msg)
 			}
 		default:
-			t.Errorf("pod %s is %s: %s %s", p.Name, p.Status.Phase, p.Status.Reason, p.Status.Message)
+			if mayFail != nil && mayFail(&p) {
+				failed = append(failed, p)
+				continue
+			}
+			t.Errorf("pod %s on %s is %s: %s %s", p.Name, p.Spec.NodeName, p.Status.Phase, p.Status.Reason, p.Status.Message)
 		}
 	}
-	return running, pending
+	return running, pending, failed
 }
 
 // TestConcurrentFractionalPods creates 300 fractional pods at once on the
@@ -258,7 +263,7 @@ func TestConcurrentFractionalPods(t *testing.T) {
 	}
 	start := time.Now()
 	createAll(t, pods)
-	running, pending := checkSettled(t, loadNS)
+	running, pending, _ := checkSettled(t, loadNS, nil)
 	r := checkInvariant(t)
 	k := r.Packing()
 	t.Logf("300 pods created at once: %d running, %d pending after %v; %d of %d GPUs in use, %.1f%% of GPU memory allocated",
@@ -347,7 +352,28 @@ func TestFaults(t *testing.T) {
 		}
 		return true
 	})
-	running, pending := checkSettled(t, loadNS)
+	// A pod bound to a node while its node agent or kubelet restarts
+	// meets the kubelet's device manager without a registered plugin and
+	// is rejected (UnexpectedAdmissionError), as with any device plugin;
+	// a controller would recreate it. Only pods created during the faults,
+	// on the disrupted nodes, may fail so; recreated, they must run.
+	disrupted := map[string]bool{"lab-gpu-02": true, "lab-gpu-03": true}
+	running, pending, failed := checkSettled(t, loadNS, func(p *corev1.Pod) bool {
+		return strings.HasPrefix(p.Name, "f-") && disrupted[p.Spec.NodeName] &&
+			p.Status.Reason == "UnexpectedAdmissionError" && strings.Contains(p.Status.Message, "devices unavailable for "+names.GPU)
+	})
+	if len(failed) > 0 {
+		var again []*corev1.Pod
+		for _, p := range failed {
+			t.Logf("rejected by the kubelet of %s during the faults: %s (%s)", p.Spec.NodeName, p.Name, p.Status.Message)
+			if err := client.CoreV1().Pods(loadNS).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			again = append(again, fractionalPod(loadNS, p.Name+"-again", shapeOf(&p)))
+		}
+		createAll(t, again)
+		running, pending, _ = checkSettled(t, loadNS, nil)
+	}
 	checkInvariant(t)
 	lost := 0
 	for name, old := range kept {
@@ -362,8 +388,17 @@ func TestFaults(t *testing.T) {
 			lost++
 		}
 	}
-	t.Logf("after killing %s: %d pods running, %d pending; %d of %d earlier pods kept their allocation",
-		strings.Join(victims, ", "), running, pending, len(kept)-lost, len(kept))
+	t.Logf("after killing %s: %d pods running, %d pending (%d rejected at admission during the faults and recreated); %d of %d earlier pods kept their allocation",
+		strings.Join(victims, ", "), running, pending, len(failed), len(kept)-lost, len(kept))
+}
+
+// shapeOf is the request of a pod made by fractionalPod.
+func shapeOf(p *corev1.Pod) map[string]string {
+	out := map[string]string{}
+	for k, v := range p.Spec.Containers[0].Resources.Limits {
+		out[string(k)] = v.String()
+	}
+	return out
 }
 
 func processAlive(pid int) bool { return pid > 0 && syscall.Kill(pid, 0) == nil }
