@@ -360,7 +360,8 @@ func TestFaults(t *testing.T) {
 	disrupted := map[string]bool{"lab-gpu-02": true, "lab-gpu-03": true}
 	running, pending, failed := checkSettled(t, loadNS, func(p *corev1.Pod) bool {
 		return strings.HasPrefix(p.Name, "f-") && disrupted[p.Spec.NodeName] &&
-			p.Status.Reason == "UnexpectedAdmissionError" && strings.Contains(p.Status.Message, "devices unavailable for "+names.GPU)
+			p.Status.Reason == "UnexpectedAdmissionError" && strings.Contains(p.Status.Message, "Allocate failed due to") &&
+			strings.Contains(p.Status.Message, names.GPU)
 	})
 	if len(failed) > 0 {
 		var again []*corev1.Pod
