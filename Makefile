@@ -9,6 +9,9 @@ FUZZ_PACKAGES   := ./pkg/api/
 BENCHTIME       ?= 200x
 LIMITER         := $(wildcard limiter/Makefile)
 
+# tessera-lab carries a whole control plane; without DWARF it links in a
+# third of the time (12 s -> 4 s here) and is 140 MB instead of 190 MB.
+LAB_LDFLAGS     := -s -w
 INTEGRATION     := ./internal/nodeagent/... ./test/integration/...
 
 .PHONY: help build test test-go test-limiter test-integration lint fuzz bench bench-scheduler-ci bench-scheduler demo lab simulate clean
@@ -18,7 +21,7 @@ help: ## list the targets
 
 build: ## build bin/tessera, bin/tessera-lab (and the limiter library)
 	$(GO) build -o bin/tessera ./cmd/tessera
-	$(GO) build -o bin/tessera-lab ./cmd/tessera-lab
+	$(GO) build -ldflags "$(LAB_LDFLAGS)" -o bin/tessera-lab ./cmd/tessera-lab
 ifneq ($(LIMITER),)
 	$(MAKE) -C limiter
 endif
@@ -62,11 +65,11 @@ bench-scheduler: ## scheduler_perf, 5,000 nodes x 8 GPUs, 10,000 pods per schedu
 	$(GO) test -tags integration -count=1 -run '^$$' -bench BenchmarkPerfScheduling -benchtime=1x -timeout=80m ./test/integration/schedulerperf/ -data-items-dir=$(CURDIR)/bench-results
 
 demo: ## start the emulated GPU cluster, apply examples/, print the allocation, stop (no cluster, no GPU; root)
-	$(GO) build -o bin/tessera-lab ./cmd/tessera-lab
+	$(GO) build -ldflags "$(LAB_LDFLAGS)" -o bin/tessera-lab ./cmd/tessera-lab
 	bin/tessera-lab demo
 
 lab: ## start the emulated GPU cluster and keep it running (tessera-lab up; Ctrl-C stops it)
-	$(GO) build -o bin/tessera-lab ./cmd/tessera-lab
+	$(GO) build -ldflags "$(LAB_LDFLAGS)" -o bin/tessera-lab ./cmd/tessera-lab
 	bin/tessera-lab up $(LAB_FLAGS)
 
 simulate: ## replay the bundled openb trace through every placement policy
