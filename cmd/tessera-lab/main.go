@@ -10,7 +10,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -25,11 +24,12 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-gpu/tessera/internal/cli"
 	"github.com/tessera-gpu/tessera/internal/lab"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/nvmltest"
 )
 
-var errUsage = errors.New("usage")
+var errUsage = cli.ErrUsage
 
 func main() {
 	args := os.Args[1:]
@@ -74,17 +74,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		usage(stderr)
 		return 2
 	}
-	if err := cmd(ctx, args[1:], stdout, stderr); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintf(stderr, "tessera-lab %s: %v\n", args[0], err)
-		if errors.Is(err, errUsage) {
-			return 2
-		}
-		return 1
-	}
-	return 0
+	return cli.ExitCode(stderr, "tessera-lab", args[0], cmd(ctx, args[1:], stdout, stderr))
 }
 
 // labFlags are the flags of up and demo.
@@ -124,18 +114,7 @@ func (f labFlags) config(stdout io.Writer) (lab.Config, error) {
 	return lab.Config{Dir: lab.Dir(*f.dir), Nodes: nodes, Exe: exe, Out: stdout}, nil
 }
 
-func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
-	}
-	return nil
-}
+func parse(fs *flag.FlagSet, args []string) error { return cli.ParseFlags(fs, args) }
 
 func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("up", flag.ContinueOnError)

@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -13,6 +12,7 @@ import (
 	"sort"
 	"syscall"
 
+	"github.com/tessera-gpu/tessera/internal/cli"
 	"github.com/tessera-gpu/tessera/internal/version"
 )
 
@@ -31,7 +31,7 @@ var commands = map[string]command{
 }
 
 // errUsage marks errors whose message is a usage text (exit code 2).
-var errUsage = errors.New("usage")
+var errUsage = cli.ErrUsage
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -54,33 +54,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		usage(stderr)
 		return 2
 	}
-	if err := cmd.run(ctx, args[1:], stdout, stderr); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintf(stderr, "tessera %s: %v\n", args[0], err)
-		if errors.Is(err, errUsage) {
-			return 2
-		}
-		return 1
-	}
-	return 0
+	return cli.ExitCode(stderr, "tessera", args[0], cmd.run(ctx, args[1:], stdout, stderr))
 }
 
-// parseFlags parses a subcommand's flags, which take no positional
-// arguments, and marks every mistake as a usage error.
-func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
-	}
-	return nil
-}
+// parseFlags parses a subcommand's flags (cli.ParseFlags).
+func parseFlags(fs *flag.FlagSet, args []string) error { return cli.ParseFlags(fs, args) }
 
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "Usage: tessera <command> [flags]\n\nCommands:")
