@@ -2,6 +2,7 @@ package lab
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -13,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
+	"github.com/tessera-gpu/tessera/internal/scheduler"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -60,7 +62,6 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Report, error) 
 	if err != nil {
 		return nil, err
 	}
-	invs := map[string]*api.NodeInventory{}
 	c := placement.NewCluster()
 	for _, n := range nodes.Items {
 		raw, ok := n.Annotations[api.AnnotationInventory]
@@ -71,7 +72,6 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Report, error) 
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", n.Name, err)
 		}
-		invs[n.Name] = inv
 		pn, err := placement.NewNode(n.Name, placement.Unlimited, placement.Unlimited, inv)
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", n.Name, err)
@@ -79,13 +79,13 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Report, error) 
 		c.UpsertNode(pn)
 	}
 	r := &Report{}
-	recs := map[string]*api.PodAllocation{}
+	var errs []error                // the invariant checker's findings
 	podsOn := map[string][]string{} // GPU UUID → pods
 	for _, p := range pods.Items {
 		key := p.Namespace + "/" + p.Name
 		raw, has := p.Annotations[api.AnnotationAllocation]
 		if p.Spec.NodeName == "" {
-			if p.Spec.SchedulerName == "tessera-scheduler" && p.DeletionTimestamp == nil {
+			if p.Spec.SchedulerName == scheduler.SchedulerName && p.DeletionTimestamp == nil {
 				r.Pending = append(r.Pending, PendingPod{Name: key, Reason: unschedulableReason(&p)})
 			}
 			continue
@@ -97,11 +97,12 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Report, error) 
 		if err != nil {
 			return nil, fmt.Errorf("pod %s: %w", key, err)
 		}
-		recs[key] = rec
-		if c.Node(rec.Node) != nil {
-			if err := c.AssignRecord(key, 0, 0, rec); err != nil {
-				r.Invariant = err
-			}
+		// The same checks as placement.CheckRecords, on the cluster the
+		// report is read from.
+		if c.Node(rec.Node) == nil {
+			errs = append(errs, fmt.Errorf("pod %s: allocated on node %s, which has no inventory", key, rec.Node))
+		} else if err := c.AssignRecord(key, 0, 0, rec); err != nil {
+			errs = append(errs, err)
 		}
 		seen := map[string]bool{}
 		for _, ct := range rec.Containers {
@@ -113,9 +114,7 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Report, error) 
 			}
 		}
 	}
-	if r.Invariant == nil {
-		r.Invariant = placement.CheckRecords(invs, recs)
-	}
+	r.Invariant = errors.Join(append(errs, c.Check())...)
 	for _, n := range c.Nodes() {
 		nr := NodeReport{Name: n.Name}
 		for _, g := range n.GPUs {
