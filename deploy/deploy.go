@@ -3,10 +3,28 @@
 // the scheduler from the very configuration a cluster gets).
 package deploy
 
-import _ "embed"
+import (
+	_ "embed"
+
+	"sigs.k8s.io/yaml"
+)
 
 // SchedulerConfig is scheduler/config.yaml, the KubeSchedulerConfiguration
 // of `tessera scheduler`.
 //
 //go:embed scheduler/config.yaml
 var SchedulerConfig []byte
+
+// SchedulerConfigFor is SchedulerConfig for a single replica that reaches
+// its API server through kubeconfig at the given client rate, without
+// leader election: how the emulated cluster and the integration tests run
+// the shipped configuration.
+func SchedulerConfigFor(kubeconfig string, qps, burst int) ([]byte, error) {
+	var cfg map[string]any
+	if err := yaml.Unmarshal(SchedulerConfig, &cfg); err != nil {
+		return nil, err
+	}
+	cfg["leaderElection"] = map[string]any{"leaderElect": false}
+	cfg["clientConnection"] = map[string]any{"kubeconfig": kubeconfig, "qps": qps, "burst": burst}
+	return yaml.Marshal(cfg)
+}

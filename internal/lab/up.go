@@ -18,7 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
-	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/internal/scheduler"
@@ -206,16 +205,10 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	return nil
 }
 
-// writeSchedulerConfig is deploy/scheduler/config.yaml pointed at the lab,
-// without leader election (one replica).
+// writeSchedulerConfig writes the shipped scheduler configuration pointed
+// at the lab.
 func writeSchedulerConfig(path, kubeconfig string) (string, error) {
-	var cfg map[string]any
-	if err := yaml.Unmarshal(deploy.SchedulerConfig, &cfg); err != nil {
-		return "", err
-	}
-	cfg["leaderElection"] = map[string]any{"leaderElect": false}
-	cfg["clientConnection"] = map[string]any{"kubeconfig": kubeconfig, "qps": 200, "burst": 400}
-	out, err := yaml.Marshal(cfg)
+	out, err := deploy.SchedulerConfigFor(kubeconfig, 200, 400)
 	if err != nil {
 		return "", err
 	}

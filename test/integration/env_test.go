@@ -19,8 +19,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"sigs.k8s.io/yaml"
 
+	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/internal/placement"
 	"github.com/tessera-gpu/tessera/internal/scheduler"
 	"github.com/tessera-gpu/tessera/internal/testenv"
@@ -98,21 +98,11 @@ func (e *env) startWebhook() {
 
 // writeSchedulerConfig is deploy/scheduler/config.yaml, the shipped
 // configuration, pointed at the test's API server without leader election.
+// A modest client rate keeps a 500-pod run a few seconds long, so a
+// scheduler killed "in the middle" really is.
 func (e *env) writeSchedulerConfig() string {
 	t := e.t
-	data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "deploy", "scheduler", "config.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cfg map[string]any
-	if err := yaml.Unmarshal(data, &cfg); err != nil {
-		t.Fatal(err)
-	}
-	cfg["leaderElection"] = map[string]any{"leaderElect": false}
-	// A modest client rate keeps a 500-pod run a few seconds long, so a
-	// scheduler killed "in the middle" really is.
-	cfg["clientConnection"] = map[string]any{"kubeconfig": e.cp.Kubeconfig, "qps": 200, "burst": 200}
-	out, err := yaml.Marshal(cfg)
+	out, err := deploy.SchedulerConfigFor(e.cp.Kubeconfig, 200, 200)
 	if err != nil {
 		t.Fatal(err)
 	}
