@@ -28,6 +28,9 @@ func Demo(ctx context.Context, cfg Config) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	out := cfg.Out
+	if out == nil {
+		out = io.Discard
+	}
 	var demoErr error
 	err := Up(ctx, cfg, func(st *State, client kubernetes.Interface) {
 		defer cancel()

@@ -159,7 +159,7 @@ func (d Dir) writeState(s *State) error {
 }
 
 // Alive reports whether the lab's supervisor process still runs.
-func (s *State) Alive() bool { return !s.Stopped && processAlive(s.PID) }
+func (s *State) Alive() bool { return !s.Stopped && ProcessAlive(s.PID) }
 
 // Stop asks the lab's supervisor to stop (SIGTERM, as Ctrl-C does) and
 // waits until it has; after timeout it kills it, and with it every
@@ -173,7 +173,7 @@ func Stop(ctx context.Context, d Dir, timeout time.Duration) error {
 		return fmt.Errorf("stopping the lab (pid %d): %w", st.PID, err)
 	}
 	deadline := time.Now().Add(timeout)
-	for processAlive(st.PID) {
+	for ProcessAlive(st.PID) {
 		if time.Now().After(deadline) {
 			_ = syscall.Kill(st.PID, syscall.SIGKILL)
 			time.Sleep(time.Second)

@@ -219,7 +219,8 @@ func (s *supervisor) stop(name string, grace time.Duration) {
 	}
 }
 
-func processAlive(pid int) bool {
+// ProcessAlive reports whether a process with this PID exists.
+func ProcessAlive(pid int) bool {
 	if pid <= 0 {
 		return false
 	}

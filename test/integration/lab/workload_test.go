@@ -328,7 +328,7 @@ func TestFaults(t *testing.T) {
 			return false
 		}
 		for _, v := range victims {
-			if c := now.Components[v]; c.Restarts == 0 || c.PID == st.Components[v].PID || !processAlive(c.PID) {
+			if c := now.Components[v]; c.Restarts == 0 || c.PID == st.Components[v].PID || !lab.ProcessAlive(c.PID) {
 				return false
 			}
 		}
@@ -401,5 +401,3 @@ func shapeOf(p *corev1.Pod) map[string]string {
 	}
 	return out
 }
-
-func processAlive(pid int) bool { return pid > 0 && syscall.Kill(pid, 0) == nil }
