@@ -352,16 +352,21 @@ func TestFaults(t *testing.T) {
 		}
 		return true
 	})
-	// A pod bound to a node while its node agent or kubelet restarts
-	// meets the kubelet's device manager without a registered plugin and
-	// is rejected (UnexpectedAdmissionError), as with any device plugin;
-	// a controller would recreate it. Only pods created during the faults,
-	// on the disrupted nodes, may fail so; recreated, they must run.
+	// A pod bound to a node while its node agent or kubelet restarts is
+	// rejected by the kubelet's admission, as with any device plugin: the
+	// device manager has no registered plugin ("no healthy devices"), the
+	// plugin died inside a call ("GetPreferredAllocation rpc failed ...
+	// EOF"), or the restarted kubelet has not yet re-advertised the
+	// resource (OutOf<resource>). A controller would recreate the pod.
+	// Only pods created during the faults, on the disrupted nodes, may
+	// fail so; recreated, they must run.
 	disrupted := map[string]bool{"lab-gpu-02": true, "lab-gpu-03": true}
 	running, pending, failed := checkSettled(t, loadNS, func(p *corev1.Pod) bool {
-		return strings.HasPrefix(p.Name, "f-") && disrupted[p.Spec.NodeName] &&
-			p.Status.Reason == "UnexpectedAdmissionError" && strings.Contains(p.Status.Message, "Allocate failed due to") &&
-			strings.Contains(p.Status.Message, names.GPU)
+		if !strings.HasPrefix(p.Name, "f-") || !disrupted[p.Spec.NodeName] || p.Status.Phase != corev1.PodFailed {
+			return false
+		}
+		return (p.Status.Reason == "UnexpectedAdmissionError" && strings.Contains(p.Status.Message, "Allocate failed due to")) ||
+			p.Status.Reason == "OutOf"+names.GPU
 	})
 	if len(failed) > 0 {
 		var again []*corev1.Pod
