@@ -2,7 +2,8 @@
 // adapter from Pods and Nodes to the placement core. PreFilter turns the
 // pod into a compiled placement request, Filter asks the core per node,
 // Score applies the node policy, Reserve/Unreserve charge and release the
-// core's state, and PreBind writes the pod's allocation record.
+// core's state, and Bind binds the pod with its allocation record in the
+// Binding (or PreBind writes the record first, where another plugin binds).
 package scheduler
 
 import (
@@ -24,6 +25,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
+	schedconfig "k8s.io/kubernetes/pkg/scheduler/apis/config"
 	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
@@ -45,6 +47,7 @@ type Plugin struct {
 	policy placement.Policy
 	st     *state
 	client kubernetes.Interface
+	handle fwk.Handle
 	// activate requeues pods this plugin found unschedulable once shares
 	// are released (nil in unit tests).
 	activate func(logger klog.Logger, pods map[string]*corev1.Pod)
@@ -54,6 +57,9 @@ type Plugin struct {
 	waitMu   sync.Mutex
 	waiting  map[string]*corev1.Pod
 	scratchs sync.Pool
+
+	bindOnce  sync.Once
+	bindsSelf bool // set once by recordInBinding
 }
 
 var (
@@ -64,6 +70,7 @@ var (
 	_ fwk.ScorePlugin      = (*Plugin)(nil)
 	_ fwk.ReservePlugin    = (*Plugin)(nil)
 	_ fwk.PreBindPlugin    = (*Plugin)(nil)
+	_ fwk.BindPlugin       = (*Plugin)(nil)
 )
 
 // New is the plugin factory for app.WithPlugin. Its arguments are an
@@ -82,6 +89,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	}
 	registerMetrics()
 	p.client = h.ClientSet()
+	p.handle = h
 	p.activate = h.Activate
 	logger := klog.FromContext(ctx).WithName(Name)
 	nodeReg, err := h.SharedInformerFactory().Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -490,33 +498,149 @@ func (p *Plugin) Unreserve(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 	}
 }
 
-// PreBindPreFlight tells the framework whether PreBind has work to do.
+// recordInBinding reports whether the profile binds through this plugin
+// (Tessera first among its bind plugins): then the record travels in the
+// Binding and PreBind has nothing to do. Otherwise another binder binds
+// GPU pods, and PreBind must write the record before it does.
+func (p *Plugin) recordInBinding(logger klog.Logger) bool {
+	p.bindOnce.Do(func() {
+		lister, ok := p.handle.(interface{ ListPlugins() *schedconfig.Plugins })
+		if !ok {
+			return
+		}
+		if pl := lister.ListPlugins(); pl != nil && len(pl.Bind.Enabled) > 0 && pl.Bind.Enabled[0].Name == Name {
+			p.bindsSelf = true
+		}
+		where := "PreBind"
+		if p.bindsSelf {
+			where = "Binding"
+		}
+		logger.Info("GPU allocation records are written with the binding", "writtenIn", where)
+	})
+	return p.bindsSelf
+}
+
+// PreBindPreFlight tells the framework whether PreBind has work to do. It
+// has none when Bind carries the record: kube-scheduler then neither runs
+// PreBind nor patches the pod's nominatedNodeName before binding.
 func (p *Plugin) PreBindPreFlight(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) (*fwk.PreBindPreFlightResult, *fwk.Status) {
-	if readState(cs) == nil {
+	if readState(cs) == nil || p.recordInBinding(klog.FromContext(ctx)) {
 		return nil, fwk.NewStatus(fwk.Skip)
 	}
 	return &fwk.PreBindPreFlightResult{AllowParallel: true}, nil
 }
 
-// PreBind writes the allocation record on the pod before it is bound: the
-// node agent serves the pod's GPUs from it and a restarted scheduler
-// rebuilds its state from it.
+// reserved is the record Reserve made for the pod.
+func reserved(s *cycleState, pod *corev1.Pod) (*api.PodAllocation, *fwk.Status) {
+	s.mu.Lock()
+	rec := s.rec
+	s.mu.Unlock()
+	if rec == nil {
+		return nil, fwk.AsStatus(fmt.Errorf("no GPUs reserved for pod %s", podrequest.Key(pod)))
+	}
+	return rec, nil
+}
+
+// PreBind writes the allocation record on the pod before another plugin
+// binds it: the node agent serves the pod's GPUs from it and a restarted
+// scheduler rebuilds its state from it.
 func (p *Plugin) PreBind(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) *fwk.Status {
 	defer since("PreBind", time.Now())
 	s := readState(cs)
 	if s == nil {
 		return nil
 	}
-	s.mu.Lock()
-	rec := s.rec
-	s.mu.Unlock()
-	if rec == nil {
-		return fwk.AsStatus(fmt.Errorf("no GPUs reserved for pod %s", podrequest.Key(pod)))
+	rec, st := reserved(s, pod)
+	if st != nil {
+		return st
 	}
 	if err := WriteRecord(ctx, p.client, pod.Namespace, pod.Name, pod.UID, rec); err != nil {
 		return fwk.AsStatus(err)
 	}
 	return nil
+}
+
+// Bind binds a GPU pod with its allocation record among the Binding's
+// annotations, which the API server copies onto the pod in the same write
+// that sets spec.nodeName: a bound pod never lacks its record, and an
+// unbound one never has it. Pods the plugin does not place are left to the
+// next bind plugin (DefaultBinder).
+func (p *Plugin) Bind(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) *fwk.Status {
+	s := readState(cs)
+	if s == nil || !p.recordInBinding(klog.FromContext(ctx)) {
+		return fwk.NewStatus(fwk.Skip)
+	}
+	defer since("Bind", time.Now())
+	rec, st := reserved(s, pod)
+	if st != nil {
+		return st
+	}
+	b, err := bindingWithRecord(pod, nodeName, rec)
+	if err != nil {
+		return fwk.AsStatus(err)
+	}
+	if c := p.apiCacher(); c != nil {
+		// kube-scheduler's asynchronous API calls (SchedulerAsyncAPICalls)
+		// order this with the pod's other pending calls.
+		onFinish, err := c.BindPod(b)
+		if err == nil {
+			err = c.WaitOnFinish(ctx, onFinish)
+		}
+		if err != nil {
+			return fwk.AsStatus(fmt.Errorf("binding pod %s/%s to %s: %w", pod.Namespace, pod.Name, nodeName, err))
+		}
+		return nil
+	}
+	if err := BindWithRecord(ctx, p.client, b); err != nil {
+		return fwk.AsStatus(err)
+	}
+	return nil
+}
+
+func (p *Plugin) apiCacher() fwk.APICacher {
+	if p.handle == nil {
+		return nil
+	}
+	return p.handle.APICacher()
+}
+
+func bindingWithRecord(pod *corev1.Pod, nodeName string, rec *api.PodAllocation) (*corev1.Binding, error) {
+	data, err := api.EncodeAllocation(rec)
+	if err != nil {
+		return nil, err
+	}
+	return &corev1.Binding{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID,
+			Annotations: map[string]string{api.AnnotationAllocation: string(data)},
+		},
+		Target: corev1.ObjectReference{Kind: "Node", Name: nodeName},
+	}, nil
+}
+
+// transient errors are worth the same request again.
+func transient(err error) bool {
+	return apierrors.IsServerTimeout(err) || apierrors.IsTooManyRequests(err) ||
+		apierrors.IsInternalError(err) || apierrors.IsServiceUnavailable(err) || apierrors.IsTimeout(err)
+}
+
+// BindWithRecord creates the binding, retrying transient errors. An
+// attempt that timed out may still have bound the pod, so an error is
+// checked against the pod itself: bound to the target with this record
+// and UID is success.
+func BindWithRecord(ctx context.Context, client kubernetes.Interface, b *corev1.Binding) error {
+	pods := client.CoreV1().Pods(b.Namespace)
+	err := retry.OnError(retry.DefaultBackoff, transient, func() error {
+		return pods.Bind(ctx, b, metav1.CreateOptions{})
+	})
+	if err == nil {
+		return nil
+	}
+	if cur, gerr := pods.Get(ctx, b.Name, metav1.GetOptions{}); gerr == nil && cur.UID == b.UID &&
+		cur.Spec.NodeName == b.Target.Name && cur.Annotations[api.AnnotationAllocation] == b.Annotations[api.AnnotationAllocation] {
+		return nil
+	}
+	return fmt.Errorf("binding pod %s/%s to %s with its GPU allocation record: %w", b.Namespace, b.Name, b.Target.Name, err)
 }
 
 // WriteRecord sets the allocation annotation on the pod with the given UID,
@@ -530,10 +654,7 @@ func WriteRecord(ctx context.Context, client kubernetes.Interface, namespace, na
 	if err != nil {
 		return err
 	}
-	retriable := func(err error) bool {
-		return apierrors.IsConflict(err) || apierrors.IsServerTimeout(err) || apierrors.IsTooManyRequests(err) ||
-			apierrors.IsInternalError(err) || apierrors.IsServiceUnavailable(err) || apierrors.IsTimeout(err)
-	}
+	retriable := func(err error) bool { return apierrors.IsConflict(err) || transient(err) }
 	err = retry.OnError(retry.DefaultBackoff, retriable, func() error {
 		_, err := client.CoreV1().Pods(namespace).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
 		return err
