@@ -7,13 +7,28 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/kubernetes/cmd/kube-scheduler/app"
 	"k8s.io/kubernetes/cmd/kube-scheduler/app/options"
+	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
 )
 
 // NewCommand returns kube-scheduler's command with the Tessera plugin
 // registered; every kube-scheduler flag works (--config, --kubeconfig,
 // --leader-elect, …).
 func NewCommand() *cobra.Command {
-	return app.NewSchedulerCommand(app.WithPlugin(Name, New))
+	return app.NewSchedulerCommand(withPlugins()...)
+}
+
+// Registry holds Tessera's plugins: the Tessera plugin and the profile's
+// NodeResourcesFit (ResourcesFitName).
+func Registry() frameworkruntime.Registry {
+	return frameworkruntime.Registry{Name: New, ResourcesFitName: NewResourcesFit}
+}
+
+func withPlugins() []app.Option {
+	var opts []app.Option
+	for name, factory := range Registry() {
+		opts = append(opts, app.WithPlugin(name, factory))
+	}
+	return opts
 }
 
 // RunInProcess runs a scheduler with the Tessera plugin from a
@@ -25,7 +40,7 @@ func RunInProcess(ctx context.Context, configFile string) error {
 	opts := options.NewOptions()
 	opts.ConfigFile = configFile
 	opts.SecureServing.BindPort = 0
-	cc, sched, err := app.Setup(ctx, opts, app.WithPlugin(Name, New))
+	cc, sched, err := app.Setup(ctx, opts, withPlugins()...)
 	if err != nil {
 		return fmt.Errorf("setting up the scheduler: %w", err)
 	}

@@ -59,7 +59,7 @@ func TestMain(m *testing.M) {
 }
 
 func registry() frameworkruntime.Registry {
-	return frameworkruntime.Registry{scheduler.Name: scheduler.New}
+	return scheduler.Registry()
 }
 
 // BenchmarkPerfScheduling runs the performance workloads (label
