@@ -345,8 +345,9 @@ func (a *Agent) collect() {
 
 // podGetter reads pods from the informer cache and, on a miss, from the
 // API server: the kubelet may see a pod before our cache does. A cached
-// pod is complete: the scheduler writes the allocation record before it
-// binds the pod, and the cache only holds bound pods.
+// pod is complete: the scheduler writes the allocation record in the same
+// write that binds the pod (or before it), and the cache only holds bound
+// pods.
 type podGetter struct {
 	lister corelisters.PodLister
 	client kubernetes.Interface
