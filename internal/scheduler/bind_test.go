@@ -102,11 +102,11 @@ func testBinding(t *testing.T) (*corev1.Pod, *corev1.Binding) {
 	return pod, b
 }
 
-func TestBindWithRecordSetsNodeAndRecordTogether(t *testing.T) {
+func TestCreateBindingSetsNodeAndRecordTogether(t *testing.T) {
 	pod, b := testBinding(t)
 	client := fake.NewClientset(pod)
 	bindingServer(client, nil)
-	if err := BindWithRecord(context.Background(), client, b); err != nil {
+	if err := createBinding(context.Background(), client, b); err != nil {
 		t.Fatal(err)
 	}
 	got, _ := client.CoreV1().Pods("default").Get(context.Background(), "p", metav1.GetOptions{})
@@ -120,25 +120,25 @@ func TestBindWithRecordSetsNodeAndRecordTogether(t *testing.T) {
 
 // A binding that timed out after the API server applied it is retried,
 // meets "already bound", and is recognised as done.
-func TestBindWithRecordTimedOutButApplied(t *testing.T) {
+func TestCreateBindingTimedOutButApplied(t *testing.T) {
 	pod, b := testBinding(t)
 	client := fake.NewClientset(pod)
 	bindingServer(client, func(applied int) error {
 		return apierrors.NewTimeoutError("request timed out", 1)
 	})
-	if err := BindWithRecord(context.Background(), client, b); err != nil {
+	if err := createBinding(context.Background(), client, b); err != nil {
 		t.Fatalf("binding applied by a timed-out request reported as failed: %v", err)
 	}
 }
 
 // A pod bound elsewhere (or with another record) is an error that names
 // the pod and the node.
-func TestBindWithRecordConflict(t *testing.T) {
+func TestCreateBindingConflict(t *testing.T) {
 	pod, b := testBinding(t)
 	pod.Spec.NodeName = "b"
 	client := fake.NewClientset(pod)
 	bindingServer(client, nil)
-	err := BindWithRecord(context.Background(), client, b)
+	err := createBinding(context.Background(), client, b)
 	if err == nil || !strings.Contains(err.Error(), "default/p to a") || !apierrors.IsConflict(err) {
 		t.Fatalf("binding a pod bound elsewhere: %v", err)
 	}

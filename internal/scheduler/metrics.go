@@ -24,27 +24,9 @@ var (
 		Help:           "Scheduling attempts of GPU pods that found no node, by reason (counted once per reason and attempt).",
 		StabilityLevel: metrics.ALPHA,
 	}, []string{"reason"})
-	gpuMemory = metrics.NewGaugeVec(&metrics.GaugeOpts{
-		Namespace:      "tessera",
-		Subsystem:      "scheduler",
-		Name:           "gpu_allocated_memory_mib",
-		Help:           "GPU memory allocated to pods, per GPU, in MiB.",
-		StabilityLevel: metrics.ALPHA,
-	}, []string{"node", "gpu"})
-	gpuCores = metrics.NewGaugeVec(&metrics.GaugeOpts{
-		Namespace:      "tessera",
-		Subsystem:      "scheduler",
-		Name:           "gpu_allocated_cores_percent",
-		Help:           "GPU compute allocated to pods, per GPU, in percent of its SMs.",
-		StabilityLevel: metrics.ALPHA,
-	}, []string{"node", "gpu"})
-	gpuShares = metrics.NewGaugeVec(&metrics.GaugeOpts{
-		Namespace:      "tessera",
-		Subsystem:      "scheduler",
-		Name:           "gpu_allocated_shares",
-		Help:           "Containers holding a share of the GPU.",
-		StabilityLevel: metrics.ALPHA,
-	}, []string{"node", "gpu"})
+	gpuMemory      = perGPUGauge("gpu_allocated_memory_mib", "GPU memory allocated to pods, per GPU, in MiB.")
+	gpuCores       = perGPUGauge("gpu_allocated_cores_percent", "GPU compute allocated to pods, per GPU, in percent of its SMs.")
+	gpuShares      = perGPUGauge("gpu_allocated_shares", "Containers holding a share of the GPU.")
 	pluginDuration = metrics.NewHistogramVec(&metrics.HistogramOpts{
 		Namespace:      "tessera",
 		Subsystem:      "scheduler",
@@ -54,6 +36,17 @@ var (
 		StabilityLevel: metrics.ALPHA,
 	}, []string{"extension_point"})
 )
+
+// perGPUGauge is a gauge of the scheduler's state labelled by node and GPU.
+func perGPUGauge(name, help string) *metrics.GaugeVec {
+	return metrics.NewGaugeVec(&metrics.GaugeOpts{
+		Namespace:      "tessera",
+		Subsystem:      "scheduler",
+		Name:           name,
+		Help:           help,
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"node", "gpu"})
+}
 
 var registerOnce sync.Once
 

@@ -515,7 +515,7 @@ func (p *Plugin) recordInBinding(logger klog.Logger) bool {
 		if p.bindsSelf {
 			where = "Binding"
 		}
-		logger.Info("GPU allocation records are written with the binding", "writtenIn", where)
+		logger.Info("Where GPU allocation records are written", "writtenIn", where)
 	})
 	return p.bindsSelf
 }
@@ -591,7 +591,7 @@ func (p *Plugin) Bind(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, n
 		}
 		return nil
 	}
-	if err := BindWithRecord(ctx, p.client, b); err != nil {
+	if err := createBinding(ctx, p.client, b); err != nil {
 		return fwk.AsStatus(err)
 	}
 	return nil
@@ -624,11 +624,11 @@ func transient(err error) bool {
 		apierrors.IsInternalError(err) || apierrors.IsServiceUnavailable(err) || apierrors.IsTimeout(err)
 }
 
-// BindWithRecord creates the binding, retrying transient errors. An
+// createBinding creates the binding, retrying transient errors. An
 // attempt that timed out may still have bound the pod, so an error is
 // checked against the pod itself: bound to the target with this record
 // and UID is success.
-func BindWithRecord(ctx context.Context, client kubernetes.Interface, b *corev1.Binding) error {
+func createBinding(ctx context.Context, client kubernetes.Interface, b *corev1.Binding) error {
 	pods := client.CoreV1().Pods(b.Namespace)
 	err := retry.OnError(retry.DefaultBackoff, transient, func() error {
 		return pods.Bind(ctx, b, metav1.CreateOptions{})

@@ -26,7 +26,7 @@ import (
 // name against a regular expression on every node it visits, before it
 // looks at ignoredResources. A Tessera pod names two or three
 // pseudo-resources besides nvidia.com/gpu, so that check cost ~0.7 ms of
-// CPU per pod on 5,000 nodes (docs/benchmarks.md), more than the Tessera
+// CPU per pod on 1,000 nodes (docs/benchmarks.md), more than the Tessera
 // plugin's own Filter. Removed before PreFilter computes the request, the
 // pseudo-resources cost nothing per node; what the plugin decides is the
 // same, because an ignored resource is never checked either way.
