@@ -151,11 +151,7 @@ func (d Dir) writeState(s *State) error {
 	if err != nil {
 		return err
 	}
-	tmp := d.StateFile() + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, d.StateFile())
+	return writeFileAtomic(d.StateFile(), append(b, '\n'))
 }
 
 // Alive reports whether the lab's supervisor process still runs.

@@ -322,18 +322,18 @@ func (a *Agent) publish(ctx context.Context, node *v1.Node, inv *api.NodeInvento
 
 // collect removes the state directories of pods no longer on the node.
 func (a *Agent) collect() {
-	live := func(uid types.UID) bool {
-		pods, err := a.pods.List(labels.Everything())
-		if err != nil {
-			return true
-		}
-		for _, p := range pods {
-			if p.UID == uid && p.Status.Phase != v1.PodSucceeded && p.Status.Phase != v1.PodFailed {
-				return true
-			}
-		}
-		return false
+	pods, err := a.pods.List(labels.Everything())
+	if err != nil {
+		a.logger.Error(err, "Listing pods to remove state directories")
+		return
 	}
+	running := make(map[types.UID]bool, len(pods))
+	for _, p := range pods {
+		if p.Status.Phase != v1.PodSucceeded && p.Status.Phase != v1.PodFailed {
+			running[p.UID] = true
+		}
+	}
+	live := func(uid types.UID) bool { return running[uid] }
 	removed, err := a.state.GC(live, 2*a.opts.Resync, time.Now())
 	if err != nil {
 		a.logger.Error(err, "Removing state directories of finished pods")

@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/tessera-gpu/tessera/internal/podrequest"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -63,6 +64,7 @@ type Target struct {
 type pending struct {
 	pod       *v1.Pod
 	container string
+	init      bool
 	count     int64
 }
 
@@ -93,9 +95,9 @@ func (m *Matcher) Match(ctx context.Context, n int) (*Target, error) {
 		if seen[pod.UID] || pod.Spec.NodeName != m.Node || pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
 			continue
 		}
-		if c, cnt, ok := m.nextContainer(pod, kp); ok {
+		if c, init, cnt, ok := m.nextContainer(pod, kp); ok {
 			seen[pod.UID] = true
-			cands = append(cands, pending{pod, c, cnt})
+			cands = append(cands, pending{pod, c, init, cnt})
 		}
 	}
 	if len(cands) == 0 {
@@ -118,34 +120,25 @@ func (m *Matcher) Match(ctx context.Context, n int) (*Target, error) {
 }
 
 // nextContainer returns the first container of the pod, init containers
-// first, that asks for the resource and has not been served.
-func (m *Matcher) nextContainer(pod *v1.Pod, kp KubeletPod) (string, int64, bool) {
-	check := func(c *v1.Container) (string, int64, bool) {
-		q, ok := c.Resources.Limits[v1.ResourceName(m.Resource)]
-		if !ok || q.Value() <= 0 {
-			return "", 0, false
-		}
-		if len(kp.Devices[c.Name]) > 0 || m.State.Served(pod.UID, c.Name) {
-			return "", 0, false
-		}
-		return c.Name, q.Value(), true
-	}
-	for i := range pod.Spec.InitContainers {
-		if name, n, ok := check(&pod.Spec.InitContainers[i]); ok {
-			return name, n, true
+// first, that asks for the resource and has not been served, and whether
+// it is an init container.
+func (m *Matcher) nextContainer(pod *v1.Pod, kp KubeletPod) (name string, init bool, count int64, ok bool) {
+	for i, cs := range [][]v1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for j := range cs {
+			c := &cs[j]
+			q, asks := c.Resources.Limits[v1.ResourceName(m.Resource)]
+			if !asks || q.Value() <= 0 || len(kp.Devices[c.Name]) > 0 || m.State.Served(pod.UID, c.Name) {
+				continue
+			}
+			return c.Name, i == 0, q.Value(), true
 		}
 	}
-	for i := range pod.Spec.Containers {
-		if name, n, ok := check(&pod.Spec.Containers[i]); ok {
-			return name, n, true
-		}
-	}
-	return "", 0, false
+	return "", false, 0, false
 }
 
 // target reads the pod's allocation record for the container.
 func (m *Matcher) target(p pending, n int) (*Target, error) {
-	ref := p.pod.Namespace + "/" + p.pod.Name
+	ref := podrequest.Key(p.pod)
 	raw, ok := p.pod.Annotations[api.AnnotationAllocation]
 	if !ok {
 		return nil, fmt.Errorf("%w: pod %s has no %s annotation: it was not placed by the Tessera scheduler, and a GPU share without a record would run without limits", ErrNoMatch, ref, api.AnnotationAllocation)
@@ -157,9 +150,8 @@ func (m *Matcher) target(p pending, n int) (*Target, error) {
 	if rec.Node != m.Node {
 		return nil, fmt.Errorf("%w: pod %s: allocation record is for node %q, this is node %q", ErrNoMatch, ref, rec.Node, m.Node)
 	}
-	init := isInit(p.pod, p.container)
 	for _, c := range rec.Containers {
-		if c.Name != p.container || c.Init != init {
+		if c.Name != p.container || c.Init != p.init {
 			continue
 		}
 		if len(c.Devices) != n {
@@ -167,16 +159,7 @@ func (m *Matcher) target(p pending, n int) (*Target, error) {
 		}
 		return &Target{Pod: p.pod, Container: p.container, Grant: c}, nil
 	}
-	return nil, fmt.Errorf("%w: pod %s: allocation record has no entry for container %s (init=%v)", ErrNoMatch, ref, p.container, init)
-}
-
-func isInit(pod *v1.Pod, name string) bool {
-	for _, c := range pod.Spec.InitContainers {
-		if c.Name == name {
-			return true
-		}
-	}
-	return false
+	return nil, fmt.Errorf("%w: pod %s: allocation record has no entry for container %s (init=%v)", ErrNoMatch, ref, p.container, p.init)
 }
 
 func describe(c []pending) string {

@@ -25,6 +25,7 @@ import (
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/tessera-gpu/tessera/internal/podrequest"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -120,15 +121,15 @@ func (p *Plugin) devices() ([]*pluginapi.Device, <-chan struct{}) {
 	return out, p.changed
 }
 
-func (p *Plugin) gpu(uuid string) (GPU, api.SharingMode, bool) {
+// offered is one consistent view of the GPUs and their sharing mode.
+func (p *Plugin) offered() (map[string]GPU, api.SharingMode) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	gpus := make(map[string]GPU, len(p.gpus))
 	for _, g := range p.gpus {
-		if g.UUID == uuid {
-			return g, p.mode, true
-		}
+		gpus[g.UUID] = g
 	}
-	return GPU{}, p.mode, false
+	return gpus, p.mode
 }
 
 // GetDevicePluginOptions implements the device plugin API.
@@ -243,11 +244,10 @@ func (p *Plugin) allocate(ctx context.Context, n int) (*pluginapi.ContainerAlloc
 	if err != nil {
 		return nil, err
 	}
-	ref := t.Pod.Namespace + "/" + t.Pod.Name
-	var mode api.SharingMode
+	ref := podrequest.Key(t.Pod)
+	gpus, mode := p.offered()
 	for _, d := range t.Grant.Devices {
-		g, m, ok := p.gpu(d.UUID)
-		mode = m
+		g, ok := gpus[d.UUID]
 		switch {
 		case !ok:
 			return nil, fmt.Errorf("%w: pod %s container %s: GPU %s of its allocation record is not offered on node %s", ErrNoMatch, ref, t.Container, d.UUID, p.opts.Matcher.Node)

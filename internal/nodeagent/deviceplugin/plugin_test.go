@@ -466,3 +466,12 @@ func TestPrefer(t *testing.T) {
 		t.Errorf("got %v", got)
 	}
 }
+
+func isInit(pod *v1.Pod, name string) bool {
+	for _, c := range pod.Spec.InitContainers {
+		if c.Name == name {
+			return true
+		}
+	}
+	return false
+}
