@@ -8,8 +8,6 @@ import (
 	"strings"
 
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/tessera-gpu/tessera/internal/webhook"
 	"github.com/tessera-gpu/tessera/pkg/api"
@@ -40,12 +38,7 @@ func runWebhook(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%w: --resource-prefix: %v", errUsage, err)
 	}
-	var cfg *rest.Config
-	if *kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", *kubeconfig)
-	} else {
-		cfg, err = rest.InClusterConfig()
-	}
+	cfg, err := restConfig(*kubeconfig)
 	if err != nil {
 		return fmt.Errorf("kubernetes client configuration: %w", err)
 	}

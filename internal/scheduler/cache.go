@@ -83,9 +83,7 @@ func (s *state) removeNode(name string) {
 	defer s.mu.Unlock()
 	if n := s.cluster.Node(name); n != nil {
 		for i := range n.GPUs {
-			for _, g := range []interface{ DeleteLabelValues(...string) bool }{gpuMemory, gpuCores, gpuShares} {
-				g.DeleteLabelValues(name, n.GPUs[i].UUID)
-			}
+			deleteGPUSeries(name, n.GPUs[i].UUID)
 		}
 	}
 	delete(s.inventory, name)
@@ -184,9 +182,7 @@ func (s *state) publishLocked(node string) {
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
 		if g.Used == (placement.Usage{}) {
-			gpuMemory.DeleteLabelValues(node, g.UUID)
-			gpuCores.DeleteLabelValues(node, g.UUID)
-			gpuShares.DeleteLabelValues(node, g.UUID)
+			deleteGPUSeries(node, g.UUID)
 			continue
 		}
 		gpuMemory.WithLabelValues(node, g.UUID).Set(float64(g.Used.MemoryMiB))

@@ -48,6 +48,13 @@ func perGPUGauge(name, help string) *metrics.GaugeVec {
 	}, []string{"node", "gpu"})
 }
 
+// deleteGPUSeries drops the per-GPU series of a GPU that holds nothing.
+func deleteGPUSeries(node, uuid string) {
+	gpuMemory.DeleteLabelValues(node, uuid)
+	gpuCores.DeleteLabelValues(node, uuid)
+	gpuShares.DeleteLabelValues(node, uuid)
+}
+
 var registerOnce sync.Once
 
 // registerMetrics registers the metrics once per process (a test may build

@@ -69,8 +69,17 @@ func (iv *Inventories) Largest() int64 {
 // Watch keeps iv up to date from a Node informer.
 func (iv *Inventories) Watch(inf cache.SharedIndexInformer) (cache.ResourceEventHandlerRegistration, error) {
 	return inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { iv.setObj(obj) },
-		UpdateFunc: func(_, obj any) { iv.setObj(obj) },
+		AddFunc: func(obj any) { iv.setObj(obj) },
+		UpdateFunc: func(old, obj any) {
+			// Most node updates are status heartbeats: decode only when
+			// the inventory annotation itself changed.
+			o, ok1 := old.(*corev1.Node)
+			n, ok2 := obj.(*corev1.Node)
+			if ok1 && ok2 && o.Annotations[api.AnnotationInventory] == n.Annotations[api.AnnotationInventory] {
+				return
+			}
+			iv.setObj(obj)
+		},
 		DeleteFunc: func(obj any) {
 			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = t.Obj

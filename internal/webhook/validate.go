@@ -115,10 +115,11 @@ func (p *Policy) validateContainer(ref containerRef, largest int64) field.ErrorL
 		return append(errs, field.Invalid(res.Child("limits"), "", err.Error()))
 	}
 	lim := res.Child("limits")
-	if r.HasCores && (r.Cores < 0 || r.Cores > 100) {
+	// podrequest.ReadResources has already refused negative values.
+	if r.HasCores && r.Cores > 100 {
 		errs = append(errs, field.Invalid(lim.Key(p.Names.Cores), r.Cores, "must be between 0 and 100 (percent of the GPU's compute)"))
 	}
-	if r.HasPercent && (r.MemoryPercent < 0 || r.MemoryPercent > 100) {
+	if r.HasPercent && r.MemoryPercent > 100 {
 		errs = append(errs, field.Invalid(lim.Key(p.Names.MemoryPercentage), r.MemoryPercent, "must be between 0 and 100 (percent of the GPU's memory)"))
 	}
 	if r.HasMemory && r.HasPercent {
