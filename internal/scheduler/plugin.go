@@ -126,9 +126,6 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 
 // newPlugin builds a plugin without informers (unit tests feed it directly).
 func newPlugin(cfg api.ClusterConfig) (*Plugin, error) {
-	if cfg.PlacementPolicy == "" && cfg.NodePolicy != "" {
-		cfg.PlacementPolicy = string(cfg.NodePolicy)
-	}
 	cfg.Defaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("%s plugin arguments: %w", Name, err)

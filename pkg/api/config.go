@@ -23,6 +23,8 @@ type ClusterConfig struct {
 	GPUPolicy  GPUPolicy  `json:"gpuPolicy"`
 	// PlacementPolicy names a policy of the placement core, e.g. "binpack"
 	// or "fgd". The core checks that it exists; here only its form is.
+	// Unset, it is NodePolicy's policy; set, it decides and NodePolicy only
+	// names the default a pod's node-policy annotation overrides.
 	PlacementPolicy string `json:"placementPolicy"`
 }
 
@@ -30,6 +32,9 @@ type ClusterConfig struct {
 func (c *ClusterConfig) Defaults() {
 	if c.ResourcePrefix == "" {
 		c.ResourcePrefix = DefaultResourcePrefix
+	}
+	if c.PlacementPolicy == "" && c.NodePolicy != "" {
+		c.PlacementPolicy = string(c.NodePolicy)
 	}
 	if c.NodePolicy == "" {
 		c.NodePolicy = DefaultNodePolicy

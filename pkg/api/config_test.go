@@ -21,6 +21,12 @@ func TestClusterConfigDefaults(t *testing.T) {
 	if c != set {
 		t.Errorf("Defaults overwrote set fields: %+v", c)
 	}
+	// An unset placement policy is the node policy's.
+	c = ClusterConfig{NodePolicy: NodeSpread}
+	c.Defaults()
+	if c.PlacementPolicy != string(NodeSpread) {
+		t.Errorf("placementPolicy %q with nodePolicy spread, want spread", c.PlacementPolicy)
+	}
 }
 
 func TestClusterConfigValidate(t *testing.T) {
