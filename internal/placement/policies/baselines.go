@@ -4,6 +4,7 @@ import (
 	"sync/atomic"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
+	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 func init() {
@@ -135,11 +136,11 @@ func GPUPackingScore(n *placement.Node, s Shape) int64 {
 	if s.TotalMilli() <= 0 {
 		return 0
 	}
-	var free [64]int64
+	var buf [api.MaxGPUsPerNode]int64
+	free := nodeFree(n, &buf)
 	idle := 0
-	for i := range n.GPUs {
-		free[i] = FreeMilli(&n.GPUs[i])
-		if free[i] == milli {
+	for _, f := range free {
+		if f == milli {
 			idle++
 		}
 	}
@@ -147,8 +148,8 @@ func GPUPackingScore(n *placement.Node, s Shape) int64 {
 		return max(100/3-int64(idle), int64(idle))
 	}
 	// Take the fullest GPUs that fit, as the original does.
-	var order [64]int
-	sortByFree(order[:len(n.GPUs)], free[:len(n.GPUs)])
+	var order [api.MaxGPUsPerNode]int
+	sortByFree(order[:len(n.GPUs)], free)
 	need, idleUsed := s.NumGPU, 0
 	var freeOnUsed int64
 	for _, i := range order[:len(n.GPUs)] {

@@ -11,6 +11,7 @@ package policies
 
 import (
 	"math"
+	"strings"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
 )
@@ -52,7 +53,7 @@ type Shape struct {
 // containers (never in traces) it takes the largest.
 func ShapeOf(cr *placement.Compiled) Shape {
 	r := cr.Req
-	s := Shape{CPUMilli: r.CPUMilli, MemMiB: r.MemoryMiB, Spec: joinModels(r.IncludeModels)}
+	s := Shape{CPUMilli: r.CPUMilli, MemMiB: r.MemoryMiB, Spec: strings.Join(r.IncludeModels, "|")}
 	for _, c := range r.Containers {
 		if c.GPUs == 0 {
 			continue
@@ -64,20 +65,6 @@ func ShapeOf(cr *placement.Compiled) Shape {
 		if c.GPUs*int(m) > s.NumGPU*int(s.GPUMilli) {
 			s.NumGPU, s.GPUMilli = c.GPUs, m
 		}
-	}
-	return s
-}
-
-func joinModels(ms []string) string {
-	switch len(ms) {
-	case 0:
-		return ""
-	case 1:
-		return ms[0]
-	}
-	s := ms[0]
-	for _, m := range ms[1:] {
-		s += "|" + m
 	}
 	return s
 }

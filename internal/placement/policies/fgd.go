@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
+	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 func init() {
@@ -61,7 +62,7 @@ type fgdNode struct {
 
 type fgdEntry struct {
 	node float64
-	gpu  [64]float64
+	gpu  [api.MaxGPUsPerNode]float64
 }
 
 // fgdScorer turns a fragmentation change into a score.
@@ -201,7 +202,7 @@ func (f *FGD) entry(n *placement.Node, id int, s Shape) *fgdEntry {
 // share (gpuScore; −Inf where it does not fit) and for the node (score; for
 // a share, that of its best GPU).
 func fragScores(m *fragModel, n *placement.Node, s Shape, score, gpuScore fgdScorer, e *fgdEntry) {
-	var buf [64]int64
+	var buf [api.MaxGPUsPerNode]int64
 	free := nodeFree(n, &buf)
 	access := m.accessFor(nodeModel(n))
 	before := m.frag(access, n.FreeCPU(), n.FreeMem(), free)

@@ -186,7 +186,7 @@ func (m *fragModel) fragOne(access []bool, cpuLeft, memLeft int64, free []int64)
 }
 
 // nodeFree fills free with the node's per-GPU free milli and returns it.
-func nodeFree(n *placement.Node, free *[64]int64) []int64 {
+func nodeFree(n *placement.Node, free *[api.MaxGPUsPerNode]int64) []int64 {
 	for i := range n.GPUs {
 		free[i] = FreeMilli(&n.GPUs[i])
 	}
@@ -198,7 +198,7 @@ func nodeFree(n *placement.Node, free *[64]int64) []int64 {
 func Fragmentation(c *placement.Cluster, target []WeightedShape) float64 {
 	m := newFragModel(target, false)
 	var sum float64
-	var free [64]int64
+	var free [api.MaxGPUsPerNode]int64
 	for _, n := range c.Nodes() {
 		fr := nodeFree(n, &free)
 		sum += m.frag(m.accessFor(nodeModel(n)), n.FreeCPU(), n.FreeMem(), fr)
