@@ -73,9 +73,6 @@ func (t *Trace) Shapes() []policies.Shape {
 	return shapes
 }
 
-// Target is FGD's target workload of the trace ("typical pods").
-func (t *Trace) Target() []policies.WeightedShape { return policies.PopularShapes(t.Shapes(), 0.95) }
-
 func rowShape(p PodRow) policies.Shape {
 	s := policies.Shape{CPUMilli: p.CPUMilli, MemMiB: p.MemMiB, NumGPU: p.NumGPU, Spec: p.Spec}
 	if p.NumGPU > 0 {
@@ -136,9 +133,10 @@ func RunWith(ctx context.Context, t *Trace, policy string, mk func(*placement.Cl
 	if err != nil {
 		return nil, err
 	}
-	target := t.Target()
+	shapes := t.Shapes()
+	target := policies.PopularShapes(shapes, 0.95) // FGD's "typical pods"
 	if ts, ok := pol.(policies.TargetSetter); ok {
-		ts.SetTarget(t.Shapes())
+		ts.SetTarget(shapes)
 	}
 	obs, _ := pol.(placement.Observer)
 	order := t.Arrivals(seed, Inflation)
