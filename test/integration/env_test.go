@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"gopkg.in/yaml.v3"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -101,12 +102,29 @@ func (e *env) startWebhook() {
 // A modest client rate keeps a 500-pod run a few seconds long, so a
 // scheduler killed "in the middle" really is.
 func (e *env) writeSchedulerConfig() string {
+	return e.schedulerConfig("scheduler.yaml", nil)
+}
+
+// schedulerConfig writes that configuration, changed by mutate (if not
+// nil), to a file of the given name and returns its path.
+func (e *env) schedulerConfig(name string, mutate func(cfg map[string]any)) string {
 	t := e.t
+	t.Helper()
 	out, err := deploy.SchedulerConfigFor(e.cp.Kubeconfig, 200, 200)
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(t.TempDir(), "scheduler.yaml")
+	if mutate != nil {
+		var cfg map[string]any
+		if err := yaml.Unmarshal(out, &cfg); err != nil {
+			t.Fatal(err)
+		}
+		mutate(cfg)
+		if out, err = yaml.Marshal(cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(t.TempDir(), name)
 	if err := os.WriteFile(path, out, 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -17,7 +16,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/internal/testenv"
 )
@@ -40,31 +38,16 @@ func buildTessera(t *testing.T) string {
 // leaderConfig is the shipped configuration with leader election on
 // short timings, so a standby takes over within seconds.
 func (e *env) leaderConfig() string {
-	data, err := os.ReadFile(e.schedConfig)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	var cfg map[string]any
-	if err := yaml.Unmarshal(data, &cfg); err != nil {
-		e.t.Fatal(err)
-	}
-	cfg["leaderElection"] = map[string]any{
-		"leaderElect":       true,
-		"resourceNamespace": "tessera-system",
-		"resourceName":      "tessera-scheduler",
-		"leaseDuration":     "4s",
-		"renewDeadline":     "3s",
-		"retryPeriod":       "500ms",
-	}
-	out, err := yaml.Marshal(cfg)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	path := filepath.Join(e.t.TempDir(), "leader.yaml")
-	if err := os.WriteFile(path, out, 0o600); err != nil {
-		e.t.Fatal(err)
-	}
-	return path
+	return e.schedulerConfig("leader.yaml", func(cfg map[string]any) {
+		cfg["leaderElection"] = map[string]any{
+			"leaderElect":       true,
+			"resourceNamespace": "tessera-system",
+			"resourceName":      "tessera-scheduler",
+			"leaseDuration":     "4s",
+			"renewDeadline":     "3s",
+			"retryPeriod":       "500ms",
+		}
+	})
 }
 
 type process struct {

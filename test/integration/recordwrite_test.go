@@ -4,8 +4,6 @@ package integration
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -13,9 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"sigs.k8s.io/yaml"
 
-	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/internal/scheduler"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
@@ -37,7 +33,7 @@ func TestRecordWrite(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
 			if !tc.tesseraBind {
-				e.schedConfig = withoutTesseraBind(t, e.cp.Kubeconfig)
+				e.schedConfig = e.withoutTesseraBind()
 			}
 			e.addNodes("a100", 2, 4, "NVIDIA A100-SXM4-40GB", 40960)
 			seen := e.watchWrites()
@@ -78,34 +74,20 @@ func TestRecordWrite(t *testing.T) {
 
 // withoutTesseraBind is the shipped configuration with the Tessera plugin
 // taken out of the bind extension point, so DefaultBinder binds.
-func withoutTesseraBind(t *testing.T, kubeconfig string) string {
-	t.Helper()
-	out, err := deploy.SchedulerConfigFor(kubeconfig, 200, 200)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cfg map[string]any
-	if err := yaml.Unmarshal(out, &cfg); err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range cfg["profiles"].([]any) {
-		prof := p.(map[string]any)
-		if prof["schedulerName"] == scheduler.SchedulerName {
-			plugins := prof["plugins"].(map[string]any)
-			if _, ok := plugins["bind"]; !ok {
-				t.Fatal("the shipped profile has no bind section")
+func (e *env) withoutTesseraBind() string {
+	t := e.t
+	return e.schedulerConfig("scheduler-prebind.yaml", func(cfg map[string]any) {
+		for _, p := range cfg["profiles"].([]any) {
+			prof := p.(map[string]any)
+			if prof["schedulerName"] == scheduler.SchedulerName {
+				plugins := prof["plugins"].(map[string]any)
+				if _, ok := plugins["bind"]; !ok {
+					t.Fatal("the shipped profile has no bind section")
+				}
+				delete(plugins, "bind")
 			}
-			delete(plugins, "bind")
 		}
-	}
-	if out, err = yaml.Marshal(cfg); err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "scheduler-prebind.yaml")
-	if err := os.WriteFile(path, out, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
+	})
 }
 
 // writes is what the pod's successive versions showed.
