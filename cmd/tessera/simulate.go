@@ -66,14 +66,18 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
+	floors, err := exp.Floors()
+	if err != nil {
+		return err
+	}
 	switch *format {
 	case "table":
-		err = sim.WriteTable(stdout, rs, len(seeds))
+		err = sim.WriteTable(stdout, rs, floors, len(seeds))
 		fmt.Fprintf(stderr, "%d runs in %.1fs\n", len(pols)*len(seeds), time.Since(start).Seconds())
 	case "csv":
 		err = sim.WriteCSV(stdout, rs)
 	case "json":
-		err = sim.WriteJSON(stdout, rs, seeds)
+		err = sim.WriteJSON(stdout, rs, floors, seeds)
 	}
 	if err != nil {
 		return err
@@ -83,19 +87,19 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		if *variant != "" {
 			title = "openb variant " + *variant
 		}
-		if err := writePlot(*plot, rs, fmt.Sprintf("%s: unallocated GPU, mean of %d seeds", title, len(seeds))); err != nil {
+		if err := writePlot(*plot, rs, floors, fmt.Sprintf("%s: unallocated GPU, mean of %d seeds", title, len(seeds))); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func writePlot(path string, rs []sim.PolicyResult, title string) error {
+func writePlot(path string, rs []sim.PolicyResult, fl *sim.FloorResult, title string) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("--plot: %w", err)
 	}
-	if err := sim.WriteSVG(f, rs, title); err != nil {
+	if err := sim.WriteSVG(f, rs, fl, title); err != nil {
 		f.Close()
 		return fmt.Errorf("--plot %s: %w", path, err)
 	}

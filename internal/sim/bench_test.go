@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tessera-gpu/tessera/examples/traces/openb"
 	"github.com/tessera-gpu/tessera/internal/placement"
 	"github.com/tessera-gpu/tessera/internal/placement/policies"
 )
@@ -23,26 +22,8 @@ func BenchmarkDecision(b *testing.B) {
 }
 
 func benchDecision(b *testing.B, policy string) {
-	f, err := openb.Files.Open(openb.NodeList)
-	if err != nil {
-		b.Fatal(err)
-	}
-	nodes, err := ParseNodes(f, openb.NodeList)
-	f.Close()
-	if err != nil {
-		b.Fatal(err)
-	}
-	f, err = openb.Files.Open(openb.PodList)
-	if err != nil {
-		b.Fatal(err)
-	}
-	pods, err := ParsePods(f, openb.PodList)
-	f.Close()
-	if err != nil {
-		b.Fatal(err)
-	}
-	tr := &Trace{Nodes: nodes, Pods: pods}
-	c, err := BuildCluster(nodes)
+	tr := bundledTrace(b)
+	c, err := BuildCluster(tr.Nodes)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -130,3 +130,27 @@ func summarise(name string, cs []*Curve) PolicyResult {
 	}
 	return r
 }
+
+// FloorResult is the floors of every seed (see Floor) and their summary.
+type FloorResult struct {
+	Seeds     []Floor `json:"seeds"`
+	AnyPolicy Stat    `json:"anyPolicy"`
+	AllShares Stat    `json:"allShares"`
+}
+
+// Floors computes the floors of the experiment's seeds. They depend on the
+// arrivals only, not on any policy.
+func (e *Experiment) Floors() (*FloorResult, error) {
+	fr := &FloorResult{}
+	var anyP, all []float64
+	for _, s := range e.Seeds {
+		f, err := e.Trace.Floor(s)
+		if err != nil {
+			return nil, err
+		}
+		fr.Seeds = append(fr.Seeds, f)
+		anyP, all = append(anyP, f.AnyPolicy), append(all, f.AllShares)
+	}
+	fr.AnyPolicy, fr.AllShares = statOf(anyP), statOf(all)
+	return fr, nil
+}

@@ -10,8 +10,9 @@ import (
 	"text/tabwriter"
 )
 
-// WriteTable writes the results as an aligned text table.
-func WriteTable(w io.Writer, rs []PolicyResult, seeds int) error {
+// WriteTable writes the results as an aligned text table, then the floors
+// (if fl is not nil).
+func WriteTable(w io.Writer, rs []PolicyResult, fl *FloorResult, seeds int) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "unallocated GPU %% at arrived workload (mean ± sd over %d seeds)\n", seeds)
 	hdr := []string{"policy"}
@@ -28,7 +29,17 @@ func WriteTable(w io.Writer, rs []PolicyResult, seeds int) error {
 		row = append(row, fmtStat(r.Fragmentation))
 		fmt.Fprintln(tw, strings.Join(row, "\t"))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if fl == nil {
+		return nil
+	}
+	_, err := fmt.Fprintf(w, "\nfloor at arrived = 100%% (no policy can leave less unallocated; LP bound on packing the\narrived GPU shares, ignoring CPU, memory, GPU models and node boundaries):\n"+
+		"  any policy, even one that chooses which shares to drop   %s\n"+
+		"  a run that places every share that arrives               %s\n",
+		fmtStat(fl.AnyPolicy), fmtStat(fl.AllShares))
+	return err
 }
 
 func fmtStat(s Stat) string { return fmt.Sprintf("%.2f ± %.2f", s.Mean, s.SD) }
@@ -52,13 +63,14 @@ func WriteCSV(w io.Writer, rs []PolicyResult) error {
 	return cw.Error()
 }
 
-// WriteJSON writes the results with the checkpoints.
-func WriteJSON(w io.Writer, rs []PolicyResult, seeds []int64) error {
+// WriteJSON writes the results with the checkpoints and the floors.
+func WriteJSON(w io.Writer, rs []PolicyResult, fl *FloorResult, seeds []int64) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(struct {
 		Checkpoints []float64      `json:"checkpoints"`
 		Seeds       []int64        `json:"seeds"`
 		Results     []PolicyResult `json:"results"`
-	}{Checkpoints, seeds, rs})
+		Floor       *FloorResult   `json:"floor,omitempty"`
+	}{Checkpoints, seeds, rs, fl})
 }

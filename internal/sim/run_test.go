@@ -129,8 +129,12 @@ func TestSameSeedSameTable(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		fl, err := exp.Floors()
+		if err != nil {
+			t.Fatal(err)
+		}
 		var b bytes.Buffer
-		if err := WriteTable(&b, rs, 3); err != nil {
+		if err := WriteTable(&b, rs, fl, 3); err != nil {
 			t.Fatal(err)
 		}
 		tables[i] = b.String()
@@ -138,32 +142,38 @@ func TestSameSeedSameTable(t *testing.T) {
 	if tables[0] != tables[1] {
 		t.Errorf("same seeds, different tables:\n%s\n%s", tables[0], tables[1])
 	}
-	if !strings.Contains(tables[0], "tessera") || !strings.Contains(tables[0], "±") {
+	if !strings.Contains(tables[0], "tessera") || !strings.Contains(tables[0], "±") || !strings.Contains(tables[0], "any policy") {
 		t.Errorf("table lacks a policy or the ± column:\n%s", tables[0])
 	}
 }
 
 func TestOutputs(t *testing.T) {
 	tr := smallTrace(t, 30)
-	rs, err := (&Experiment{Trace: tr, Policies: []string{"bestfit", "fgd"}, Seeds: []int64{1, 2}, Parallel: 2}).Run(t.Context())
+	exp := &Experiment{Trace: tr, Policies: []string{"bestfit", "fgd"}, Seeds: []int64{1, 2}, Parallel: 2}
+	rs, err := exp.Run(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl, err := exp.Floors()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var js bytes.Buffer
-	if err := WriteJSON(&js, rs, []int64{1, 2}); err != nil {
+	if err := WriteJSON(&js, rs, fl, []int64{1, 2}); err != nil {
 		t.Fatal(err)
 	}
 	var decoded struct {
 		Results []PolicyResult `json:"results"`
+		Floor   FloorResult    `json:"floor"`
 	}
-	if err := json.Unmarshal(js.Bytes(), &decoded); err != nil || len(decoded.Results) != 2 || len(decoded.Results[0].Curve) != 131 {
-		t.Errorf("JSON round trip: %v, %d results", err, len(decoded.Results))
+	if err := json.Unmarshal(js.Bytes(), &decoded); err != nil || len(decoded.Results) != 2 || len(decoded.Results[0].Curve) != 131 || len(decoded.Floor.Seeds) != 2 {
+		t.Errorf("JSON round trip: %v, %d results, %d floors", err, len(decoded.Results), len(decoded.Floor.Seeds))
 	}
 	var csv, svg bytes.Buffer
 	if err := WriteCSV(&csv, rs); err != nil || strings.Count(csv.String(), "\n") != 1+2*len(Checkpoints) {
 		t.Errorf("CSV: %v\n%s", err, csv.String())
 	}
-	if err := WriteSVG(&svg, rs, "t"); err != nil || !strings.HasPrefix(svg.String(), "<svg") || strings.Count(svg.String(), "<polyline") != 2 {
+	if err := WriteSVG(&svg, rs, fl, "t"); err != nil || !strings.HasPrefix(svg.String(), "<svg") || strings.Count(svg.String(), "<polyline") != 2 || !strings.Contains(svg.String(), "floor, any policy") {
 		t.Errorf("SVG: %v", err)
 	}
 }

@@ -12,8 +12,9 @@ import (
 var palette = []string{"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"}
 
 // WriteSVG plots mean unallocated GPU % against arrived workload, one line
-// per policy, as a self-contained SVG.
-func WriteSVG(w io.Writer, rs []PolicyResult, title string) error {
+// per policy, as a self-contained SVG, with the floors at 100% (if fl is
+// not nil) as two ticks.
+func WriteSVG(w io.Writer, rs []PolicyResult, fl *FloorResult, title string) error {
 	const (
 		width, height          = 720, 440
 		left, right, top, bott = 60, 170, 40, 50
@@ -55,6 +56,19 @@ func WriteSVG(w io.Writer, rs []PolicyResult, title string) error {
 		ly := top + 14 + 18*i
 		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2"/>`+"\n", width-right+12, ly-4, width-right+32, ly-4, col)
 		fmt.Fprintf(&b, `<text x="%d" y="%d">%s</text>`+"\n", width-right+38, ly, html.EscapeString(r.Policy))
+	}
+	if fl != nil {
+		ly := top + 14 + 18*len(rs)
+		for i, f := range []struct {
+			y     float64
+			dash  string
+			label string
+		}{{fl.AnyPolicy.Mean, "", "floor, any policy"}, {fl.AllShares.Mean, ` stroke-dasharray="3 2"`, "floor, all shares"}} {
+			fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="black" stroke-width="2"%s/>`+"\n", px(97), py(f.y), px(103), py(f.y), f.dash)
+			y := ly + 18*i
+			fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black" stroke-width="2"%s/>`+"\n", width-right+12, y-4, width-right+32, y-4, f.dash)
+			fmt.Fprintf(&b, `<text x="%d" y="%d">%s</text>`+"\n", width-right+38, y, f.label)
+		}
 	}
 	b.WriteString("</svg>\n")
 	_, err := io.WriteString(w, b.String())

@@ -1,0 +1,234 @@
+package sim
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/tessera-gpu/tessera/internal/lp"
+)
+
+// Floor is how little GPU any run of one seed's arrivals can leave
+// unallocated at arrived = 100%, as % of capacity. Both figures come from
+// a relaxation that ignores CPU, memory, GPU models and node boundaries
+// and lets whole-GPU tasks use any GPU no share touches, so no real policy
+// can go below them.
+//
+// At arrived = 100% the unallocated GPU equals the GPU of the tasks
+// dropped so far (plus the few thousandths by which arrivals fall short of
+// 100%). A share of s% blocks s% of one GPU and the rest of that GPU can
+// only take other shares, so idle slivers beside shares that no other
+// share fills push whole-GPU tasks off the cluster.
+type Floor struct {
+	Seed int64 `json:"seed"`
+	// AnyPolicy holds for every policy, even one that knows the future
+	// and chooses which shares to drop.
+	AnyPolicy float64 `json:"anyPolicy"`
+	// AllShares holds for a run that places every share that arrives
+	// by 100% (the sliver waste of the best packing of those shares).
+	AllShares float64 `json:"allShares"`
+}
+
+// Floor computes the floors for one seed's arrivals (see Floor).
+func (t *Trace) Floor(seed int64) (Floor, error) {
+	capacity := t.CapacityMilli()
+	if capacity == 0 {
+		return Floor{}, fmt.Errorf("the node list has no GPUs; unallocated GPU %% is undefined")
+	}
+	var counts shareCounts
+	var arrived int64
+	for _, i := range t.Arrivals(seed, Inflation) {
+		p := t.Pods[i]
+		g := p.GPURequestMilli()
+		if arrived+g > capacity {
+			break
+		}
+		arrived += g
+		if p.NumGPU == 1 && p.GPUMilli < 1000 {
+			counts[SharePercent(p.GPUMilli)]++
+		}
+	}
+	// Arrivals short of 100% are unallocated whatever happens.
+	short := float64(capacity-arrived) / 10 // in % of one GPU
+	pct := func(units float64) float64 { return units * 1000 / float64(capacity) }
+
+	bins, err := counts.minGPUs()
+	if err != nil {
+		return Floor{}, fmt.Errorf("seed %d: %w", seed, err)
+	}
+	waste := float64(bins*100 - counts.volume())
+	anyPolicy, err := counts.minUnallocated(short)
+	if err != nil {
+		return Floor{}, fmt.Errorf("seed %d: %w", seed, err)
+	}
+	return Floor{Seed: seed, AnyPolicy: pct(anyPolicy), AllShares: pct(math.Max(waste, short))}, nil
+}
+
+// shareCounts[s] is the number of shares of s% of a GPU.
+type shareCounts [101]int
+
+func (c *shareCounts) volume() int64 {
+	var v int64
+	for s, n := range c {
+		v += int64(s * n)
+	}
+	return v
+}
+
+// arcFlow is the arc-flow model of packing shares into GPUs (Valério de
+// Carvalho): one GPU is a path from 0 to 100 whose arcs are shares or one
+// idle percent. The flow out of 0 counts GPUs; the LP relaxation of this
+// model is as strong as Gilmore and Gomory's. Share arcs start only where
+// a GPU can get to by stacking larger shares first, which removes
+// symmetric packings without losing any.
+type arcFlow struct {
+	p    lp.Problem
+	gpus int           // the flow out of position 0
+	arcs map[int][]int // share size → its arc variables
+}
+
+func (c *shareCounts) arcFlow() (*arcFlow, error) {
+	m := &arcFlow{arcs: map[int][]int{}}
+	in := make([][]lp.Term, 101)
+	out := make([][]lp.Term, 101)
+	addArc := func(from, to, v int) {
+		out[from] = append(out[from], lp.Term{Var: v, Coeff: 1})
+		in[to] = append(in[to], lp.Term{Var: v, Coeff: 1})
+	}
+	reach := []bool{0: true, 100: false}
+	for s := 100; s >= 1; s-- {
+		n := c[s]
+		if n == 0 {
+			continue
+		}
+		next := append([]bool(nil), reach...)
+		frontier := reach
+		for k := 0; k < n && k < 100/s; k++ {
+			moved := make([]bool, 101)
+			for d := 0; d+s <= 100; d++ {
+				if !frontier[d] {
+					continue
+				}
+				addArc(d, d+s, m.p.NewVar(0))
+				m.arcs[s] = append(m.arcs[s], m.p.NumVars()-1)
+				moved[d+s], next[d+s] = true, true
+			}
+			frontier = moved
+		}
+		reach = next
+	}
+	for d := 0; d < 100; d++ {
+		addArc(d, d+1, m.p.NewVar(0))
+	}
+	m.gpus = m.p.NewVar(0)
+	if err := m.p.AddRow(append(out[0], lp.Term{Var: m.gpus, Coeff: -1}), lp.EQ, 0); err != nil {
+		return nil, err
+	}
+	for d := 1; d < 100; d++ {
+		row := append([]lp.Term(nil), in[d]...)
+		for _, t := range out[d] {
+			row = append(row, lp.Term{Var: t.Var, Coeff: -1})
+		}
+		if err := m.p.AddRow(row, lp.EQ, 0); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func (m *arcFlow) demand(s int, extra ...lp.Term) []lp.Term {
+	row := append([]lp.Term(nil), extra...)
+	for _, v := range m.arcs[s] {
+		row = append(row, lp.Term{Var: v, Coeff: 1})
+	}
+	return row
+}
+
+// minGPUs is a lower bound on the GPUs that hold all the shares: the LP
+// optimum rounded up.
+func (c *shareCounts) minGPUs() (int64, error) {
+	v, err := c.packingLP()
+	return int64(math.Ceil(v - 1e-6)), err
+}
+
+// packingLP is the optimum of the arc-flow LP: fractional GPUs.
+func (c *shareCounts) packingLP() (float64, error) {
+	if c.volume() == 0 {
+		return 0, nil
+	}
+	m, err := c.arcFlow()
+	if err != nil {
+		return 0, err
+	}
+	m.p.SetCost(m.gpus, 1)
+	for s, n := range c {
+		if n > 0 {
+			if err := m.p.AddRow(m.demand(s), lp.GE, float64(n)); err != nil {
+				return 0, err
+			}
+		}
+	}
+	v, _, err := m.p.Solve()
+	if err != nil {
+		return 0, fmt.Errorf("packing %d shares: %w", c.total(), err)
+	}
+	return v, nil
+}
+
+// minUnallocated is a lower bound, in % of one GPU, on the GPU left
+// unallocated when any subset of the shares may be dropped: at least the
+// idle slivers of the placed shares' packing, and at least the dropped
+// shares plus short (whole-GPU tasks cannot use more GPUs than the
+// arrivals ask for).
+func (c *shareCounts) minUnallocated(short float64) (float64, error) {
+	if c.volume() == 0 {
+		return short, nil
+	}
+	m, err := c.arcFlow()
+	if err != nil {
+		return 0, err
+	}
+	u := m.p.NewVar(1)
+	waste := []lp.Term{{Var: u, Coeff: 1}, {Var: m.gpus, Coeff: -100}}
+	dropped := []lp.Term{{Var: u, Coeff: 1}}
+	for s, n := range c {
+		if n == 0 {
+			continue
+		}
+		y := m.p.NewVar(0) // shares of size s dropped
+		rows := []struct {
+			terms []lp.Term
+			sense lp.Sense
+			rhs   float64
+		}{
+			{m.demand(s, lp.Term{Var: y, Coeff: 1}), lp.GE, float64(n)},
+			{[]lp.Term{{Var: y, Coeff: 1}}, lp.LE, float64(n)},
+		}
+		for _, r := range rows {
+			if err := m.p.AddRow(r.terms, r.sense, r.rhs); err != nil {
+				return 0, err
+			}
+		}
+		waste = append(waste, lp.Term{Var: y, Coeff: -float64(s)})
+		dropped = append(dropped, lp.Term{Var: y, Coeff: -float64(s)})
+	}
+	// u ≥ 100·gpus − (volume − Σ s·y)  and  u ≥ Σ s·y + short.
+	if err := m.p.AddRow(waste, lp.GE, -float64(c.volume())); err != nil {
+		return 0, err
+	}
+	if err := m.p.AddRow(dropped, lp.GE, short); err != nil {
+		return 0, err
+	}
+	v, _, err := m.p.Solve()
+	if err != nil {
+		return 0, fmt.Errorf("packing %d shares with drops: %w", c.total(), err)
+	}
+	return v, nil
+}
+
+func (c *shareCounts) total() int {
+	n := 0
+	for _, k := range c {
+		n += k
+	}
+	return n
+}

@@ -1,0 +1,244 @@
+package sim
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/tessera-gpu/tessera/examples/traces/openb"
+)
+
+func counts(sizes ...int) *shareCounts {
+	var c shareCounts
+	for _, s := range sizes {
+		c[s]++
+	}
+	return &c
+}
+
+func TestMinGPUsHandCases(t *testing.T) {
+	for _, tc := range []struct {
+		sizes []int
+		want  int64
+	}{
+		{nil, 0},
+		{[]int{60, 60, 60}, 3}, // no two fit together; volume alone says 2
+		{[]int{50, 50, 50, 50}, 2},
+		{[]int{81, 19}, 1},
+		{[]int{34, 33, 33, 34}, 2},
+		{[]int{81, 81, 47, 47, 47}, 4}, // 81s alone; 47s pair once
+		{[]int{100, 1}, 2},
+	} {
+		got, err := counts(tc.sizes...).minGPUs()
+		if err != nil || got != tc.want {
+			t.Errorf("%v: minGPUs = %d, %v; want %d", tc.sizes, got, err, tc.want)
+		}
+	}
+}
+
+// optimalGPUs packs sizes into as few GPUs as possible by trying every
+// assignment (small inputs only).
+func optimalGPUs(sizes []int) int {
+	slices.Sort(sizes)
+	slices.Reverse(sizes)
+	best := len(sizes)
+	var free []int
+	var place func(i int)
+	place = func(i int) {
+		if len(free) >= best {
+			return
+		}
+		if i == len(sizes) {
+			best = len(free)
+			return
+		}
+		for g := range free {
+			if free[g] >= sizes[i] {
+				free[g] -= sizes[i]
+				place(i + 1)
+				free[g] += sizes[i]
+			}
+		}
+		free = append(free, 100-sizes[i])
+		place(i + 1)
+		free = free[:len(free)-1]
+	}
+	place(0)
+	return best
+}
+
+// The LP bound never exceeds the true optimum and never falls below the
+// volume bound; on most inputs it is the optimum.
+func TestMinGPUsAgainstExhaustiveSearch(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	exact := 0
+	const cases = 300
+	for k := 0; k < cases; k++ {
+		n := 1 + rng.IntN(9)
+		sizes := make([]int, n)
+		var vol int
+		for i := range sizes {
+			sizes[i] = 1 + rng.IntN(99)
+			vol += sizes[i]
+		}
+		got, err := counts(sizes...).minGPUs()
+		if err != nil {
+			t.Fatalf("%v: %v", sizes, err)
+		}
+		opt := optimalGPUs(slices.Clone(sizes))
+		if got > int64(opt) || got < int64((vol+99)/100) {
+			t.Fatalf("%v: bound %d, optimum %d, volume bound %d", sizes, got, opt, (vol+99)/100)
+		}
+		if got == int64(opt) {
+			exact++
+		}
+	}
+	t.Logf("bound = optimum on %d of %d random inputs", exact, cases)
+}
+
+func TestMinUnallocatedHandCase(t *testing.T) {
+	// Two 81% shares: placing both idles 2 × 19; dropping y of them
+	// costs 81·y and idles 19·(2 − y); the LP balances at y = 0.38.
+	got, err := counts(81, 81).minUnallocated(0)
+	if err != nil || math.Abs(got-30.78) > 1e-6 {
+		t.Fatalf("minUnallocated = %v, %v; want 30.78", got, err)
+	}
+	// Shares that tile exactly leave nothing, except arrivals short of 100%.
+	got, err = counts(50, 50, 30, 70).minUnallocated(12)
+	if err != nil || math.Abs(got-12) > 1e-6 {
+		t.Fatalf("minUnallocated(short 12) = %v, %v; want 12", got, err)
+	}
+}
+
+// The bundled trace's own 3,078 shares, before inflation, against GLPK 5.0
+// solving the same arc-flow model (as an integer program too: 1,965 GPUs,
+// and 188.64 GPUs unallocated with drops).
+func TestPackingMatchesGLPK(t *testing.T) {
+	tr := bundledTrace(t)
+	var c shareCounts
+	for _, p := range tr.Pods {
+		if p.NumGPU == 1 && p.GPUMilli < 1000 {
+			c[SharePercent(p.GPUMilli)]++
+		}
+	}
+	if c.total() != 3078 {
+		t.Fatalf("%d shares in the bundled trace, want 3078", c.total())
+	}
+	v, err := c.packingLP()
+	if err != nil || math.Abs(v-1964.583333) > 1e-5 {
+		t.Errorf("packing LP = %v, %v; GLPK says 1964.583333", v, err)
+	}
+	u, err := c.minUnallocated(0)
+	if err != nil || math.Abs(u-18855.45) > 0.01 {
+		t.Errorf("unallocated LP = %v, %v; GLPK says 18855.45", u, err)
+	}
+}
+
+// randomShareTrace is a sliver-prone cluster: 30 8-GPU nodes and pods
+// drawn from the trace's awkward share sizes and whole GPUs.
+func randomShareTrace(t *testing.T, seed uint64) *Trace {
+	t.Helper()
+	var nb strings.Builder
+	nb.WriteString(nodeHeader)
+	for i := 0; i < 30; i++ {
+		fmt.Fprintf(&nb, "n%02d,%d,262144,8,V100M16\n", i, 48000+16000*(i%3))
+	}
+	nodes, err := ParseNodes(strings.NewReader(nb.String()), "nodes.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(seed, 1))
+	kinds := []string{"1,810", "1,470", "1,650", "1,320", "1,160", "1,230", "1,1000", "2,1000", "4,1000", "8,1000", "0,0"}
+	var pb strings.Builder
+	pb.WriteString(podHeader)
+	for i := 0; i < 260; i++ {
+		fmt.Fprintf(&pb, "p%03d,%d,8192,%s,,LS,Running,0,0,0\n", i, 1000*(1+rng.IntN(12)), kinds[rng.IntN(len(kinds))])
+	}
+	pods, err := ParsePods(strings.NewReader(pb.String()), "pods.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Trace{Nodes: nodes, Pods: pods}
+}
+
+// No policy beats either floor in a real run: the floor for any policy
+// always holds, and the all-shares floor whenever no share was dropped by
+// arrived = 100%.
+func TestFloorsHoldForEveryPolicy(t *testing.T) {
+	placedAll := 0
+	for seed := uint64(1); seed <= 3; seed++ {
+		tr := randomShareTrace(t, seed)
+		fl, err := tr.Floor(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fl.AnyPolicy > fl.AllShares+1e-9 {
+			t.Fatalf("trace %d: floor for any policy %.3f above the all-shares floor %.3f", seed, fl.AnyPolicy, fl.AllShares)
+		}
+		withAll := 0
+		for _, pol := range []string{"random", "dotproduct", "gpuclustering", "gpupacking", "bestfit", "fgd", "tessera"} {
+			cv, err := Run(tr, pol, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := cv.Unallocated(100)
+			if got < fl.AnyPolicy-1e-9 {
+				t.Errorf("trace %d, %s: %.3f%% unallocated, below the floor %.3f%%", seed, pol, got, fl.AnyPolicy)
+			}
+			if sharesDroppedBy100(tr, cv) == 0 {
+				withAll++
+				if got < fl.AllShares-1e-9 {
+					t.Errorf("trace %d, %s placed every share yet left %.3f%%, below %.3f%%", seed, pol, got, fl.AllShares)
+				}
+			}
+		}
+		t.Logf("trace %d: floors %.2f%% / %.2f%%; %d policies placed every share", seed, fl.AnyPolicy, fl.AllShares, withAll)
+		placedAll += withAll
+	}
+	if placedAll == 0 {
+		t.Fatal("no run placed every share, so the all-shares floor was never checked")
+	}
+}
+
+func sharesDroppedBy100(tr *Trace, cv *Curve) int {
+	order := tr.Arrivals(cv.Seed, Inflation)
+	dropped := 0
+	var prev int64
+	for k, i := range order {
+		if cv.Arrived[k] > cv.Capacity {
+			break
+		}
+		p := tr.Pods[i]
+		if p.NumGPU == 1 && p.GPUMilli < 1000 && cv.Allocated[k] == prev {
+			dropped++
+		}
+		prev = cv.Allocated[k]
+	}
+	return dropped
+}
+
+func bundledTrace(tb testing.TB) *Trace {
+	tb.Helper()
+	f, err := openb.Files.Open(openb.NodeList)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	nodes, err := ParseNodes(f, openb.NodeList)
+	f.Close()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	f, err = openb.Files.Open(openb.PodList)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pods, err := ParsePods(f, openb.PodList)
+	f.Close()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return &Trace{Nodes: nodes, Pods: pods}
+}
