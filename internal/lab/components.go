@@ -16,6 +16,7 @@ import (
 	apiserverapp "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	kcmapp "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 
+	"github.com/tessera-gpu/tessera/internal/atomicfile"
 	"github.com/tessera-gpu/tessera/internal/hollowkubelet"
 	"github.com/tessera-gpu/tessera/internal/nodeagent"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
@@ -137,7 +138,7 @@ func runKubelet(ctx context.Context, args []string) error {
 		OnCreate: func(c hollowkubelet.Container) {
 			b, err := json.MarshalIndent(c, "", "  ")
 			if err == nil {
-				err = writeFileAtomic(filepath.Join(containers, c.Namespace+"_"+c.Pod+"_"+c.Name+".json"), b)
+				err = atomicfile.Write(filepath.Join(containers, c.Namespace+"_"+c.Pod+"_"+c.Name+".json"), b, 0o644)
 			}
 			if err != nil {
 				klog.FromContext(ctx).Error(err, "Recording a container", "pod", c.Namespace+"/"+c.Pod, "container", c.Name)
@@ -207,12 +208,4 @@ func runNodeAgent(ctx context.Context, args []string) error {
 		return err
 	}
 	return a.Run(ctx)
-}
-
-func writeFileAtomic(path string, data []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }

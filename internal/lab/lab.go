@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tessera-gpu/tessera/internal/atomicfile"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/nvmltest"
 )
 
@@ -151,7 +152,7 @@ func (d Dir) writeState(s *State) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(d.StateFile(), append(b, '\n'))
+	return atomicfile.Write(d.StateFile(), append(b, '\n'), 0o644)
 }
 
 // Alive reports whether the lab's supervisor process still runs.

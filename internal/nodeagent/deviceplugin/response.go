@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/tessera-gpu/tessera/internal/atomicfile"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -47,15 +48,7 @@ func (p Paths) WritePreload() error {
 	if err := os.MkdirAll(filepath.Dir(p.PreloadHost), 0o755); err != nil {
 		return err
 	}
-	return writeAtomic(p.PreloadHost, []byte(p.LimiterContainer+"\n"), 0o644)
-}
-
-func writeAtomic(path string, data []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, mode); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return atomicfile.Write(p.PreloadHost, []byte(p.LimiterContainer+"\n"), 0o644)
 }
 
 // buildResponse is the kubelet's answer for one container's grant. Limited
