@@ -68,17 +68,9 @@ func (t *Trace) Arrivals(seed int64, ratio float64) []int {
 func (t *Trace) Shapes() []policies.Shape {
 	shapes := make([]policies.Shape, len(t.Pods))
 	for i, p := range t.Pods {
-		shapes[i] = rowShape(p)
+		shapes[i] = policies.RequestShape(Request(p, p.Name))
 	}
 	return shapes
-}
-
-func rowShape(p PodRow) policies.Shape {
-	s := policies.Shape{CPUMilli: p.CPUMilli, MemMiB: p.MemMiB, NumGPU: p.NumGPU, Spec: p.Spec}
-	if p.NumGPU > 0 {
-		s.GPUMilli = placedMilli(p) / int64(p.NumGPU)
-	}
-	return s
 }
 
 // Curve is one run: after each arrival, the GPU requested so far by all

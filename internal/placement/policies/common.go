@@ -49,10 +49,12 @@ type Shape struct {
 	Spec     string
 }
 
-// ShapeOf derives a request's shape. For requests with several GPU
+// ShapeOf derives a compiled request's shape (see RequestShape).
+func ShapeOf(cr *placement.Compiled) Shape { return RequestShape(cr.Req) }
+
+// RequestShape derives a request's shape. For requests with several GPU
 // containers (never in traces) it takes the largest.
-func ShapeOf(cr *placement.Compiled) Shape {
-	r := cr.Req
+func RequestShape(r *placement.Request) Shape {
 	s := Shape{CPUMilli: r.CPUMilli, MemMiB: r.MemoryMiB, Spec: strings.Join(r.IncludeModels, "|")}
 	for _, c := range r.Containers {
 		if c.GPUs == 0 {
