@@ -60,6 +60,8 @@ func (t *Trace) Floor(seed int64) (Floor, error) {
 	if err != nil {
 		return Floor{}, fmt.Errorf("seed %d: %w", seed, err)
 	}
+	// The LP's rounding noise must not put the floor below what is certain.
+	anyPolicy = math.Max(anyPolicy, short)
 	return Floor{Seed: seed, AnyPolicy: pct(anyPolicy), AllShares: pct(math.Max(waste, short))}, nil
 }
 

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -138,17 +139,27 @@ type FloorResult struct {
 	AllShares Stat    `json:"allShares"`
 }
 
-// Floors computes the floors of the experiment's seeds. They depend on the
-// arrivals only, not on any policy.
+// Floors computes the floors of the experiment's seeds, Parallel at a
+// time. They depend on the arrivals only, not on any policy.
 func (e *Experiment) Floors() (*FloorResult, error) {
-	fr := &FloorResult{}
+	fr := &FloorResult{Seeds: make([]Floor, len(e.Seeds))}
+	errs := make([]error, len(e.Seeds))
+	sem := make(chan struct{}, max(1, e.Parallel))
+	var wg sync.WaitGroup
+	for i, s := range e.Seeds {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			fr.Seeds[i], errs[i] = e.Trace.Floor(s)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
 	var anyP, all []float64
-	for _, s := range e.Seeds {
-		f, err := e.Trace.Floor(s)
-		if err != nil {
-			return nil, err
-		}
-		fr.Seeds = append(fr.Seeds, f)
+	for _, f := range fr.Seeds {
 		anyP, all = append(anyP, f.AnyPolicy), append(all, f.AllShares)
 	}
 	fr.AnyPolicy, fr.AllShares = statOf(anyP), statOf(all)
