@@ -118,33 +118,36 @@ func (r *Registration) Configurations() (*admissionregistrationv1.MutatingWebhoo
 // Apply creates or updates both configurations.
 func (r *Registration) Apply(ctx context.Context, client kubernetes.Interface) error {
 	m, v := r.Configurations()
-	mc := client.AdmissionregistrationV1().MutatingWebhookConfigurations()
-	if old, err := mc.Get(ctx, m.Name, metav1.GetOptions{}); err == nil {
-		m.ResourceVersion = old.ResourceVersion
-		_, err = mc.Update(ctx, m, metav1.UpdateOptions{})
-		if err != nil {
-			return fmt.Errorf("updating MutatingWebhookConfiguration %s: %w", m.Name, err)
-		}
-	} else if apierrors.IsNotFound(err) {
-		if _, err := mc.Create(ctx, m, metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("creating MutatingWebhookConfiguration %s: %w", m.Name, err)
-		}
-	} else {
-		return fmt.Errorf("reading MutatingWebhookConfiguration %s: %w", m.Name, err)
+	api := client.AdmissionregistrationV1()
+	if err := createOrUpdate(ctx, api.MutatingWebhookConfigurations(), m, "MutatingWebhookConfiguration"); err != nil {
+		return err
 	}
-	vc := client.AdmissionregistrationV1().ValidatingWebhookConfigurations()
-	if old, err := vc.Get(ctx, v.Name, metav1.GetOptions{}); err == nil {
-		v.ResourceVersion = old.ResourceVersion
-		_, err = vc.Update(ctx, v, metav1.UpdateOptions{})
-		if err != nil {
-			return fmt.Errorf("updating ValidatingWebhookConfiguration %s: %w", v.Name, err)
+	return createOrUpdate(ctx, api.ValidatingWebhookConfigurations(), v, "ValidatingWebhookConfiguration")
+}
+
+// objectClient is the part of a typed client that createOrUpdate uses.
+type objectClient[T metav1.Object] interface {
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (T, error)
+	Create(ctx context.Context, obj T, opts metav1.CreateOptions) (T, error)
+	Update(ctx context.Context, obj T, opts metav1.UpdateOptions) (T, error)
+}
+
+// createOrUpdate writes obj, replacing the stored object of its name if
+// there is one.
+func createOrUpdate[T metav1.Object](ctx context.Context, c objectClient[T], obj T, kind string) error {
+	old, err := c.Get(ctx, obj.GetName(), metav1.GetOptions{})
+	switch {
+	case err == nil:
+		obj.SetResourceVersion(old.GetResourceVersion())
+		if _, err := c.Update(ctx, obj, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("updating %s %s: %w", kind, obj.GetName(), err)
 		}
-	} else if apierrors.IsNotFound(err) {
-		if _, err := vc.Create(ctx, v, metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("creating ValidatingWebhookConfiguration %s: %w", v.Name, err)
+	case apierrors.IsNotFound(err):
+		if _, err := c.Create(ctx, obj, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("creating %s %s: %w", kind, obj.GetName(), err)
 		}
-	} else {
-		return fmt.Errorf("reading ValidatingWebhookConfiguration %s: %w", v.Name, err)
+	default:
+		return fmt.Errorf("reading %s %s: %w", kind, obj.GetName(), err)
 	}
 	return nil
 }
