@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tessera-gpu/tessera/examples/traces/openb"
 	"github.com/tessera-gpu/tessera/internal/placement"
 	"github.com/tessera-gpu/tessera/internal/placement/policies"
 	"github.com/tessera-gpu/tessera/internal/sim"
@@ -51,7 +50,7 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return fmt.Errorf("%w: --policy: %v", errUsage, err)
 	}
-	tr, err := loadTrace(*nodesPath, *podsPath)
+	tr, err := sim.LoadTrace(*nodesPath, *podsPath)
 	if err != nil {
 		return err
 	}
@@ -104,37 +103,6 @@ func writePlot(path string, rs []sim.PolicyResult, fl *sim.FloorResult, title st
 		return fmt.Errorf("--plot %s: %w", path, err)
 	}
 	return f.Close()
-}
-
-func loadTrace(nodesPath, podsPath string) (*sim.Trace, error) {
-	tr := &sim.Trace{}
-	var err error
-	if nodesPath == "" {
-		tr.Nodes, err = parseEmbedded(openb.NodeList, sim.ParseNodes)
-	} else {
-		tr.Nodes, err = sim.LoadNodes(nodesPath)
-	}
-	if err != nil {
-		return nil, err
-	}
-	if podsPath == "" {
-		tr.Pods, err = parseEmbedded(openb.PodList, sim.ParsePods)
-	} else {
-		tr.Pods, err = sim.LoadPods(podsPath)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return tr, nil
-}
-
-func parseEmbedded[T any](name string, parse func(io.Reader, string) ([]T, error)) ([]T, error) {
-	f, err := openb.Files.Open(name)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return parse(f, "(bundled) "+name)
 }
 
 func parsePolicies(s string) ([]string, error) {

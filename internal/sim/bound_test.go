@@ -7,8 +7,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-
-	"github.com/tessera-gpu/tessera/examples/traces/openb"
 )
 
 func counts(sizes ...int) *shareCounts {
@@ -222,23 +220,9 @@ func sharesDroppedBy100(tr *Trace, cv *Curve) int {
 
 func bundledTrace(tb testing.TB) *Trace {
 	tb.Helper()
-	f, err := openb.Files.Open(openb.NodeList)
+	tr, err := LoadTrace("", "")
 	if err != nil {
 		tb.Fatal(err)
 	}
-	nodes, err := ParseNodes(f, openb.NodeList)
-	f.Close()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	f, err = openb.Files.Open(openb.PodList)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	pods, err := ParsePods(f, openb.PodList)
-	f.Close()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return &Trace{Nodes: nodes, Pods: pods}
+	return tr
 }

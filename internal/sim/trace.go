@@ -11,6 +11,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/tessera-gpu/tessera/examples/traces/openb"
 )
 
 // NodeRow is one line of a node list.
@@ -39,24 +41,35 @@ func (p PodRow) GPURequestMilli() int64 { return int64(p.NumGPU) * p.GPUMilli }
 // maxGPUsPerNode bounds the gpu column; the core allows 64.
 const maxGPUsPerNode = 64
 
-// LoadNodes reads a node list CSV file.
-func LoadNodes(path string) ([]NodeRow, error) {
-	f, err := os.Open(path)
+// LoadTrace reads a node list and a pod list (openb CSV); an empty path
+// stands for that list of the openb default trace bundled in the binary.
+func LoadTrace(nodesPath, podsPath string) (*Trace, error) {
+	nodes, err := loadRows(nodesPath, openb.NodeList, ParseNodes)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	return ParseNodes(f, path)
+	pods, err := loadRows(podsPath, openb.PodList, ParsePods)
+	if err != nil {
+		return nil, err
+	}
+	return &Trace{Nodes: nodes, Pods: pods}, nil
 }
 
-// LoadPods reads a pod list CSV file.
-func LoadPods(path string) ([]PodRow, error) {
-	f, err := os.Open(path)
+func loadRows[T any](path, bundled string, parse func(io.Reader, string) ([]T, error)) ([]T, error) {
+	var f io.ReadCloser
+	var err error
+	name := path
+	if path == "" {
+		name = "(bundled) " + bundled
+		f, err = openb.Files.Open(bundled)
+	} else {
+		f, err = os.Open(path)
+	}
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	return ParsePods(f, path)
+	return parse(f, name)
 }
 
 // table reads a CSV with a header and resolves the wanted columns; errors
