@@ -58,12 +58,6 @@ func (p *Problem) NewVar(cost float64) int {
 	return len(p.obj) - 1
 }
 
-// SetCost changes variable v's objective coefficient.
-func (p *Problem) SetCost(v int, cost float64) { p.obj[v] = cost }
-
-// NumVars is the number of variables added.
-func (p *Problem) NumVars() int { return len(p.obj) }
-
 // AddRow adds the constraint Σ terms sense rhs.
 func (p *Problem) AddRow(terms []Term, sense Sense, rhs float64) error {
 	for _, t := range terms {

@@ -88,7 +88,8 @@ type arcFlow struct {
 	arcs map[int][]int // share size → its arc variables
 }
 
-func (c *shareCounts) arcFlow() (*arcFlow, error) {
+// arcFlow builds the model; gpuCost is the objective's weight on GPUs.
+func (c *shareCounts) arcFlow(gpuCost float64) (*arcFlow, error) {
 	m := &arcFlow{arcs: map[int][]int{}}
 	in := make([][]lp.Term, 101)
 	out := make([][]lp.Term, 101)
@@ -96,7 +97,8 @@ func (c *shareCounts) arcFlow() (*arcFlow, error) {
 		out[from] = append(out[from], lp.Term{Var: v, Coeff: 1})
 		in[to] = append(in[to], lp.Term{Var: v, Coeff: 1})
 	}
-	reach := []bool{0: true, 100: false}
+	reach := make([]bool, 101) // positions reachable with larger shares
+	reach[0] = true
 	for s := 100; s >= 1; s-- {
 		n := c[s]
 		if n == 0 {
@@ -110,8 +112,9 @@ func (c *shareCounts) arcFlow() (*arcFlow, error) {
 				if !frontier[d] {
 					continue
 				}
-				addArc(d, d+s, m.p.NewVar(0))
-				m.arcs[s] = append(m.arcs[s], m.p.NumVars()-1)
+				v := m.p.NewVar(0)
+				addArc(d, d+s, v)
+				m.arcs[s] = append(m.arcs[s], v)
 				moved[d+s], next[d+s] = true, true
 			}
 			frontier = moved
@@ -121,7 +124,7 @@ func (c *shareCounts) arcFlow() (*arcFlow, error) {
 	for d := 0; d < 100; d++ {
 		addArc(d, d+1, m.p.NewVar(0))
 	}
-	m.gpus = m.p.NewVar(0)
+	m.gpus = m.p.NewVar(gpuCost)
 	if err := m.p.AddRow(append(out[0], lp.Term{Var: m.gpus, Coeff: -1}), lp.EQ, 0); err != nil {
 		return nil, err
 	}
@@ -157,11 +160,10 @@ func (c *shareCounts) packingLP() (float64, error) {
 	if c.volume() == 0 {
 		return 0, nil
 	}
-	m, err := c.arcFlow()
+	m, err := c.arcFlow(1)
 	if err != nil {
 		return 0, err
 	}
-	m.p.SetCost(m.gpus, 1)
 	for s, n := range c {
 		if n > 0 {
 			if err := m.p.AddRow(m.demand(s), lp.GE, float64(n)); err != nil {
@@ -185,7 +187,7 @@ func (c *shareCounts) minUnallocated(short float64) (float64, error) {
 	if c.volume() == 0 {
 		return short, nil
 	}
-	m, err := c.arcFlow()
+	m, err := c.arcFlow(0)
 	if err != nil {
 		return 0, err
 	}
