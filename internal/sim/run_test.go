@@ -125,14 +125,7 @@ func TestSameSeedSameTable(t *testing.T) {
 	exp := &Experiment{Trace: tr, Policies: []string{"random", "fgd", "tessera"}, Seeds: []int64{1, 2, 3}, Parallel: 3}
 	tables := make([]string, 2)
 	for i := range tables {
-		rs, err := exp.Run(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		fl, err := exp.Floors()
-		if err != nil {
-			t.Fatal(err)
-		}
+		rs, fl := runWithFloors(t, exp)
 		var b bytes.Buffer
 		if err := WriteTable(&b, rs, fl, 3); err != nil {
 			t.Fatal(err)
@@ -147,9 +140,8 @@ func TestSameSeedSameTable(t *testing.T) {
 	}
 }
 
-func TestOutputs(t *testing.T) {
-	tr := smallTrace(t, 30)
-	exp := &Experiment{Trace: tr, Policies: []string{"bestfit", "fgd"}, Seeds: []int64{1, 2}, Parallel: 2}
+func runWithFloors(t *testing.T, exp *Experiment) ([]PolicyResult, *FloorResult) {
+	t.Helper()
 	rs, err := exp.Run(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -158,6 +150,12 @@ func TestOutputs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return rs, fl
+}
+
+func TestOutputs(t *testing.T) {
+	tr := smallTrace(t, 30)
+	rs, fl := runWithFloors(t, &Experiment{Trace: tr, Policies: []string{"bestfit", "fgd"}, Seeds: []int64{1, 2}, Parallel: 2})
 	var js bytes.Buffer
 	if err := WriteJSON(&js, rs, fl, []int64{1, 2}); err != nil {
 		t.Fatal(err)
