@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 // documented is NVIDIA's table for each model, written the way
@@ -85,7 +87,7 @@ func TestTablesMatchDocumentation(t *testing.T) {
 			if p.Media != strings.HasSuffix(pname, "+me") {
 				t.Errorf("%s %s: media %v", name, pname, p.Media)
 			}
-			c, _, _, err := ParseProfileName(pname)
+			c, _, _, err := api.ParseMIGProfile(pname)
 			if err != nil || c != p.Compute {
 				t.Errorf("%s %s: compute slices %d, name says %d (%v)", name, pname, p.Compute, c, err)
 			}

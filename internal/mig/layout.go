@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 // Instance is a GPU instance on one GPU: its profile and the memory slice
@@ -276,7 +278,7 @@ func (m *Model) Arrange(counts map[string]int) ([]Instance, error) {
 		if c < 0 {
 			return nil, fmt.Errorf("MIG layout: %s count %d is negative", n, c)
 		}
-		if _, _, _, err := ParseProfileName(n); err != nil {
+		if _, _, _, err := api.ParseMIGProfile(n); err != nil {
 			return nil, err
 		}
 		p, ok := m.Profile(n)

@@ -45,29 +45,6 @@ func TestModelFor(t *testing.T) {
 	}
 }
 
-func TestParseProfileName(t *testing.T) {
-	for _, ok := range []string{"1g.5gb", "7g.40gb", "1g.5gb+me", "3g.71gb", "7g.141gb"} {
-		if _, _, _, err := ParseProfileName(ok); err != nil {
-			t.Errorf("%s: %v", ok, err)
-		}
-	}
-	for name, want := range map[string]string{
-		"1c.3g.20gb": "compute instance",
-		"3g20gb":     "not of the form",
-		"0g.5gb":     "not of the form",
-		"1g.05gb":    "not of the form",
-		"1g.5gb+me+": "not of the form",
-		"":           "not of the form",
-		"g.gb":       "not of the form",
-		"1g.5GB":     "not of the form",
-	} {
-		_, _, _, err := ParseProfileName(name)
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("ParseProfileName(%q) = %v, want an error with %q", name, err, want)
-		}
-	}
-}
-
 func TestArrange(t *testing.T) {
 	a100 := model(t, "A100-40GB")
 	for _, tc := range []struct {

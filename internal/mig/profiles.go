@@ -14,9 +14,7 @@
 package mig
 
 import (
-	"fmt"
 	"sort"
-	"strconv"
 	"strings"
 )
 
@@ -264,29 +262,4 @@ func (m *Model) WithMemory(mib map[string]int64) *Model {
 		}
 	}
 	return &c
-}
-
-// ParseProfileName checks a profile name as users write it in mig-parted
-// configs and resource names ("1g.5gb", "3g.20gb", "1g.5gb+me") and
-// returns its compute slices and nominal memory. Compute-instance names
-// ("1c.3g.20gb") are refused with a message saying why.
-func ParseProfileName(name string) (compute, memGB int, media bool, err error) {
-	s, media := strings.CutSuffix(name, "+me")
-	bad := fmt.Errorf("MIG profile %q is not of the form <compute>g.<memory>gb (e.g. \"1g.5gb\", \"1g.5gb+me\")", name)
-	parts := strings.Split(s, ".")
-	if len(parts) == 3 && strings.HasSuffix(parts[0], "c") {
-		return 0, 0, false, fmt.Errorf("MIG profile %q names a compute instance inside a GPU instance; Tessera creates one compute instance per GPU instance, so name the GPU-instance profile (%q)", name, parts[1]+"."+parts[2])
-	}
-	if len(parts) != 2 {
-		return 0, 0, false, bad
-	}
-	g, okG := strings.CutSuffix(parts[0], "g")
-	gb, okGB := strings.CutSuffix(parts[1], "gb")
-	compute, errC := strconv.Atoi(g)
-	memGB, errM := strconv.Atoi(gb)
-	if !okG || !okGB || errC != nil || errM != nil || compute < 1 || compute > 8 || memGB < 1 ||
-		strconv.Itoa(compute) != g || strconv.Itoa(memGB) != gb {
-		return 0, 0, false, bad
-	}
-	return compute, memGB, media, nil
 }

@@ -3,6 +3,7 @@ package api
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 )
 
@@ -90,6 +91,12 @@ type NodeConfig struct {
 	Sharing SharingMode `json:"sharing"`
 }
 
+// NodeConfigSharingModes are the sharing modes a node configuration may
+// name: the modes the node agent implements.
+func NodeConfigSharingModes() []SharingMode {
+	return []SharingMode{SharingShared, SharingExclusive, SharingTimeSlicing}
+}
+
 // Defaults fills the unset fields of c: shared GPUs, 10 shares per GPU
 // (1 for exclusive GPUs) and no memory overcommit.
 func (c *NodeConfig) Defaults() {
@@ -110,8 +117,8 @@ func (c *NodeConfig) Defaults() {
 // Validate checks a configuration after Defaults, with the limits that
 // ValidateInventory applies to the inventory built from it.
 func (c *NodeConfig) Validate() error {
-	if !c.Sharing.Valid() {
-		return fmt.Errorf("sharing %q is not one of %s", c.Sharing, joinQuoted(SharingModes()))
+	if !slices.Contains(NodeConfigSharingModes(), c.Sharing) {
+		return fmt.Errorf("sharing %q is not one of %s", c.Sharing, joinQuoted(NodeConfigSharingModes()))
 	}
 	if c.SharesPerGPU < 1 || c.SharesPerGPU > MaxSharesLimit {
 		return fmt.Errorf("sharesPerGPU %d outside [1, %d]", c.SharesPerGPU, MaxSharesLimit)

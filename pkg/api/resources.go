@@ -21,6 +21,8 @@ const (
 // configurable so that Tessera can run beside NVIDIA's device plugin (which
 // owns nvidia.com/gpu) under a prefix of its own, e.g. "tessera.io".
 type ResourceNames struct {
+	// Prefix is the resource prefix the names share ("nvidia.com").
+	Prefix string
 	// GPU is the number of GPUs a container uses (prefix/gpu).
 	GPU string
 	// Memory is the memory per GPU in MiB (prefix/gpumem).
@@ -43,6 +45,7 @@ func NewResourceNames(prefix string) (ResourceNames, error) {
 		return ResourceNames{}, fmt.Errorf("resource prefix %q: %w", prefix, err)
 	}
 	return ResourceNames{
+		Prefix:           prefix,
 		GPU:              prefix + "/" + resourceGPU,
 		Memory:           prefix + "/" + resourceMemory,
 		MemoryPercentage: prefix + "/" + resourceMemoryPercentage,

@@ -8,6 +8,7 @@ import (
 
 func TestDefaultResourceNames(t *testing.T) {
 	want := ResourceNames{
+		Prefix:           "nvidia.com",
 		GPU:              "nvidia.com/gpu",
 		Memory:           "nvidia.com/gpumem",
 		MemoryPercentage: "nvidia.com/gpumem-percentage",
