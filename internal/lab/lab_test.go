@@ -132,6 +132,26 @@ func TestCollectAndPrint(t *testing.T) {
 	if !strings.Contains(out.String(), "INVARIANT BROKEN") {
 		t.Errorf("output hides the broken invariant:\n%s", out.String())
 	}
+
+	// A node whose inventory does not decode has no GPUs in the report, as
+	// for the scheduler, and the report says why; the rest is reported.
+	bad := fixtures.Node("n2", fixtures.Inventory("n2", 1, "A100-SXM4-40GB", 40960, 4), api.DefaultResourceNames)
+	bad.Annotations[api.AnnotationInventory] = `{"apiVersion":"tessera.io/v9"}`
+	if _, err := client.CoreV1().Nodes().Create(context.Background(), bad, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r, err = Collect(context.Background(), client)
+	if err != nil {
+		t.Fatalf("one unreadable inventory failed the whole report: %v", err)
+	}
+	if r.Inventory == nil || !strings.Contains(r.Inventory.Error(), "node n2") || len(r.Nodes) != 1 {
+		t.Errorf("unreadable inventory: %v; nodes %+v", r.Inventory, r.Nodes)
+	}
+	out.Reset()
+	_ = r.Print(&out)
+	if !strings.Contains(out.String(), "UNREADABLE INVENTORY") || !strings.Contains(out.String(), "60000/40960") {
+		t.Errorf("output:\n%s", out.String())
+	}
 }
 
 // TestSupervisorRestartsAndStops runs a stand-in component (sh), kills

@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/placement"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -146,7 +147,7 @@ func TestFromPodErrors(t *testing.T) {
 func TestPrefix(t *testing.T) {
 	n := api.MustResourceNames("tessera.io")
 	p := pod(nil, nil, ctr("a", map[string]string{"tessera.io/gpumem": "100", "nvidia.com/gpu": "3"}))
-	if !RequestsGPU(p, n) || RequestsGPU(pod(nil, nil, ctr("a", map[string]string{"cpu": "1"})), n) {
+	if !kubeobj.RequestsGPU(p, n) || kubeobj.RequestsGPU(pod(nil, nil, ctr("a", map[string]string{"cpu": "1"})), n) {
 		t.Fatal("RequestsGPU")
 	}
 	r, err := FromPod(p, n)

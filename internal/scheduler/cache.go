@@ -8,8 +8,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/placement"
-	"github.com/tessera-gpu/tessera/internal/podrequest"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -42,23 +42,20 @@ func newState() *state {
 }
 
 // upsertNode applies a Node's inventory annotation. It reports whether the
-// core changed. A missing or invalid inventory leaves the node without
-// GPUs (logged), so GPU pods never land on GPUs nobody described.
+// core changed. A missing or invalid inventory (kubeobj.Inventory) leaves
+// the node without GPUs (logged), so GPU pods never land on GPUs nobody
+// described.
 func (s *state) upsertNode(logger klog.Logger, node *corev1.Node) bool {
-	raw, has := node.Annotations[api.AnnotationInventory]
+	raw := node.Annotations[api.AnnotationInventory]
 	s.mu.RLock()
 	prev, known := s.inventory[node.Name]
 	s.mu.RUnlock()
 	if known && prev == raw {
 		return false
 	}
-	var inv *api.NodeInventory
-	if has {
-		var err error
-		if inv, err = api.DecodeInventory([]byte(raw)); err != nil {
-			logger.Error(err, "Ignoring the node's GPU inventory", "node", klog.KObj(node))
-			inv = nil
-		}
+	inv, err := kubeobj.Inventory(node)
+	if err != nil {
+		logger.Error(err, "Ignoring the node's GPU inventory", "node", klog.KObj(node))
 	}
 	n, err := placement.NewNode(node.Name, placement.Unlimited, placement.Unlimited, inv)
 	if err != nil {
@@ -96,12 +93,11 @@ func (s *state) removeNode(name string) {
 // Pods the plugin reserved itself are already charged. It reports whether
 // something was released.
 func (s *state) observePod(logger klog.Logger, pod *corev1.Pod) bool {
-	key := podrequest.Key(pod)
+	key := kubeobj.Key(pod)
 	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 		return s.release(key, pod.UID)
 	}
-	raw, ok := pod.Annotations[api.AnnotationAllocation]
-	if !ok || pod.Spec.NodeName == "" {
+	if _, ok := pod.Annotations[api.AnnotationAllocation]; !ok || pod.Spec.NodeName == "" {
 		// Unbound pods with a record were annotated by a PreBind whose
 		// binding never happened; they will be scheduled again.
 		return false
@@ -112,7 +108,7 @@ func (s *state) observePod(logger klog.Logger, pod *corev1.Pod) bool {
 	if held && uid == pod.UID {
 		return false
 	}
-	rec, err := api.DecodeAllocation([]byte(raw))
+	rec, err := kubeobj.Record(pod)
 	if err != nil {
 		logger.Error(err, "Ignoring the pod's GPU allocation record", "pod", klog.KObj(pod))
 		return false
@@ -146,7 +142,7 @@ func (s *state) deletePod(obj any) bool {
 	if !ok {
 		return false
 	}
-	return s.release(podrequest.Key(pod), pod.UID)
+	return s.release(kubeobj.Key(pod), pod.UID)
 }
 
 // release drops what the pod with this key and UID holds.

@@ -28,6 +28,7 @@ import (
 	schedconfig "k8s.io/kubernetes/pkg/scheduler/apis/config"
 	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
 
+	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/placement"
 	"github.com/tessera-gpu/tessera/internal/podrequest"
 	"github.com/tessera-gpu/tessera/pkg/api"
@@ -228,7 +229,7 @@ func (p *Plugin) waitSynced(ctx context.Context) error {
 // Pods that ask for no GPU skip the plugin entirely.
 func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodes []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
 	defer since("PreFilter", time.Now())
-	if !podrequest.RequestsGPU(pod, p.names) {
+	if !kubeobj.RequestsGPU(pod, p.names) {
 		return nil, fwk.NewStatus(fwk.Skip)
 	}
 	if err := p.waitSynced(ctx); err != nil {
@@ -368,7 +369,7 @@ func (p *Plugin) PostFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.
 		}
 	}
 	p.waitMu.Lock()
-	p.waiting[podrequest.Key(pod)] = pod
+	p.waiting[kubeobj.Key(pod)] = pod
 	p.waitMu.Unlock()
 	if len(reasons) == 0 {
 		return nil, fwk.NewStatus(fwk.Unschedulable)
@@ -459,7 +460,7 @@ func (p *Plugin) Reserve(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod
 	}
 	sc := p.scratchs.Get().(*scratch)
 	defer p.scratchs.Put(sc)
-	key := podrequest.Key(pod)
+	key := kubeobj.Key(pod)
 	p.st.mu.Lock()
 	defer p.st.mu.Unlock()
 	if r := p.fit(s, nodeName, sc); !r.OK() {
@@ -490,7 +491,7 @@ func (p *Plugin) Unreserve(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 	if readState(cs) == nil {
 		return
 	}
-	if p.st.release(podrequest.Key(pod), pod.UID) {
+	if p.st.release(kubeobj.Key(pod), pod.UID) {
 		p.requeue(klog.FromContext(ctx))
 	}
 }
@@ -533,7 +534,7 @@ func reserved(s *cycleState, pod *corev1.Pod) (*api.PodAllocation, *fwk.Status) 
 	rec := s.rec
 	s.mu.Unlock()
 	if rec == nil {
-		return nil, fwk.AsStatus(fmt.Errorf("no GPUs reserved for pod %s", podrequest.Key(pod)))
+		return nil, fwk.AsStatus(fmt.Errorf("no GPUs reserved for pod %s", kubeobj.Key(pod)))
 	}
 	return rec, nil
 }

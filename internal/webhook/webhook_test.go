@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/ktesting"
 
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
@@ -247,7 +248,7 @@ func TestRegistrationAndCA(t *testing.T) {
 }
 
 func TestInventories(t *testing.T) {
-	iv := NewInventories()
+	iv := NewInventories(ktesting.NewLogger(t, ktesting.NewConfig()))
 	iv.Set(fixtures.Node("a", fixtures.Inventory("a", 2, "A100", 40960, 10), api.DefaultResourceNames))
 	iv.Set(fixtures.Node("b", fixtures.Inventory("b", 2, "H100", 81920, 10), api.DefaultResourceNames))
 	if got := iv.Largest(); got != 81920 {
@@ -256,5 +257,12 @@ func TestInventories(t *testing.T) {
 	iv.Delete("b")
 	if got := iv.Largest(); got != 40960 {
 		t.Fatalf("largest after delete %d", got)
+	}
+	// An inventory that does not decode offers no GPUs.
+	broken := fixtures.Node("a", fixtures.Inventory("a", 2, "A100", 40960, 10), api.DefaultResourceNames)
+	broken.Annotations[api.AnnotationInventory] = `{"apiVersion":"tessera.io/v0"}`
+	iv.Set(broken)
+	if got := iv.Largest(); got != 0 {
+		t.Fatalf("largest with an unreadable inventory %d, want 0", got)
 	}
 }

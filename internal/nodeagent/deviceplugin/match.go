@@ -11,7 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/tessera-gpu/tessera/internal/podrequest"
+	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -126,11 +126,11 @@ func (m *Matcher) nextContainer(pod *v1.Pod, kp KubeletPod) (name string, init b
 	for i, cs := range [][]v1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
 		for j := range cs {
 			c := &cs[j]
-			q, asks := c.Resources.Limits[v1.ResourceName(m.Resource)]
-			if !asks || q.Value() <= 0 || len(kp.Devices[c.Name]) > 0 || m.State.Served(pod.UID, c.Name) {
+			n, err := kubeobj.Devices(c, m.Resource)
+			if err != nil || n <= 0 || len(kp.Devices[c.Name]) > 0 || m.State.Served(pod.UID, c.Name) {
 				continue
 			}
-			return c.Name, i == 0, q.Value(), true
+			return c.Name, i == 0, n, true
 		}
 	}
 	return "", false, 0, false
@@ -138,12 +138,11 @@ func (m *Matcher) nextContainer(pod *v1.Pod, kp KubeletPod) (name string, init b
 
 // target reads the pod's allocation record for the container.
 func (m *Matcher) target(p pending, n int) (*Target, error) {
-	ref := podrequest.Key(p.pod)
-	raw, ok := p.pod.Annotations[api.AnnotationAllocation]
-	if !ok {
+	ref := kubeobj.Key(p.pod)
+	rec, err := kubeobj.Record(p.pod)
+	if errors.Is(err, kubeobj.ErrNoRecord) {
 		return nil, fmt.Errorf("%w: pod %s has no %s annotation: it was not placed by the Tessera scheduler, and a GPU share without a record would run without limits", ErrNoMatch, ref, api.AnnotationAllocation)
 	}
-	rec, err := api.DecodeAllocation([]byte(raw))
 	if err != nil {
 		return nil, fmt.Errorf("%w: pod %s: %v", ErrNoMatch, ref, err)
 	}
