@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -42,7 +43,8 @@ type PodGetter interface {
 // first) during admission, after adding the pod to its pod manager, so
 // while it waits on us exactly one active pod has a GPU container that is
 // not yet served. The kubelet's pod-resources API tells us its active pods
-// and what each container holds; StateDirs tell us which containers we
+// and what each container holds; the state directories (statedir) tell
+// us which containers we
 // have answered. No lock across pods, no guessing: if the answer is not
 // exactly one pod, the request is refused (fail closed).
 type Matcher struct {
@@ -50,7 +52,7 @@ type Matcher struct {
 	Resource string
 	Kubelet  KubeletPods
 	Pods     PodGetter
-	State    StateDirs
+	State    statedir.Dirs
 }
 
 // Target is the container a request belongs to and its grant.

@@ -20,6 +20,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -101,7 +102,7 @@ func newEnv(t *testing.T, mode api.SharingMode, shares int) *env {
 	paths.StateRoot = filepath.Join(root, "state")
 	paths.PreloadHost = filepath.Join(root, "ld.so.preload")
 	e := &env{t: t, kubelet: &fakeKubelet{}, api: &fakeAPI{pods: map[string]*v1.Pod{}}, paths: paths}
-	m := &Matcher{Node: node, Resource: res, Kubelet: e.kubelet, Pods: e.api, State: StateDirs{Root: paths.StateRoot}}
+	m := &Matcher{Node: node, Resource: res, Kubelet: e.kubelet, Pods: e.api, State: statedir.Dirs{Root: paths.StateRoot}}
 	e.plugin = New(Options{Resource: res, Matcher: m, Paths: paths, PluginDir: root}, ktesting.NewLogger(t, ktesting.NewConfig()))
 	var gpus []GPU
 	for i := 0; i < 4; i++ {
@@ -415,7 +416,7 @@ func TestManyPodsBoundAtOnce(t *testing.T) {
 	t.Logf("admitted %d pods in %v", n, time.Since(start))
 }
 
-func TestListAndWatchAndGC(t *testing.T) {
+func TestListAndWatch(t *testing.T) {
 	e := newEnv(t, api.SharingShared, 2)
 	devs, changed := e.plugin.devices()
 	if len(devs) != 8 || devs[0].Topology.Nodes[0].ID != 0 || devs[7].Topology.Nodes[0].ID != 1 {
@@ -436,26 +437,6 @@ func TestListAndWatchAndGC(t *testing.T) {
 	case <-changed:
 		t.Error("identical update signalled")
 	default:
-	}
-
-	s := StateDirs{Root: t.TempDir()}
-	for _, u := range []types.UID{"live", "gone", "young"} {
-		if _, err := s.Create(u, "c"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	old := time.Now().Add(-time.Hour)
-	for _, u := range []string{"live", "gone"} {
-		if err := os.Chtimes(filepath.Join(s.Root, u), old, old); err != nil {
-			t.Fatal(err)
-		}
-	}
-	removed, err := s.GC(func(u types.UID) bool { return u == "live" }, time.Minute, time.Now())
-	if err != nil || len(removed) != 1 || removed[0] != "gone" {
-		t.Errorf("removed %v %v", removed, err)
-	}
-	if !s.Served("live", "c") || !s.Served("young", "c") || s.Served("gone", "c") {
-		t.Error("wrong directories removed")
 	}
 }
 
