@@ -160,13 +160,13 @@ func Run(ctx context.Context, o Options) error {
 	defer factory.Shutdown()
 	factory.WaitForCacheSync(ctx.Done())
 
-	pol := &Policy{Names: o.Names, SchedulerName: o.SchedulerName, LargestGPUMiB: inv.Largest}
+	adm := &Admission{Names: o.Names, SchedulerName: o.SchedulerName, LargestGPUMiB: inv.Largest}
 	ln, err := net.Listen("tcp", o.Listen)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", o.Listen, err)
 	}
 	srv := &http.Server{
-		Handler:           pol.Handler(logger),
+		Handler:           adm.Handler(logger),
 		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
 		ReadHeaderTimeout: 10 * time.Second,
 	}

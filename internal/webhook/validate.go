@@ -19,8 +19,9 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
-// Policy is what the webhook enforces.
-type Policy struct {
+// Admission is what the webhook does to GPU pods: the rules it validates
+// them by and the defaults it writes into them.
+type Admission struct {
 	Names api.ResourceNames
 	// SchedulerName is where GPU pods are sent.
 	SchedulerName string
@@ -50,7 +51,7 @@ func containers(pod *corev1.Pod) []containerRef {
 // Validate checks a GPU pod. Fractional GPU counts below 1 pass (the
 // mutation converts them); everything else must be what the scheduler
 // can place. A pod without GPU resources is always valid.
-func (p *Policy) Validate(pod *corev1.Pod) field.ErrorList {
+func (p *Admission) Validate(pod *corev1.Pod) field.ErrorList {
 	if !kubeobj.RequestsGPU(pod, p.Names) {
 		return nil
 	}
@@ -81,7 +82,7 @@ func (p *Policy) Validate(pod *corev1.Pod) field.ErrorList {
 	return errs
 }
 
-func (p *Policy) validateContainer(ref containerRef, largest int64) field.ErrorList {
+func (p *Admission) validateContainer(ref containerRef, largest int64) field.ErrorList {
 	c, path := ref.c, ref.path
 	var errs field.ErrorList
 	res := path.Child("resources")
@@ -166,7 +167,7 @@ func Message(errs field.ErrorList) string {
 // GPU container's resources defaulted and written as equal integer
 // requests and limits. It reports whether anything changed. The pod must
 // be valid (Validate).
-func (p *Policy) Mutate(pod *corev1.Pod) (*corev1.Pod, bool, error) {
+func (p *Admission) Mutate(pod *corev1.Pod) (*corev1.Pod, bool, error) {
 	if !kubeobj.RequestsGPU(pod, p.Names) {
 		return pod, false, nil
 	}
@@ -196,7 +197,7 @@ func (p *Policy) Mutate(pod *corev1.Pod) (*corev1.Pod, bool, error) {
 }
 
 // writeResources sets the GPU entries of c's requests and limits to d.
-func (p *Policy) writeResources(c *corev1.Container, d kubeobj.Resources) bool {
+func (p *Admission) writeResources(c *corev1.Container, d kubeobj.Resources) bool {
 	want := map[string]int64{p.Names.GPU: d.GPUMilli / 1000}
 	if d.MemoryMiB > 0 {
 		want[p.Names.Memory] = d.MemoryMiB

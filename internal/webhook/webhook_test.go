@@ -25,8 +25,8 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
-func testPolicy() *Policy {
-	return &Policy{Names: api.DefaultResourceNames, SchedulerName: "tessera-scheduler", LargestGPUMiB: func() int64 { return 40960 }}
+func testAdmission() *Admission {
+	return &Admission{Names: api.DefaultResourceNames, SchedulerName: "tessera-scheduler", LargestGPUMiB: func() int64 { return 40960 }}
 }
 
 func pod(res map[string]string) *corev1.Pod {
@@ -72,7 +72,7 @@ func TestValidateRejections(t *testing.T) {
 			if tc.mutate != nil {
 				tc.mutate(p)
 			}
-			errs := testPolicy().Validate(p)
+			errs := testAdmission().Validate(p)
 			if len(errs) == 0 {
 				t.Fatal("accepted")
 			}
@@ -87,7 +87,7 @@ func TestValidateRejections(t *testing.T) {
 }
 
 func TestMutate(t *testing.T) {
-	pol := testPolicy()
+	adm := testAdmission()
 	tests := []struct {
 		name string
 		res  map[string]string
@@ -100,10 +100,10 @@ func TestMutate(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			in := pod(tc.res)
-			if errs := pol.Validate(in); len(errs) > 0 {
+			if errs := adm.Validate(in); len(errs) > 0 {
 				t.Fatal(Message(errs))
 			}
-			out, changed, err := pol.Mutate(in)
+			out, changed, err := adm.Mutate(in)
 			if err != nil || !changed {
 				t.Fatalf("changed=%v err=%v", changed, err)
 			}
@@ -125,18 +125,18 @@ func TestMutate(t *testing.T) {
 					}
 				}
 			}
-			if errs := pol.Validate(out); len(errs) > 0 {
+			if errs := adm.Validate(out); len(errs) > 0 {
 				t.Errorf("mutated pod invalid: %s", Message(errs))
 			}
 		})
 	}
 	cpu := fixtures.Pod("default", "cpu", corev1.DefaultSchedulerName, fixtures.Container("c", map[string]string{"cpu": "1"}))
-	if _, changed, _ := pol.Mutate(cpu); changed {
+	if _, changed, _ := adm.Mutate(cpu); changed {
 		t.Error("pod without GPU resources mutated")
 	}
 	other := pod(map[string]string{"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "100"})
 	other.Spec.SchedulerName = "my-scheduler"
-	if out, _, _ := pol.Mutate(other); out.Spec.SchedulerName != "my-scheduler" {
+	if out, _, _ := adm.Mutate(other); out.Spec.SchedulerName != "my-scheduler" {
 		t.Error("explicit scheduler name overwritten")
 	}
 }
@@ -177,7 +177,7 @@ func TestHandlerOverTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewUnstartedServer(testPolicy().Handler(klog.Background()))
+	srv := httptest.NewUnstartedServer(testAdmission().Handler(klog.Background()))
 	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
 	srv.StartTLS()
 	defer srv.Close()
