@@ -29,8 +29,10 @@ func testAdmission() *Admission {
 	return &Admission{Names: api.DefaultResourceNames, SchedulerName: "tessera-scheduler", LargestGPUMiB: func() int64 { return 40960 }}
 }
 
+// pod is a pod whose container "main" asks res, with requests equal to
+// limits as the API server defaults them before admission.
 func pod(res map[string]string) *corev1.Pod {
-	p := fixtures.Pod("default", "p", corev1.DefaultSchedulerName, fixtures.Container("main", res))
+	p := fixtures.MakePod().Namespace("default").Name("p").SchedulerName(corev1.DefaultSchedulerName).Container("main", res).Obj()
 	c := &p.Spec.Containers[0]
 	for k, v := range c.Resources.Limits {
 		if c.Resources.Requests == nil {
@@ -130,7 +132,7 @@ func TestMutate(t *testing.T) {
 			}
 		})
 	}
-	cpu := fixtures.Pod("default", "cpu", corev1.DefaultSchedulerName, fixtures.Container("c", map[string]string{"cpu": "1"}))
+	cpu := fixtures.MakePod().Namespace("default").Name("cpu").SchedulerName(corev1.DefaultSchedulerName).Container("c", map[string]string{"cpu": "1"}).Obj()
 	if _, changed, _ := adm.Mutate(cpu); changed {
 		t.Error("pod without GPU resources mutated")
 	}

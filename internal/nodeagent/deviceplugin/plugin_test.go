@@ -15,12 +15,11 @@ import (
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2/ktesting"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
+	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -120,31 +119,15 @@ type spec struct {
 }
 
 func pod(name string, specs ...spec) *v1.Pod {
-	p := &v1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID("uid-" + name), Annotations: map[string]string{}},
-		Spec:       v1.PodSpec{NodeName: node},
-	}
-	rec := &api.PodAllocation{Node: node}
+	b := fixtures.MakePod().Namespace("ns").Name(name).UID("uid-" + name).Node(node)
 	for _, s := range specs {
-		c := v1.Container{Name: s.name}
-		if len(s.grants) > 0 {
-			c.Resources.Limits = v1.ResourceList{res: *resource.NewQuantity(int64(len(s.grants)), resource.DecimalSI)}
-			rec.Containers = append(rec.Containers, api.ContainerAllocation{Name: s.name, Init: s.init, Devices: s.grants})
-		}
 		if s.init {
-			p.Spec.InitContainers = append(p.Spec.InitContainers, c)
+			b.GPUInitContainer(s.name, s.grants...)
 		} else {
-			p.Spec.Containers = append(p.Spec.Containers, c)
+			b.GPUContainer(s.name, s.grants...)
 		}
 	}
-	if len(rec.Containers) > 0 {
-		b, err := api.EncodeAllocation(rec)
-		if err != nil {
-			panic(err)
-		}
-		p.Annotations[api.AnnotationAllocation] = string(b)
-	}
-	return p
+	return b.Obj()
 }
 
 func share(i int, mem int64, cores int) api.DeviceGrant {

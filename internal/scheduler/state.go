@@ -20,6 +20,9 @@ import (
 type state struct {
 	mu      sync.RWMutex
 	cluster *placement.Cluster
+	// obs learns of every node whose GPU usage changed (the plugin's
+	// per-GPU metrics), under mu.
+	obs usageObserver
 	// inventory is the last inventory annotation applied per node, so that
 	// status-only Node updates cost nothing.
 	inventory map[string]string
@@ -32,8 +35,16 @@ type state struct {
 	slot map[string]int
 }
 
-func newState() *state {
+// usageObserver is told, under the state's lock, of every node whose GPU
+// usage may have changed and of every node removed.
+type usageObserver interface {
+	nodeChanged(n *placement.Node)
+	nodeRemoved(n *placement.Node)
+}
+
+func newState(obs usageObserver) *state {
 	return &state{
+		obs:       obs,
 		cluster:   placement.NewCluster(),
 		inventory: map[string]string{},
 		holders:   map[string]types.UID{},
@@ -79,9 +90,7 @@ func (s *state) removeNode(name string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if n := s.cluster.Node(name); n != nil {
-		for i := range n.GPUs {
-			deleteGPUSeries(name, n.GPUs[i].UUID)
-		}
+		s.obs.nodeRemoved(n)
 	}
 	delete(s.inventory, name)
 	s.cluster.RemoveNode(name)
@@ -167,22 +176,9 @@ func (s *state) releaseLocked(key string) bool {
 	return true
 }
 
-// publishLocked updates the per-GPU gauges of a node. Idle GPUs have no
-// series: a large cluster would otherwise export three per GPU whether
-// used or not.
+// publishLocked tells the observer that the node's usage changed.
 func (s *state) publishLocked(node string) {
-	n := s.cluster.Node(node)
-	if n == nil {
-		return
-	}
-	for i := range n.GPUs {
-		g := &n.GPUs[i]
-		if g.Used == (placement.Usage{}) {
-			deleteGPUSeries(node, g.UUID)
-			continue
-		}
-		gpuMemory.WithLabelValues(node, g.UUID).Set(float64(g.Used.MemoryMiB))
-		gpuCores.WithLabelValues(node, g.UUID).Set(float64(g.Used.Cores))
-		gpuShares.WithLabelValues(node, g.UUID).Set(float64(g.Used.Shares))
+	if n := s.cluster.Node(node); n != nil {
+		s.obs.nodeChanged(n)
 	}
 }
