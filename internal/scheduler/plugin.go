@@ -4,6 +4,12 @@
 // Score applies the node policy, Reserve/Unreserve charge and release the
 // core's state, and Bind binds the pod with its allocation record in the
 // Binding (or PreBind writes the record first, where another plugin binds).
+//
+// One file per concern: plugin.go builds the plugin and feeds it informer
+// events; extensionpoints.go is the scheduling cycle; state.go the placement
+// core fed from Node inventories and Pod records; record.go writes the
+// record; reasons.go says why a node does not fit; metrics.go publishes the
+// state. The profile's NodeResourcesFit is package resourcesfit.
 package scheduler
 
 import (
