@@ -18,7 +18,9 @@
 // NVML), so every part of Tessera that needs these rules links the same
 // code: the placement core charges placements and records with it, and the
 // node agent may check the records it serves against the physical GPUs
-// without linking the core's search and policies.
+// without linking the core's search and policies. What else both sides
+// must agree on about a GPU's shares (MIG geometry: the slices a GPU can
+// be cut into) belongs here too.
 package gpushare
 
 import (
