@@ -21,7 +21,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 LAB_LDFLAGS     := -s -w
 INTEGRATION     := ./internal/nodeagent/... ./test/integration/...
 
-.PHONY: help build test test-go test-limiter test-integration lint fuzz bench bench-scheduler-ci bench-scheduler demo lab simulate clean
+.PHONY: help build test test-go test-limiter test-integration test-alone lint fuzz bench bench-scheduler-ci bench-scheduler demo lab simulate clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
@@ -45,6 +45,10 @@ endif
 
 test-integration: ## real kube-apiserver + etcd, kube-scheduler, kubelet device manager, hollow kubelets, the emulated cluster (root)
 	$(GO) test -tags integration -count=1 -timeout 30m $(INTEGRATION)
+
+test-alone: ## every Go test and subtest alone, one process each (hack/each-test.sh; integration ones need root)
+	hack/each-test.sh -subtests ./...
+	hack/each-test.sh -tags integration -subtests $(INTEGRATION)
 
 lint: ## gofmt, go vet, staticcheck (with and without the integration tag)
 	@out=$$(gofmt -l .); \
