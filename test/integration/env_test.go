@@ -269,5 +269,3 @@ func expectDenied(t *testing.T, err error, wants ...string) {
 		}
 	}
 }
-
-func sleep() { time.Sleep(100 * time.Millisecond) }
