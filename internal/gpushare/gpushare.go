@@ -106,21 +106,28 @@ func (p *Pod) Take(d Usage, init bool) {
 		p.Init = Max(p.Init, d)
 		return
 	}
-	p.App.Add(d)
-	// A record may name a GPU whole for two app containers; it is still
-	// held whole once.
-	p.App.Exclusive = min(p.App.Exclusive, 1)
+	p.App = addApp(p.App, d)
+}
+
+// addApp is app with one more app container's charge d. A record may
+// name a GPU whole for two app containers; it is still held whole once.
+func addApp(app, d Usage) Usage {
+	app.Add(d)
+	app.Exclusive = min(app.Exclusive, 1)
+	return app
 }
 
 // Charge is what the pod charges the GPU: the app containers together or
 // the largest init container, whichever is more.
-func (p Pod) Charge() Usage { return Max(p.App, p.Init) }
+func (p *Pod) Charge() Usage { return Max(p.App, p.Init) }
 
-// With is what the pod would charge the GPU if one more container took d.
-func (p Pod) With(d Usage, init bool) Usage {
-	p.Take(d, init)
-	return p.Charge()
-}
+// WithApp is what the pod would charge the GPU if one more app container
+// took d (Take, then Charge, without changing p).
+func (p *Pod) WithApp(d Usage) Usage { return Max(addApp(p.App, d), p.Init) }
+
+// WithInit is what the pod would charge the GPU if one more init
+// container took d (Take, then Charge, without changing p).
+func (p *Pod) WithInit(d Usage) Usage { return Max(p.App, Max(p.Init, d)) }
 
 // Charge is what a record charges one GPU.
 type Charge struct {
@@ -231,6 +238,15 @@ func (c Capacity) Exceeded(u Usage) Limit {
 		l |= LimitWhole
 	}
 	return l
+}
+
+// WithinAdding reports whether used with charge added exceeds none of the
+// GPU's limits: Exceeded of the sum is 0. It stops at the first limit
+// exceeded, for callers that need no more (the fit check of every GPU of
+// every node).
+func (c Capacity) WithinAdding(used, charge Usage) bool {
+	return used.MemoryMiB+charge.MemoryMiB <= c.MemoryCap && used.Cores+charge.Cores <= FullCores &&
+		used.Shares+charge.Shares <= c.MaxShares && used.Exclusive+charge.Exclusive <= 1
 }
 
 // Holds reports whether one share asking memoryMiB fits in the GPU's

@@ -35,11 +35,26 @@ func TestPodChargeAppAddsInitMax(t *testing.T) {
 	if got, want := p.Charge(), (Usage{MemoryMiB: 5000, Cores: 50, Shares: 2}); got != want {
 		t.Errorf("charge %+v, want %+v", got, want)
 	}
-	if got, want := p.With(Share(1000, 30), false), (Usage{MemoryMiB: 5000, Cores: 60, Shares: 3}); got != want {
+	if got, want := p.WithApp(Share(1000, 30)), (Usage{MemoryMiB: 5000, Cores: 60, Shares: 3}); got != want {
 		t.Errorf("with one more app share %+v, want %+v", got, want)
 	}
+	if got, want := p.WithInit(Share(6000, 10)), (Usage{MemoryMiB: 6000, Cores: 50, Shares: 2}); got != want {
+		t.Errorf("with one more init share %+v, want %+v", got, want)
+	}
 	if p.Charge() != (Usage{MemoryMiB: 5000, Cores: 50, Shares: 2}) {
-		t.Error("With changed the pod")
+		t.Error("WithApp or WithInit changed the pod")
+	}
+	// Both say what Take and Charge would.
+	for _, init := range []bool{false, true} {
+		q := p
+		q.Take(Share(7000, 5), init)
+		want := p.WithApp(Share(7000, 5))
+		if init {
+			want = p.WithInit(Share(7000, 5))
+		}
+		if q.Charge() != want {
+			t.Errorf("init %v: Take then Charge %+v, With… %+v", init, q.Charge(), want)
+		}
 	}
 	// Two app containers naming the same GPU whole hold it whole once.
 	var w Pod
@@ -134,6 +149,17 @@ func TestExceeded(t *testing.T) {
 	} {
 		if got := c.Exceeded(tc.u); got != tc.want {
 			t.Errorf("Exceeded(%+v) = %04b, want %04b", tc.u, got, tc.want)
+		}
+	}
+	// WithinAdding is Exceeded's verdict on the sum.
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 10000 {
+		u := Usage{MemoryMiB: rng.Int64N(30000), Cores: rng.IntN(70), Shares: rng.IntN(4), Exclusive: rng.IntN(2)}
+		a := Usage{MemoryMiB: rng.Int64N(30000), Cores: rng.IntN(70), Shares: rng.IntN(4), Exclusive: rng.IntN(2)}
+		sum := u
+		sum.Add(a)
+		if c.WithinAdding(u, a) != (c.Exceeded(sum) == 0) {
+			t.Fatalf("%+v + %+v: WithinAdding %v, Exceeded %04b", u, a, c.WithinAdding(u, a), c.Exceeded(sum))
 		}
 	}
 	if !c.Holds(40960) || c.Holds(40961) {

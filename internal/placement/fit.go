@@ -224,16 +224,27 @@ const (
 	tooSmall
 	// noMemory, noCores, noShares: the GPU's usage with the share would
 	// exceed its memory (with overcommit), 100 % of its cores, or its
-	// share slots (gpushare.Capacity.Exceeded).
+	// share slots: gpushare.Capacity.Exceeded's limits, in their order.
 	noMemory
 	noCores
 	noShares
 )
 
+// overShift moves gpushare's limit bits onto noMemory, noCores, noShares.
+const overShift = 5
+
+// A compile-time check that the shift lines the bits up: the index is 0
+// only if it does.
+var _ = [1]struct{}{}[noMemory-failures(gpushare.LimitMemory)<<overShift+
+	noCores-failures(gpushare.LimitCores)<<overShift+
+	noShares-failures(gpushare.LimitShares)<<overShift]
+
 // rules returns the rules compiled container cc breaks by taking d, its
-// demand, on GPU i given what the pod already placed (0: it fits).
-func (s *Scratch) rules(g *GPU, i int, cc *compiledContainer, d gpushare.Usage) failures {
-	base := g.Used
+// demand, on GPU i given what the pod already placed (0: it fits). With
+// all false it may stop at the first rule broken (Fit needs no more);
+// explain asks for all of them.
+func (s *Scratch) rules(g *GPU, i int, cc *compiledContainer, d gpushare.Usage, all bool) failures {
+	base := &g.Used
 	pod := &s.pod[i]
 	var f failures
 	if base.Exclusive > 0 {
@@ -257,19 +268,32 @@ func (s *Scratch) rules(g *GPU, i int, cc *compiledContainer, d gpushare.Usage) 
 	if !c.Holds(d.MemoryMiB) {
 		f |= tooSmall
 	}
-	total := gpushare.Usage(base)
-	total.Add(pod.With(d, cc.init))
-	over := c.Exceeded(total)
-	if over&gpushare.LimitMemory != 0 {
-		f |= noMemory
+	if f != 0 && !all {
+		return f
 	}
-	if over&gpushare.LimitCores != 0 {
-		f |= noCores
+	// What the pod would charge the GPU with the share. (Not with(): this
+	// is the hot path, and WithInit and WithApp inline where it does not.)
+	var charge gpushare.Usage
+	if cc.init {
+		charge = pod.WithInit(d)
+	} else {
+		charge = pod.WithApp(d)
 	}
-	if over&gpushare.LimitShares != 0 {
-		f |= noShares
+	used := gpushare.Usage(*base)
+	if !all && c.WithinAdding(used, charge) {
+		return f // Fit's common case, decided at the cheapest
 	}
-	return f
+	used.Add(charge)
+	over := c.Exceeded(used) & (gpushare.LimitMemory | gpushare.LimitCores | gpushare.LimitShares)
+	return f | failures(over)<<overShift
+}
+
+// with is what the pod would charge a GPU if container cc took d there.
+func with(pod *gpushare.Pod, d gpushare.Usage, init bool) gpushare.Usage {
+	if init {
+		return pod.WithInit(d)
+	}
+	return pod.WithApp(d)
 }
 
 // placeContainer chooses the GPUs of the k-th compiled container and adds
@@ -284,7 +308,7 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 		}
 		g := &n.GPUs[i]
 		d := demandOn(c, g)
-		if s.rules(g, i, cc, d) != 0 {
+		if s.rules(g, i, cc, d, false) != 0 {
 			continue
 		}
 		s.cand[m] = i
@@ -428,7 +452,7 @@ func (cr *Compiled) explain(n *Node, cc *compiledContainer, s *Scratch, m int) R
 			if s.eligible[i] {
 				total++
 				g := &n.GPUs[i]
-				if s.rules(g, i, cc, demandOn(c, g))&notIdle == 0 {
+				if s.rules(g, i, cc, demandOn(c, g), true)&notIdle == 0 {
 					idle++
 				}
 			}
@@ -446,7 +470,7 @@ func (cr *Compiled) explain(n *Node, cc *compiledContainer, s *Scratch, m int) R
 		g := &n.GPUs[i]
 		physical = max(physical, g.MemoryMiB)
 		d := demandOn(c, g)
-		f := s.rules(g, i, cc, d)
+		f := s.rules(g, i, cc, d, true)
 		if f&sharingMode != 0 {
 			continue
 		}
@@ -458,7 +482,7 @@ func (cr *Compiled) explain(n *Node, cc *compiledContainer, s *Scratch, m int) R
 		need = d.MemoryMiB
 		// What the GPU has free for this container, beside what the pod
 		// itself already holds there.
-		nx := s.pod[i].With(d, cc.init)
+		nx := with(&s.pod[i], d, cc.init)
 		if free := g.MemoryCap - g.Used.MemoryMiB - (nx.MemoryMiB - d.MemoryMiB); free > largest || memGPU == "" {
 			largest, memGPU = free, g.UUID
 		}

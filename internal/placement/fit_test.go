@@ -1,8 +1,10 @@
 package placement
 
 import (
+	"math/rand"
 	"testing"
 
+	"github.com/tessera-gpu/tessera/internal/gpushare"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -63,7 +65,7 @@ func TestEveryFitRuleIsExplained(t *testing.T) {
 				continue
 			}
 			g := &n.GPUs[0]
-			if f := s.rules(g, 0, cc, demandOn(cc.c, g)); f&tc.rule == 0 {
+			if f := s.rules(g, 0, cc, demandOn(cc.c, g), true); f&tc.rule == 0 {
 				t.Errorf("rule %b: the failing container breaks %b, not the rule", tc.rule, f)
 			}
 		}
@@ -72,6 +74,35 @@ func TestEveryFitRuleIsExplained(t *testing.T) {
 	for f := failures(1); f <= lastRule; f <<= 1 {
 		if !covered[f] {
 			t.Errorf("rule %b has no case: say here which reason explains it", f)
+		}
+	}
+}
+
+// Fit may stop at the first rule a GPU breaks; what it decides is what
+// all the rules decide, and what it reports is among them.
+func TestRulesStopEarlyAlike(t *testing.T) {
+	rng := rand.New(rand.NewSource(5))
+	for range 200 {
+		c := randomCluster(rng)
+		for _, n := range c.nodes {
+			var s Scratch
+			for i := range n.GPUs {
+				g := &n.GPUs[i]
+				s.pod[i] = gpushare.Pod{
+					App:  gpushare.Usage{MemoryMiB: rng.Int63n(g.MemoryMiB), Cores: rng.Intn(60), Shares: rng.Intn(3), Exclusive: rng.Intn(4) / 3},
+					Init: gpushare.Usage{MemoryMiB: rng.Int63n(g.MemoryMiB), Cores: rng.Intn(60), Shares: rng.Intn(2)},
+				}
+				g.Used = Usage{MemoryMiB: rng.Int63n(g.MemoryCap), Cores: rng.Intn(101), Shares: rng.Intn(g.MaxShares + 1), Exclusive: rng.Intn(5) / 4}
+				cc := &compiledContainer{c: randomContainer(rng, "c"), init: rng.Intn(3) == 0}
+				if cc.c.GPUs == 0 {
+					continue
+				}
+				d := demandOn(cc.c, g)
+				early, all := s.rules(g, i, cc, d, false), s.rules(g, i, cc, d, true)
+				if (early == 0) != (all == 0) || early&^all != 0 {
+					t.Fatalf("GPU %+v, pod %+v, container %+v: early %b, all %b", g, s.pod[i], cc, early, all)
+				}
+			}
 		}
 	}
 }
