@@ -8,7 +8,6 @@ import (
 
 	cadvisorapi "github.com/google/cadvisor/info/v1"
 	"go.opentelemetry.io/otel/trace/noop"
-	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -17,6 +16,8 @@ import (
 	fakeremote "k8s.io/cri-client/pkg/fake"
 	cadvisortest "k8s.io/kubernetes/pkg/kubelet/cadvisor/testing"
 	"k8s.io/kubernetes/pkg/kubemark"
+
+	"github.com/tessera-gpu/tessera/internal/kubeobj"
 )
 
 // Options describe one hollow kubelet.
@@ -126,8 +127,8 @@ func initNamesFrom(client clientset.Interface) InitNames {
 			return nil, err
 		}
 		s = sets.New[string]()
-		for _, c := range pod.Spec.InitContainers {
-			if c.RestartPolicy == nil || *c.RestartPolicy != v1.ContainerRestartPolicyAlways {
+		for i := range pod.Spec.InitContainers {
+			if c := &pod.Spec.InitContainers[i]; !kubeobj.IsSidecar(c) {
 				s.Insert(c.Name) // sidecars keep running
 			}
 		}

@@ -4,8 +4,8 @@
 // emulated GPU nodes, each a hollow kubelet (the real kubelet code with a
 // fake container runtime and the real device manager) beside a real
 // Tessera node agent over go-nvml's mock NVML. Everything runs on one
-// machine, as child processes of one supervisor, with its state in one
-// directory.
+// machine: etcd inside the supervisor process (package etcd), every other
+// component as its child process, with their state in one directory.
 package lab
 
 import (

@@ -53,19 +53,15 @@ func TestParseNodes(t *testing.T) {
 	}
 }
 
-func gpuPod(t *testing.T, ns, name, node string, rec *api.PodAllocation) *corev1.Pod {
-	t.Helper()
-	p := fixtures.Pod(ns, name, "tessera-scheduler", fixtures.Container("c", map[string]string{api.DefaultResourceNames.GPU: "1"}))
-	p.Spec.NodeName = node
+// bound is a one-GPU pod of the scheduler bound to node with rec as its
+// record (nil: pending, no record).
+func bound(ns, name, node string, rec *api.PodAllocation) *corev1.Pod {
+	p := fixtures.MakePod().Namespace(ns).Name(name).SchedulerName("tessera-scheduler").Node(node).
+		Container("c", map[string]string{api.DefaultResourceNames.GPU: "1"})
 	if rec != nil {
-		b, err := api.EncodeAllocation(rec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.Annotations = map[string]string{api.AnnotationAllocation: string(b)}
-		p.Status.Phase = corev1.PodRunning
+		p.Record(rec).Phase(corev1.PodRunning)
 	}
-	return p
+	return p.Obj()
 }
 
 func TestCollectAndPrint(t *testing.T) {
@@ -75,11 +71,11 @@ func TestCollectAndPrint(t *testing.T) {
 	shared := &api.PodAllocation{Node: "n1", Containers: []api.ContainerAllocation{{Name: "c", Devices: []api.DeviceGrant{{UUID: g0, MemoryMiB: 10000, Cores: 30}}}}}
 	other := &api.PodAllocation{Node: "n1", Containers: []api.ContainerAllocation{{Name: "c", Devices: []api.DeviceGrant{{UUID: g0, MemoryMiB: 20000, Cores: 50}}}}}
 	whole := &api.PodAllocation{Node: "n1", Containers: []api.ContainerAllocation{{Name: "c", Devices: []api.DeviceGrant{{UUID: g1, MemoryMiB: 40960, Cores: 100, Exclusive: true}}}}}
-	pending := gpuPod(t, "default", "waiting", "", nil)
+	pending := bound("default", "waiting", "", nil)
 	pending.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable, Message: "0/1 nodes: 1 no GPU with 50000 MiB free"}}
-	done := gpuPod(t, "default", "done", "n1", shared)
+	done := bound("default", "done", "n1", shared)
 	done.Status.Phase = corev1.PodSucceeded // released: not counted
-	client := fake.NewClientset(node, gpuPod(t, "default", "a", "n1", shared), gpuPod(t, "team", "b", "n1", other), gpuPod(t, "default", "w", "n1", whole), pending, done)
+	client := fake.NewClientset(node, bound("default", "a", "n1", shared), bound("team", "b", "n1", other), bound("default", "w", "n1", whole), pending, done)
 
 	r, err := Collect(context.Background(), client)
 	if err != nil {
@@ -117,7 +113,7 @@ func TestCollectAndPrint(t *testing.T) {
 
 	// Two records over-committing GPU 0 are reported, not hidden.
 	big := &api.PodAllocation{Node: "n1", Containers: []api.ContainerAllocation{{Name: "c", Devices: []api.DeviceGrant{{UUID: g0, MemoryMiB: 30000, Cores: 10}}}}}
-	if _, err := client.CoreV1().Pods("default").Create(context.Background(), gpuPod(t, "default", "big", "n1", big), metav1.CreateOptions{}); err != nil {
+	if _, err := client.CoreV1().Pods("default").Create(context.Background(), bound("default", "big", "n1", big), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	r, err = Collect(context.Background(), client)
@@ -131,6 +127,26 @@ func TestCollectAndPrint(t *testing.T) {
 	_ = r.Print(&out)
 	if !strings.Contains(out.String(), "INVARIANT BROKEN") {
 		t.Errorf("output hides the broken invariant:\n%s", out.String())
+	}
+
+	// A node whose inventory does not decode has no GPUs in the report, as
+	// for the scheduler, and the report says why; the rest is reported.
+	bad := fixtures.Node("n2", fixtures.Inventory("n2", 1, "A100-SXM4-40GB", 40960, 4), api.DefaultResourceNames)
+	bad.Annotations[api.AnnotationInventory] = `{"apiVersion":"tessera.io/v9"}`
+	if _, err := client.CoreV1().Nodes().Create(context.Background(), bad, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r, err = Collect(context.Background(), client)
+	if err != nil {
+		t.Fatalf("one unreadable inventory failed the whole report: %v", err)
+	}
+	if r.Inventory == nil || !strings.Contains(r.Inventory.Error(), "node n2") || len(r.Nodes) != 1 {
+		t.Errorf("unreadable inventory: %v; nodes %+v", r.Inventory, r.Nodes)
+	}
+	out.Reset()
+	_ = r.Print(&out)
+	if !strings.Contains(out.String(), "UNREADABLE INVENTORY") || !strings.Contains(out.String(), "60000/40960") {
+		t.Errorf("output:\n%s", out.String())
 	}
 }
 

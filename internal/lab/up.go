@@ -14,15 +14,15 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/deploy"
+	"github.com/tessera-gpu/tessera/internal/lab/etcd"
 	"github.com/tessera-gpu/tessera/internal/scheduler"
-	"github.com/tessera-gpu/tessera/internal/testenv"
-	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -78,7 +78,7 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	if err != nil {
 		return fmt.Errorf("credentials: %w", err)
 	}
-	etcdURL, stopEtcd, err := testenv.StartEtcd(d.path("etcd"))
+	etcdURL, stopEtcd, err := etcd.Start(d.path("etcd"))
 	if err != nil {
 		return fmt.Errorf("etcd: %w", err)
 	}
@@ -220,7 +220,17 @@ func writeSchedulerConfig(path, kubeconfig string) (string, error) {
 // crashing, polled meanwhile, ends the wait early when a component keeps
 // failing (no root, a port taken, …).
 func waitReady(ctx context.Context, client kubernetes.Interface, nodes []NodeSpec, timeout time.Duration, crashing func() error) error {
-	probe := fixtures.Pod(metav1.NamespaceDefault, "tessera-lab-probe", "", fixtures.Container("c", map[string]string{api.DefaultResourceNames.GPU: "0.5"}))
+	// Half a GPU: the webhook must route it to Tessera (a dry run, so
+	// nothing is created).
+	probe := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceDefault, Name: "tessera-lab-probe"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{
+			Name: "c", Image: "registry.k8s.io/pause:3.10",
+			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{
+				corev1.ResourceName(api.DefaultResourceNames.GPU): resource.MustParse("0.5"),
+			}},
+		}}},
+	}
 	var missing []string
 	err := waitUntil(ctx, timeout, func(ctx context.Context) (bool, error) {
 		if err := crashing(); err != nil {

@@ -29,6 +29,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/discovery"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -62,7 +63,7 @@ type Agent struct {
 	monitor *health.Monitor
 	config  *config.Store
 	plugin  *deviceplugin.Plugin
-	state   deviceplugin.StateDirs
+	state   statedir.Dirs
 
 	nodes   corelisters.NodeLister
 	cms     corelisters.ConfigMapLister
@@ -100,7 +101,7 @@ func New(lib nvml.Interface, client kubernetes.Interface, opts Options, logger k
 		opts: opts, client: client, logger: logger, devices: res.Devices,
 		monitor: health.New(lib, handles, opts.Health, logger.WithName("health")),
 		config:  config.NewStore(opts.Resource),
-		state:   deviceplugin.StateDirs{Root: opts.Paths.StateRoot},
+		state:   statedir.Dirs{Root: opts.Paths.StateRoot},
 		trigger: make(chan struct{}, 1),
 	}
 	return a, nil

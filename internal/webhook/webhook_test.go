@@ -19,17 +19,20 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/ktesting"
 
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
-func testPolicy() *Policy {
-	return &Policy{Names: api.DefaultResourceNames, SchedulerName: "tessera-scheduler", LargestGPUMiB: func() int64 { return 40960 }}
+func testAdmission() *Admission {
+	return &Admission{Names: api.DefaultResourceNames, SchedulerName: "tessera-scheduler", LargestGPUMiB: func() int64 { return 40960 }}
 }
 
+// pod is a pod whose container "main" asks res, with requests equal to
+// limits as the API server defaults them before admission.
 func pod(res map[string]string) *corev1.Pod {
-	p := fixtures.Pod("default", "p", corev1.DefaultSchedulerName, fixtures.Container("main", res))
+	p := fixtures.MakePod().Namespace("default").Name("p").SchedulerName(corev1.DefaultSchedulerName).Container("main", res).Obj()
 	c := &p.Spec.Containers[0]
 	for k, v := range c.Resources.Limits {
 		if c.Resources.Requests == nil {
@@ -71,7 +74,7 @@ func TestValidateRejections(t *testing.T) {
 			if tc.mutate != nil {
 				tc.mutate(p)
 			}
-			errs := testPolicy().Validate(p)
+			errs := testAdmission().Validate(p)
 			if len(errs) == 0 {
 				t.Fatal("accepted")
 			}
@@ -86,7 +89,7 @@ func TestValidateRejections(t *testing.T) {
 }
 
 func TestMutate(t *testing.T) {
-	pol := testPolicy()
+	adm := testAdmission()
 	tests := []struct {
 		name string
 		res  map[string]string
@@ -99,10 +102,10 @@ func TestMutate(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			in := pod(tc.res)
-			if errs := pol.Validate(in); len(errs) > 0 {
+			if errs := adm.Validate(in); len(errs) > 0 {
 				t.Fatal(Message(errs))
 			}
-			out, changed, err := pol.Mutate(in)
+			out, changed, err := adm.Mutate(in)
 			if err != nil || !changed {
 				t.Fatalf("changed=%v err=%v", changed, err)
 			}
@@ -124,18 +127,18 @@ func TestMutate(t *testing.T) {
 					}
 				}
 			}
-			if errs := pol.Validate(out); len(errs) > 0 {
+			if errs := adm.Validate(out); len(errs) > 0 {
 				t.Errorf("mutated pod invalid: %s", Message(errs))
 			}
 		})
 	}
-	cpu := fixtures.Pod("default", "cpu", corev1.DefaultSchedulerName, fixtures.Container("c", map[string]string{"cpu": "1"}))
-	if _, changed, _ := pol.Mutate(cpu); changed {
+	cpu := fixtures.MakePod().Namespace("default").Name("cpu").SchedulerName(corev1.DefaultSchedulerName).Container("c", map[string]string{"cpu": "1"}).Obj()
+	if _, changed, _ := adm.Mutate(cpu); changed {
 		t.Error("pod without GPU resources mutated")
 	}
 	other := pod(map[string]string{"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "100"})
 	other.Spec.SchedulerName = "my-scheduler"
-	if out, _, _ := pol.Mutate(other); out.Spec.SchedulerName != "my-scheduler" {
+	if out, _, _ := adm.Mutate(other); out.Spec.SchedulerName != "my-scheduler" {
 		t.Error("explicit scheduler name overwritten")
 	}
 }
@@ -176,7 +179,7 @@ func TestHandlerOverTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewUnstartedServer(testPolicy().Handler(klog.Background()))
+	srv := httptest.NewUnstartedServer(testAdmission().Handler(klog.Background()))
 	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
 	srv.StartTLS()
 	defer srv.Close()
@@ -247,7 +250,7 @@ func TestRegistrationAndCA(t *testing.T) {
 }
 
 func TestInventories(t *testing.T) {
-	iv := NewInventories()
+	iv := NewInventories(ktesting.NewLogger(t, ktesting.NewConfig()))
 	iv.Set(fixtures.Node("a", fixtures.Inventory("a", 2, "A100", 40960, 10), api.DefaultResourceNames))
 	iv.Set(fixtures.Node("b", fixtures.Inventory("b", 2, "H100", 81920, 10), api.DefaultResourceNames))
 	if got := iv.Largest(); got != 81920 {
@@ -256,5 +259,12 @@ func TestInventories(t *testing.T) {
 	iv.Delete("b")
 	if got := iv.Largest(); got != 40960 {
 		t.Fatalf("largest after delete %d", got)
+	}
+	// An inventory that does not decode offers no GPUs.
+	broken := fixtures.Node("a", fixtures.Inventory("a", 2, "A100", 40960, 10), api.DefaultResourceNames)
+	broken.Annotations[api.AnnotationInventory] = `{"apiVersion":"tessera.io/v0"}`
+	iv.Set(broken)
+	if got := iv.Largest(); got != 0 {
+		t.Fatalf("largest with an unreadable inventory %d, want 0", got)
 	}
 }

@@ -25,7 +25,7 @@ import (
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/tessera-gpu/tessera/internal/podrequest"
+	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -244,7 +244,7 @@ func (p *Plugin) allocate(ctx context.Context, n int) (*pluginapi.ContainerAlloc
 	if err != nil {
 		return nil, err
 	}
-	ref := podrequest.Key(t.Pod)
+	ref := kubeobj.Key(t.Pod)
 	gpus, mode := p.offered()
 	for _, d := range t.Grant.Devices {
 		g, ok := gpus[d.UUID]
