@@ -1,0 +1,44 @@
+/* conf_dump.c - parses a limits file with the limiter's own parser
+ * (src/tl_config.c) and prints the result, for internal/limiterconf's
+ * parity test:
+ *   error
+ *   <message lines>
+ * or
+ *   ok
+ *   state=<path>
+ *   elastic=<0|1>
+ *   context_reserve=<bytes>|measured
+ *   device <i> <uuid> <memory bytes> <sm percent, 0 = no limit>
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/tl_config.h"
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: conf_dump FILE\n");
+        return 2;
+    }
+    FILE *f = fopen(argv[1], "rb");
+    if (!f)
+        return 2;
+    static char buf[TL_CONF_MAX_BYTES * 2];
+    size_t n = fread(buf, 1, sizeof(buf), f);
+    fclose(f);
+    static tl_config c;
+    if (tl_config_parse_file(&c, buf, n, argv[1], NULL) != 0) {
+        printf("error\n%s", c.errmsg);
+        return 0;
+    }
+    printf("ok\nstate=%s\nelastic=%d\n", c.state_path, c.elastic);
+    if (c.ctx_reserve_set)
+        printf("context_reserve=%llu\n", (unsigned long long)c.ctx_reserve);
+    else
+        printf("context_reserve=measured\n");
+    for (int i = 0; i < c.ndev; i++)
+        printf("device %d %s %llu %u\n", i, c.uuid[i], (unsigned long long)c.mem_limit[i], c.sm_limit[i]);
+    return 0;
+}
