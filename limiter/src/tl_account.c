@@ -309,15 +309,17 @@ void tl_account_prepare(int ld, uint64_t bytes)
     if (!lim || ld < 0 || ld >= TL_MAX_DEVICES)
         return;
     double now = tl_clock_coarse();
-    int fits = tl_shared_used(&sh, ld) <= lim && bytes <= lim - tl_shared_used(&sh, ld);
+    uint64_t used = tl_shared_used(&sh, ld);
+    int fits = used <= lim && bytes <= lim - used;
     int due = now - last_reconcile[ld] >= RECONCILE_PERIOD_S; /* a racy read is harmless here */
+    if (LIKELY(fits && !due && !__atomic_load_n(&dirty[ld], __ATOMIC_RELAXED)))
+        return;
     if (!fits)
         tl_pools_resync(ld);
-    if (due || !fits || __atomic_exchange_n(&dirty[ld], 0, __ATOMIC_ACQ_REL)) {
-        last_reconcile[ld] = now;
-        if (tl_ensure_registered() == 0)
-            reconcile(ld);
-    }
+    __atomic_store_n(&dirty[ld], 0, __ATOMIC_RELAXED);
+    last_reconcile[ld] = now;
+    if (tl_ensure_registered() == 0)
+        reconcile(ld);
 }
 
 void tl_account_after_fork(void)

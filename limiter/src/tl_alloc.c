@@ -219,7 +219,7 @@ static struct pool {
     CUmemoryPool p;
     int ld;          /* limiter device, -1 unknown */
     uint64_t charged; /* what its reservation is charged */
-    int idle;        /* it keeps memory beyond what is used and its threshold */
+    int idle;        /* it keeps memory beyond what is used: a synchronisation may shrink it */
 } pools[MAXPOOL];
 static int npools;
 static CUmemoryPool current[TL_MAX_DEVICES]; /* cached cuDeviceGetMemPool per ordinal */
@@ -301,9 +301,11 @@ static void pool_sync(struct pool *e, uint64_t pre)
     if (pre)
         tl_release(e->ld, pre);
     e->charged = res;
-    uint64_t used = pool_attr(e->p, TL_MEMPOOL_ATTR_USED_MEM_CURRENT),
-             thr = pool_attr(e->p, TL_MEMPOOL_ATTR_RELEASE_THRESHOLD);
-    e->idle = used != UINT64_MAX && thr != UINT64_MAX && res > (used > thr ? used : thr);
+    /* memory kept beyond what is used: a synchronisation may give it back
+     * (above the release threshold, which the application may change
+     * without telling us, so it is not consulted) */
+    uint64_t used = pool_attr(e->p, TL_MEMPOOL_ATTR_USED_MEM_CURRENT);
+    e->idle = used == UINT64_MAX || res > used;
     if (e->idle)
         any_idle = 1;
 }

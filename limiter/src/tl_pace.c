@@ -177,11 +177,12 @@ static void pace_begin(launch_tok *t, int kind, uint64_t key, double units, CUst
     }
     double est = tl_costs_estimate(&p->costs, slot, units);
     double deadline = now + TL_MAX_DEBT_S + 0.05;
+    int waited = 0;
     for (;;) {
         double w = tl_gbucket_take(&p->bucket, p->pacer.rate, now, est);
         if (w == 0)
             break;
-        p->throttled = 1;
+        p->throttled = waited = 1;
         if (now >= deadline) { /* bounded: go, charged */
             p->bucket.tokens -= est;
             break;
@@ -193,7 +194,8 @@ static void pace_begin(launch_tok *t, int kind, uint64_t key, double units, CUst
     }
     p->used += est;
     /* sample this launch? (one in flight per kernel or graph) */
-    slot = tl_costs_slot(&p->costs, kind, key, now);
+    if (waited) /* the lock was let go: the slot may hold another key now */
+        slot = tl_costs_slot(&p->costs, kind, key, now);
     int want = p->events > 0 && !slot->pending && (!slot->measured || now - slot->last_sample >= SAMPLE_EVERY_S);
     for (int i = 0; want && i < NSAMPLE; i++)
         if (p->s[i].state == S_FREE) {

@@ -167,15 +167,21 @@ static void apply_pending(tl_shared *sh)
         st->total_used[d] = st->total_used[d] >= b ? st->total_used[d] - b : 0;
         sh->pending[d] = 0;
     }
+    sh->any_pending = 0;
 }
+
+#define UNLIKELY_PENDING(sh) __builtin_expect(__atomic_load_n(&(sh)->any_pending, __ATOMIC_RELAXED) && (sh)->slot >= 0, 0)
 
 static int lock_state(tl_shared *sh)
 {
     tl_state *st = sh->st;
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += TL_LOCK_WAIT_S;
-    int r = pthread_mutex_timedlock(&st->lock.mutex, &dl);
+    int r = pthread_mutex_trylock(&st->lock.mutex); /* the common case: free, no clock read */
+    if (r == EBUSY) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_sec += TL_LOCK_WAIT_S;
+        r = pthread_mutex_timedlock(&st->lock.mutex, &dl);
+    }
     if (r == EOWNERDEAD) {
         /* The previous owner died holding the lock: its half-finished
          * update may have left totals inconsistent, so rebuild them. */
@@ -199,15 +205,10 @@ static int lock_state(tl_shared *sh)
         fprintf(stderr, "tessera-limiter: shared state lock failed: %s\n", strerror(r));
         return -1;
     }
-    if (sh->slot >= 0) {
-        int any = 0;
-        for (int d = 0; d < TL_MAX_DEVICES; d++)
-            any |= sh->pending[d] != 0;
-        if (any) {
-            write_begin(st);
-            apply_pending(sh);
-            write_end(st);
-        }
+    if (UNLIKELY_PENDING(sh)) {
+        write_begin(st);
+        apply_pending(sh);
+        write_end(st);
     }
     return 0;
 }
@@ -311,6 +312,7 @@ void tl_shared_after_fork(tl_shared *sh)
     sh->slot = -1;
     sh->pid = getpid();
     memset(sh->pending, 0, sizeof(sh->pending));
+    sh->any_pending = 0;
 }
 
 int tl_shared_register(tl_shared *sh)
@@ -421,6 +423,7 @@ void tl_shared_release(tl_shared *sh, int dev, uint64_t bytes)
         return;
     if (lock_state(sh) != 0) {
         __atomic_add_fetch(&sh->pending[dev], bytes, __ATOMIC_RELAXED); /* applied at the next lock */
+        __atomic_store_n(&sh->any_pending, 1, __ATOMIC_RELAXED);
         return;
     }
     write_begin(st);

@@ -77,6 +77,7 @@ typedef struct tl_shared {
     int32_t pid;
     uint64_t pidns;
     uint64_t pending[TL_MAX_DEVICES]; /* releases not yet applied (lock wait timed out) */
+    int any_pending;
     int warned;      /* the lock-timeout message was printed */
     char path[4096];
 } tl_shared;

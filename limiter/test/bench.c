@@ -59,7 +59,7 @@ static double round_async(long n)
     return (now_ns() - t0) / (double)n;
 }
 
-static CUgraphExec gexec; /* NULL: a graph without memory nodes */
+static CUgraphExec gexec; /* first a graph without memory nodes */
 
 static double round_graph(long n)
 {
@@ -87,10 +87,16 @@ int main(int argc, char **argv)
     if (n < 10)
         n = 10;
     cuInit(0);
+    CUcontext pc; /* as cudart does: launches run in the primary context */
+    cuDevicePrimaryCtxRetain(&pc, 0);
+    cuCtxSetCurrent(pc);
     printf("cuMemGetInfo_v2 %.1f\n", best(round_getinfo, n));
     printf("cuLaunchKernel %.1f\n", best(round_launch, n));
     printf("cuMemAlloc_v2+cuMemFree_v2 %.1f\n", best(round_alloc, n / 10));
     printf("cuMemAllocAsync+cuMemFreeAsync %.1f\n", best(round_async, n / 10));
+    CUgraph g0;
+    cuGraphCreate(&g0, 0);
+    cuGraphInstantiateWithFlags(&gexec, g0, 0);
     printf("cuGraphLaunch(no-alloc-nodes) %.1f\n", best(round_graph, n));
     /* a graph with a memory-alloc node, relaunched (its memory is backed) */
     CUgraph g;

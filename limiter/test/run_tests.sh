@@ -282,6 +282,9 @@ out=$(lim "$S" CUDA_DEVICE_MEMORY_LIMIT=$L sh -c 'echo hello' 2>&1)
 check "non-CUDA process unaffected" "$([ "$out" = hello ]; echo $?)"
 check "non-CUDA process creates no state" "$([ ! -e "$S" ]; echo $?)"
 
+# gpu-check.sh's own logic, with stub python3 and nvidia-smi (no GPU)
+[ "${SANITIZE:-0}" = 1 ] || run gpu-check-logic sh "$SRC/test/test_gpu_check.sh" "$B/libtessera-limiter.so"
+
 # 12. as root: the read-only limits file (hole 3), a restarted container
 # (hole 4). The shipped library itself, with a file at the fixed path
 # /etc/tessera/limiter.conf in a private mount namespace (an overlay over
