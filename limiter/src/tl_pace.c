@@ -22,13 +22,15 @@
  * share. Without NVML, the rate stays at the share and the pacing relies on
  * the event timings alone.
  *
- * pace[ld].mu is never held across a launch, an event record or a sleep.
+ * pace[ld].mu (a spin lock) is never held across a launch, an event record
+ * or a sleep.
  */
 #include "tl_compat.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include "tl_clock.h"
@@ -39,8 +41,33 @@
 #define NSAMPLE 8
 #define FIRST_SAMPLE_WAIT_S 0.5
 #define SAMPLE_EVERY_S 0.05
+/* The rate may reach 16 GPU-seconds per second: the event timings of tiny
+ * kernels include the launch latency (the GPU waits for the next launch),
+ * so their estimates can be many times their GPU time; NVML's low
+ * utilisation then lifts the rate until the gate no longer binds. */
+#define TL_RATE_MAX 16.0
 
 enum { S_FREE = 0, S_RESERVED, S_RECORDED };
+
+/* A spin lock: held for a few arithmetic operations (never across a
+ * launch, an event record or a sleep), it is cheaper than a mutex on the
+ * launch path; a waiter yields after a short spin. */
+typedef struct {
+    int locked;
+} spin;
+
+static void spin_lock(spin *l)
+{
+    for (int n = 0; __atomic_exchange_n(&l->locked, 1, __ATOMIC_ACQUIRE); n++)
+        while (__atomic_load_n(&l->locked, __ATOMIC_RELAXED))
+            if (++n > 100)
+                sched_yield();
+}
+
+static void spin_unlock(spin *l)
+{
+    __atomic_store_n(&l->locked, 0, __ATOMIC_RELEASE);
+}
 
 typedef struct {
     int state;
@@ -51,7 +78,7 @@ typedef struct {
 } sample;
 
 typedef struct {
-    pthread_mutex_t mu;
+    spin mu;
     tl_pacer pacer;
     tl_gbucket bucket;
     tl_costs costs;
@@ -59,6 +86,9 @@ typedef struct {
     int throttled;     /* a launch waited since the last step */
     sample s[NSAMPLE];
     int events;        /* 1: events created, -1: cannot be */
+    int nrecorded;     /* samples in flight (S_RECORDED) */
+    unsigned launches; /* since the clock was last read */
+    double now;        /* the clock at the last read */
     CUcontext evctx;   /* the context they belong to */
     double last_step;
     unsigned long long last_ts; /* NVML sample timestamps seen */
@@ -74,7 +104,7 @@ static pthread_mutex_t pace_start_mu = PTHREAD_MUTEX_INITIALIZER;
 /* With p->mu held: learn from the samples that completed. */
 static void poll_samples(dev_pace *p, double now)
 {
-    for (int i = 0; i < NSAMPLE; i++) {
+    for (int i = 0; p->nrecorded && i < NSAMPLE; i++) {
         sample *x = &p->s[i];
         if (x->state != S_RECORDED || !real_cuEventQuery || real_cuEventQuery(x->b) != CUDA_SUCCESS)
             continue;
@@ -84,6 +114,7 @@ static void poll_samples(dev_pace *p, double now)
             tl_costs_learn(&p->costs, slot, x->units, ms * 1e-3);
         slot->pending = 0;
         x->state = S_FREE;
+        p->nrecorded--;
     }
 }
 
@@ -140,14 +171,14 @@ static void pace_begin(launch_tok *t, int kind, uint64_t key, double units, CUst
         pace_start();
     dev_pace *p = &pace[ld];
     if (UNLIKELY(p->events == 0)) {
-        pthread_mutex_lock(&p->mu);
+        spin_lock(&p->mu);
         int todo = p->events == 0;
-        pthread_mutex_unlock(&p->mu);
+        spin_unlock(&p->mu);
         if (todo) {
             dev_pace tmp; /* created outside the lock: a driver call */
             memset(&tmp, 0, sizeof(tmp));
             create_events(&tmp);
-            pthread_mutex_lock(&p->mu);
+            spin_lock(&p->mu);
             if (p->events == 0) {
                 for (int i = 0; i < NSAMPLE; i++) {
                     p->s[i].a = tmp.s[i].a;
@@ -156,21 +187,27 @@ static void pace_begin(launch_tok *t, int kind, uint64_t key, double units, CUst
                 p->evctx = tmp.evctx;
                 p->events = tmp.events;
             }
-            pthread_mutex_unlock(&p->mu);
+            spin_unlock(&p->mu);
         }
     }
-    double now = tl_clock_coarse();
-    pthread_mutex_lock(&p->mu);
+    spin_lock(&p->mu);
+    /* the clock is read when the bucket may need the time to refill, and
+     * every 64 launches (sampling, least recently used slots): a launch with
+     * credit left costs no clock read */
+    double now = p->now;
+    if (p->bucket.tokens <= 0 || p->nrecorded || (++p->launches & 63) == 0)
+        now = p->now = tl_clock_coarse();
     poll_samples(p, now);
     tl_cost_slot *slot = tl_costs_slot(&p->costs, kind, key, now);
     if (!slot->measured && slot->pending) {
         /* not measured yet, and its first launch is in flight: wait for it */
         double until = now + FIRST_SAMPLE_WAIT_S;
         while (now < until && !slot_measured(p, kind, key, now)) {
-            pthread_mutex_unlock(&p->mu);
+            spin_unlock(&p->mu);
             tl_clock_sleep(0.001);
             now = tl_clock_coarse();
-            pthread_mutex_lock(&p->mu);
+            spin_lock(&p->mu);
+            p->now = now;
             poll_samples(p, now);
         }
         slot = tl_costs_slot(&p->costs, kind, key, now);
@@ -187,10 +224,11 @@ static void pace_begin(launch_tok *t, int kind, uint64_t key, double units, CUst
             p->bucket.tokens -= est;
             break;
         }
-        pthread_mutex_unlock(&p->mu);
+        spin_unlock(&p->mu);
         tl_clock_sleep(w < 0.01 ? w : 0.01);
         now = tl_clock_coarse();
-        pthread_mutex_lock(&p->mu);
+        spin_lock(&p->mu);
+        p->now = now;
     }
     p->used += est;
     /* sample this launch? (one in flight per kernel or graph) */
@@ -208,16 +246,16 @@ static void pace_begin(launch_tok *t, int kind, uint64_t key, double units, CUst
             t->si = i;
             break;
         }
-    pthread_mutex_unlock(&p->mu);
+    spin_unlock(&p->mu);
     t->ld = ld;
     if (t->si >= 0) {
         CUcontext c = NULL;
         if (tl_capturing(s, ptsz) || !real_cuCtxGetCurrent || real_cuCtxGetCurrent(&c) != CUDA_SUCCESS ||
             c != p->evctx || record(p->s[t->si].a, s, ptsz) != CUDA_SUCCESS) {
-            pthread_mutex_lock(&p->mu);
+            spin_lock(&p->mu);
             p->s[t->si].state = S_FREE;
             tl_costs_slot(&p->costs, kind, key, now)->pending = 0;
-            pthread_mutex_unlock(&p->mu);
+            spin_unlock(&p->mu);
             t->si = -1;
         }
     }
@@ -229,15 +267,16 @@ static void pace_end(launch_tok *t, CUresult r)
         return;
     dev_pace *p = &pace[t->ld];
     int ok = r == CUDA_SUCCESS && record(p->s[t->si].b, t->s, t->ptsz) == CUDA_SUCCESS;
-    pthread_mutex_lock(&p->mu);
+    spin_lock(&p->mu);
     sample *x = &p->s[t->si];
     if (ok) {
         x->state = S_RECORDED;
+        p->nrecorded++;
     } else {
         x->state = S_FREE;
         tl_costs_slot(&p->costs, x->kind, x->key, tl_clock_coarse())->pending = 0;
     }
-    pthread_mutex_unlock(&p->mu);
+    spin_unlock(&p->mu);
 }
 
 /* ---- the control step ---- */
@@ -333,7 +372,7 @@ static void pace_period(void)
                 real_nvmlDeviceGetUtilizationRates(d, &ur) == NVML_SUCCESS)
                 others = (double)ur.gpu - (u > 0 ? u : 0);
         }
-        pthread_mutex_lock(&p->mu);
+        spin_lock(&p->mu);
         double dt = now - p->last_step;
         double used_rate = dt > 0 ? p->used / dt : 0;
         int thr = p->throttled;
@@ -363,7 +402,7 @@ static void pace_period(void)
         if (cfg.debug)
             fprintf(stderr, "tessera-limiter: dev %d util %.1f used %.3f GPU-s/s throttled %d -> rate %.3f\n", ld, u,
                     used_rate, thr, p->pacer.rate);
-        pthread_mutex_unlock(&p->mu);
+        spin_unlock(&p->mu);
     }
 }
 
@@ -380,7 +419,7 @@ static void pace_start(void)
         double now = tl_clock_now();
         for (int i = 0; i < TL_MAX_DEVICES; i++) {
             double target = cfg.sm_limit[i] ? cfg.sm_limit[i] / 100.0 : 1.0;
-            tl_pacer_init(&pace[i].pacer, target, 0.001, 2.0);
+            tl_pacer_init(&pace[i].pacer, target, 0.001, TL_RATE_MAX);
             tl_gbucket_init(&pace[i].bucket, 0.1, TL_MAX_DEBT_S);
             tl_costs_init(&pace[i].costs);
             pace[i].last_step = now;
@@ -398,7 +437,7 @@ void tl_pace_after_fork(void)
 {
     pthread_mutex_init(&pace_start_mu, NULL);
     for (int i = 0; i < TL_MAX_DEVICES; i++) {
-        pthread_mutex_init(&pace[i].mu, NULL);
+        pace[i].mu.locked = 0;
         memset(pace[i].s, 0, sizeof(pace[i].s));
         pace[i].events = 0; /* the parent's events belong to its contexts */
     }
