@@ -22,7 +22,10 @@
 #   graph-*         torch.cuda.graph, and captured cudaMallocAsync
 #   nccl            a two-process NCCL all-reduce (needs NCCL and 2 GPUs)
 #   two-gpus        two GPUs with different limits
-#   nvidia-smi      nvidia-smi run with the limiter shows the limit
+#   nvidia-smi      nvidia-smi run with the limiter shows the limit as total
+#                   memory and only the container's processes (a neighbour
+#                   outside it is hidden); NVML's free memory equals
+#                   cuMemGetInfo's and is never above the real free memory
 #   kill-9          a holder killed with SIGKILL gives its share back
 #   share-*         a SHARE % process gets SHARE +- 5 % of its solo throughput
 #                   next to a saturating neighbour, alone, and with CUDA graphs,
@@ -131,6 +134,23 @@ def announce(name):
     # the process's pid for the host-side sampler
     with open(os.environ["GPU_CHECK_PIDS"], "a") as f:
         f.write("%d\n" % os.getpid())
+EOF
+
+# cuMemGetInfo and NVML's memory info in one process (NVML through ctypes:
+# dlopen + dlsym, which the limiter intercepts); CUDA_DEVICE_ORDER=PCI_BUS_ID
+# makes CUDA device 0 NVML's index 0
+cat >"$WORK/smifree.py" <<'EOF'
+import ctypes, torch
+x = torch.empty(1 << 20, dtype=torch.uint8, device="cuda"); torch.cuda.synchronize()
+class Mem(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+nv = ctypes.CDLL("libnvidia-ml.so.1")
+assert nv.nvmlInit_v2() == 0
+h = ctypes.c_void_p(); m = Mem()
+assert nv.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h)) == 0
+free, total = torch.cuda.mem_get_info(0)
+assert nv.nvmlDeviceGetMemoryInfo(h, ctypes.byref(m)) == 0
+print("smifree", free, m.free, total, m.total)
 EOF
 
 cat >"$WORK/meminfo.py" <<'EOF'
@@ -451,6 +471,43 @@ echo "== nvidia-smi with the limiter"
 smi=$(limited "$WORK/s3" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m \
       "$NVSMI" --query-gpu=memory.total --format=csv,noheader,nounits -i 0 2>&1 | head -1 | tr -d ' ')
 [ "$smi" = "$LIMIT_MIB" ]; record "nvidia-smi memory.total (MiB)" "$LIMIT_MIB" "$smi" $?
+# a neighbour outside the container (no limiter, its own state) and a
+# process of the container hold memory; nvidia-smi run in the container
+# lists only the container's process, and NVML's free memory is
+# cuMemGetInfo's (asked in one process) and never above the real free
+S5="$WORK/s5"; rm -f "$WORK/ready-nb" "$WORK/ready-me"
+GPU_CHECK_PIDS="$WORK/smi.pids"
+"$PY" "$WORK/hold.py" $((256 << 20)) "$WORK/ready-nb" 600 >/dev/null 2>&1 &
+BG="$BG $!"
+limited "$S5" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m "$PY" "$WORK/hold.py" \
+    $((LIMIT / 4)) "$WORK/ready-me" 600 >/dev/null 2>&1 &
+BG="$BG $!"
+for _ in $(seq 1 600); do [ -s "$WORK/ready-nb" ] && [ -s "$WORK/ready-me" ] && break; sleep 0.1; done
+NB=$(cat "$WORK/ready-nb" 2>/dev/null); ME=$(cat "$WORK/ready-me" 2>/dev/null)
+apps=$(limited "$S5" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m "$NVSMI" --query-compute-apps=pid,used_memory \
+       --format=csv,noheader,nounits 2>&1 | awk -F, '{print $1 + 0}' | sort -n | paste -sd' ' -)
+host=$("$NVSMI" --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>&1 | awk -F, '{print $1 + 0}' |
+       sort -n | paste -sd' ' -)
+if [ -z "$NB" ] || [ -z "$ME" ] || ! echo " $host " | grep -q " $NB "; then
+    record "nvidia-smi in the container lists only its processes" "$ME, not $NB" \
+        "holders did not start or the host does not list them (host: $host)" 1
+else
+    echo " $apps " | grep -q " $ME " && ! echo " $apps " | grep -q " $NB "
+    record "nvidia-smi in the container lists only its processes" "$ME, not $NB" "${apps:-none}" $?
+fi
+out=$(limited "$S5" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m CUDA_DEVICE_ORDER=PCI_BUS_ID "$PY" "$WORK/smifree.py" 2>&1 |
+      tail -1)
+realfree=$("$NVSMI" --query-gpu=memory.free --format=csv,noheader,nounits -i 0 | head -1 | tr -d ' ')
+set -- $out
+if [ "${1:-}" = smifree ]; then
+    d=$(( ($2 - $3) / 1048576 )); d=${d#-}
+    [ "$d" -le 2 ]; record "NVML free = cuMemGetInfo free, one process (MiB apart)" "<= 2" "$d ($2 vs $3)" $?
+    within "$(( $3 / 1048576 ))" 0 "$(( realfree + 2 ))"
+    record "NVML free in the container <= real free (MiB)" "<= $realfree + 2" "$(( $3 / 1048576 ))" $?
+else
+    record "NVML free = cuMemGetInfo free, one process (MiB apart)" "<= 2" "error: $out" 1
+fi
+for p in $NB $ME; do kill -9 "$p" 2>/dev/null; done
 
 fi
 

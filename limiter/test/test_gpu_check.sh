@@ -25,10 +25,20 @@ case "$*" in
     if [ -n "${CUDA_DEVICE_MEMORY_LIMIT:-}" ]; then echo "${CUDA_DEVICE_MEMORY_LIMIT%m}"; else echo 16384; fi ;;
 *--query-gpu=name*) echo "Stub GPU" ;;
 *--query-gpu=driver_version*) echo "535.0" ;;
+*--query-gpu=memory.free*) echo 12000 ;;
 *--query-compute-apps*)
+    # run in the nvidia-smi check's container (its state file s5), the
+    # limiter lists only that container's holder, unless told to leak
+    only=""
+    case "${CUDA_DEVICE_MEMORY_SHARED_CACHE:-}" in
+    */s5) [ -n "${STUB_SMI_UNFILTERED:-}" ] || only=$(cat "$STUB_WORK/ready-me" 2>/dev/null) ;;
+    esac
     for f in "$STUB_WORK"/*.pids; do
         [ -f "$f" ] || continue
-        while read -r p; do kill -0 "$p" 2>/dev/null && echo "$p, ${STUB_USED_MIB:-1000}"; done <"$f"
+        while read -r p; do
+            [ -z "$only" ] || [ "$p" = "$only" ] || continue
+            kill -0 "$p" 2>/dev/null && echo "$p, ${STUB_USED_MIB:-1000}"
+        done <"$f"
     done ;;
 esac
 EOF
@@ -52,6 +62,7 @@ meminfo.py)
     echo "0 $((l0 * 1048576 - 300 * 1048576)) $((l0 * 1048576))"
     [ -n "${CUDA_DEVICE_MEMORY_LIMIT_1:-}" ] && echo "1 0 $((${CUDA_DEVICE_MEMORY_LIMIT_1%m} * 1048576))"
     ;;
+smifree.py) f=$(( (L - 1024) * 1048576 )); echo "smifree $f $((f + ${STUB_NVML_FREE_OFF_MIB:-0} * 1048576)) $((L * 1048576)) $((L * 1048576))" ;;
 fill.py) announce; sleep 0.3; echo "filled $((L - 320))" ;;
 vmm.py) announce; sleep 0.3; echo "vmm $((L - 512)) $((L - 512)) 2 2" ;;
 heap.py) announce; sleep 0.3; echo "heap 0 1 ${STUB_HEAP_KERNEL:-none}" ;;
@@ -105,6 +116,17 @@ h=$(cat "$T/work.good/ready4" 2>/dev/null)
 # the launch overhead is measured with an SM limit active
 grep -q "SM=99" "$T/work.good/launch.log" && grep -q "SM=none" "$T/work.good/launch.log" &&
     pass "launch overhead: with an SM limit and without" || fail "launch overhead runs" "$(cat "$T/work.good/launch.log")"
+
+# the nvidia-smi checks: a neighbour hidden, NVML's free = cuMemGetInfo's
+for c in "nvidia-smi in the container lists only its processes" "NVML free = cuMemGetInfo free" \
+         "NVML free in the container <= real free"; do
+    [ "$(verdict good "$c")" = PASS ] && pass "'$c' passes" || fail "'$c' is $(verdict good "$c")" "$(grep -F "$c" "$T/good.out")"
+done
+gc leak STUB_USED_MIB=3000 STUB_SMI_UNFILTERED=1 STUB_NVML_FREE_OFF_MIB=64 ONLY=smi >/dev/null
+[ "$(verdict leak "nvidia-smi in the container lists only its processes")" = FAIL ] &&
+    pass "a neighbour shown in the container: FAIL" || fail "neighbour shown: $(verdict leak "nvidia-smi in the container")"
+[ "$(verdict leak "NVML free = cuMemGetInfo free")" = FAIL ] &&
+    pass "NVML free 64 MiB above cuMemGetInfo's: FAIL" || fail "NVML free off: $(verdict leak "NVML free = cuMemGetInfo free")"
 
 # 2. physical use over the limit (what nvidia-smi on the host sees) fails
 rc=$(gc over STUB_USED_MIB=4500 ONLY=memory)
