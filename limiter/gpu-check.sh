@@ -520,6 +520,8 @@ limited "$S4" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m "$PY" "$WORK/hold.py" $((LI
 BG="$BG $!"
 for _ in $(seq 1 600); do [ -s "$WORK/ready4" ] && break; sleep 0.1; done
 HOLDER=$(cat "$WORK/ready4" 2>/dev/null) # the python process itself, not a shell around it
+# the host's sampler must have seen the holder's memory before it is killed
+for _ in $(seq 1 100); do grep -q " ${HOLDER:-x}," "$WORK/kill.samples" 2>/dev/null && break; sleep 0.1; done
 a=$(limited "$S4" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m "$PY" "$WORK/try.py" $((LIMIT * 6 / 10)) 2>&1 | tail -1)
 b=$(limited "$S4" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m "$PY" "$WORK/try.py" $((LIMIT * 2 / 10)) 2>&1 | tail -1)
 [ "$a" = oom ]; record "2nd process 0.6 L while the 1st holds 0.6 L" "oom" "$a" $?

@@ -282,7 +282,10 @@ static int pool_device(CUmemoryPool p)
 /* with pool_mu held: set e's charge to its reservation, using `pre` bytes
  * reserved beforehand first. Growth that does not fit is charged anyway (the
  * driver holds the memory). */
-static void pool_sync(struct pool *e, uint64_t pre)
+/* Set e's charge to the pool's reservation; `pre` bytes were reserved
+ * ahead of an allocation and are used first. `used_hint`: the pool's used
+ * bytes if the caller knows them (UINT64_MAX: ask the driver). */
+static void pool_sync_hint(struct pool *e, uint64_t pre, uint64_t used_hint)
 {
     uint64_t res = pool_attr(e->p, TL_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
     if (res == UINT64_MAX) { /* cannot read: keep what was reserved */
@@ -304,10 +307,15 @@ static void pool_sync(struct pool *e, uint64_t pre)
     /* memory kept beyond what is used: a synchronisation may give it back
      * (above the release threshold, which the application may change
      * without telling us, so it is not consulted) */
-    uint64_t used = pool_attr(e->p, TL_MEMPOOL_ATTR_USED_MEM_CURRENT);
+    uint64_t used = used_hint != UINT64_MAX ? used_hint : pool_attr(e->p, TL_MEMPOOL_ATTR_USED_MEM_CURRENT);
     e->idle = used == UINT64_MAX || res > used;
     if (e->idle)
         any_idle = 1;
+}
+
+static void pool_sync(struct pool *e, uint64_t pre)
+{
+    pool_sync_hint(e, pre, UINT64_MAX);
 }
 
 void tl_pools_resync(int ld)
@@ -383,7 +391,9 @@ static CUresult async_alloc(CUdeviceptr *dptr, size_t n, CUmemoryPool p, CUstrea
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     CUresult r = call(dptr, n, e->p, s, ptsz);
-    pool_sync(e, pre);
+    /* used afterwards: at least used + n (the driver may round up, which
+     * only makes the pool look idle when it is not: a harmless re-read) */
+    pool_sync_hint(e, pre, used == UINT64_MAX ? UINT64_MAX : used + (r == CUDA_SUCCESS ? n : 0));
     if (r == CUDA_SUCCESS)
         tl_table_put_aux(TL_K_APTR, *dptr, n, ld, (uint64_t)(uintptr_t)e->p);
     pthread_mutex_unlock(&pool_mu);
@@ -444,13 +454,18 @@ static CUresult async_free(CUdeviceptr d, CUstream s, int ptsz)
     uint64_t size, aux;
     int ld;
     if (tl_table_take_aux(TL_K_APTR, d, &size, &ld, &aux)) {
+        /* A stream-ordered free does not shrink the reservation (that
+         * happens at synchronisation, which re-reads the pool); the memory
+         * is now idle in the pool, so the next synchronisation looks. */
         pthread_mutex_lock(&pool_mu);
         CUresult r = call(d, s);
         struct pool *e = pool_find((CUmemoryPool)(uintptr_t)aux);
-        if (r != CUDA_SUCCESS)
+        if (r != CUDA_SUCCESS) {
             tl_table_put_aux(TL_K_APTR, d, size, ld, aux);
-        else if (e)
-            pool_sync(e, 0);
+        } else if (e) {
+            e->idle = 1;
+            any_idle = 1;
+        }
         pthread_mutex_unlock(&pool_mu);
         return r;
     }
