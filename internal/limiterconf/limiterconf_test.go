@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -180,19 +181,41 @@ func buildConfDump(t *testing.T) string {
 
 func cParse(t *testing.T, bin string, file []byte) string {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), "limiter.conf")
-	if err := os.WriteFile(p, file, 0o644); err != nil {
-		t.Fatal(err)
+	return cParseAll(t, bin, [][]byte{file})[0]
+}
+
+// cParseAll parses several files with one run of conf_dump.
+func cParseAll(t *testing.T, bin string, files [][]byte) []string {
+	t.Helper()
+	dir := t.TempDir()
+	args := make([]string, len(files))
+	for i, f := range files {
+		args[i] = filepath.Join(dir, fmt.Sprintf("limiter.conf.%d", i))
+		if err := os.WriteFile(args[i], f, 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
-	out, err := exec.Command(bin, p).Output()
+	out, err := exec.Command(bin, args...).Output()
 	if err != nil {
 		t.Fatalf("conf_dump: %v", err)
 	}
-	s := string(out)
-	if strings.HasPrefix(s, "error\n") {
-		return "error"
+	res := []string{string(out)}
+	if len(files) > 1 {
+		res = strings.SplitAfter(string(out), "--end--\n")
+		res = res[:len(res)-1]
+		for i := range res {
+			res[i] = strings.TrimSuffix(res[i], "--end--\n")
+		}
 	}
-	return s
+	if len(res) != len(files) {
+		t.Fatalf("conf_dump gave %d results for %d files", len(res), len(files))
+	}
+	for i, s := range res {
+		if strings.HasPrefix(s, "error\n") {
+			res[i] = "error"
+		}
+	}
+	return res
 }
 
 // TestParityWithC: files Encode writes, and a corpus of valid and invalid
@@ -268,4 +291,66 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("Encode output does not start with its comment: %q", out)
 		}
 	})
+}
+
+// TestParityWithCMutations: deterministic mutations of the accepted files
+// (bytes replaced, inserted or deleted, lines dropped or repeated), each
+// parsed by both sides; they must agree on every one, accepted or not.
+func TestParityWithCMutations(t *testing.T) {
+	bin := buildConfDump(t)
+	var seeds []string
+	for _, f := range files {
+		if _, err := Parse([]byte(f)); err == nil {
+			seeds = append(seeds, f)
+		}
+	}
+	const alphabet = "0123456789abcdefABCDEFGMIPU-=.m#/\n \t\r\x00\xff"
+	rng := rand.New(rand.NewPCG(11, 17))
+	n := 3000
+	if testing.Short() {
+		n = 300
+	}
+	mutants := make([][]byte, n)
+	for i := range mutants {
+		b := []byte(seeds[rng.IntN(len(seeds))])
+		k := 1 // mostly one mutation, so that many mutants stay close to valid
+		if rng.IntN(3) == 0 {
+			k += rng.IntN(3)
+		}
+		for ; k > 0 && len(b) > 0; k-- {
+			p := rng.IntN(len(b))
+			switch rng.IntN(5) {
+			case 0:
+				b[p] = alphabet[rng.IntN(len(alphabet))]
+			case 1:
+				b = append(b[:p], append([]byte{alphabet[rng.IntN(len(alphabet))]}, b[p:]...)...)
+			case 2:
+				b = append(b[:p], b[p+1:]...)
+			default:
+				lines := strings.SplitAfter(string(b), "\n")
+				j := rng.IntN(len(lines))
+				if rng.IntN(2) == 0 {
+					lines = append(lines[:j], lines[j+1:]...)
+				} else {
+					lines = append(lines[:j+1], lines[j:]...)
+				}
+				b = []byte(strings.Join(lines, ""))
+			}
+		}
+		mutants[i] = b
+	}
+	accepted := 0
+	for i, cRes := range cParseAll(t, bin, mutants) {
+		goRes := canonical(Parse(mutants[i]))
+		if goRes != cRes {
+			t.Errorf("mutant %d: Go and C disagree\nGo: %s\nC:  %s\nfile: %q", i, goRes, cRes, truncate(string(mutants[i])))
+		}
+		if goRes != "error" {
+			accepted++
+		}
+	}
+	if accepted == 0 {
+		t.Errorf("no mutant was accepted: the mutations exercise only the error paths")
+	}
+	t.Logf("%d mutants, %d accepted by both", n, accepted)
 }
