@@ -84,6 +84,7 @@ type labFlags struct {
 	gpus   *int
 	model  *string
 	groups *string
+	tools  *string
 }
 
 func addLabFlags(fs *flag.FlagSet, defaultDir string, defaultNodes int) labFlags {
@@ -93,6 +94,7 @@ func addLabFlags(fs *flag.FlagSet, defaultDir string, defaultNodes int) labFlags
 		gpus:   fs.Int("gpus-per-node", 8, "GPUs per node"),
 		model:  fs.String("gpu-model", "A100-40GB", "GPU model of every node: "+strings.Join(nvmltest.ModelNames(), ", ")),
 		groups: fs.String("node-groups", "", `heterogeneous nodes instead of --nodes/--gpu-model, e.g. "2xA100-40GB:8,1xH100-80GB:4"`),
+		tools:  fs.String("tools", lab.DefaultTools(), "the containers' tools (make lab-tools builds them)"),
 	}
 }
 
@@ -111,7 +113,7 @@ func (f labFlags) config(stdout io.Writer) (lab.Config, error) {
 	if err != nil {
 		return lab.Config{}, err
 	}
-	return lab.Config{Dir: lab.Dir(*f.dir), Nodes: nodes, Exe: exe, Out: stdout}, nil
+	return lab.Config{Dir: lab.Dir(*f.dir), Nodes: nodes, Exe: exe, Tools: lab.Tools(*f.tools), Out: stdout}, nil
 }
 
 func parse(fs *flag.FlagSet, args []string) error { return cli.ParseFlags(fs, args) }

@@ -107,8 +107,19 @@ func (d Dir) Logs() string { return d.path("logs") }
 func (d Dir) Node(name string) string { return d.path("nodes", name) }
 
 // Containers holds one JSON file (hollowkubelet.Container) per container
-// created on the node.
+// of the node's runtime.
 func (d Dir) Containers(node string) string { return d.path("nodes", node, "containers") }
+
+// nodeDir is one node's directory and the layout inside it.
+type nodeDir string
+
+func (n nodeDir) path(p ...string) string { return filepath.Join(append([]string{string(n)}, p...)...) }
+
+// criSocket is where the node's container runtime serves the kubelet.
+func (n nodeDir) criSocket() string { return n.path("cri.sock") }
+
+// limiter is the limiter library the node's agent mounts into containers.
+func (n nodeDir) limiter() string { return n.path("limiter", "libtessera-limiter.so") }
 
 // State is what a running lab publishes in lab.json for status, down and
 // tests.

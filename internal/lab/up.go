@@ -43,6 +43,8 @@ type Config struct {
 	Nodes []NodeSpec
 	// Exe is the tessera-lab binary the components run from.
 	Exe string
+	// Tools are the containers' tools (default: DefaultTools).
+	Tools Tools
 	// Out receives progress lines.
 	Out io.Writer
 	// ReadyTimeout bounds the wait for every component (default 3m).
@@ -61,6 +63,12 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	}
 	if cfg.ReadyTimeout == 0 {
 		cfg.ReadyTimeout = 3 * time.Minute
+	}
+	if cfg.Tools == "" {
+		cfg.Tools = Tools(DefaultTools())
+	}
+	if err := cfg.Tools.Check(); err != nil {
+		return err
 	}
 	if old, err := d.ReadState(); err == nil && old.Alive() {
 		return fmt.Errorf("a lab already runs in %s (pid %d); stop it with `tessera-lab down --dir %s` or pick another --dir", d, old.PID, d)
@@ -132,6 +140,11 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 		// has nothing to mount it with), and no controller lifts the
 		// not-ready taint a new Node would get.
 		"--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+		// kubectl logs: the kubelets authenticate the API server by this
+		// certificate; it verifies theirs with the lab CA.
+		"--kubelet-client-certificate="+p.file("kubelet-client.crt"), "--kubelet-client-key="+p.file("kubelet-client.key"),
+		"--kubelet-certificate-authority="+p.file("ca.crt"),
+		"--kubelet-preferred-address-types=InternalIP,Hostname",
 		"--profiling=false",
 	), nil, false); err != nil {
 		return err
@@ -175,7 +188,13 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 		if err := os.MkdirAll(filepath.Join(dir, "tmp"), 0o755); err != nil {
 			return err
 		}
-		common := []string{"--kubeconfig=" + d.Kubeconfig(), "--node=" + n.Name, "--dir=" + dir}
+		if err := installLimiter(cfg.Tools, nodeDir(dir).limiter()); err != nil {
+			return fmt.Errorf("node %s: installing the limiter: %w", n.Name, err)
+		}
+		common := []string{"--kubeconfig=" + d.Kubeconfig(), "--node=" + n.Name, "--dir=" + dir, "--lab=" + string(d)}
+		if err := sup.start("runtime/"+n.Name, comp("runtime", append(common, "--tools="+string(cfg.Tools), "--model="+n.Model, fmt.Sprintf("--gpus=%d", n.GPUs))...), nil, true); err != nil {
+			return err
+		}
 		if err := sup.start("kubelet/"+n.Name, comp("kubelet", append(common, fmt.Sprintf("--port=%d", ports[2+i]))...), []string{"TMPDIR=" + filepath.Join(dir, "tmp")}, true); err != nil {
 			return err
 		}

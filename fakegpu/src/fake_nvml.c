@@ -28,7 +28,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 
-#include "../fake_api.h"
+#include "fake_api.h"
 #include "fake_common.h"
 
 #define EXPORT __attribute__((visibility("default")))
