@@ -10,6 +10,7 @@ import (
 
 	cadvisorapi "github.com/google/cadvisor/info/v1"
 	"go.opentelemetry.io/otel/trace/noop"
+	"golang.org/x/sys/unix"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -106,6 +107,9 @@ func Run(ctx context.Context, o Options) error {
 	}
 	f, c := kubemark.GetHollowKubeletConfig(&kubemark.HollowKubeletOptions{NodeName: o.NodeName, KubeletPort: o.Port, MaxPods: o.MaxPods, NodeLabels: o.Labels})
 	f.RootDirectory = o.RootDir
+	// Dead containers go at the next collection, as with a kubelet's
+	// defaults (kubemark keeps them a minute).
+	f.MinimumGCAge.Duration = 0
 	c.ContainerRuntimeEndpoint = endpoint
 	if o.PodLogsDir != "" {
 		c.PodLogsDir = o.PodLogsDir
@@ -184,6 +188,26 @@ func (m *machine) MachineInfo() (*cadvisorapi.MachineInfo, error) {
 	}
 	if m.memory > 0 {
 		info.MemoryCapacity = m.memory
+	}
+	return info, nil
+}
+
+// VersionInfo is the host's kernel and OS, which the node reports.
+func (m *machine) VersionInfo() (*cadvisorapi.VersionInfo, error) {
+	info, err := m.Fake.VersionInfo()
+	if err != nil {
+		return nil, err
+	}
+	var u unix.Utsname
+	if unix.Uname(&u) == nil {
+		info.KernelVersion = unix.ByteSliceToString(u.Release[:])
+	}
+	if b, err := os.ReadFile("/etc/os-release"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "PRETTY_NAME="); ok {
+				info.ContainerOsVersion = strings.Trim(v, `"`)
+			}
+		}
 	}
 	return info, nil
 }

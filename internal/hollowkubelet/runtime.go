@@ -22,6 +22,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/internal/hollowkubelet/cinit"
+	"github.com/tessera-gpu/tessera/internal/version"
 )
 
 // Container is a container of the runtime: the pod it belongs to, what
@@ -199,6 +200,19 @@ func (r *Runtime) trimCalls(ctx context.Context) {
 }
 
 func (r *Runtime) logger() klog.Logger { return r.opts.Logger }
+
+// Version names the runtime.
+func (r *Runtime) Version(ctx context.Context, req *runtimeapi.VersionRequest) (*runtimeapi.VersionResponse, error) {
+	v, err := r.RemoteRuntime.Version(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	v.RuntimeName, v.RuntimeVersion = "tessera-lab", version.Version
+	if r.opts.Init == "" {
+		v.RuntimeName = "tessera-lab-recorder"
+	}
+	return v, nil
+}
 
 // CreateContainer records the container; the process starts in
 // StartContainer.

@@ -3,6 +3,7 @@ package lab
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -18,7 +19,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/atomicfile"
 	"github.com/tessera-gpu/tessera/internal/hollowkubelet"
-	"github.com/tessera-gpu/tessera/internal/hollowkubelet/cinit"
+	"github.com/tessera-gpu/tessera/internal/lab/fakegpu"
 	"github.com/tessera-gpu/tessera/internal/nodeagent"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
@@ -186,6 +187,16 @@ func runRuntime(ctx context.Context, args []string) error {
 	if err := os.RemoveAll(nd.path("run")); err != nil {
 		return err
 	}
+	gpus, err := newNodeGPUs(nd.path("gpus"), f.node, f.model, f.gpus)
+	if err != nil {
+		return err
+	}
+	driver, err := gpus.files.ListenDriver()
+	if err != nil {
+		return err
+	}
+	driverErr := make(chan error, 1)
+	go func() { driverErr <- fakegpu.ServeDriver(ctx, driver) }()
 	record := func(c hollowkubelet.Container) {
 		b, err := json.MarshalIndent(c, "", "  ")
 		if err == nil {
@@ -199,7 +210,7 @@ func runRuntime(ctx context.Context, args []string) error {
 		Init: tools.Init(), RunDir: nd.path("run"), Hide: []string{f.lab},
 		DefaultCommand: []string{containerTools + "/lab-pause"},
 		DefaultEnv:     map[string]string{"PATH": containerPATH, "HOME": "/root"},
-		Prepare:        labContainer(tools),
+		Prepare:        labContainer(tools, gpus),
 		PodResources:   filepath.Join(kubeletRoot, "pod-resources", "kubelet.sock"),
 		OnCreate:       record, OnUpdate: record,
 		OnRemove: func(c hollowkubelet.Container) {
@@ -210,7 +221,13 @@ func runRuntime(ctx context.Context, args []string) error {
 		},
 		Logger: logger,
 	})
-	return rt.Serve(ctx, "unix://"+nd.criSocket())
+	err = rt.Serve(ctx, "unix://"+nd.criSocket())
+	select {
+	case derr := <-driverErr:
+		return errors.Join(err, derr)
+	default:
+		return err
+	}
 }
 
 // recordName is the file of a container's record: the latest container
@@ -225,15 +242,6 @@ const containerTools = "/usr/local/tessera-lab/bin"
 
 // containerPATH is the PATH of a container that sets none (an image's).
 const containerPATH = containerTools + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-// labContainer adds to each container what the lab's image would hold:
-// the lab's tools.
-func labContainer(tools Tools) func(*hollowkubelet.Container, *cinit.Spec) error {
-	return func(c *hollowkubelet.Container, s *cinit.Spec) error {
-		s.Mounts = append(s.Mounts, cinit.Mount{Source: tools.Bin(), Target: containerTools, ReadOnly: true})
-		return nil
-	}
-}
 
 // mountKubeletRoot makes root the kubelet's /var/lib/kubelet inside this
 // process's private mount namespace (the supervisor starts the kubelet
@@ -270,6 +278,9 @@ func runNodeAgent(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	// The node's NVML sees what the containers' processes do on its GPUs
+	// (their state files, which the node's runtime creates).
+	lib.UseUsage(&fakegpu.Node{Dir: nodeDir(f.dir).path("gpus")})
 	client, err := clientFrom(f.kubeconfig)
 	if err != nil {
 		return err

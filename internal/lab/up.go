@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	k8sversion "k8s.io/component-base/version"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/deploy"
@@ -69,6 +70,9 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	}
 	if err := cfg.Tools.Check(); err != nil {
 		return err
+	}
+	if v := k8sversion.Get().GitVersion; strings.HasPrefix(v, "v0.0.0") {
+		fmt.Fprintf(out, "warning: tessera-lab was built without the Kubernetes version (it reports %q): kubectl version and clients that check the server's version fail; build it with `make lab` (the flags of internal/version.KubernetesLDFlags)\n", v)
 	}
 	if old, err := d.ReadState(); err == nil && old.Alive() {
 		return fmt.Errorf("a lab already runs in %s (pid %d); stop it with `tessera-lab down --dir %s` or pick another --dir", d, old.PID, d)
@@ -190,6 +194,10 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 		}
 		if err := installLimiter(cfg.Tools, nodeDir(dir).limiter()); err != nil {
 			return fmt.Errorf("node %s: installing the limiter: %w", n.Name, err)
+		}
+		// The GPUs' state files, before the node's agent reads them.
+		if _, err := newNodeGPUs(nodeDir(dir).path("gpus"), n.Name, n.Model, n.GPUs); err != nil {
+			return err
 		}
 		common := []string{"--kubeconfig=" + d.Kubeconfig(), "--node=" + n.Name, "--dir=" + dir, "--lab=" + string(d)}
 		if err := sup.start("runtime/"+n.Name, comp("runtime", append(common, "--tools="+string(cfg.Tools), "--model="+n.Model, fmt.Sprintf("--gpus=%d", n.GPUs))...), nil, true); err != nil {
