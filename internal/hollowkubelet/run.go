@@ -11,6 +11,7 @@ import (
 	cadvisorapi "github.com/google/cadvisor/info/v1"
 	"go.opentelemetry.io/otel/trace/noop"
 	"golang.org/x/sys/unix"
+	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -44,6 +45,8 @@ type Options struct {
 	MemoryBytes uint64
 	// Labels are set on the Node at registration.
 	Labels map[string]string
+	// Taints are set on the Node at registration.
+	Taints []v1.Taint
 	// StatusEvery is how often the node status and pods sync (default 1s).
 	StatusEvery time.Duration
 	// RuntimeEndpoint is the CRI endpoint of the container runtime
@@ -105,7 +108,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	f, c := kubemark.GetHollowKubeletConfig(&kubemark.HollowKubeletOptions{NodeName: o.NodeName, KubeletPort: o.Port, MaxPods: o.MaxPods, NodeLabels: o.Labels})
+	f, c := kubemark.GetHollowKubeletConfig(&kubemark.HollowKubeletOptions{NodeName: o.NodeName, KubeletPort: o.Port, MaxPods: o.MaxPods, NodeLabels: o.Labels, RegisterWithTaints: o.Taints})
 	f.RootDirectory = o.RootDir
 	// Dead containers go at the next collection, as with a kubelet's
 	// defaults (kubemark keeps them a minute).

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -93,6 +94,7 @@ func runWebhook(ctx context.Context, args []string) error {
 type nodeFlags struct {
 	kubeconfig, node, dir, model, lab, tools string
 	gpus, port                               int
+	labels, taints, configMap                string
 }
 
 func parseNodeFlags(name string, args []string) (*nodeFlags, error) {
@@ -106,6 +108,9 @@ func parseNodeFlags(name string, args []string) (*nodeFlags, error) {
 	fs.IntVar(&f.port, "port", 0, "kubelet port")
 	fs.StringVar(&f.lab, "lab", "", "the lab's state directory")
 	fs.StringVar(&f.tools, "tools", "", "the lab's container tools")
+	fs.StringVar(&f.labels, "labels", "", "node labels k=v,…")
+	fs.StringVar(&f.taints, "taints", "", "node taints k=v:Effect,…")
+	fs.StringVar(&f.configMap, "config-map", "", "the node agent's profiles, namespace/name")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -140,6 +145,10 @@ func runKubelet(ctx context.Context, args []string) error {
 	}); err != nil {
 		return fmt.Errorf("container runtime not serving on %s: %w", nd.criSocket(), err)
 	}
+	labels, taints, err := nodeMeta(f)
+	if err != nil {
+		return err
+	}
 	cert, key, err := kubeletServing(Dir(f.lab).path("pki"), nd.path("pki"), f.node)
 	if err != nil {
 		return fmt.Errorf("kubelet serving certificate: %w", err)
@@ -147,7 +156,8 @@ func runKubelet(ctx context.Context, args []string) error {
 	err = hollowkubelet.Run(ctx, hollowkubelet.Options{
 		NodeName: f.node, Client: client, RootDir: kubeletRoot, Port: f.port, MaxPods: 250,
 		Cores: 64, MemoryBytes: 512 << 30,
-		Labels:          map[string]string{"tessera.io/emulated": "true"},
+		Labels:          labels,
+		Taints:          taints,
 		RuntimeEndpoint: "unix://" + nd.criSocket(),
 		PodLogsDir:      nd.path("pod-logs"),
 		Serving:         hollowkubelet.Serving{CertFile: cert, KeyFile: key, ClientCAFile: Dir(f.lab).path("pki", "ca.crt")},
@@ -290,8 +300,10 @@ func runNodeAgent(ctx context.Context, args []string) error {
 	paths.LimiterHost = nodeDir(f.dir).limiter()
 	paths.PreloadHost = filepath.Join(f.dir, "limiter", "ld.so.preload")
 	paths.StateRoot = filepath.Join(f.dir, "limiter-state")
+	cmNS, cmName, _ := strings.Cut(f.configMap, "/")
 	a, err := nodeagent.New(lib, client, nodeagent.Options{
 		NodeName: f.node, Resource: api.DefaultResourceNames.GPU,
+		ConfigMapNamespace: cmNS, ConfigMapName: cmName,
 		Health:             health.Options{IgnoredXIDs: health.DefaultIgnoredXIDs, RecoveryPeriod: time.Minute},
 		Paths:              paths,
 		PluginDir:          filepath.Join(root, "device-plugins"),

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	k8sversion "k8s.io/component-base/version"
 	"k8s.io/klog/v2"
+	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/internal/lab/etcd"
@@ -30,12 +31,19 @@ import (
 // systemNamespace holds Tessera's own objects (scheduler lease, webhook CA).
 const systemNamespace = "tessera-system"
 
-// controllers are the kube-controller-manager controllers a user's
-// Deployments, Jobs and CronJobs need, and the collectors behind them.
+// controllers are the kube-controller-manager controllers the lab runs:
+// what a user's Deployments, StatefulSets, DaemonSets, Jobs and CronJobs
+// need and the collectors behind them; the resource-quota controller (a
+// ResourceQuota shows usage, and the API server admits pods against it);
+// the resource-claim controller (claims from a pod's ResourceClaimTemplates,
+// for DRA). Not run: the node lifecycle (no node ever goes NotReady from
+// the control plane's side), service accounts and their tokens (pods get
+// none), endpoints (containers have no network), volumes and certificates.
 var controllers = []string{
-	"deployment-controller", "replicaset-controller", "job-controller", "cronjob-controller",
+	"deployment-controller", "replicaset-controller", "statefulset-controller", "daemonset-controller",
+	"job-controller", "cronjob-controller", "ttl-after-finished-controller",
 	"garbage-collector-controller", "namespace-controller", "pod-garbage-collector-controller",
-	"ttl-after-finished-controller",
+	"resourcequota-controller", "resourceclaim-controller",
 }
 
 // Config is what `tessera-lab up` starts.
@@ -46,6 +54,9 @@ type Config struct {
 	Exe string
 	// Tools are the containers' tools (default: DefaultTools).
 	Tools Tools
+	// NodeConfig are node agent profiles to add to the lab's (the data of
+	// the --node-config ConfigMap; ReadNodeConfig).
+	NodeConfig map[string]string
 	// Out receives progress lines.
 	Out io.Writer
 	// ReadyTimeout bounds the wait for every component (default 3m).
@@ -67,6 +78,9 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	}
 	if cfg.Tools == "" {
 		cfg.Tools = Tools(DefaultTools())
+	}
+	if !filepath.IsAbs(string(cfg.Tools)) {
+		return fmt.Errorf("tools directory %q: want an absolute path", cfg.Tools)
 	}
 	if err := cfg.Tools.Check(); err != nil {
 		return err
@@ -170,6 +184,9 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: systemNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
+	if err := ensureNodeConfigMap(ctx, client, cfg.NodeConfig, cfg.Nodes); err != nil {
+		return err
+	}
 
 	schedConfig, err := writeSchedulerConfig(d.path("scheduler.yaml"), d.Kubeconfig())
 	if err != nil {
@@ -199,7 +216,7 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 		if _, err := newNodeGPUs(nodeDir(dir).path("gpus"), n.Name, n.Model, n.GPUs); err != nil {
 			return err
 		}
-		common := []string{"--kubeconfig=" + d.Kubeconfig(), "--node=" + n.Name, "--dir=" + dir, "--lab=" + string(d)}
+		common := append([]string{"--kubeconfig=" + d.Kubeconfig(), "--node=" + n.Name, "--dir=" + dir, "--lab=" + string(d)}, nodeArgs(n)...)
 		if err := sup.start("runtime/"+n.Name, comp("runtime", append(common, "--tools="+string(cfg.Tools), "--model="+n.Model, fmt.Sprintf("--gpus=%d", n.GPUs))...), nil, true); err != nil {
 			return err
 		}
@@ -232,11 +249,26 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	return nil
 }
 
+// DefaultScheduler is the profile that places the pods Tessera does not
+// (CPU-only pods, DaemonSets, DRA claims), as a cluster's kube-scheduler does.
+const DefaultScheduler = corev1.DefaultSchedulerName
+
 // writeSchedulerConfig writes the shipped scheduler configuration pointed
-// at the lab.
+// at the lab, with kube-scheduler's default profile beside Tessera's: one
+// scheduler, one cache, so the two never place pods on the same free
+// resources at once.
 func writeSchedulerConfig(path, kubeconfig string) (string, error) {
 	out, err := deploy.SchedulerConfigFor(kubeconfig, 200, 400)
 	if err != nil {
+		return "", err
+	}
+	var cfg map[string]any
+	if err := yaml.Unmarshal(out, &cfg); err != nil {
+		return "", err
+	}
+	profiles, _ := cfg["profiles"].([]any)
+	cfg["profiles"] = append(profiles, map[string]any{"schedulerName": DefaultScheduler})
+	if out, err = yaml.Marshal(cfg); err != nil {
 		return "", err
 	}
 	return path, os.WriteFile(path, out, 0o644)
