@@ -257,7 +257,10 @@ func (r *Runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateCon
 		c.rec.Command = append([]string(nil), r.opts.DefaultCommand...)
 	}
 	if r.devices != nil {
-		c.rec.Devices = r.devices.of(ctx, c.rec.Namespace, c.rec.Pod, c.rec.Name)
+		var err error
+		if c.rec.Devices, err = r.devices.of(ctx, c.rec.Namespace, c.rec.Pod, c.rec.Name); err != nil {
+			r.logger().Error(err, "Reading the container's devices from the kubelet; recorded without them", "pod", c.rec.Namespace+"/"+c.rec.Pod, "container", c.rec.Name)
+		}
 	}
 	c.spec = r.specOf(&c.rec, cfg, sb)
 	r.RuntimeService.Lock()

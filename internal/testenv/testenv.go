@@ -188,12 +188,48 @@ func BuildKubectl(dir string) (string, error) {
 	return BuildWith(dir, "kubectl", "./internal/testenv/kubectlbin", KubernetesBuildFlags(), "CGO_ENABLED=0")
 }
 
+// Make runs make with args in the directory dir of the repository ("" for
+// its root), as the Makefiles build what is not Go (the lab's tools, the
+// fake GPU); it needs make and gcc.
+func Make(dir string, args ...string) error {
+	root, err := repoRoot()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command("make", append([]string{"-s", "-C", filepath.Join(root, dir)}, args...)...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("make -C %s %s: %v\n%s", dir, strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// KubernetesVersion is the k8s.io/kubernetes version go.mod pins (`go
+// list -m`, as the Makefile reads it; a test binary does not carry its
+// dependencies' versions).
+func KubernetesVersion() (string, error) {
+	root, err := repoRoot()
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.Command("go", "list", "-m", "-f", "{{.Version}}", "k8s.io/kubernetes")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("go list -m k8s.io/kubernetes: %w", err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
 // KubernetesBuildFlags are the `go build` flags that make a binary's
 // Kubernetes components (kubectl, the lab's control plane) report the
 // pinned Kubernetes version (version.KubernetesLDFlags), as the Makefile
-// builds them; none when the version is unknown.
+// builds them; none when the version cannot be read.
 func KubernetesBuildFlags() []string {
-	flags, err := version.KubernetesLDFlags(version.Kubernetes())
+	v, err := KubernetesVersion()
+	if err != nil {
+		return nil
+	}
+	flags, err := version.KubernetesLDFlags(v)
 	if err != nil {
 		return nil
 	}

@@ -21,9 +21,8 @@ func buildFake(t *testing.T) string {
 		t.Fatalf("the fake GPU is C: gcc is needed: %v", err)
 	}
 	out := t.TempDir()
-	cmd := exec.Command("make", "-s", "-C", filepath.Join(testenv.RepoRoot(t), "fakegpu"), "B="+out)
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building the fake GPU: %v\n%s", err, b)
+	if err := testenv.Make("fakegpu", "B="+out); err != nil {
+		t.Fatal(err)
 	}
 	return out
 }
