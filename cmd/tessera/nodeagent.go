@@ -79,7 +79,7 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	defer lib.Shutdown()
 	if *discoverOnly {
-		return discoverOnlyMode(lib, *profile, names.GPU, stdout)
+		return discoverOnlyMode(lib, *profile, names, stdout)
 	}
 	if *nodeName == "" {
 		return fmt.Errorf("%w: --node-name is empty and $NODE_NAME is not set", errUsage)
@@ -108,7 +108,7 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 }
 
 // discoverOnlyMode prints the inventory this node would publish.
-func discoverOnlyMode(lib nvml.Interface, profilePath, resource string, stdout io.Writer) error {
+func discoverOnlyMode(lib nvml.Interface, profilePath string, names api.ResourceNames, stdout io.Writer) error {
 	res, err := discovery.Discover(lib, discovery.Options{})
 	if err != nil {
 		return err
@@ -123,9 +123,14 @@ func discoverOnlyMode(lib nvml.Interface, profilePath, resource string, stdout i
 		if err != nil {
 			return err
 		}
-		if cfg, err = config.Parse(b, resource); err != nil {
+		node, err := config.Parse(b, names)
+		if err != nil {
 			return fmt.Errorf("%s: %w", profilePath, err)
 		}
+		for _, n := range node.Notes {
+			klog.Background().Info("Profile field not used", "profile", profilePath, "note", n)
+		}
+		cfg = node.NodeConfig
 	}
 	inv, _ := nodeagent.BuildInventory(res.Devices, nil, cfg)
 	b, err := api.EncodeInventory(inv)

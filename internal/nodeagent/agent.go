@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -36,7 +37,8 @@ import (
 // Options configure the agent.
 type Options struct {
 	NodeName string
-	// Resource is the GPU resource served (api.ResourceNames.GPU).
+	// Resource is the GPU resource served (api.ResourceNames.GPU); the
+	// other names (shared rename, MIG profiles) share its prefix.
 	Resource string
 	// ConfigMapNamespace and ConfigMapName locate the profiles; an empty
 	// name runs on the built-in defaults.
@@ -64,6 +66,7 @@ type Agent struct {
 	config  *config.Store
 	plugin  *deviceplugin.Plugin
 	state   statedir.Dirs
+	names   api.ResourceNames
 
 	nodes   corelisters.NodeLister
 	cms     corelisters.ConfigMapLister
@@ -86,6 +89,14 @@ func New(lib nvml.Interface, client kubernetes.Interface, opts Options, logger k
 	if opts.Resync <= 0 {
 		opts.Resync = time.Minute
 	}
+	prefix, ok := strings.CutSuffix(opts.Resource, "/gpu")
+	if !ok {
+		return nil, fmt.Errorf("resource %q is not <prefix>/gpu", opts.Resource)
+	}
+	names, err := api.NewResourceNames(prefix)
+	if err != nil {
+		return nil, err
+	}
 	res, err := discovery.Discover(lib, discovery.Options{})
 	if err != nil {
 		return nil, err
@@ -100,7 +111,8 @@ func New(lib nvml.Interface, client kubernetes.Interface, opts Options, logger k
 	a := &Agent{
 		opts: opts, client: client, logger: logger, devices: res.Devices,
 		monitor: health.New(lib, handles, opts.Health, logger.WithName("health")),
-		config:  config.NewStore(opts.Resource),
+		config:  config.NewStore(names),
+		names:   names,
 		state:   statedir.Dirs{Root: opts.Paths.StateRoot},
 		trigger: make(chan struct{}, 1),
 	}
@@ -231,7 +243,7 @@ func (a *Agent) reconcile(ctx context.Context) {
 		a.applyConfig(node)
 	}
 	cfg, _ := a.config.Current()
-	inv, gpus := BuildInventory(a.devices, a.monitor.Snapshot(), cfg)
+	inv, gpus := BuildInventory(a.devices, a.monitor.Snapshot(), cfg.NodeConfig)
 	if p := a.Plugin(); p != nil {
 		p.SetGPUs(gpus, cfg.Sharing)
 	}

@@ -25,7 +25,7 @@ func TestShippedConfigMap(t *testing.T) {
 		t.Errorf("profiles %v", cm.Data)
 	}
 	for name, mode := range want {
-		c, err := Parse([]byte(cm.Data[name]), "nvidia.com/gpu")
+		c, err := Parse([]byte(cm.Data[name]), api.DefaultResourceNames)
 		if err != nil {
 			t.Errorf("profile %s: %v", name, err)
 			continue
@@ -34,7 +34,7 @@ func TestShippedConfigMap(t *testing.T) {
 			t.Errorf("profile %s: sharing %s, want %s", name, c.Sharing, mode)
 		}
 	}
-	s := NewStore("nvidia.com/gpu")
+	s := NewStore(api.DefaultResourceNames)
 	if _, err := s.Update(cm.Data, map[string]string{api.LabelNodeConfig: "nvidia-time-slicing"}); err != nil {
 		t.Fatal(err)
 	}
