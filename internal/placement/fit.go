@@ -13,6 +13,8 @@ type Grant struct {
 	MemoryMiB int64
 	Cores     int
 	Exclusive bool
+	// MIG is set for a MIG device or instance (see MIGState).
+	MIG *api.MIGGrant
 }
 
 // Placement is where a pod goes on one node: for each container of the
@@ -72,6 +74,7 @@ func (p *Placement) Record(cr *Compiled) *api.PodAllocation {
 						MemoryMiB: g.MemoryMiB,
 						Cores:     g.Cores,
 						Exclusive: g.Exclusive,
+						MIG:       g.MIG,
 					})
 				}
 				rec.Containers = append(rec.Containers, ca)
@@ -100,6 +103,11 @@ type Scratch struct {
 	cand      [api.MaxGPUsPerNode]int
 	rank      [api.MaxGPUsPerNode]float64
 	set, best [api.MaxGPUsPerNode]int
+	// MIG: what the pod chose per GPU so far, and each candidate's choice
+	// for the container being placed.
+	migPend [api.MaxGPUsPerNode]migPending
+	migCh   [api.MaxGPUsPerNode]migChoice
+	migOK   [api.MaxGPUsPerNode]bool
 }
 
 // Fit checks whether the compiled request fits node n and, if it does,
@@ -124,6 +132,9 @@ func (cr *Compiled) Fit(n *Node, ranker GPURanker, s *Scratch, p *Placement) Rea
 		return reason
 	}
 	clear(s.pod[:len(n.GPUs)])
+	if n.hasMIG {
+		clear(s.migPend[:len(n.GPUs)])
+	}
 	for k := range cr.gpu {
 		if reason := cr.placeContainer(n, k, ranker, s, p); !reason.OK() {
 			return reason
@@ -196,10 +207,22 @@ func joinSelectors(xs []string) string {
 
 // demandOn is one GPU's worth of container c's demand on g, as charged.
 func demandOn(c Container, g *GPU) gpushare.Usage {
+	if slotted(c, g) {
+		// One replica: an equal slot of the GPU (NVIDIA's 1/N).
+		return gpushare.Share(g.MemoryMiB/int64(max(g.MaxShares, 1)), gpushare.FullCores/max(g.MaxShares, 1))
+	}
 	if c.Exclusive() {
 		return gpushare.Whole(g.MemoryCap)
 	}
 	return gpushare.Share(c.memoryOn(g), c.Cores)
+}
+
+// slotted reports whether a container that asks no share of its own gets
+// one equal slot (a replica) rather than the whole GPU: on GPUs shared by
+// time-slicing or MPS, as NVIDIA's plugin gives every container one
+// replica of 1/replicas.
+func slotted(c Container, g *GPU) bool {
+	return c.Exclusive() && (g.Sharing == api.SharingMPS || g.Sharing == api.SharingTimeSlicing)
 }
 
 // failures are the rules a share of one GPU breaks. rules decides them
@@ -307,6 +330,24 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 			continue
 		}
 		g := &n.GPUs[i]
+		if n.hasMIG {
+			s.migOK[i] = false
+		}
+		if g.MIG != nil || c.MIGProfile != "" {
+			ch, ok := cr.migFit(g, c, &s.migPend[i])
+			if !ok {
+				continue
+			}
+			s.migCh[i], s.migOK[i] = ch, true
+			s.cand[m] = i
+			// Binpack: the fuller GPU first; spread: the emptier.
+			s.rank[i] = float64(len(g.MIG.Instances()) + s.migPend[i].n)
+			if cr.gpuPol == api.GPUSpread {
+				s.rank[i] = -s.rank[i]
+			}
+			m++
+			continue
+		}
 		d := demandOn(c, g)
 		if s.rules(g, i, cc, d, false) != 0 {
 			continue
@@ -321,6 +362,9 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 		m++
 	}
 	if m < c.GPUs {
+		if n.hasMIG || c.MIGProfile != "" {
+			return cr.migReason(n, c, s)
+		}
 		return cr.explain(n, cc, s, m)
 	}
 	chosen := s.set[:0]
@@ -342,8 +386,24 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 	}
 	for _, i := range chosen {
 		g := &n.GPUs[i]
+		if n.hasMIG && s.migOK[i] {
+			ch := s.migCh[i]
+			s.pod[i].Take(migCharge, cc.init)
+			pp := &s.migPend[i]
+			if pp.n < len(pp.inst) {
+				pp.inst[pp.n], pp.dev[pp.n] = ch.inst, ch.device
+				pp.n++
+			}
+			p.grants = append(p.grants, Grant{GPU: i, MemoryMiB: ch.memoryMiB, Cores: ch.cores,
+				MIG: &api.MIGGrant{Profile: ch.inst.Profile, Start: ch.inst.Start, Device: ch.device}})
+			continue
+		}
 		d := demandOn(c, g)
 		s.pod[i].Take(d, cc.init)
+		if slotted(c, g) {
+			p.grants = append(p.grants, Grant{GPU: i, MemoryMiB: d.MemoryMiB, Cores: d.Cores})
+			continue
+		}
 		mem := c.memoryOn(g)
 		p.grants = append(p.grants, Grant{GPU: i, MemoryMiB: mem, Cores: cores(c), Exclusive: d.Exclusive > 0})
 	}
@@ -446,7 +506,11 @@ func contains(xs []int, x int) bool {
 func (cr *Compiled) explain(n *Node, cc *compiledContainer, s *Scratch, m int) Reason {
 	c := cc.c
 	name := c.Name
-	if c.Exclusive() {
+	slots := false
+	for i := range n.GPUs {
+		slots = slots || s.eligible[i] && slotted(c, &n.GPUs[i])
+	}
+	if c.Exclusive() && !slots {
 		idle, total := 0, 0
 		for i := range n.GPUs {
 			if s.eligible[i] {

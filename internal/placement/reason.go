@@ -28,6 +28,7 @@ const (
 	ReasonWholeGPUs
 	ReasonGPUCount
 	ReasonNUMA
+	ReasonMIG
 )
 
 var reasonNames = [...]string{
@@ -48,6 +49,7 @@ var reasonNames = [...]string{
 	ReasonWholeGPUs:         "InsufficientWholeGPUs",
 	ReasonGPUCount:          "InsufficientGPUs",
 	ReasonNUMA:              "NUMABinding",
+	ReasonMIG:               "MIGUnavailable",
 }
 
 // String is the kind's stable name, for metrics labels.
@@ -133,6 +135,8 @@ func (r Reason) summary(detail bool) string {
 		return fmt.Sprintf("needs %d whole free GPUs, %d of %d free", r.Need, r.Have, r.Total)
 	case ReasonGPUCount:
 		return fmt.Sprintf("needs %d GPUs with the requested share free, %d have it", r.Need, r.Have)
+	case ReasonMIG:
+		return "no MIG device or instance fits: " + r.Detail
 	case ReasonNUMA:
 		return fmt.Sprintf("no NUMA node has %d suitable GPUs (NUMA binding requested), at most %d", r.Need, r.Have)
 	}
