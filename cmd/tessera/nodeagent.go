@@ -22,6 +22,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/discovery"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/mps"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -44,6 +45,8 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.StringVar(&def.PreloadHost, "preload-host-path", def.PreloadHost, "ld.so.preload file the agent writes and containers get")
 	fs.StringVar(&def.StateRoot, "state-root", def.StateRoot, "host directory of the per-container limiter state")
 	fs.StringVar(&def.StateContainer, "state-container-path", def.StateContainer, "where containers see their state directory")
+	mpsControl := fs.String("mps-control", "nvidia-cuda-mps-control", "NVIDIA's MPS control program, run per GPU on nodes in mps mode")
+	mpsRoot := fs.String("mps-root", mps.DefaultRoot, "host directory of the MPS daemons' pipe and log directories (a profile's flags.mpsRoot wins)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: tessera node-agent [flags]\n\nDiscovers GPUs through NVML, publishes the node's inventory, watches GPU health and serves the kubelet device plugin.\n\nFlags:\n")
 		fs.PrintDefaults()
@@ -100,6 +103,8 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		Paths:              def,
 		PluginDir:          *pluginDir,
 		PodResourcesSocket: *podRes,
+		MPSControl:         []string{*mpsControl},
+		MPSRoot:            *mpsRoot,
 	}, logger)
 	if err != nil {
 		return err
@@ -132,7 +137,7 @@ func discoverOnlyMode(lib nvml.Interface, profilePath string, names api.Resource
 		}
 		cfg = node.NodeConfig
 	}
-	inv, _ := nodeagent.BuildInventory(res.Devices, nil, cfg)
+	inv, _ := nodeagent.BuildInventory(res.Devices, nil, cfg, names)
 	b, err := api.EncodeInventory(inv)
 	if err != nil {
 		return err

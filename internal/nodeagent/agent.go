@@ -30,6 +30,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/discovery"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/mps"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -54,6 +55,13 @@ type Options struct {
 	Resync time.Duration
 	// NoPlugin skips the device plugin (tests of publishing only).
 	NoPlugin bool
+	// MPSControl runs nvidia-cuda-mps-control (path and leading
+	// arguments; default "nvidia-cuda-mps-control" from $PATH), for nodes
+	// in mps mode.
+	MPSControl []string
+	// MPSRoot is the host directory of the MPS daemons' pipes and logs
+	// (default mps.DefaultRoot; a profile's flags.mpsRoot wins).
+	MPSRoot string
 }
 
 // Agent is one node's agent.
@@ -67,6 +75,18 @@ type Agent struct {
 	plugin  *deviceplugin.Plugin
 	state   statedir.Dirs
 	names   api.ResourceNames
+
+	// devMu guards devices' MIG state, changed by the reconcile loop and
+	// by Allocate (dynamic MIG).
+	devMu      sync.Mutex
+	migReports map[string]string
+	created    map[string]time.Time // dynamic instances: "<gpu>/<inst>" → when
+	mps        *mps.Manager
+	mpsErr     string
+	// plugins serve one resource each (reconcile starts and stops them).
+	plugins map[string]*pluginRun
+	runCtx  context.Context
+	wg      sync.WaitGroup
 
 	nodes   corelisters.NodeLister
 	cms     corelisters.ConfigMapLister
@@ -115,7 +135,17 @@ func New(lib nvml.Interface, client kubernetes.Interface, opts Options, logger k
 		names:   names,
 		state:   statedir.Dirs{Root: opts.Paths.StateRoot},
 		trigger: make(chan struct{}, 1),
+		plugins: map[string]*pluginRun{},
 	}
+	cmd := opts.MPSControl
+	if len(cmd) == 0 {
+		cmd = []string{"nvidia-cuda-mps-control"}
+	}
+	root := opts.MPSRoot
+	if root == "" {
+		root = mps.DefaultRoot
+	}
+	a.mps = &mps.Manager{Command: cmd, Root: root, Logger: logger.WithName("mps")}
 	return a, nil
 }
 
@@ -180,42 +210,23 @@ func (a *Agent) Run(ctx context.Context) error {
 		return ctx.Err()
 	}
 
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	wg.Add(1)
+	defer a.wg.Wait()
+	defer a.stopPlugins()
+	a.wg.Add(1)
 	go func() {
-		defer wg.Done()
+		defer a.wg.Done()
 		if err := a.monitor.Run(ctx); err != nil {
 			a.logger.Error(err, "Health monitor stopped; GPU errors will not be detected")
 		}
 	}()
+	a.runCtx = ctx
 	if !a.opts.NoPlugin {
 		if err := a.opts.Paths.WritePreload(); err != nil {
 			return fmt.Errorf("writing %s: %w", a.opts.Paths.PreloadHost, err)
 		}
-		podResources := &deviceplugin.PodResources{Socket: a.opts.PodResourcesSocket, Resource: a.opts.Resource}
-		defer podResources.Close()
-		plugin := deviceplugin.New(deviceplugin.Options{
-			Resource:  a.opts.Resource,
-			PluginDir: a.opts.PluginDir,
-			Paths:     a.opts.Paths,
-			Matcher: &deviceplugin.Matcher{
-				Node: a.opts.NodeName, Resource: a.opts.Resource,
-				Kubelet: podResources,
-				Pods:    podGetter{lister: a.pods, client: a.client},
-				State:   a.state,
-			},
-		}, a.logger.WithName("deviceplugin"))
-		a.mu.Lock()
-		a.plugin = plugin
-		a.mu.Unlock()
-		a.reconcile(ctx) // the first ListAndWatch already has the GPUs
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_ = plugin.Run(ctx)
-		}()
 	}
+	// MPS daemons are left running when the agent stops, so clients keep
+	// working; a new agent finds them by their pipe directories.
 	tick := time.NewTicker(a.opts.Resync)
 	defer tick.Stop()
 	for {
@@ -243,10 +254,12 @@ func (a *Agent) reconcile(ctx context.Context) {
 		a.applyConfig(node)
 	}
 	cfg, _ := a.config.Current()
-	inv, gpus := BuildInventory(a.devices, a.monitor.Snapshot(), cfg.NodeConfig)
-	if p := a.Plugin(); p != nil {
-		p.SetGPUs(gpus, cfg.Sharing)
-	}
+	a.reconcileMIG(cfg)
+	a.devMu.Lock()
+	inv, offer := BuildInventory(a.devices, a.monitor.Snapshot(), cfg.NodeConfig, a.names)
+	a.devMu.Unlock()
+	a.syncPlugins(cfg, offer)
+	a.reconcileMPS(ctx, cfg, inv)
 	if node == nil {
 		return
 	}
@@ -281,7 +294,13 @@ func (a *Agent) applyConfig(node *v1.Node) {
 	}
 	a.configErr = ""
 	if changed {
-		a.logger.Info("Node configuration applied", "profile", profile, "config", cur)
+		a.logger.Info("Node configuration applied", "profile", profile, "config", cur.NodeConfig, "migLayout", cur.MIGLayout)
+		for _, n := range cur.Notes {
+			a.logger.Info("Profile field accepted and not used", "profile", profile, "note", n)
+		}
+		if cur.MPSRoot != "" && a.mps != nil {
+			a.mps.Root = cur.MPSRoot
+		}
 	}
 }
 

@@ -145,7 +145,8 @@ func TestBuildInventoryExclude(t *testing.T) {
 	}
 	cfg := api.NodeConfig{ExcludeGPUs: []string{"0", n.Device(5).UUID}}
 	cfg.Defaults()
-	inv, gpus := BuildInventory(a.Devices(), map[string]health.State{n.Device(3).UUID: {Reason: "XID 48"}}, cfg)
+	inv, offer := BuildInventory(a.Devices(), map[string]health.State{n.Device(3).UUID: {Reason: "XID 48"}}, cfg, api.DefaultResourceNames)
+	gpus := offer["nvidia.com/gpu"]
 	if len(inv.GPUs) != 6 || len(gpus) != 6 {
 		t.Fatalf("%d GPUs", len(inv.GPUs))
 	}

@@ -376,3 +376,27 @@ func describe(c map[string]int) string {
 	}
 	return strings.Join(out, ", ")
 }
+
+// EnableMIG turns MIG mode on (dynamic MIG), leaving instances alone.
+func EnableMIG(d *discovery.Device) Report {
+	r := Report{UUID: d.GPU.UUID, Index: d.GPU.Index}
+	defer func() { _ = d.RefreshMIG() }()
+	if err := d.RefreshMIG(); err != nil {
+		r.Err = err
+		return r
+	}
+	if d.MIG == nil {
+		r.Err = fmt.Errorf("dynamic MIG: Tessera has no MIG geometry for %s (%d MiB); the GPU is served whole", d.GPU.Model, d.GPU.MemoryMiB)
+		return r
+	}
+	if d.GPU.MIG.Enabled && !d.MIGPending {
+		r.Message = "dynamic MIG: MIG mode on"
+		return r
+	}
+	if err := setMode(d.Handle, true); err != nil {
+		r.Err, r.Changed = err, true
+		return r
+	}
+	r.Changed, r.Message = true, "dynamic MIG: MIG mode turned on"
+	return r
+}
