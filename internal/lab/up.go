@@ -153,6 +153,9 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: systemNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
+	if err := ensureNodeConfigMap(ctx, client); err != nil {
+		return err
+	}
 
 	schedConfig, err := writeSchedulerConfig(d.path("scheduler.yaml"), d.Kubeconfig())
 	if err != nil {
@@ -175,7 +178,7 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 		if err := os.MkdirAll(filepath.Join(dir, "tmp"), 0o755); err != nil {
 			return err
 		}
-		common := []string{"--kubeconfig=" + d.Kubeconfig(), "--node=" + n.Name, "--dir=" + dir}
+		common := append([]string{"--kubeconfig=" + d.Kubeconfig(), "--node=" + n.Name, "--dir=" + dir}, nodeArgs(n)...)
 		if err := sup.start("kubelet/"+n.Name, comp("kubelet", append(common, fmt.Sprintf("--port=%d", ports[2+i]))...), []string{"TMPDIR=" + filepath.Join(dir, "tmp")}, true); err != nil {
 			return err
 		}
@@ -259,8 +262,14 @@ func nodeReady(ctx context.Context, client kubernetes.Interface, name string) bo
 	if err != nil || n.Annotations[api.AnnotationInventory] == "" {
 		return false
 	}
-	slots := n.Status.Allocatable[corev1.ResourceName(api.DefaultResourceNames.GPU)]
-	if slots.Value() == 0 {
+	// Any GPU device resource: the GPU's, its shared rename, a MIG profile's.
+	slots := int64(0)
+	for r, q := range n.Status.Allocatable {
+		if api.DefaultResourceNames.IsCountResource(string(r)) {
+			slots += q.Value()
+		}
+	}
+	if slots == 0 {
 		return false
 	}
 	for _, c := range n.Status.Conditions {

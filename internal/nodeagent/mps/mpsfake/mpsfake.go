@@ -42,6 +42,12 @@ func Main(self []string, args []string, stdin io.Reader, stdout io.Writer) int {
 		}
 		cmd := exec.Command(self[0], append(append([]string(nil), self[1:]...), "-f")...)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		// Unlike the real daemon, the fake ends with the process that
+		// started it (the node agent, a test), so none is left behind.
+		cmd.Env = os.Environ()
+		if os.Getenv(envOwner) == "" {
+			cmd.Env = append(cmd.Env, fmt.Sprintf("%s=%d", envOwner, os.Getppid()))
+		}
 		if err := cmd.Start(); err != nil {
 			fmt.Fprintln(stdout, err)
 			return 1
@@ -77,6 +83,9 @@ func Main(self []string, args []string, stdin io.Reader, stdout io.Writer) int {
 	fmt.Fprintf(stdout, "usage: nvidia-cuda-mps-control [-d | -f]\n")
 	return 2
 }
+
+// envOwner names the process whose end ends the fake daemon.
+const envOwner = "TESSERA_FAKE_MPS_OWNER"
 
 func envOr(k, def string) string {
 	if v := os.Getenv(k); v != "" {
@@ -117,6 +126,19 @@ func serve(pipe, logDir, sock string) int {
 		<-s.quit
 		l.Close()
 	}()
+	if owner, err := strconv.Atoi(os.Getenv(envOwner)); err == nil && owner > 1 {
+		go func() {
+			for syscall.Kill(owner, 0) == nil {
+				time.Sleep(500 * time.Millisecond)
+			}
+			s.mu.Lock()
+			if !s.stopped {
+				s.stopped = true
+				close(s.quit)
+			}
+			s.mu.Unlock()
+		}()
+	}
 	for {
 		c, err := l.Accept()
 		if err != nil {
@@ -140,11 +162,11 @@ func (s *state) logf(format string, args ...any) {
 func (s *state) do(cmd string) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.logf("Cmd:%s", cmd)
 	f := strings.Fields(cmd)
 	if len(f) == 0 {
-		return ""
+		return "" // a probe: connected and closed
 	}
+	s.logf("Cmd:%s", cmd)
 	switch f[0] {
 	case "get_default_active_thread_percentage":
 		return fmt.Sprintf("%.1f\n", s.pct)
