@@ -80,7 +80,7 @@ type Agent struct {
 	// by Allocate (dynamic MIG).
 	devMu      sync.Mutex
 	migReports map[string]string
-	created    map[string]time.Time // dynamic instances: "<gpu>/<inst>" → when
+	created    map[string]owner // dynamic instances: "<gpu>/<inst>" → the pod
 	mps        *mps.Manager
 	mpsErr     string
 	// plugins serve one resource each (reconcile starts and stops them).
@@ -188,6 +188,21 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.nodes = nodeInf.Lister()
 	a.pods = podFactory.Core().V1().Pods().Lister()
 	podInformer := podFactory.Core().V1().Pods().Informer()
+	// Pods coming, ending or going change what MIG instances and MPS
+	// limits the node needs (a poke coalesces with any pending one).
+	if _, err := podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { a.poke() },
+		UpdateFunc: func(o, n any) {
+			op, ok1 := o.(*v1.Pod)
+			np, ok2 := n.(*v1.Pod)
+			if !ok1 || !ok2 || op.Status.Phase != np.Status.Phase || (op.DeletionTimestamp == nil) != (np.DeletionTimestamp == nil) {
+				a.poke()
+			}
+		},
+		DeleteFunc: func(any) { a.poke() },
+	}); err != nil {
+		return err
+	}
 	synced := []cache.InformerSynced{nodeInf.Informer().HasSynced, podInformer.HasSynced}
 	if a.opts.ConfigMapName != "" {
 		cmFactory := informers.NewSharedInformerFactoryWithOptions(a.client, a.opts.Resync,

@@ -25,9 +25,10 @@ type Offer map[string][]deviceplugin.GPU
 //   - mig (static): each MIG device is one device, of the GPU resource
 //     (single strategy) or of its profile's (mixed); GPUs without MIG mode
 //     are whole GPUs of the GPU resource;
-//   - mig-dynamic: a GPU in MIG mode offers as many slots as it can hold
-//     instances, for the GPU resource and for every profile's resource
-//     (the scheduler decides which instance a slot becomes).
+//   - mig-dynamic: a GPU in MIG mode offers sharesPerGPU slots (at least
+//     as many as it can hold instances) for the GPU resource, and each
+//     profile's instance count for the profile's resource (the scheduler
+//     decides which instance a slot becomes).
 //
 // A GPU's health is its MIG devices' health: an XID on the parent makes
 // every MIG device and replica of it unhealthy.
@@ -87,7 +88,11 @@ func BuildInventory(devs []discovery.Device, hs map[string]health.State, cfg api
 			g.MIG.ProfileMemoryMiB = nil
 		case cfg.Sharing == api.SharingMIGDynamic && g.MIG.Enabled && d.MIG != nil:
 			g.MaxShares = d.MIG.MaxInstances()
-			add(names.GPU, g.UUID, g.MaxShares)
+			// The kubelet's count is not the limit (the MIG geometry is,
+			// which the scheduler checks and explains): offer at least
+			// sharesPerGPU, so a GPU full of instances is reported by
+			// Tessera naming them, not as "Insufficient nvidia.com/gpu".
+			add(names.GPU, g.UUID, max(g.MaxShares, shares))
 			for _, p := range d.MIG.Profiles {
 				add(names.MIG(p.Name), g.UUID, p.MaxInstances)
 			}

@@ -6,7 +6,10 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/mig"
@@ -17,10 +20,18 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
-// dynamicGrace is how long an instance the agent created is kept before
-// a record claims it: the pod's record may reach the agent's cache after
-// the kubelet's Allocate.
-const dynamicGrace = 30 * time.Second
+// dynamicGrace is how long an instance the agent created for a pod is kept
+// while the agent's cache does not show that pod yet (the kubelet may
+// admit a pod before the agent's informer sees it); after that the API
+// server is asked.
+const dynamicGrace = 5 * time.Second
+
+// owner is the pod a dynamic instance was created for.
+type owner struct {
+	namespace, name string
+	uid             types.UID
+	at              time.Time
+}
 
 // MIGReports returns the last report of applying the MIG layout, per GPU.
 func (a *Agent) MIGReports() map[string]string {
@@ -85,7 +96,9 @@ func (a *Agent) wantedInstances() map[string]map[mig.Instance]bool {
 		return out
 	}
 	for _, p := range pods {
-		if p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed || p.Spec.NodeName != a.opts.NodeName {
+		// A terminating pod no longer holds its instances: destroying one
+		// whose processes still run is refused by NVML (busy) and retried.
+		if gone(p) || p.Spec.NodeName != a.opts.NodeName {
 			continue
 		}
 		rec, err := kubeobj.Record(p)
@@ -124,7 +137,7 @@ func (a *Agent) collectInstancesLocked() {
 		}
 		for _, in := range insts {
 			key := d.GPU.UUID + "/" + in.String()
-			if want[d.GPU.UUID][in] || time.Since(a.created[key]) < dynamicGrace {
+			if want[d.GPU.UUID][in] || a.ownerLives(a.created[key]) {
 				continue
 			}
 			if err := migmgr.Destroy(d, in); err != nil {
@@ -179,15 +192,44 @@ func (a *Agent) Prepare(_ context.Context, pod *v1.Pod, container string, grants
 			return nil, fmt.Errorf("creating MIG instance %s on GPU %s for pod %s container %s: %w", in, g.UUID, kubeobj.Key(pod), container, err)
 		}
 		if a.created == nil {
-			a.created = map[string]time.Time{}
+			a.created = map[string]owner{}
 		}
-		a.created[g.UUID+"/"+in.String()] = time.Now()
+		a.created[g.UUID+"/"+in.String()] = owner{namespace: pod.Namespace, name: pod.Name, uid: pod.UID, at: time.Now()}
 		_ = d.RefreshMIG()
 		a.logger.Info("Created a MIG instance", "pod", kubeobj.Key(pod), "container", container, "gpu", g.UUID, "instance", in.String(), "device", u)
 		out = append(out, u)
 	}
 	a.poke() // the inventory lists the new instances
 	return out, nil
+}
+
+// ownerLives reports whether the pod an instance was created for may
+// still need it: it exists, is not finished, and is the same pod.
+func (a *Agent) ownerLives(o owner) bool {
+	if o.name == "" {
+		return false // not created by this agent: kept only if a record holds it
+	}
+	if a.pods != nil {
+		if p, err := a.pods.Pods(o.namespace).Get(o.name); err == nil {
+			return p.UID == o.uid && !gone(p)
+		}
+	}
+	if time.Since(o.at) < dynamicGrace {
+		return true
+	}
+	p, err := a.client.CoreV1().Pods(o.namespace).Get(context.Background(), o.name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return false
+	}
+	if err != nil {
+		return true // cannot tell: keep it for now
+	}
+	return p.UID == o.uid && !gone(p)
+}
+
+// gone reports a pod that is finished or being deleted.
+func gone(p *v1.Pod) bool {
+	return p.DeletionTimestamp != nil || p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed
 }
 
 func (a *Agent) deviceLocked(uuid string) *discovery.Device {

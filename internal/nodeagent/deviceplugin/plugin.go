@@ -278,6 +278,12 @@ func (p *Plugin) PreStartContainer(context.Context, *pluginapi.PreStartContainer
 
 // socketName is the plugin's socket file in PluginDir.
 func (p *Plugin) socketName() string {
+	if _, name, _ := strings.Cut(p.opts.Resource, "/"); name != "gpu" {
+		// MIG profiles and renamed resources: short, so the socket path
+		// stays within a unix socket's 107 bytes in deep plugin
+		// directories (the lab's).
+		return "t-" + strings.NewReplacer(".", "-", "+", "-").Replace(name) + ".sock"
+	}
 	return "tessera-" + strings.NewReplacer("/", "-", ".", "-").Replace(p.opts.Resource) + ".sock"
 }
 
