@@ -70,6 +70,9 @@ func (p *Plugin) before(ctx context.Context, t *Target, n int) (r *pluginapi.Con
 	if pol.FailRequestsGreaterThanOne && n > 1 {
 		return nil, true, fmt.Errorf("%w: pod %s container %s asks for %d %s; this node's configuration sets failRequestsGreaterThanOne (one shared device per container)", ErrNoMatch, ref, t.Container, n, p.opts.Resource)
 	}
+	if _, mode := p.offered(); mode == api.SharingMPS && pol.MPS != nil && len(t.Grant.Devices) != 1 {
+		return nil, true, fmt.Errorf("%w: pod %s container %s holds %d MPS GPUs; an MPS client connects to one GPU's control daemon, so ask for one", ErrNoMatch, ref, t.Container, len(t.Grant.Devices))
+	}
 	mig := 0
 	for _, d := range t.Grant.Devices {
 		if d.MIG != nil {
@@ -108,17 +111,14 @@ const (
 // directory, and its own limits as MPS reads them: the active thread
 // percentage from its core share and the pinned device memory limit from
 // its memory share. The limiter stays for its memory accounting, without
-// its compute pacing (MPS partitions the SMs). A container with more than
-// one GPU is refused: an MPS client connects to one control daemon.
+// its compute pacing (MPS partitions the SMs). (before refused a container
+// with more than one GPU: an MPS client connects to one control daemon.)
 func (p *Plugin) after(r *pluginapi.ContainerAllocateResponse, t *Target, mode api.SharingMode) error {
 	pol := p.policy()
 	if mode != api.SharingMPS || pol.MPS == nil {
 		return nil
 	}
-	if len(t.Grant.Devices) != 1 {
-		return fmt.Errorf("%w: pod %s container %s holds %d MPS GPUs; an MPS client connects to one GPU's control daemon, so ask for one", ErrNoMatch, kubeobj.Key(t.Pod), t.Container, len(t.Grant.Devices))
-	}
-	d := t.Grant.Devices[0]
+	d := t.Grant.Devices[0] // one: before refused more
 	at := pol.MPS.ContainerDir
 	if at == "" {
 		at = defaultMPSContainerPipeAt
