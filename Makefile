@@ -5,7 +5,7 @@ STATICCHECK     := honnef.co/go/tools/cmd/staticcheck@v0.7.0
 # "context deadline exceeded" when a duration budget ends mid-execution
 # (golang/go#75804, fixed in Go 1.27); a count has no deadline to race.
 FUZZTIME        ?= 2000000x
-FUZZ_PACKAGES   := ./pkg/api/
+FUZZ_PACKAGES   := ./pkg/api/ ./internal/limiterconf/
 BENCHTIME       ?= 200x
 LIMITER         := $(wildcard limiter/Makefile)
 
