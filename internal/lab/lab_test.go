@@ -3,6 +3,7 @@ package lab
 import (
 	"bytes"
 	"context"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/config"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -220,6 +221,9 @@ func TestSharingNodes(t *testing.T) {
 		}
 		if f.configMap != "tessera-system/"+NodeConfigMap {
 			t.Errorf("config map %q", f.configMap)
+		}
+		if _, c, err := config.Resolve(Profiles, n.Labels, api.DefaultResourceNames); err != nil || string(c.Sharing) != strings.TrimPrefix(profile, "nvidia-") && !(profile == "mig" && c.Sharing == api.SharingMIG) {
+			t.Errorf("node %s: profile %s resolves to %+v, %v", n.Name, profile, c.NodeConfig, err)
 		}
 	}
 	if err := validate(SharingNodes()); err != nil {

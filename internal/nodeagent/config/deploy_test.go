@@ -20,12 +20,20 @@ func TestShippedConfigMap(t *testing.T) {
 	if err := yaml.UnmarshalStrict(b, &cm); err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]api.SharingMode{"default": api.SharingShared, "exclusive": api.SharingExclusive, "dense": api.SharingShared, "nvidia-time-slicing": api.SharingTimeSlicing}
-	if len(cm.Data) != len(want) {
+	want := map[string]api.SharingMode{"default": api.SharingShared, "exclusive": api.SharingExclusive, "dense": api.SharingShared,
+		"nvidia-time-slicing": api.SharingTimeSlicing, "nvidia-mps": api.SharingMPS, "nvidia-mig": api.SharingMIG, "mig-dynamic": api.SharingMIGDynamic}
+	if len(cm.Data) != len(want)+1 {
 		t.Errorf("profiles %v", cm.Data)
 	}
+	if _, err := ParseMIGParted([]byte(cm.Data["mig-parted"])); err != nil {
+		t.Errorf("mig-parted: %v", err)
+	}
 	for name, mode := range want {
-		c, err := Parse([]byte(cm.Data[name]), api.DefaultResourceNames)
+		labels := map[string]string{api.LabelNodeConfig: name}
+		if mode == api.SharingMIG {
+			labels[api.LabelMIGConfig] = "all-1g.5gb"
+		}
+		_, c, err := Resolve(cm.Data, labels, api.DefaultResourceNames)
 		if err != nil {
 			t.Errorf("profile %s: %v", name, err)
 			continue
