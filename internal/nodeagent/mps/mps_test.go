@@ -25,6 +25,9 @@ func TestMain(m *testing.M) {
 
 func fakeManager(t *testing.T) *Manager {
 	t.Setenv("TESSERA_FAKE_MPS", "1")
+	// Under -race every run of the fake (one per command) would otherwise
+	// sleep 1 s at exit (the race runtime's atexit_sleep_ms).
+	t.Setenv("GORACE", "atexit_sleep_ms=0")
 	return &Manager{Command: []string{os.Args[0]}, Root: shortDir(t), Logger: ktesting.NewLogger(t, ktesting.NewConfig())}
 }
 
