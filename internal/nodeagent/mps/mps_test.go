@@ -2,6 +2,7 @@ package mps
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -131,9 +132,10 @@ func TestManagerWithNVIDIADaemon(t *testing.T) {
 	}
 	m := &Manager{Command: []string{bin}, Root: shortDir(t), Logger: ktesting.NewLogger(t, ktesting.NewConfig())}
 	ctx := context.Background()
+	stopped := false
 	defer func() {
-		if err := m.Stop(ctx); err != nil {
-			t.Error(err)
+		if !stopped {
+			_ = m.Stop(ctx)
 		}
 	}()
 	if err := m.Ensure(ctx, []GPU{{UUID: "GPU-00000000-0000-0000-0000-000000000000", Limits: Limits{ThreadPercent: 25, PinnedMiB: 10240}}}); err != nil {
@@ -151,9 +153,22 @@ func TestManagerWithNVIDIADaemon(t *testing.T) {
 	if err := m.setLimits(ctx, u, Limits{ThreadPercent: 130}); err == nil || !strings.Contains(err.Error(), `the daemon answered "25.0"`) {
 		t.Errorf("bad percentage: %v", err)
 	}
-	b, err := os.ReadFile(filepath.Join(m.LogDir(u), "control.log"))
-	if err != nil || !strings.Contains(string(b), "Cmd:set_default_active_thread_percentage 25") {
-		t.Errorf("control.log: %v\n%s", err, b)
+	// quit ends the daemon (its log is complete only then: it buffers).
+	stopped = true
+	if err := m.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.control(ctx, u, "get_server_list"); !errors.Is(err, ErrNoDaemon) {
+		t.Errorf("the daemon still answers after quit: %v", err)
+	}
+	var b []byte
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if b, _ = os.ReadFile(filepath.Join(m.LogDir(u), "control.log")); strings.Contains(string(b), "Cmd:quit") {
+			break
+		}
+	}
+	if !strings.Contains(string(b), "Cmd:set_default_active_thread_percentage 25") {
+		t.Errorf("control.log lacks the command:\n%s", b)
 	}
 }
 
