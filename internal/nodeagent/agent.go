@@ -244,8 +244,16 @@ func (a *Agent) Run(ctx context.Context) error {
 	// working; a new agent finds them by their pipe directories.
 	tick := time.NewTicker(a.opts.Resync)
 	defer tick.Stop()
+	// On an MPS node the control daemons are checked (and started again
+	// when they died) at least this often.
+	mpsTick := time.NewTicker(mpsCheck)
+	defer mpsTick.Stop()
+	skip := false
 	for {
-		a.reconcile(ctx)
+		if !skip {
+			a.reconcile(ctx)
+		}
+		skip = false
 		select {
 		case <-ctx.Done():
 			return nil
@@ -253,6 +261,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-a.monitor.Changes():
 		case <-tick.C:
 			a.collect()
+		case <-mpsTick.C:
+			cfg, _ := a.config.Current()
+			skip = cfg.Sharing != api.SharingMPS
 		}
 	}
 }

@@ -2,7 +2,11 @@ package nodeagent
 
 import (
 	"context"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -264,4 +268,64 @@ func TestDynamicMIGAdoption(t *testing.T) {
 		got := n.MIGInstances(0)
 		return len(got) == 1 && got[0] == "3g.20gb@4"
 	})
+}
+
+// TestMPSDaemonsRestarted: on an MPS node (NVIDIA's MPS guide config) the
+// agent runs a control daemon per GPU with the replicas' bound, and starts
+// one again when it dies.
+func TestMPSDaemonsRestarted(t *testing.T) {
+	t.Setenv("TESSERA_FAKE_MPS", "1")
+	t.Setenv("GORACE", "atexit_sleep_ms=0")
+	n, err := nvmltest.NewModel("A100-40GB", 2, "mps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := os.MkdirTemp("", "mps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(root)
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
+	cm := &v1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "cm"}, Data: map[string]string{
+		"default": "version: v1\nsharing:\n  mps:\n    renameByDefault: true\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 10\n",
+	}}
+	a, err := New(n, fake.NewClientset(node, cm), Options{NodeName: "n1", Resource: "nvidia.com/gpu", ConfigMapNamespace: "ns", ConfigMapName: "cm",
+		Paths: deviceplugin.Paths{StateRoot: t.TempDir()}, Resync: time.Minute, NoPlugin: true,
+		Health:     health.Options{WaitTimeout: 5 * time.Millisecond},
+		MPSControl: []string{os.Args[0]}, MPSRoot: root}, ktesting.NewLogger(t, ktesting.NewConfig()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- a.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+		_ = a.mps.Stop(context.Background())
+	}()
+	u := n.Device(1).UUID
+	eventually(t, "a daemon per GPU", func() bool { return a.mps.Starts(n.Device(0).UUID) == 1 && a.mps.Starts(u) == 1 })
+	pidFile := filepath.Join(a.mps.PipeDir(u), "control.pid")
+	var pid int
+	eventually(t, "the daemon's pid", func() bool {
+		b, err := os.ReadFile(pidFile)
+		pid, _ = strconv.Atoi(string(b))
+		return err == nil && pid > 0
+	})
+	logf := filepath.Join(a.mps.LogDir(u), "control.log")
+	eventually(t, "the replicas' bound set", func() bool {
+		b, _ := os.ReadFile(logf)
+		return strings.Contains(string(b), "Cmd:set_default_active_thread_percentage 10") && strings.Contains(string(b), "Cmd:set_default_device_pinned_mem_limit 0 4096M")
+	})
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for deadline := time.Now().Add(15 * time.Second); a.mps.Starts(u) < 2; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the killed daemon was not started again")
+		}
+	}
+	t.Logf("killed MPS daemon started again after %v", time.Since(start).Round(10*time.Millisecond))
 }

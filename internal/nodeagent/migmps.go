@@ -14,6 +14,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/mig"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/config"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/discovery"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/migmgr"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/mps"
@@ -25,6 +26,9 @@ import (
 // admit a pod before the agent's informer sees it); after that the API
 // server is asked.
 const dynamicGrace = 5 * time.Second
+
+// mpsCheck is how often an MPS node's control daemons are checked.
+const mpsCheck = 5 * time.Second
 
 // owner is the pod a dynamic instance was created for.
 type owner struct {
@@ -274,7 +278,7 @@ func (a *Agent) reconcileMPS(ctx context.Context, cfg config.Node, inv *api.Node
 				for _, c := range rec.Containers {
 					for _, g := range c.Devices {
 						l := most[g.UUID]
-						l.ThreadPercent = max(l.ThreadPercent, g.Cores)
+						l.ThreadPercent = max(l.ThreadPercent, deviceplugin.MPSThreadPercent(g.Cores, 100/max(cfg.SharesPerGPU, 1)))
 						l.PinnedMiB = max(l.PinnedMiB, g.MemoryMiB)
 						most[g.UUID] = l
 					}

@@ -47,7 +47,7 @@ func (a *Agent) syncPlugins(cfg config.Node, offer Offer) {
 	}
 	pol := deviceplugin.Policy{FailRequestsGreaterThanOne: cfg.FailRequestsGreaterThanOne, MIG: a}
 	if a.mps != nil {
-		pol.MPS = &deviceplugin.MPS{PipeDir: a.mps.PipeDir}
+		pol.MPS = &deviceplugin.MPS{PipeDir: a.mps.PipeDir, SlotPercent: 100 / max(cfg.SharesPerGPU, 1)}
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -33,6 +33,9 @@ type MPS struct {
 	PipeDir func(uuid string) string
 	// ContainerDir is where containers see it (CUDA_MPS_PIPE_DIRECTORY).
 	ContainerDir string
+	// SlotPercent is the thread percentage of a client whose grant names
+	// no core share: one replica's, 100/replicas.
+	SlotPercent int
 }
 
 // Policy is what the node's configuration adds to the plugin's answers.
@@ -132,10 +135,19 @@ func (p *Plugin) after(r *pluginapi.ContainerAllocateResponse, t *Target, mode a
 		}
 	}
 	r.Envs[EnvMPSPipeDirectory] = at
-	r.Envs[EnvMPSThreadPercentage] = strconv.Itoa(max(1, min(d.Cores, api.MaxCores)))
+	r.Envs[EnvMPSThreadPercentage] = strconv.Itoa(MPSThreadPercent(d.Cores, pol.MPS.SlotPercent))
 	r.Envs[EnvMPSPinnedDeviceMemory] = MPSMemoryLimit(d.MemoryMiB)
 	r.Mounts = append(r.Mounts, &pluginapi.Mount{ContainerPath: at, HostPath: pol.MPS.PipeDir(d.UUID)})
 	return nil
+}
+
+// MPSThreadPercent is an MPS client's active thread percentage: its core
+// share, or one replica's (slot) when it asked none.
+func MPSThreadPercent(cores, slot int) int {
+	if cores <= 0 {
+		cores = slot
+	}
+	return max(1, min(cores, api.MaxCores))
 }
 
 // MPSMemoryLimit is CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for device 0 of the

@@ -108,3 +108,19 @@ func TestAllocateMPS(t *testing.T) {
 		t.Errorf("failRequestsGreaterThanOne: %v", err)
 	}
 }
+
+// TestMPSThreadPercentWithoutCores: a client that asked memory but no
+// cores gets one replica's threads, not 1 % nor the whole GPU.
+func TestMPSThreadPercentWithoutCores(t *testing.T) {
+	e := newEnv(t, api.SharingMPS, 10)
+	e.plugin.SetPolicy(Policy{MPS: &MPS{PipeDir: func(u string) string { return "/p/" + u }, SlotPercent: 10}})
+	p := pod("nocores", spec{name: "main", grants: []api.DeviceGrant{share(1, 2048, 0)}})
+	e.api.put(p)
+	out, err := e.admit(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := out["main"].Envs[EnvMPSThreadPercentage]; v != "10" {
+		t.Errorf("%s=%s, want one replica's 10", EnvMPSThreadPercentage, v)
+	}
+}
