@@ -103,11 +103,17 @@ type Scratch struct {
 	cand      [api.MaxGPUsPerNode]int
 	rank      [api.MaxGPUsPerNode]float64
 	set, best [api.MaxGPUsPerNode]int
-	// MIG: what the pod chose per GPU so far, and each candidate's choice
-	// for the container being placed.
-	migPend [api.MaxGPUsPerNode]migPending
-	migCh   [api.MaxGPUsPerNode]migChoice
-	migOK   [api.MaxGPUsPerNode]bool
+	// mig is the MIG working state, made on the first node with MIG GPUs
+	// (so fit checks of other nodes keep a small Scratch).
+	mig *migScratch
+}
+
+// migScratch is what the pod chose per GPU so far, and each candidate's
+// choice for the container being placed.
+type migScratch struct {
+	pend [api.MaxGPUsPerNode]migPending
+	ch   [api.MaxGPUsPerNode]migChoice
+	ok   [api.MaxGPUsPerNode]bool
 }
 
 // Fit checks whether the compiled request fits node n and, if it does,
@@ -133,7 +139,10 @@ func (cr *Compiled) Fit(n *Node, ranker GPURanker, s *Scratch, p *Placement) Rea
 	}
 	clear(s.pod[:len(n.GPUs)])
 	if n.hasMIG {
-		clear(s.migPend[:len(n.GPUs)])
+		if s.mig == nil {
+			s.mig = &migScratch{}
+		}
+		clear(s.mig.pend[:len(n.GPUs)])
 	}
 	for k := range cr.gpu {
 		if reason := cr.placeContainer(n, k, ranker, s, p); !reason.OK() {
@@ -206,11 +215,9 @@ func joinSelectors(xs []string) string {
 }
 
 // demandOn is one GPU's worth of container c's demand on g, as charged.
+// (Kept within the inlining budget: callers turn a whole GPU into one
+// replica on replicated GPUs, see replicaSlot.)
 func demandOn(c Container, g *GPU) gpushare.Usage {
-	if slotted(c, g) {
-		// One replica: an equal slot of the GPU (NVIDIA's 1/N).
-		return gpushare.Share(g.MemoryMiB/int64(max(g.MaxShares, 1)), gpushare.FullCores/max(g.MaxShares, 1))
-	}
 	if c.Exclusive() {
 		return gpushare.Whole(g.MemoryCap)
 	}
@@ -221,8 +228,18 @@ func demandOn(c Container, g *GPU) gpushare.Usage {
 // one equal slot (a replica) rather than the whole GPU: on GPUs shared by
 // time-slicing or MPS, as NVIDIA's plugin gives every container one
 // replica of 1/replicas.
-func slotted(c Container, g *GPU) bool {
-	return c.Exclusive() && (g.Sharing == api.SharingMPS || g.Sharing == api.SharingTimeSlicing)
+func slotted(c Container, g *GPU) bool { return replicated(g) && c.Exclusive() }
+
+// replicaSlot is one replica of g: an equal slot of its memory and cores
+// (NVIDIA's 1/N).
+func replicaSlot(g *GPU) gpushare.Usage {
+	n := max(g.MaxShares, 1)
+	return gpushare.Share(g.MemoryMiB/int64(n), gpushare.FullCores/n)
+}
+
+// replicated reports a GPU shared by replicas (time-slicing, MPS).
+func replicated(g *GPU) bool {
+	return g.Sharing == api.SharingMPS || g.Sharing == api.SharingTimeSlicing
 }
 
 // failures are the rules a share of one GPU breaks. rules decides them
@@ -331,17 +348,20 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 		}
 		g := &n.GPUs[i]
 		if n.hasMIG {
-			s.migOK[i] = false
+			s.mig.ok[i] = false
 		}
 		if g.MIG != nil || c.MIGProfile != "" {
-			ch, ok := cr.migFit(g, c, &s.migPend[i])
+			if s.mig == nil {
+				continue // a MIG request on a node without MIG GPUs
+			}
+			ch, ok := cr.migFit(g, c, &s.mig.pend[i])
 			if !ok {
 				continue
 			}
-			s.migCh[i], s.migOK[i] = ch, true
+			s.mig.ch[i], s.mig.ok[i] = ch, true
 			s.cand[m] = i
 			// Binpack: the fuller GPU first; spread: the emptier.
-			s.rank[i] = float64(len(g.MIG.Instances()) + s.migPend[i].n)
+			s.rank[i] = float64(len(g.MIG.Instances()) + s.mig.pend[i].n)
 			if cr.gpuPol == api.GPUSpread {
 				s.rank[i] = -s.rank[i]
 			}
@@ -349,6 +369,9 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 			continue
 		}
 		d := demandOn(c, g)
+		if d.Exclusive > 0 && replicated(g) {
+			d = replicaSlot(g)
+		}
 		if s.rules(g, i, cc, d, false) != 0 {
 			continue
 		}
@@ -386,10 +409,10 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 	}
 	for _, i := range chosen {
 		g := &n.GPUs[i]
-		if n.hasMIG && s.migOK[i] {
-			ch := s.migCh[i]
+		if n.hasMIG && s.mig.ok[i] {
+			ch := s.mig.ch[i]
 			s.pod[i].Take(migCharge, cc.init)
-			pp := &s.migPend[i]
+			pp := &s.mig.pend[i]
 			if pp.n < len(pp.inst) {
 				pp.inst[pp.n], pp.dev[pp.n] = ch.inst, ch.device
 				pp.n++
@@ -399,6 +422,9 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 			continue
 		}
 		d := demandOn(c, g)
+		if d.Exclusive > 0 && replicated(g) {
+			d = replicaSlot(g)
+		}
 		s.pod[i].Take(d, cc.init)
 		if slotted(c, g) {
 			p.grants = append(p.grants, Grant{GPU: i, MemoryMiB: d.MemoryMiB, Cores: d.Cores})
@@ -516,7 +542,7 @@ func (cr *Compiled) explain(n *Node, cc *compiledContainer, s *Scratch, m int) R
 			if s.eligible[i] {
 				total++
 				g := &n.GPUs[i]
-				if s.rules(g, i, cc, demandOn(c, g), true)&notIdle == 0 {
+				if s.rules(g, i, cc, demandOn(c, g), true)&notIdle == 0 { // (not slotted: see slots above)
 					idle++
 				}
 			}
@@ -534,6 +560,9 @@ func (cr *Compiled) explain(n *Node, cc *compiledContainer, s *Scratch, m int) R
 		g := &n.GPUs[i]
 		physical = max(physical, g.MemoryMiB)
 		d := demandOn(c, g)
+		if d.Exclusive > 0 && replicated(g) {
+			d = replicaSlot(g)
+		}
 		f := s.rules(g, i, cc, d, true)
 		if f&sharingMode != 0 {
 			continue
