@@ -22,8 +22,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/internal/nodeagent/config"
@@ -87,6 +90,8 @@ type Agent struct {
 	plugins map[string]*pluginRun
 	runCtx  context.Context
 	wg      sync.WaitGroup
+	// recorder posts Node events (MIG layout reports); nil before Run.
+	recorder record.EventRecorder
 
 	nodes   corelisters.NodeLister
 	cms     corelisters.ConfigMapLister
@@ -235,13 +240,20 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}()
 	a.runCtx = ctx
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.client.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	a.devMu.Lock()
+	a.recorder = broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "tessera-node-agent", Host: a.opts.NodeName})
+	a.devMu.Unlock()
 	if !a.opts.NoPlugin {
 		if err := a.opts.Paths.WritePreload(); err != nil {
 			return fmt.Errorf("writing %s: %w", a.opts.Paths.PreloadHost, err)
 		}
 	}
-	// MPS daemons are left running when the agent stops, so clients keep
-	// working; a new agent finds them by their pipe directories.
+	// MPS daemons are not stopped here: a stopped agent leaves them to
+	// their clients (a DaemonSet restart ends them with the container;
+	// the next agent starts them again, docs/mig-mps.md).
 	tick := time.NewTicker(a.opts.Resync)
 	defer tick.Stop()
 	// On an MPS node the control daemons are checked (and started again

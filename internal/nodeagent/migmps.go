@@ -63,10 +63,17 @@ func (a *Agent) reconcileMIG(cfg config.Node) {
 			return
 		}
 		a.migReports[r.UUID] = r.String()
+		node := &v1.ObjectReference{Kind: "Node", Name: a.opts.NodeName, UID: types.UID(a.opts.NodeName)}
 		if r.Err != nil {
 			a.logger.Error(r.Err, "MIG layout not applied", "gpu", r.UUID, "index", r.Index)
-		} else {
-			a.logger.Info("MIG layout", "gpu", r.UUID, "index", r.Index, "result", r.Message)
+			if a.recorder != nil {
+				a.recorder.Event(node, v1.EventTypeWarning, "MIGLayoutNotApplied", r.String())
+			}
+			return
+		}
+		a.logger.Info("MIG layout", "gpu", r.UUID, "index", r.Index, "result", r.Message)
+		if a.recorder != nil && r.Changed {
+			a.recorder.Event(node, v1.EventTypeNormal, "MIGLayoutApplied", r.String())
 		}
 	}
 	for i := range a.devices {

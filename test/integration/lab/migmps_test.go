@@ -58,6 +58,19 @@ func TestGuideConfigsResources(t *testing.T) {
 	defer relabel(t, "lab-mig", api.LabelMIGConfig, "all-1g.5gb")
 	waitAllocatable(t, "lab-mig", "nvidia.com/mig-2g.10gb", 3)
 	waitAllocatable(t, "lab-mig", "nvidia.com/mig-1g.5gb", 0)
+	// The per-GPU report is a Node event.
+	testenv.WaitFor(t, "a MIGLayoutApplied event for all-2g.10gb", time.Minute, func() bool {
+		evs, err := client.CoreV1().Events(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=lab-mig,reason=MIGLayoutApplied"})
+		if err != nil {
+			return false
+		}
+		for _, e := range evs.Items {
+			if strings.Contains(e.Message, "layout all-2g.10gb applied: 2g.10gb@0, 2g.10gb@2, 2g.10gb@4") {
+				return true
+			}
+		}
+		return false
+	})
 	relabel(t, "lab-mig", api.LabelMIGConfig, "all-1g.5gb")
 	waitAllocatable(t, "lab-mig", "nvidia.com/mig-1g.5gb", 7)
 }
