@@ -368,6 +368,9 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 			m++
 			continue
 		}
+		if c.GPUs > 1 && g.Sharing == api.SharingMPS {
+			continue // an MPS client connects to one GPU's daemon
+		}
 		d := demandOn(c, g)
 		if d.Exclusive > 0 && replicated(g) {
 			d = replicaSlot(g)
@@ -532,6 +535,17 @@ func contains(xs []int, x int) bool {
 func (cr *Compiled) explain(n *Node, cc *compiledContainer, s *Scratch, m int) Reason {
 	c := cc.c
 	name := c.Name
+	if c.GPUs > 1 {
+		mps := 0
+		for i := range n.GPUs {
+			if s.eligible[i] && n.GPUs[i].Sharing == api.SharingMPS {
+				mps++
+			}
+		}
+		if mps > 0 && mps+m >= c.GPUs {
+			return Reason{Kind: ReasonMPSOneGPU, Container: name, Need: int64(c.GPUs)}
+		}
+	}
 	slots := false
 	for i := range n.GPUs {
 		slots = slots || s.eligible[i] && slotted(c, &n.GPUs[i])

@@ -172,3 +172,21 @@ func TestReplicaSlots(t *testing.T) {
 		checkInvariants(t, c)
 	}
 }
+
+// TestMPSOneGPUPerContainer: a container asking two GPUs is not placed on
+// MPS GPUs (an MPS client connects to one control daemon), with a reason.
+func TestMPSOneGPUPerContainer(t *testing.T) {
+	c := NewCluster()
+	inv := inventory(2, "A100", 40000, 10)
+	for i := range inv.GPUs {
+		inv.GPUs[i].Sharing = api.SharingMPS
+	}
+	c.UpsertNode(mustNode(t, "n", inv))
+	r := fitOn(t, c, c.Node("n"), pod("two", Container{Name: "c", GPUs: 2, MemoryMiB: 1000}))
+	if r.Kind != ReasonMPSOneGPU || !strings.Contains(r.String(), "an MPS client uses one GPU") {
+		t.Errorf("two MPS GPUs: %v", r)
+	}
+	if r := fitOn(t, c, c.Node("n"), pod("one", share("c", 1000, 10))); !r.OK() {
+		t.Errorf("one MPS GPU: %v", r)
+	}
+}

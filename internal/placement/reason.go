@@ -29,6 +29,7 @@ const (
 	ReasonGPUCount
 	ReasonNUMA
 	ReasonMIG
+	ReasonMPSOneGPU
 )
 
 var reasonNames = [...]string{
@@ -50,6 +51,7 @@ var reasonNames = [...]string{
 	ReasonGPUCount:          "InsufficientGPUs",
 	ReasonNUMA:              "NUMABinding",
 	ReasonMIG:               "MIGUnavailable",
+	ReasonMPSOneGPU:         "MPSOneGPU",
 }
 
 // String is the kind's stable name, for metrics labels.
@@ -135,6 +137,8 @@ func (r Reason) summary(detail bool) string {
 		return fmt.Sprintf("needs %d whole free GPUs, %d of %d free", r.Need, r.Have, r.Total)
 	case ReasonGPUCount:
 		return fmt.Sprintf("needs %d GPUs with the requested share free, %d have it", r.Need, r.Have)
+	case ReasonMPSOneGPU:
+		return fmt.Sprintf("asks %d GPUs, but an MPS client uses one GPU (it connects to one GPU's control daemon)", r.Need)
 	case ReasonMIG:
 		return "no MIG device or instance fits: " + r.Detail
 	case ReasonNUMA:
