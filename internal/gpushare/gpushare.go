@@ -83,6 +83,13 @@ func Whole(memoryCap int64) Usage {
 // full; known is false when the GPU is unknown (its node has no
 // inventory), and the grant then charges the memory it names.
 func OfGrant(d api.DeviceGrant, memoryCap int64, known bool) Usage {
+	if d.MIG != nil {
+		// A MIG device or instance: its own memory and SMs, the GPU's
+		// memory and cores untouched; it takes one of the GPU's slots
+		// (its MIG devices, or its instance limit in dynamic mode). Which
+		// memory slices it holds is the MIG geometry's (internal/mig).
+		return Usage{Shares: 1}
+	}
 	if !d.Exclusive {
 		return Share(d.MemoryMiB, d.Cores)
 	}

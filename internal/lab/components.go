@@ -57,6 +57,8 @@ func RunComponent(ctx context.Context, name string, args []string) error {
 		return runRuntime(ctx, args)
 	case "node-agent":
 		return runNodeAgent(ctx, args)
+	case MPSControlComponent:
+		return runMPSControl(args)
 	}
 	return fmt.Errorf("unknown component %q", name)
 }
@@ -201,6 +203,11 @@ func runRuntime(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	client, err := clientFrom(f.kubeconfig)
+	if err != nil {
+		return err
+	}
+	gpus.mig = migFromInventory(client, f.node, 30*time.Second)
 	driver, err := gpus.files.ListenDriver()
 	if err != nil {
 		return err
@@ -300,10 +307,16 @@ func runNodeAgent(ctx context.Context, args []string) error {
 	paths.LimiterHost = nodeDir(f.dir).limiter()
 	paths.PreloadHost = filepath.Join(f.dir, "limiter", "ld.so.preload")
 	paths.StateRoot = filepath.Join(f.dir, "limiter-state")
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
 	cmNS, cmName, _ := strings.Cut(f.configMap, "/")
 	a, err := nodeagent.New(lib, client, nodeagent.Options{
 		NodeName: f.node, Resource: api.DefaultResourceNames.GPU,
 		ConfigMapNamespace: cmNS, ConfigMapName: cmName,
+		MPSControl:         []string{exe, ComponentCommand, MPSControlComponent},
+		MPSRoot:            filepath.Join(f.dir, "mps"),
 		Health:             health.Options{IgnoredXIDs: health.DefaultIgnoredXIDs, RecoveryPeriod: time.Minute},
 		Paths:              paths,
 		PluginDir:          filepath.Join(root, "device-plugins"),

@@ -1,12 +1,17 @@
 package lab
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/internal/hollowkubelet"
 	"github.com/tessera-gpu/tessera/internal/hollowkubelet/cinit"
@@ -25,6 +30,17 @@ const containerGPUs = "/run/tessera-fakegpu"
 type nodeGPUs struct {
 	files *fakegpu.Node
 	gpus  []fakegpu.GPU // by NVML index
+	// mig finds a MIG device of the node (NVIDIA_VISIBLE_DEVICES names it
+	// by its UUID, "MIG-…"): its parent's UUID and what it is. Nil: the
+	// node has none.
+	mig func(uuid string) (parent string, dev fakegpu.GPU, err error)
+}
+
+// visibleGPU is a GPU, or a MIG device, a container is given; index is
+// the node's index of the GPU (of the MIG device's parent).
+type visibleGPU struct {
+	fakegpu.GPU
+	index int
 }
 
 // newNodeGPUs creates the state file of each GPU of the node (kept when it
@@ -49,46 +65,73 @@ func newNodeGPUs(dir, node, model string, count int) (*nodeGPUs, error) {
 }
 
 // visible resolves NVIDIA_VISIBLE_DEVICES as the NVIDIA container runtime
-// does: UUIDs or indexes separated by commas, "all", or "none"/"void"/""
-// for no GPU. It returns the node indexes of the GPUs, in that order.
-func (n *nodeGPUs) visible(v string) ([]int, error) {
+// does: UUIDs (of GPUs or MIG devices) or indexes separated by commas,
+// "all", or "none"/"void"/"" for no GPU. It returns the GPUs in that
+// order; a MIG device is a GPU of its own (its own state file, created
+// here the first time a container is given it), as MIG isolates its
+// memory and SMs.
+func (n *nodeGPUs) visible(v string) ([]visibleGPU, error) {
 	v = strings.TrimSpace(v)
 	switch v {
 	case "", "none", "void":
 		return nil, nil
 	case "all":
-		out := make([]int, len(n.gpus))
-		for i := range out {
-			out[i] = i
+		out := make([]visibleGPU, len(n.gpus))
+		for i, g := range n.gpus {
+			out[i] = visibleGPU{g, i}
 		}
 		return out, nil
 	}
-	var out []int
-	seen := map[int]bool{}
+	var out []visibleGPU
+	seen := map[string]bool{}
 	for _, part := range strings.Split(v, ",") {
 		part = strings.TrimSpace(part)
-		idx := -1
+		var g *visibleGPU
 		if i, err := strconv.Atoi(part); err == nil && i >= 0 && i < len(n.gpus) {
-			idx = i
+			g = &visibleGPU{n.gpus[i], i}
 		}
-		for i, g := range n.gpus {
-			if strings.EqualFold(g.UUID, part) {
-				idx = i
+		for i := range n.gpus {
+			if strings.EqualFold(n.gpus[i].UUID, part) {
+				g = &visibleGPU{n.gpus[i], i}
 			}
 		}
-		if idx < 0 {
-			return nil, fmt.Errorf("%s=%q: this node has no GPU %q (its GPUs: 0 to %d, or their UUIDs)", api.EnvVisibleDevices, v, part, len(n.gpus)-1)
+		if g == nil && strings.HasPrefix(part, "MIG-") && n.mig != nil {
+			m, err := n.migDevice(part)
+			if err != nil {
+				return nil, fmt.Errorf("%s=%q: %w", api.EnvVisibleDevices, v, err)
+			}
+			g = m
 		}
-		if seen[idx] {
+		if g == nil {
+			return nil, fmt.Errorf("%s=%q: this node has no GPU %q (its GPUs: 0 to %d, their UUIDs, or its MIG devices' UUIDs)", api.EnvVisibleDevices, v, part, len(n.gpus)-1)
+		}
+		if seen[g.UUID] {
 			return nil, fmt.Errorf("%s=%q names GPU %q twice", api.EnvVisibleDevices, v, part)
 		}
-		seen[idx] = true
-		out = append(out, idx)
+		seen[g.UUID] = true
+		out = append(out, *g)
 	}
 	if len(out) > 16 {
 		return nil, fmt.Errorf("%s=%q: %d GPUs, the driver shows at most 16", api.EnvVisibleDevices, v, len(out))
 	}
 	return out, nil
+}
+
+// migDevice finds a MIG device and creates its state file.
+func (n *nodeGPUs) migDevice(uuid string) (*visibleGPU, error) {
+	parent, dev, err := n.mig(uuid)
+	if err != nil {
+		return nil, err
+	}
+	for i, g := range n.gpus {
+		if g.UUID == parent {
+			if err := fakegpu.Create(n.files.File(dev.UUID), dev); err != nil {
+				return nil, fmt.Errorf("MIG device %s: %w", uuid, err)
+			}
+			return &visibleGPU{dev, i}, nil
+		}
+	}
+	return nil, fmt.Errorf("MIG device %s: its parent GPU %s is not one of this node's", uuid, parent)
 }
 
 // libDir is the directory of the host's libraries in which the dynamic
@@ -114,8 +157,8 @@ func labContainer(tools Tools, gpus *nodeGPUs) func(*hollowkubelet.Container, *c
 	lib := libDir()
 	return func(c *hollowkubelet.Container, s *cinit.Spec) error {
 		s.Mounts = append(s.Mounts, cinit.Mount{Source: tools.Bin(), Target: containerTools, ReadOnly: true})
-		idx, err := gpus.visible(c.Env[api.EnvVisibleDevices])
-		if err != nil || len(idx) == 0 {
+		vis, err := gpus.visible(c.Env[api.EnvVisibleDevices])
+		if err != nil || len(vis) == 0 {
 			return err
 		}
 		s.Mounts = append(s.Mounts,
@@ -124,11 +167,49 @@ func labContainer(tools Tools, gpus *nodeGPUs) func(*hollowkubelet.Container, *c
 			cinit.Mount{Source: filepath.Join(tools.Bin(), "nvidia-smi"), Target: "/usr/bin/nvidia-smi", ReadOnly: true},
 			cinit.Mount{Source: gpus.files.Socket(), Target: containerGPUs + "/" + fakegpu.DriverSocket},
 		)
-		for k, i := range idx {
-			g := gpus.gpus[i]
+		for k, g := range vis {
 			s.Mounts = append(s.Mounts, cinit.Mount{Source: gpus.files.File(g.UUID), Target: fmt.Sprintf("%s/%d", containerGPUs, k)})
-			c.GPUs = append(c.GPUs, hollowkubelet.GPU{UUID: g.UUID, Index: i})
+			c.GPUs = append(c.GPUs, hollowkubelet.GPU{UUID: g.UUID, Index: g.index})
 		}
 		return nil
+	}
+}
+
+// migFromInventory finds a MIG device in the node's inventory (the node
+// agent publishes a dynamic instance just after making it, so a device
+// not there yet is waited for, up to wait).
+func migFromInventory(client kubernetes.Interface, node string, wait time.Duration) func(string) (string, fakegpu.GPU, error) {
+	return func(uuid string) (string, fakegpu.GPU, error) {
+		var parent string
+		var dev fakegpu.GPU
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		lastErr := fmt.Errorf("not in node %s's inventory", node)
+		err := waitUntil(ctx, wait, func(ctx context.Context) (bool, error) {
+			n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+			if err != nil {
+				lastErr = err
+				return false, nil
+			}
+			inv, err := api.DecodeInventory([]byte(n.Annotations[api.AnnotationInventory]))
+			if err != nil {
+				lastErr = fmt.Errorf("node %s's inventory: %w", node, err)
+				return false, nil
+			}
+			for _, g := range inv.GPUs {
+				for _, d := range g.MIG.Devices {
+					if strings.EqualFold(d.UUID, uuid) {
+						parent = g.UUID
+						dev = fakegpu.GPU{UUID: d.UUID, Name: strings.TrimPrefix(strings.TrimPrefix(g.Model, "Mock "), "NVIDIA ") + " MIG " + d.Profile, MemoryBytes: uint64(d.MemoryMiB) << 20, SMs: uint32(d.SMCount)}
+						return true, nil
+					}
+				}
+			}
+			return false, nil
+		})
+		if err != nil {
+			return "", fakegpu.GPU{}, fmt.Errorf("MIG device %s: %v", uuid, lastErr)
+		}
+		return parent, dev, nil
 	}
 }

@@ -74,11 +74,9 @@ func TestModes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, p := range profiles {
-		if _, err := config.Parse([]byte(p), api.DefaultResourceNames.GPU); err != nil {
-			t.Errorf("profile %q: %v", name, err)
-		}
-	}
+	// What each mode's node runs as, through the agent's own resolution
+	// (profiles, mig-parted layouts selected by label).
+	sharing := map[string]api.SharingMode{"fractional": api.SharingShared, "time-slicing": api.SharingTimeSlicing, "mps": api.SharingMPS, "mig": api.SharingMIG, "mig-dynamic": api.SharingMIGDynamic}
 	seen := map[string]bool{}
 	for _, m := range Modes {
 		if seen[m.Name] || m.Name == "" || m.Summary == "" {
@@ -94,6 +92,9 @@ func TestModes(t *testing.T) {
 		n := m.spec(m.Node, m.Model, m.GPUs)
 		if err := validate([]NodeSpec{n}); err != nil {
 			t.Errorf("mode %s: %v", m.Name, err)
+		}
+		if _, c, err := config.Resolve(profiles, n.Labels, api.DefaultResourceNames); err != nil || c.Sharing != sharing[m.Name] {
+			t.Errorf("mode %s: profile %s resolves to %+v, %v; want sharing %q", m.Name, m.Profile, c.NodeConfig, err, sharing[m.Name])
 		}
 		f, err := parseNodeFlags("kubelet", append([]string{"--kubeconfig=k", "--node=" + n.Name, "--dir=d"}, nodeArgs(n)...))
 		if err != nil {
@@ -136,7 +137,7 @@ func TestReadNodeConfig(t *testing.T) {
 	for body, msg := range map[string]string{
 		"apiVersion: v1\nkind: Secret\nmetadata: {name: x}\n":                                                                  `kind "Secret", want a ConfigMap`,
 		"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n":                                                               "has no data",
-		"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\ndata:\n  bad: |\n    sharing: shared\n    sharesPerGPU: 1000\n": `profile "bad": sharesPerGPU 1000 outside [1, `,
+		"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\ndata:\n  bad: |\n    sharing: shared\n    sharesPerGPU: 1000\n": `key "bad": sharesPerGPU 1000 outside [1, `,
 		"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\nspec: {}\n":                                                     "not a ConfigMap manifest",
 	} {
 		if _, err := ReadNodeConfig(write("bad.yaml", body)); err == nil || !strings.Contains(err.Error(), msg) {

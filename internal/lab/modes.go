@@ -117,6 +117,44 @@ var Modes = []Mode{
 			},
 		},
 	},
+	{
+		Name:    "mps",
+		Summary: "NVIDIA's MPS guide as written: 10 clients per GPU as nvidia.com/gpu.shared, each client's share enforced by the control daemon and the limiter",
+		Profile: "mps", Node: "lab-mps", Model: "A100-40GB", GPUs: 1,
+		Demo: []DemoPod{
+			{
+				Name: "demo-mps", Command: []string{"gpu-fill"},
+				Resources: map[string]string{"nvidia.com/gpu.shared": "1"},
+				Show:      "an MPS client (NVIDIA's guide: 10 replicas) gets a tenth of the GPU's memory and is refused there",
+			},
+		},
+	},
+	{
+		Name:    "mig",
+		Summary: "static MIG: mig-parted's all-1g.5gb layout (the node's nvidia.com/mig.config label), mixed strategy: nvidia.com/mig-1g.5gb",
+		Profile: "mig", Node: "lab-mig", Model: "A100-40GB", GPUs: 1,
+		Labels: map[string]string{api.LabelMIGConfig: "all-1g.5gb"},
+		Demo: []DemoPod{
+			{
+				Name: "demo-mig", Command: []string{"gpu-fill"},
+				Resources: map[string]string{"nvidia.com/mig-1g.5gb": "1"},
+				Show:      "a pod given a MIG device (nvidia.com/mig-1g.5gb) sees that device's memory, no limiter",
+			},
+		},
+	},
+	{
+		Name:    "mig-dynamic",
+		Summary: "dynamic MIG: an instance made for each pod, sized to its memory and cores",
+		Profile: "mig-dynamic", Node: "lab-mig-dynamic", Model: "A100-40GB", GPUs: 1,
+		Taints: []corev1.Taint{{Key: SharingTaint, Value: "mig-dynamic", Effect: corev1.TaintEffectNoSchedule}},
+		Demo: []DemoPod{
+			{
+				Name: "demo-mig-dynamic", Command: []string{"gpu-fill"},
+				Resources: map[string]string{api.DefaultResourceNames.GPU: "1", api.DefaultResourceNames.Memory: "9000", api.DefaultResourceNames.Cores: "25"},
+				Show:      "a pod asking 9000 MiB and 25 % on a dynamic-MIG GPU gets a MIG instance made for it (2g.10gb) and sees its memory",
+			},
+		},
+	},
 }
 
 // FractionalMode is the mode of --nodes and of node groups that name none.
@@ -161,9 +199,10 @@ func (m Mode) spec(name, model string, gpus int) NodeSpec {
 const NodeConfigMap = "tessera-node-agent"
 
 // Profiles are the lab's node agent profiles: Tessera's default and
-// NVIDIA's time-slicing guide's configuration as written. The profiles of
-// the shipped ConfigMap (deploy/node-agent/configmap.yaml) and of
-// --node-config come on top of them.
+// NVIDIA's guides' configurations as written. They come on top of the
+// shipped ConfigMap's (deploy/node-agent/configmap.yaml: mig-parted's
+// layouts and mig-dynamic among them), and --node-config's on top of
+// them.
 var Profiles = map[string]string{
 	"default": "sharing: shared\nsharesPerGPU: 10\n",
 	// NVIDIA's time-slicing guide.
@@ -174,6 +213,19 @@ sharing:
     - name: nvidia.com/gpu
       replicas: 4
 `,
+	// NVIDIA's MPS guide.
+	"mps": `version: v1
+sharing:
+  mps:
+    renameByDefault: true
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 10
+`,
+	// NVIDIA's device plugin with the mixed MIG strategy; the layout is
+	// the node's nvidia.com/mig.config label, from the shipped mig-parted
+	// document.
+	"mig": "version: v1\nflags:\n  migStrategy: mixed\n",
 }
 
 // ReadNodeConfig reads --node-config: a ConfigMap manifest (the agents'
@@ -197,9 +249,20 @@ func ReadNodeConfig(path string) (map[string]string, error) {
 	}
 	keys := slices.Sorted(maps.Keys(cm.Data))
 	for _, k := range keys {
-		if _, err := config.Parse([]byte(cm.Data[k]), api.DefaultResourceNames.GPU); err != nil {
-			return nil, fmt.Errorf("--node-config %s: profile %q: %w", path, k, err)
+		// A profile, or a mig-parted document of MIG layouts.
+		b := []byte(cm.Data[k])
+		_, perr := config.Parse(b, api.DefaultResourceNames)
+		if perr == nil {
+			continue
 		}
+		_, merr := config.ParseMIGParted(b)
+		if merr == nil {
+			continue
+		}
+		if strings.Contains(perr.Error(), "mig-parted document") {
+			perr = merr
+		}
+		return nil, fmt.Errorf("--node-config %s: key %q: %w", path, k, perr)
 	}
 	return cm.Data, nil
 }
@@ -228,6 +291,9 @@ func ensureNodeConfigMap(ctx context.Context, client kubernetes.Interface, user 
 	for _, n := range nodes {
 		if p := n.Labels[api.LabelNodeConfig]; p != "" && data[p] == "" {
 			return fmt.Errorf("node %s: profile %q is in neither the lab's profiles nor --node-config (%s)", n.Name, p, strings.Join(slices.Sorted(maps.Keys(data)), ", "))
+		}
+		if _, _, err := config.Resolve(data, n.Labels, api.DefaultResourceNames); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
 		}
 	}
 	cms := client.CoreV1().ConfigMaps(systemNamespace)

@@ -318,8 +318,14 @@ func nodeReady(ctx context.Context, client kubernetes.Interface, name string) bo
 	if err != nil || n.Annotations[api.AnnotationInventory] == "" {
 		return false
 	}
-	slots := n.Status.Allocatable[corev1.ResourceName(api.DefaultResourceNames.GPU)]
-	if slots.Value() == 0 {
+	// Any GPU device resource: the GPU's, its shared rename, a MIG profile's.
+	slots := int64(0)
+	for r, q := range n.Status.Allocatable {
+		if api.DefaultResourceNames.IsCountResource(string(r)) {
+			slots += q.Value()
+		}
+	}
+	if slots == 0 {
 		return false
 	}
 	for _, c := range n.Status.Conditions {

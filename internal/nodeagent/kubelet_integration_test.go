@@ -51,6 +51,7 @@ const (
 )
 
 func TestMain(m *testing.M) {
+	fakeMPS() // the test binary is also the fake MPS control daemon
 	if os.Getenv(mountNSEnv) == "" {
 		exe, err := os.Executable()
 		if err != nil {

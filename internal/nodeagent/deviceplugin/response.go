@@ -91,11 +91,11 @@ func buildResponse(c api.ContainerAllocation, limited bool, stateDir string, p P
 	return r
 }
 
-// needsLimiter reports whether a grant gets the limiter: only shared
-// grants on a node in shared mode; exclusive whole GPUs and time-slicing
-// run unlimited.
+// needsLimiter reports whether a grant gets the limiter: shared grants on
+// a node in shared mode, and MPS clients (for its memory accounting);
+// exclusive whole GPUs and time-slicing run unlimited.
 func needsLimiter(c api.ContainerAllocation, mode api.SharingMode) bool {
-	if mode != api.SharingShared {
+	if mode != api.SharingShared && mode != api.SharingMPS {
 		return false
 	}
 	for _, d := range c.Devices {
