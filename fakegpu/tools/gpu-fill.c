@@ -101,7 +101,7 @@ int main(int argc, char **argv)
     unsigned char u[16];
     name(nm, sizeof(nm), d);
     if (uuid(u, d) == CUDA_SUCCESS)
-        uuid_string(u, us);
+        uuid_string(u, strstr(nm, " MIG ") ? "MIG" : "GPU", us); /* NVML's names of MIG devices */
     CUcontext ctx;
     if ((r = retain(&ctx, d)) != CUDA_SUCCESS || (r = setcur(ctx)) != CUDA_SUCCESS) {
         fprintf(stderr, "gpu-fill: no context on GPU %d: %s (%d)\n", dev, cu_error_name(r), r);

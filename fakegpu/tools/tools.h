@@ -53,10 +53,11 @@ static __attribute__((unused)) const char *cu_error_name(CUresult r)
     return "CUDA_ERROR_UNKNOWN";
 }
 
-/* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" from cuDeviceGetUuid's bytes. */
-static __attribute__((unused)) void uuid_string(const unsigned char u[16], char out[41])
+/* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (or "MIG-…" for a MIG device:
+ * prefix) from cuDeviceGetUuid's bytes. */
+static __attribute__((unused)) void uuid_string(const unsigned char u[16], const char *prefix, char out[41])
 {
-    snprintf(out, 41, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2],
+    snprintf(out, 41, "%.3s-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", prefix, u[0], u[1], u[2],
              u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
 }
 

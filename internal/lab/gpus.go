@@ -200,7 +200,7 @@ func migFromInventory(client kubernetes.Interface, node string, wait time.Durati
 				for _, d := range g.MIG.Devices {
 					if strings.EqualFold(d.UUID, uuid) {
 						parent = g.UUID
-						dev = fakegpu.GPU{UUID: d.UUID, Name: strings.TrimPrefix(strings.TrimPrefix(g.Model, "Mock "), "NVIDIA ") + " MIG " + d.Profile, MemoryBytes: uint64(d.MemoryMiB) << 20, SMs: uint32(d.SMCount)}
+						dev = fakegpu.GPU{UUID: d.UUID, Name: strings.TrimPrefix(g.Model, "Mock ") + " MIG " + d.Profile, MemoryBytes: uint64(d.MemoryMiB) << 20, SMs: uint32(d.SMCount)}
 						return true, nil
 					}
 				}

@@ -375,7 +375,13 @@ func TestNodeModes(t *testing.T) {
 		if err != nil || got.Status.Phase != corev1.PodSucceeded || n.Labels[lab.LabelMode] != mode {
 			t.Errorf("mode %s: pod %s %s on %s (mode %q)", mode, p.Name, got.Status.Phase, got.Spec.NodeName, n.Labels[lab.LabelMode])
 		}
-		if out := kubectl(t, "logs", "-n", ns, p.Name); !regexp.MustCompile(`GPU 0: NVIDIA A100-SXM4-40GB \(UUID: GPU-`).MatchString(out) {
+		// A MIG mode's pod is given a MIG device: a GPU of its own to
+		// the driver, named as NVML names MIG devices.
+		want := `GPU 0: NVIDIA A100-SXM4-40GB \(UUID: GPU-`
+		if strings.HasPrefix(mode, "mig") {
+			want = `GPU 0: NVIDIA A100-SXM4-40GB MIG [1-7]g\.[0-9]+gb \(UUID: MIG-`
+		}
+		if out := kubectl(t, "logs", "-n", ns, p.Name); !regexp.MustCompile(want).MatchString(out) {
 			t.Errorf("mode %s: nvidia-smi -L printed %q", mode, out)
 		}
 	}
