@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tessera-gpu/tessera/internal/placement"
 	"github.com/tessera-gpu/tessera/internal/placement/policies"
 	"github.com/tessera-gpu/tessera/internal/sim"
 )
@@ -18,7 +17,7 @@ import (
 func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	policyList := fs.String("policy", strings.Join(policies.Names(), ","), "comma-separated placement policies")
+	policyList := fs.String("policy", strings.Join(policies.Compared(), ","), "comma-separated placement policies")
 	seedSpec := fs.String("seeds", "10", `seeds: a count N (seeds 1..N), a range "1-10" or a list "1,2,3"`)
 	format := fs.String("format", "table", "output format: table, csv or json")
 	nodesPath := fs.String("nodes", "", "node list CSV (default: the bundled openb node list)")
@@ -107,7 +106,7 @@ func writePlot(path string, rs []sim.PolicyResult, fl *sim.FloorResult, title st
 
 func parsePolicies(s string) ([]string, error) {
 	known := map[string]bool{}
-	for _, n := range placement.PolicyNames() {
+	for _, n := range policies.Names() {
 		known[n] = true
 	}
 	var out []string
@@ -117,7 +116,7 @@ func parsePolicies(s string) ([]string, error) {
 			continue
 		}
 		if !known[p] {
-			return nil, fmt.Errorf("unknown policy %q (known: %s)", p, strings.Join(placement.PolicyNames(), ", "))
+			return nil, fmt.Errorf("unknown policy %q (known: %s)", p, strings.Join(policies.Names(), ", "))
 		}
 		out = append(out, p)
 	}

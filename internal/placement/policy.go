@@ -1,10 +1,6 @@
 package placement
 
 import (
-	"fmt"
-	"sort"
-	"sync"
-
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -27,54 +23,6 @@ type Policy interface {
 // Observe once per arriving pod, before placing it.
 type Observer interface {
 	Observe(cr *Compiled)
-}
-
-// Factory makes a policy for a cluster. Policies with state (a random
-// source, a workload estimate) get a fresh instance per run.
-type Factory func(c *Cluster, seed int64) Policy
-
-var (
-	registryMu sync.RWMutex
-	registry   = map[string]Factory{}
-)
-
-// Register makes a policy available by name. Policies register themselves
-// from init functions; registering a name twice panics (a programming error).
-func Register(name string, f Factory) {
-	registryMu.Lock()
-	defer registryMu.Unlock()
-	if _, dup := registry[name]; dup {
-		panic("placement: policy " + name + " registered twice")
-	}
-	registry[name] = f
-}
-
-// NewPolicy returns a fresh instance of the named policy.
-func NewPolicy(name string, c *Cluster, seed int64) (Policy, error) {
-	registryMu.RLock()
-	f, ok := registry[name]
-	registryMu.RUnlock()
-	if !ok {
-		return nil, fmt.Errorf("unknown placement policy %q (known: %v)", name, PolicyNames())
-	}
-	return f(c, seed), nil
-}
-
-// PolicyNames lists the registered policies, sorted.
-func PolicyNames() []string {
-	registryMu.RLock()
-	defer registryMu.RUnlock()
-	names := make([]string, 0, len(registry))
-	for n := range registry {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
-
-func init() {
-	Register(string(api.NodeBinpack), func(*Cluster, int64) Policy { return Binpack{} })
-	Register(string(api.NodeSpread), func(*Cluster, int64) Policy { return Spread{} })
 }
 
 // Binpack prefers the node that is fullest after placement, so that whole

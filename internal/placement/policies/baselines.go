@@ -7,24 +7,6 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
-func init() {
-	placement.Register(NameRandom, func(_ *placement.Cluster, seed int64) placement.Policy {
-		return &Random{base: base{seed: seed}}
-	})
-	placement.Register(NameBestFit, func(_ *placement.Cluster, seed int64) placement.Policy {
-		return &BestFit{base: base{seed: seed}}
-	})
-	placement.Register(NameDotProduct, func(_ *placement.Cluster, seed int64) placement.Policy {
-		return &DotProduct{base: base{seed: seed}}
-	})
-	placement.Register(NameGPUPacking, func(_ *placement.Cluster, seed int64) placement.Policy {
-		return &GPUPacking{base: base{seed: seed}}
-	})
-	placement.Register(NameGPUClustering, func(c *placement.Cluster, seed int64) placement.Policy {
-		return newGPUClustering(c, seed)
-	})
-}
-
 // base carries what random choices need: the run's seed and the arrival
 // number of the pod being placed (advanced by Observe).
 type base struct {

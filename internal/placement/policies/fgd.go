@@ -8,12 +8,6 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
-func init() {
-	placement.Register(NameFGD, func(_ *placement.Cluster, seed int64) placement.Policy {
-		return NewFGD(seed)
-	})
-}
-
 // FGD is fragmentation gradient descent (Weng et al., ATC '23): it places a
 // pod where the node's expected fragmentation against the target workload
 // grows least, and a share on the GPU of that node where it grows least.

@@ -6,12 +6,6 @@ import (
 	"github.com/tessera-gpu/tessera/internal/placement"
 )
 
-func init() {
-	placement.Register(NameTessera, func(c *placement.Cluster, seed int64) placement.Policy {
-		return NewTessera(c, seed, DefaultTesseraParams())
-	})
-}
-
 // TesseraParams tune the tessera policy.
 type TesseraParams struct {
 	// Multi weighs the multi-copy fragmentation measure (fragMulti)
