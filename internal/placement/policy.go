@@ -20,9 +20,37 @@ type Policy interface {
 
 // Observer is implemented by policies that learn from the workload (for
 // example its popular shapes). The simulator and the scheduler call
-// Observe once per arriving pod, before placing it.
+// Observe once per arriving pod, before placing it, one call at a time
+// and never while the pod's nodes are being scored; what it learns is
+// published to scoring atomically.
 type Observer interface {
 	Observe(cr *Compiled)
+}
+
+// PodPolicy is implemented by policies that prepare per-pod state once per
+// scheduling cycle (the pod's shape, the snapshot of what the policy has
+// learned). ForPod returns the policy that scores that pod: its ScoreNode
+// (and RankGPU, if the policy ranks GPUs) serve cr only, take no lock and
+// are safe to call from many goroutines at once, for the rest of the
+// pod's cycle. Callers use it through Prepare, after Observe.
+//
+// A PodPolicy's own ScoreNode and RankGPU give the same results without
+// preparation (they prepare the pod on the fly, reusing what Observe
+// prepared for it), only at a higher cost per call.
+type PodPolicy interface {
+	ForPod(cr *Compiled) Policy
+}
+
+// Prepare returns the policy that scores cr under pol: pol.ForPod(cr) if
+// pol prepares per pod, else pol. The simulator's Search calls it once
+// per pod; the scheduler calls it in PreFilter (after Observe) and keeps
+// the result in the pod's CycleState for Filter and Score, with
+// RankerFor(cr, prepared) as the GPU ranker.
+func Prepare(cr *Compiled, pol Policy) Policy {
+	if pp, ok := pol.(PodPolicy); ok {
+		return pp.ForPod(cr)
+	}
+	return pol
 }
 
 // Binpack prefers the node that is fullest after placement, so that whole
