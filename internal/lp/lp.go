@@ -72,6 +72,9 @@ func (p *Problem) AddRow(terms []Term, sense Sense, rhs float64) error {
 	return nil
 }
 
+// Rows is the number of rows added so far (the next row's index).
+func (p *Problem) Rows() int { return len(p.rows) }
+
 // Solve returns the minimum and a solution that attains it.
 func (p *Problem) Solve() (float64, []float64, error) {
 	sol, err := p.SolveDual()

@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/tessera-gpu/tessera/internal/lp"
 )
@@ -26,6 +27,10 @@ type Floor struct {
 	// AllShares holds for a run that places every share that arrives
 	// by 100% (the sliver waste of the best packing of those shares).
 	AllShares float64 `json:"allShares"`
+	// NeverRefuse holds for a run that drops a task only when it fits
+	// nowhere, as the methodology does (see neverRefuse): once a task is
+	// dropped, every later task needing at least as much is dropped too.
+	NeverRefuse float64 `json:"neverRefuse"`
 }
 
 // Floor computes the floors for one seed's arrivals (see Floor).
@@ -36,6 +41,7 @@ func (t *Trace) Floor(seed int64) (Floor, error) {
 	}
 	var counts shareCounts
 	var arrived int64
+	var tasks []nrTask
 	for _, i := range t.Arrivals(seed, Inflation) {
 		p := t.Pods[i]
 		g := p.GPURequestMilli()
@@ -43,9 +49,15 @@ func (t *Trace) Floor(seed int64) (Floor, error) {
 			break
 		}
 		arrived += g
+		if p.NumGPU == 0 {
+			continue
+		}
+		task := nrTask{need: p.NumGPU, cpu: p.CPUMilli, mem: p.MemMiB, spec: sortedModels(p.Spec)}
 		if p.NumGPU == 1 && p.GPUMilli < 1000 {
 			counts[SharePercent(p.GPUMilli)]++
+			task.share, task.need = true, SharePercent(p.GPUMilli)
 		}
+		tasks = append(tasks, task)
 	}
 	// Arrivals short of 100% are unallocated whatever happens.
 	short := float64(capacity-arrived) / 10 // in % of one GPU
@@ -62,7 +74,20 @@ func (t *Trace) Floor(seed int64) (Floor, error) {
 	}
 	// The LP's rounding noise must not put the floor below what is certain.
 	anyPolicy = math.Max(anyPolicy, short)
-	return Floor{Seed: seed, AnyPolicy: pct(anyPolicy), AllShares: pct(math.Max(waste, short))}, nil
+	never, err := neverRefuse(tasks, int(capacity/1000), short)
+	if err != nil {
+		return Floor{}, fmt.Errorf("seed %d: never-refuse floor: %w", seed, err)
+	}
+	// A never-refusing run is one policy among all.
+	never = math.Max(never, anyPolicy)
+	return Floor{Seed: seed, AnyPolicy: pct(anyPolicy), AllShares: pct(math.Max(waste, short)), NeverRefuse: pct(never)}, nil
+}
+
+// sortedModels is a gpu_spec's models, sorted; nil for none.
+func sortedModels(spec string) []string {
+	m := SpecModels(spec)
+	slices.Sort(m)
+	return m
 }
 
 // shareCounts[s] is the number of shares of s% of a GPU.

@@ -85,6 +85,9 @@ type Curve struct {
 	// reach 100% of capacity.
 	FragAt100 float64
 	Dropped   int
+	// MultiDropped100 counts the multi-GPU tasks (2 GPUs or more)
+	// dropped by arrived = 100%.
+	MultiDropped100 int
 }
 
 // Unallocated is the unallocated GPU % at the last arrival that keeps the
@@ -162,6 +165,9 @@ func RunWith(ctx context.Context, t *Trace, policy string, mk func(*placement.Cl
 			alloc += placedMilli(row)
 		} else {
 			cv.Dropped++
+			if row.NumGPU > 1 && arrived <= cv.Capacity {
+				cv.MultiDropped100++
+			}
 		}
 		cv.Arrived[k], cv.Allocated[k] = arrived, alloc
 	}
