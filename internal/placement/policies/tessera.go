@@ -49,7 +49,8 @@ type TesseraParams struct {
 
 // DefaultTesseraParams are the values documented in docs/simulation.md.
 func DefaultTesseraParams() TesseraParams {
-	return TesseraParams{Multi: 1, WholeOne: true, Sigmoid: true, Cover: 1, Scarcity: 1, UseTarget: true}
+	return TesseraParams{Multi: 1, WholeOne: true, Sigmoid: true, Cover: 1, Scarcity: 1,
+		LossWeight: 1000, MultiCPUFit: true}
 }
 
 // Tessera is our fragmentation-aware policy. It shares FGD's machinery
