@@ -87,7 +87,7 @@ type fragModel struct {
 	cpuOnly float64 // total weight of CPU-only shapes
 	gpu     []WeightedShape
 	access  sync.Map // node model (string) → []bool: may gpu[j] use it
-	useMem  bool              // also require memory for a shape to fit
+	useMem  bool     // also require memory for a shape to fit
 	// multi weighs the multi-copy measure (fragMulti) against FGD's
 	// single-copy one: 0 is FGD's, 1 is fragMulti alone (tessera).
 	multi float64
