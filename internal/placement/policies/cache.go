@@ -8,139 +8,155 @@ import (
 	"github.com/tessera-gpu/tessera/internal/placement"
 )
 
-// nodeCache keeps values a policy computed for a node's state, per key (a
-// pod shape), until the node changes (placement.Node.Version) or the
-// policy's model does (gen). Lookups take no lock: nodes are found in an
-// open-addressing table of atomic pointers, and each node's values live
-// in an immutable state record swapped atomically when the node changes;
-// values are written once per key with atomic stores. Two goroutines that
-// compute the same missing value store equal values, so a race costs
-// work, never correctness. Only a node seen for the first time takes the
-// table's mutex.
-type nodeCache[V any] struct {
-	mu  sync.Mutex
-	tab atomic.Pointer[nodeTable[V]]
-}
-
+// nodeTable keeps one value per node, computed for the node's state
+// (placement.Node.Version) under one generation of the policy's model,
+// until either changes. Lookups take no lock: nodes are found in an
+// open-addressing table of atomic pointers, a node's slot is claimed with
+// a compare-and-swap, and each value is an immutable record stored with an
+// atomic pointer. Two goroutines that compute the same missing value store
+// equal values, so a race costs work, never correctness. Only growing the
+// table takes its mutex.
+//
+// A policy keeps one table per pod shape (keyedTables), so finding a
+// node's value for the shape being scored is one hash probe and two
+// loads.
 type nodeTable[V any] struct {
-	slots []atomic.Pointer[nodeSlot[V]]
+	mu  sync.Mutex // growth only
+	cur atomic.Pointer[tableSlots[V]]
+}
+
+type tableSlots[V any] struct {
+	slots []tableSlot[V]
 	mask  uint64
-	used  int // written under nodeCache.mu
+	used  atomic.Int64
 }
 
-type nodeSlot[V any] struct {
-	node  *placement.Node
-	state atomic.Pointer[nodeState[V]]
+type tableSlot[V any] struct {
+	node atomic.Pointer[placement.Node]
+	val  atomic.Pointer[cached[V]]
 }
 
-// nodeState holds a node's values at one version and model generation,
-// indexed by key.
-type nodeState[V any] struct {
-	version uint64
-	gen     uint64
-	vals    []atomic.Pointer[V]
+// cached is a value with the node version and model generation it was
+// computed at.
+type cached[V any] struct {
+	version, gen uint64
+	v            V
 }
 
-// maxCachedNodes bounds the table: nodes replaced by UpsertNode or removed
+// maxCachedNodes bounds a table: nodes replaced by UpsertNode or removed
 // leave stale slots, so a long-running scheduler starts afresh beyond it.
 const maxCachedNodes = 1 << 16
 
-// get returns the value for key on n at model generation gen, computing
-// it with compute if it is not cached. keys hints how many keys exist.
-func (c *nodeCache[V]) get(n *placement.Node, gen uint64, key, keys int, compute func() *V) *V {
-	sl := c.slot(n)
-	st := sl.state.Load()
-	for st == nil || st.version != n.Version || st.gen != gen || key >= len(st.vals) {
-		next := &nodeState[V]{version: n.Version, gen: gen, vals: make([]atomic.Pointer[V], max(key+1, keys))}
-		if st != nil && st.version == n.Version && st.gen == gen {
-			for i := range st.vals { // more keys than when it was made
-				next.vals[i].Store(st.vals[i].Load())
-			}
-		}
-		if sl.state.CompareAndSwap(st, next) {
-			st = next
-			break
-		}
-		st = sl.state.Load()
-	}
-	if v := st.vals[key].Load(); v != nil {
-		return v
-	}
-	v := compute()
-	st.vals[key].Store(v)
-	return v
-}
-
-// slot returns n's slot, adding one if n was never seen.
-func (c *nodeCache[V]) slot(n *placement.Node) *nodeSlot[V] {
+// get returns n's value at model generation gen, computing it in place
+// with fill if it is not cached.
+func (nt *nodeTable[V]) get(n *placement.Node, gen uint64, fill func(*V)) *V {
 	h := hashNode(n)
-	if sl := c.tab.Load().find(n, h); sl != nil {
-		return sl
+	for {
+		t := nt.cur.Load()
+		if t == nil {
+			nt.grow(nil)
+			continue
+		}
+		for i := h & t.mask; ; {
+			s := &t.slots[i]
+			switch p := s.node.Load(); {
+			case p == n:
+				if c := s.val.Load(); c != nil && c.version == n.Version && c.gen == gen {
+					return &c.v
+				}
+				c := &cached[V]{version: n.Version, gen: gen}
+				fill(&c.v)
+				s.val.Store(c)
+				return &c.v
+			case p != nil:
+				i = (i + 1) & t.mask
+				continue
+			}
+			// An empty slot: n is not in the table.
+			if 2*(t.used.Load()+1) > int64(len(t.slots)) {
+				nt.grow(t)
+				break // probe the new table
+			}
+			if s.node.CompareAndSwap(nil, n) {
+				t.used.Add(1)
+			}
+			// Claimed, or taken by another node meanwhile: look again.
+		}
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	t := c.tab.Load()
-	if sl := t.find(n, h); sl != nil {
-		return sl
+}
+
+// grow replaces table t (nil: none yet) by one twice its size holding its
+// slots, or by an empty one once it holds maxCachedNodes nodes; a caller
+// that lost the race finds the table already replaced.
+func (nt *nodeTable[V]) grow(t *tableSlots[V]) {
+	nt.mu.Lock()
+	defer nt.mu.Unlock()
+	if nt.cur.Load() != t {
+		return
 	}
-	switch {
-	case t == nil || t.used >= maxCachedNodes:
-		t = newNodeTable[V](64)
-	case 2*(t.used+1) > len(t.slots):
-		bigger := newNodeTable[V](2 * len(t.slots))
+	size := 64
+	if t != nil && int(t.used.Load()) < maxCachedNodes {
+		size = 2 * len(t.slots)
+	}
+	next := &tableSlots[V]{slots: make([]tableSlot[V], size), mask: uint64(size - 1)}
+	if t != nil && size > len(t.slots) {
 		for i := range t.slots {
-			if sl := t.slots[i].Load(); sl != nil {
-				bigger.put(sl, hashNode(sl.node))
+			n := t.slots[i].node.Load()
+			if n == nil {
+				continue
+			}
+			for j := hashNode(n) & next.mask; ; j = (j + 1) & next.mask {
+				if next.slots[j].node.Load() == nil {
+					next.slots[j].node.Store(n)
+					next.slots[j].val.Store(t.slots[i].val.Load())
+					next.used.Add(1)
+					break
+				}
 			}
 		}
-		t = bigger
 	}
-	sl := &nodeSlot[V]{node: n}
-	t.put(sl, h)
-	c.tab.Store(t)
-	return sl
+	nt.cur.Store(next)
 }
 
-func newNodeTable[V any](size int) *nodeTable[V] {
-	return &nodeTable[V]{slots: make([]atomic.Pointer[nodeSlot[V]], size), mask: uint64(size - 1)}
-}
-
-func (t *nodeTable[V]) find(n *placement.Node, h uint64) *nodeSlot[V] {
-	if t == nil {
-		return nil
-	}
-	for i := h & t.mask; ; i = (i + 1) & t.mask {
-		sl := t.slots[i].Load()
-		if sl == nil {
-			return nil
-		}
-		if sl.node == n {
-			return sl
-		}
-	}
-}
-
-// put adds a slot; the caller holds the cache's mutex and has made room.
-func (t *nodeTable[V]) put(sl *nodeSlot[V], h uint64) {
-	for i := h & t.mask; ; i = (i + 1) & t.mask {
-		if t.slots[i].Load() == nil {
-			t.slots[i].Store(sl)
-			t.used++
-			return
-		}
-	}
-}
-
-// hashNode mixes a node's address (Go's heap does not move objects).
+// hashNode places a node by its address (Go's heap does not move
+// objects), keeping the addresses' order: nodes made one after another,
+// as a cluster's are, land in nearby slots, so a pass over the cluster
+// reads the table nearly in sequence instead of at random (one cache miss
+// per node otherwise, most of the lookup's cost).
 func hashNode(n *placement.Node) uint64 {
-	h := uint64(uintptr(unsafe.Pointer(n)))
-	h ^= h >> 33
-	h *= 0xff51afd7ed558ccd
-	h ^= h >> 33
-	return h
+	return uint64(uintptr(unsafe.Pointer(n))) >> 8
 }
 
-// shapeIDs numbers shapes for the per-node caches without a lock on
+// keyedTables is one nodeTable per key (a pod shape's number), made on
+// first use; finding a key's table takes no lock.
+type keyedTables[V any] struct {
+	mu     sync.Mutex
+	tables atomic.Pointer[[]*nodeTable[V]]
+}
+
+func (k *keyedTables[V]) table(key int) *nodeTable[V] {
+	if ts := k.tables.Load(); ts != nil && key < len(*ts) {
+		return (*ts)[key]
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var old []*nodeTable[V]
+	if ts := k.tables.Load(); ts != nil {
+		old = *ts
+	}
+	if key < len(old) {
+		return old[key]
+	}
+	next := make([]*nodeTable[V], max(key+1, 2*len(old)))
+	copy(next, old)
+	for i := len(old); i < len(next); i++ {
+		next[i] = &nodeTable[V]{}
+	}
+	k.tables.Store(&next)
+	return next[key]
+}
+
+// shapeIDs numbers shapes for the per-shape tables without a lock on
 // lookup.
 type shapeIDs struct {
 	ids  sync.Map // Shape → int
@@ -155,6 +171,3 @@ func (s *shapeIDs) id(sh Shape) int {
 	v, _ := s.ids.LoadOrStore(sh, int(s.next.Add(1)-1))
 	return v.(int)
 }
-
-// count is an upper bound on the numbers given out.
-func (s *shapeIDs) count() int { return int(s.next.Load()) }

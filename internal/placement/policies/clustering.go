@@ -14,7 +14,7 @@ type GPUClustering struct {
 	base
 	bestFitGPUs
 	c     *placement.Cluster
-	kinds nodeCache[map[string]int] // per node version, without a lock
+	kinds nodeTable[map[string]int] // per node version, without a lock
 }
 
 func newGPUClustering(c *placement.Cluster, seed int64) *GPUClustering {
@@ -59,7 +59,7 @@ func kindOf(gpus int, share bool) string {
 // kindsOf counts the kinds of GPU pods on n from the cluster's allocation
 // records, cached until the node changes.
 func (g *GPUClustering) kindsOf(n *placement.Node) map[string]int {
-	return *g.kinds.get(n, 0, 0, 1, func() *map[string]int {
+	return *g.kinds.get(n, 0, func(kinds *map[string]int) {
 		count := map[string]int{}
 		for _, pod := range g.c.PodsOn(n.Name) {
 			rec := g.c.Allocation(pod)
@@ -79,6 +79,6 @@ func (g *GPUClustering) kindsOf(n *placement.Node) map[string]int {
 				count[kindOf(1, true)]++
 			}
 		}
-		return &count
+		*kinds = count
 	})
 }

@@ -80,6 +80,9 @@ func FreeMilli(g *placement.GPU) int64 {
 		return 0
 	}
 	c := int64(g.FreeCores()) * 10
+	if g.FreeMemory()*milli >= c*g.MemoryCap {
+		return max(0, c) // memory is not the shorter: no division
+	}
 	m := g.FreeMemory() * milli / g.MemoryCap
 	return max(0, min(c, m))
 }

@@ -34,7 +34,7 @@ type FGD struct {
 	// scoring turns fragmentation changes into scores.
 	scoring scoring
 	ids     shapeIDs
-	cache   nodeCache[fgdEntry]
+	cache   keyedTables[fgdEntry]
 	// last is the pod Observe prepared last (normally the one being
 	// placed), so a caller that scores through the FGD itself rather than
 	// through ForPod does not prepare the pod again for every node.
@@ -61,8 +61,11 @@ type scoring struct {
 	// loss (pricing.loss) on the GPU it goes to; 0 disables.
 	lossWeight float64
 	// multiCPUFit breaks ties for a multi-GPU task towards the node it
-	// leaves the least CPU (share of capacity) on.
+	// leaves the least CPU on.
 	multiCPUFit bool
+	// rankByLoss ranks a share's GPUs within a node by packing loss,
+	// then best fit, instead of by gpu (tessera with pricing).
+	rankByLoss bool
 }
 
 // fgdEntry is what the cache keeps for a pod shape on a node state: the
@@ -73,7 +76,12 @@ type fgdEntry struct {
 	node   float64
 	gpu    []float64
 	nodeAt []float64
+	// small holds gpu and nodeAt for nodes of up to smallGPUs GPUs, so an
+	// entry is one allocation (one cache miss fewer per lookup).
+	small [2 * smallGPUs]float64
 }
+
+const smallGPUs = 8
 
 // fgdQuantised is the original's integer score.
 func fgdQuantised(delta float64) float64 {
@@ -130,7 +138,16 @@ func (f *FGD) ForPod(cr *placement.Compiled) placement.Policy { return f.scorer(
 
 func (f *FGD) prepare(cr *placement.Compiled, s Shape) *podScorer {
 	key := keyShape(s)
-	return &podScorer{f: f, cr: cr, snap: f.snap.Load(), shape: key, id: f.ids.id(key)}
+	ps := &podScorer{f: f, cr: cr, snap: f.snap.Load(), shape: key, table: f.cache.table(f.ids.id(key))}
+	if pr := ps.snap.model.pricedBy(f.scoring); pr != nil && key.Share() {
+		// The share's packing loss on a GPU with g% free, for every g.
+		ps.pct = sharePercent(key.GPUMilli)
+		ps.loss = new([101]float64)
+		for g := ps.pct; g <= 100; g++ {
+			ps.loss[g] = pr.loss(g, ps.pct)
+		}
+	}
+	return ps
 }
 
 // scorer is the prepared scorer of cr: the one Observe made if it is for
@@ -159,7 +176,11 @@ type podScorer struct {
 	cr    *placement.Compiled
 	snap  *snapshot
 	shape Shape // keyShape of the pod's shape
-	id    int
+	table *nodeTable[fgdEntry]
+	// loss[g] is a share's packing loss on a GPU with g% free (pct ≤ g),
+	// when the policy prices shares; nil otherwise.
+	loss *[101]float64
+	pct  int
 }
 
 func (ps *podScorer) Name() string { return ps.f.name }
@@ -179,9 +200,7 @@ func (ps *podScorer) entry(n *placement.Node) *fgdEntry {
 	if m == nil {
 		return nil
 	}
-	return ps.f.cache.get(n, ps.snap.gen, ps.id, ps.f.ids.count(), func() *fgdEntry {
-		return fragScores(m, n, ps.shape, ps.f.scoring)
-	})
+	return ps.table.get(n, ps.snap.gen, func(e *fgdEntry) { fragScores(m, n, ps.shape, ps.f.scoring, e) })
 }
 
 func (ps *podScorer) ScoreNode(cr *placement.Compiled, p *placement.Placement) float64 {
@@ -222,10 +241,9 @@ func (ps *podScorer) scoreNode(p *placement.Placement) float64 {
 		return e.node
 	}
 	score := e.nodeAt[gi]
-	if pr := ps.snap.model.prices; pr != nil && sc.lossWeight > 0 {
-		g := freePercent(FreeMilli(&p.Node.GPUs[gi]))
-		if s := sharePercent(ps.shape.GPUMilli); s <= g {
-			score -= sc.lossWeight * pr.loss(g, s)
+	if ps.loss != nil {
+		if g := freePercent(FreeMilli(&p.Node.GPUs[gi])); g >= ps.pct {
+			score -= sc.lossWeight * ps.loss[g]
 		}
 	}
 	return score
@@ -241,6 +259,15 @@ func (ps *podScorer) RankGPU(cr *placement.Compiled, n *placement.Node, i int, p
 	if !ps.shape.Share() || int64(demand.Cores)*10 != ps.shape.GPUMilli {
 		return bestGPU(n, i, demand)
 	}
+	if ps.loss != nil && ps.f.scoring.rankByLoss {
+		// Tessera: the GPU where the share loses least, then the one it
+		// fills best (lowest index on ties). GPU-local: no cache lookup.
+		g := freePercent(FreeMilli(&n.GPUs[i]))
+		if g < ps.pct {
+			return bestGPU(n, i, demand)
+		}
+		return -(lossRank*ps.loss[g] + float64(g-ps.pct))
+	}
 	e := ps.entry(n)
 	if e == nil {
 		return bestGPU(n, i, demand)
@@ -248,12 +275,24 @@ func (ps *podScorer) RankGPU(cr *placement.Compiled, n *placement.Node, i int, p
 	return e.gpu[i]
 }
 
+// lossRank puts any packing loss (at least about 1e-3 of a GPU) before
+// the room left (at most 100%) in a share's GPU rank.
+const lossRank = 1e6
+
+// pricedBy returns the prices a share's placement pays for under sc, or
+// nil.
+func (m *fragModel) pricedBy(sc scoring) *pricing {
+	if m == nil || sc.lossWeight <= 0 {
+		return nil
+	}
+	return m.prices
+}
+
 // fragScores computes the cache entry of placing s on n: for a share, per
 // GPU its rank by sc.gpu (−Inf where it does not fit) and with sc.perGPU
 // the node's score with the share there; and the node's score (for a
 // share, with it on its best GPU by sc.gpu).
-func fragScores(m *fragModel, n *placement.Node, s Shape, sc scoring) *fgdEntry {
-	e := &fgdEntry{}
+func fragScores(m *fragModel, n *placement.Node, s Shape, sc scoring, e *fgdEntry) {
 	var buf [api.MaxGPUsPerNode]int64
 	free := nodeFree(n, &buf)
 	access := m.accessFor(nodeModel(n))
@@ -261,9 +300,13 @@ func fragScores(m *fragModel, n *placement.Node, s Shape, sc scoring) *fgdEntry 
 	cpu, mem := n.FreeCPU()-s.CPUMilli, n.FreeMem()-s.MemMiB
 	switch {
 	case s.Share():
-		e.gpu = make([]float64, len(free))
+		vals := e.small[:]
+		if len(free) > smallGPUs {
+			vals = make([]float64, 2*len(free))
+		}
+		e.gpu = vals[:len(free):len(free)]
 		if sc.perGPU {
-			e.nodeAt = make([]float64, len(free))
+			e.nodeAt = vals[len(free) : 2*len(free)]
 		}
 		e.node = math.Inf(-1)
 		best := math.Inf(-1)
@@ -296,7 +339,6 @@ func fragScores(m *fragModel, n *placement.Node, s Shape, sc scoring) *fgdEntry 
 	default:
 		e.node = sc.node(m.frag(access, cpu, mem, free) - before)
 	}
-	return e
 }
 
 // learner keeps the shapes of the last maxSeen observed pods; the target

@@ -153,7 +153,8 @@ func TestFGDChoosesGPUAndScores(t *testing.T) {
 	// (Δ = −200, score int(100·sigmoid(0.2)) = 54); on GPU 0 it goes
 	// 300 → 700 (the whole-GPU shape no longer fits; Δ = +400, score 40).
 	n := node(t, 64000, 0, "T4", 1000, 300)
-	e := fragScores(newFragModel(twoShapes, false), n, Shape{CPUMilli: 1000, NumGPU: 1, GPUMilli: 200}, scoring{node: fgdQuantised, gpu: fgdQuantised})
+	var e fgdEntry
+	fragScores(newFragModel(twoShapes, false), n, Shape{CPUMilli: 1000, NumGPU: 1, GPUMilli: 200}, scoring{node: fgdQuantised, gpu: fgdQuantised}, &e)
 	if e.gpu[0] != 40 || e.gpu[1] != 54 || e.node != 54 {
 		t.Errorf("scores gpu0 %v gpu1 %v node %v, want 40, 54, 54", e.gpu[0], e.gpu[1], e.node)
 	}

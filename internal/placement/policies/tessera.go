@@ -41,6 +41,11 @@ type TesseraParams struct {
 	// per GPU of packing loss (pricing) on the GPU it goes to; 0 leaves
 	// placements unpriced.
 	LossWeight float64
+	// RankByLoss (with LossWeight) ranks a share's GPUs within a node by
+	// packing loss, then by the room left (best fit), instead of by the
+	// exact fragmentation change: as good (docs/simulation.md) and it
+	// needs no per-node lookup for every GPU.
+	RankByLoss bool
 	// MultiCPUFit breaks ties between nodes for a multi-GPU task towards
 	// the node it leaves the least CPU on, so the nodes with the most
 	// CPU stay free for the tasks that need it.
@@ -50,7 +55,7 @@ type TesseraParams struct {
 // DefaultTesseraParams are the values documented in docs/simulation.md.
 func DefaultTesseraParams() TesseraParams {
 	return TesseraParams{Multi: 1, WholeOne: true, Sigmoid: true, Cover: 1, Scarcity: 1,
-		LossWeight: 1000, MultiCPUFit: true}
+		LossWeight: 1000, RankByLoss: true, MultiCPUFit: true}
 }
 
 // Tessera is our fragmentation-aware policy. It shares FGD's machinery
@@ -89,7 +94,7 @@ func NewTessera(c *placement.Cluster, seed int64, p TesseraParams) *Tessera {
 		m.wholeOne = p.WholeOne
 		return m
 	}
-	sc := scoring{perGPU: true, lossWeight: p.LossWeight, multiCPUFit: p.MultiCPUFit}
+	sc := scoring{perGPU: true, lossWeight: p.LossWeight, multiCPUFit: p.MultiCPUFit, rankByLoss: p.RankByLoss}
 	sc.gpu = func(delta float64) float64 { return -delta / milli }
 	sc.node = func(delta float64) float64 {
 		v := -delta / milli
