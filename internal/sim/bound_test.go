@@ -309,6 +309,7 @@ func TestNeverRefuseFloor(t *testing.T) {
 func exactNeverRefuse(t *testing.T, tasks []nrTask, gpus int, short float64) float64 {
 	t.Helper()
 	best := math.Inf(1)
+	lps := map[shareCounts]float64{} // many sets leave the same shares
 	for mask := 0; mask < 1<<len(tasks); mask++ {
 		closed := true
 		for i := range tasks {
@@ -333,9 +334,13 @@ func exactNeverRefuse(t *testing.T, tasks []nrTask, gpus int, short float64) flo
 				whole += task.need
 			}
 		}
-		bins, err := counts.packingLP()
-		if err != nil {
-			t.Fatal(err)
+		bins, ok := lps[counts]
+		if !ok {
+			var err error
+			if bins, err = counts.packingLP(); err != nil {
+				t.Fatal(err)
+			}
+			lps[counts] = bins
 		}
 		if bins+float64(whole) <= float64(gpus)+1e-9 {
 			best = math.Min(best, dropped+short)
