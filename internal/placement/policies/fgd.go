@@ -146,7 +146,21 @@ func (f *FGD) prepare(cr *placement.Compiled, s Shape) *podScorer {
 		for g := ps.pct; g <= 100; g++ {
 			ps.loss[g] = pr.loss(g, ps.pct)
 		}
+		ps.rankByLoss = f.scoring.rankByLoss
 	}
+	ps.perGPU = f.scoring.perGPU && key.Share()
+	gpuContainers := 0
+	for _, c := range cr.Req.InitContainers {
+		if c.GPUs > 0 {
+			gpuContainers++
+		}
+	}
+	for _, c := range cr.Req.Containers {
+		if c.GPUs > 0 {
+			gpuContainers++
+		}
+	}
+	ps.single = gpuContainers == 1
 	return ps
 }
 
@@ -181,6 +195,10 @@ type podScorer struct {
 	// when the policy prices shares; nil otherwise.
 	loss *[101]float64
 	pct  int
+	// rankByLoss: rank the share's GPUs by loss (scoring.rankByLoss,
+	// priced); perGPU: score the node at the GPU Fit chose; single: the
+	// pod has one GPU container, so Fit's one grant names that GPU.
+	rankByLoss, perGPU, single bool
 }
 
 func (ps *podScorer) Name() string { return ps.f.name }
@@ -223,18 +241,23 @@ func (ps *podScorer) scoreNode(p *placement.Placement) float64 {
 	if e == nil {
 		return 0
 	}
-	sc := ps.f.scoring
-	if !sc.perGPU || !ps.shape.Share() {
+	if !ps.perGPU {
 		return e.node
 	}
 	// Tessera: the score of the GPU Fit chose, less its packing loss.
 	gi := -1
-	for i := range p.Node.GPUs {
-		if p.Charge(i) != (placement.Usage{}) {
-			if gi >= 0 {
-				return e.node // several GPUs (several containers): unpriced
+	if ps.single {
+		if g := p.Grants(0); len(g) == 1 {
+			gi = g[0].GPU
+		}
+	} else {
+		for i := range p.Node.GPUs {
+			if p.Charge(i) != (placement.Usage{}) {
+				if gi >= 0 {
+					return e.node // several GPUs (several containers): unpriced
+				}
+				gi = i
 			}
-			gi = i
 		}
 	}
 	if gi < 0 || math.IsInf(e.gpu[gi], 0) {
@@ -243,7 +266,7 @@ func (ps *podScorer) scoreNode(p *placement.Placement) float64 {
 	score := e.nodeAt[gi]
 	if ps.loss != nil {
 		if g := freePercent(FreeMilli(&p.Node.GPUs[gi])); g >= ps.pct {
-			score -= sc.lossWeight * ps.loss[g]
+			score -= ps.f.scoring.lossWeight * ps.loss[g]
 		}
 	}
 	return score
@@ -259,7 +282,7 @@ func (ps *podScorer) RankGPU(cr *placement.Compiled, n *placement.Node, i int, p
 	if !ps.shape.Share() || int64(demand.Cores)*10 != ps.shape.GPUMilli {
 		return bestGPU(n, i, demand)
 	}
-	if ps.loss != nil && ps.f.scoring.rankByLoss {
+	if ps.rankByLoss {
 		// Tessera: the GPU where the share loses least, then the one it
 		// fills best (lowest index on ties). GPU-local: no cache lookup.
 		g := freePercent(FreeMilli(&n.GPUs[i]))
