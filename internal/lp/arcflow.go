@@ -24,6 +24,19 @@ type ArcFlow struct {
 // one bin may stack (counts may be fractional: it is a demand, rounded
 // up here). binCost is the objective's weight on Bins.
 func NewArcFlow(capacity int, counts []float64, binCost float64) (*ArcFlow, error) {
+	return newArcFlow(capacity, counts, binCost, true)
+}
+
+// NewArcFlowAll is NewArcFlow with an arc for every size at every position
+// (only the count's sign matters): the same LP optimum and valid dual
+// prices, with at most capacity arcs per size, where the symmetry-reduced
+// model has up to capacity/s times more for a size s that stacks (many
+// small sizes make it large).
+func NewArcFlowAll(capacity int, counts []float64, binCost float64) (*ArcFlow, error) {
+	return newArcFlow(capacity, counts, binCost, false)
+}
+
+func newArcFlow(capacity int, counts []float64, binCost float64, reduce bool) (*ArcFlow, error) {
 	m := &ArcFlow{Cap: capacity, arcs: map[int][]int{}}
 	in := make([][]Term, capacity+1)
 	out := make([][]Term, capacity+1)
@@ -35,6 +48,14 @@ func NewArcFlow(capacity int, counts []float64, binCost float64) (*ArcFlow, erro
 	reach[0] = true
 	for s := min(capacity, len(counts)-1); s >= 1; s-- {
 		if counts[s] <= 0 {
+			continue
+		}
+		if !reduce {
+			for d := 0; d+s <= capacity; d++ {
+				v := m.NewVar(0)
+				addArc(d, d+s, v)
+				m.arcs[s] = append(m.arcs[s], v)
+			}
 			continue
 		}
 		n := int(math.Ceil(counts[s]))

@@ -184,3 +184,54 @@ func TestTesseraLearnsOnline(t *testing.T) {
 		t.Fatalf("model after one 300m pod: %+v, want that shape, priced", m)
 	}
 }
+
+// A workload of every size from 1% to 99%: the LP prices the 24 most
+// frequent sizes of at least 5% and the others are worth what their room
+// earns, so the LP stays small whatever the workload.
+func TestPricingManySizes(t *testing.T) {
+	var target []WeightedShape
+	for s := 1; s <= 99; s++ {
+		// 30%..53% are the most frequent.
+		w := 1.0
+		if s >= 30 && s < 54 {
+			w = 5
+		}
+		target = append(target, WeightedShape{Shape: Shape{NumGPU: 1, GPUMilli: int64(10 * s)}, Weight: w})
+	}
+	p := newPricing(target)
+	if p == nil {
+		t.Fatal("no pricing")
+	}
+	for _, s := range []int{1, 4, 20, 60, 99} {
+		if p.price[s] != p.fill[s] {
+			t.Errorf("size %d%% outside the priced ones: price %v, want its room's worth %v", s, p.price[s], p.fill[s])
+		}
+	}
+	for g := 0; g <= 100; g++ {
+		for s := 1; s <= g; s++ {
+			if l := p.loss(g, s); l < 0 || math.IsNaN(l) {
+				t.Fatalf("loss(%d, %d) = %v", g, s, l)
+			}
+		}
+	}
+}
+
+// BenchmarkPricing prices the trace's shares and a workload of every size.
+//
+//	go test -run '^$' -bench Pricing ./internal/placement/policies/
+func BenchmarkPricing(b *testing.B) {
+	var trace, all []WeightedShape
+	for s, n := range traceShares {
+		trace = append(trace, WeightedShape{Shape: Shape{NumGPU: 1, GPUMilli: int64(10 * s)}, Weight: n})
+	}
+	for s := 1; s <= 99; s++ {
+		all = append(all, WeightedShape{Shape: Shape{NumGPU: 1, GPUMilli: int64(10 * s)}, Weight: 1})
+	}
+	for name, target := range map[string][]WeightedShape{"trace": trace, "every-size": all} {
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				newPricing(target)
+			}
+		})
+	}
+}
