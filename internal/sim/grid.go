@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 )
@@ -125,15 +124,11 @@ func WriteGridCSV(w io.Writer, rows []GridRow) error {
 	if err := cw.Write([]string{"mix", "policy", "arrived_pct", "unallocated_mean", "unallocated_sd", "multigpu_dropped100_mean"}); err != nil {
 		return err
 	}
-	f := func(x float64) string { return strconv.FormatFloat(x, 'f', 4, 64) }
 	for _, row := range rows {
-		for _, r := range row.Results {
-			for i, x := range Checkpoints {
-				s := r.Unallocated[i]
-				if err := cw.Write([]string{row.Mix, r.Policy, f(x), f(s.Mean), f(s.SD), f(r.MultiDropped.Mean)}); err != nil {
-					return err
-				}
-			}
+		if err := writeRows(cw, []string{row.Mix}, row.Results, func(r *PolicyResult) []float64 {
+			return []float64{r.MultiDropped.Mean}
+		}); err != nil {
+			return err
 		}
 	}
 	cw.Flush()

@@ -87,17 +87,34 @@ func WriteCSV(w io.Writer, rs []PolicyResult) error {
 	if err := cw.Write([]string{"policy", "arrived_pct", "unallocated_mean", "unallocated_sd", "frag100_mean", "frag100_sd"}); err != nil {
 		return err
 	}
+	if err := writeRows(cw, nil, rs, func(r *PolicyResult) []float64 {
+		return []float64{r.Fragmentation.Mean, r.Fragmentation.SD}
+	}); err != nil {
+		return err
+	}
+	cw.Flush()
+	return cw.Error()
+}
+
+// writeRows writes one CSV row per policy result and checkpoint: lead,
+// the policy, the checkpoint, the mean and sd unallocated there, then
+// tail's values.
+func writeRows(cw *csv.Writer, lead []string, rs []PolicyResult, tail func(*PolicyResult) []float64) error {
 	f := func(x float64) string { return strconv.FormatFloat(x, 'f', 4, 64) }
-	for _, r := range rs {
+	for k := range rs {
+		r := &rs[k]
 		for i, x := range Checkpoints {
 			s := r.Unallocated[i]
-			if err := cw.Write([]string{r.Policy, f(x), f(s.Mean), f(s.SD), f(r.Fragmentation.Mean), f(r.Fragmentation.SD)}); err != nil {
+			row := append(append([]string(nil), lead...), r.Policy, f(x), f(s.Mean), f(s.SD))
+			for _, v := range tail(r) {
+				row = append(row, f(v))
+			}
+			if err := cw.Write(row); err != nil {
 				return err
 			}
 		}
 	}
-	cw.Flush()
-	return cw.Error()
+	return nil
 }
 
 // WriteJSON writes the results with the checkpoints and the floors.
