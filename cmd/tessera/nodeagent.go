@@ -22,6 +22,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/discovery"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/mps"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -44,6 +45,8 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.StringVar(&def.PreloadHost, "preload-host-path", def.PreloadHost, "ld.so.preload file the agent writes and containers get")
 	fs.StringVar(&def.StateRoot, "state-root", def.StateRoot, "host directory of the per-container limiter state")
 	fs.StringVar(&def.StateContainer, "state-container-path", def.StateContainer, "where containers see their state directory")
+	mpsControl := fs.String("mps-control", "nvidia-cuda-mps-control", "NVIDIA's MPS control program, run per GPU on nodes in mps mode")
+	mpsRoot := fs.String("mps-root", mps.DefaultRoot, "host directory of the MPS daemons' pipe and log directories (a profile's flags.mpsRoot wins)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: tessera node-agent [flags]\n\nDiscovers GPUs through NVML, publishes the node's inventory, watches GPU health and serves the kubelet device plugin.\n\nFlags:\n")
 		fs.PrintDefaults()
@@ -79,7 +82,7 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	defer lib.Shutdown()
 	if *discoverOnly {
-		return discoverOnlyMode(lib, *profile, names.GPU, stdout)
+		return discoverOnlyMode(lib, *profile, names, stdout)
 	}
 	if *nodeName == "" {
 		return fmt.Errorf("%w: --node-name is empty and $NODE_NAME is not set", errUsage)
@@ -100,6 +103,8 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		Paths:              def,
 		PluginDir:          *pluginDir,
 		PodResourcesSocket: *podRes,
+		MPSControl:         []string{*mpsControl},
+		MPSRoot:            *mpsRoot,
 	}, logger)
 	if err != nil {
 		return err
@@ -108,7 +113,7 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 }
 
 // discoverOnlyMode prints the inventory this node would publish.
-func discoverOnlyMode(lib nvml.Interface, profilePath, resource string, stdout io.Writer) error {
+func discoverOnlyMode(lib nvml.Interface, profilePath string, names api.ResourceNames, stdout io.Writer) error {
 	res, err := discovery.Discover(lib, discovery.Options{})
 	if err != nil {
 		return err
@@ -123,11 +128,16 @@ func discoverOnlyMode(lib nvml.Interface, profilePath, resource string, stdout i
 		if err != nil {
 			return err
 		}
-		if cfg, err = config.Parse(b, resource); err != nil {
+		node, err := config.Parse(b, names)
+		if err != nil {
 			return fmt.Errorf("%s: %w", profilePath, err)
 		}
+		for _, n := range node.Notes {
+			klog.Background().Info("Profile field not used", "profile", profilePath, "note", n)
+		}
+		cfg = node.NodeConfig
 	}
-	inv, _ := nodeagent.BuildInventory(res.Devices, nil, cfg)
+	inv, _ := nodeagent.BuildInventory(res.Devices, nil, cfg, names)
 	b, err := api.EncodeInventory(inv)
 	if err != nil {
 		return err

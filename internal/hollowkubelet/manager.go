@@ -8,17 +8,28 @@
 // The device manager listens on the fixed directory
 // /var/lib/kubelet/device-plugins, so one process can run one hollow
 // kubelet, inside a mount namespace that gives it its own directory there.
+//
+// It is Tessera's one kubelet emulation. Run starts a whole hollow
+// kubelet; a test that must drive admission itself (restart the device
+// manager, admit pods one at a time) uses the same ContainerManager
+// directly: StartDeviceManager, Admit, GetResources, GetDevices, and
+// ServePodResources for the pod-resources API.
 package hollowkubelet
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
+	"os"
 
+	"google.golang.org/grpc"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
 	internalapi "k8s.io/cri-api/pkg/apis"
 	"k8s.io/klog/v2"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
+	"k8s.io/kubernetes/pkg/kubelet/apis/podresources"
 	"k8s.io/kubernetes/pkg/kubelet/cm"
 	"k8s.io/kubernetes/pkg/kubelet/cm/containermap"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
@@ -53,7 +64,32 @@ func (g *ContainerManager) Start(ctx context.Context, node *v1.Node, activePods 
 	if err := g.ContainerManager.Start(ctx, node, activePods, getNode, sources, ps, rs, lsci); err != nil {
 		return err
 	}
-	return g.dm.Start(klog.FromContext(ctx), devicemanager.ActivePodsFunc(activePods), sources, containermap.NewContainerMap(), sets.New[string]())
+	return g.StartDeviceManager(klog.FromContext(ctx), activePods, sources)
+}
+
+// StartDeviceManager starts the device manager alone: it serves
+// kubelet.sock, takes plugin registrations and reads its checkpoint.
+// activePods are the pods it keeps devices for; while sources are not all
+// ready (a restarted kubelet) it also keeps checkpointed devices of pods
+// it has not seen.
+func (g *ContainerManager) StartDeviceManager(logger klog.Logger, activePods cm.ActivePodsFunc, sources config.SourcesReady) error {
+	return g.dm.Start(logger, devicemanager.ActivePodsFunc(activePods), sources, containermap.NewContainerMap(), sets.New[string]())
+}
+
+// StopDeviceManager stops the device manager (a kubelet going down).
+func (g *ContainerManager) StopDeviceManager(logger klog.Logger) error { return g.dm.Stop(logger) }
+
+// Admit allocates the pod's devices container by container, init
+// containers first, as the kubelet's admission does once the pod is in
+// its pod manager. The first failure is the pod's rejection.
+func (g *ContainerManager) Admit(pod *v1.Pod) error {
+	all := append(append([]v1.Container(nil), pod.Spec.InitContainers...), pod.Spec.Containers...)
+	for i := range all {
+		if err := g.dm.Allocate(pod, &all[i]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (g *ContainerManager) GetDevicePluginResourceCapacity() (v1.ResourceList, v1.ResourceList, []string) {
@@ -79,7 +115,7 @@ func (g *ContainerManager) ShouldResetExtendedResourceCapacity() bool {
 }
 
 func (g *ContainerManager) GetAllocateResourcesPodAdmitHandler() lifecycle.PodAdmitHandler {
-	return admitHandler{g.dm}
+	return admitHandler{g}
 }
 
 func (g *ContainerManager) UpdateAllocatedDevices() { g.dm.UpdateAllocatedDevices() }
@@ -96,17 +132,13 @@ func (g *ContainerManager) UpdateAllocatedResourcesStatus(pod *v1.Pod, s *v1.Pod
 	g.dm.UpdateAllocatedResourcesStatus(pod, s)
 }
 
-// admitHandler allocates devices container by container, init containers
-// first, as the topology manager's admit handler does.
-type admitHandler struct{ dm *devicemanager.ManagerImpl }
+// admitHandler is the kubelet's admission of a pod's devices, as the
+// topology manager's admit handler does it (ContainerManager.Admit).
+type admitHandler struct{ g *ContainerManager }
 
 func (h admitHandler) Admit(attrs *lifecycle.PodAdmitAttributes) lifecycle.PodAdmitResult {
-	pod := attrs.Pod
-	all := append(append([]v1.Container(nil), pod.Spec.InitContainers...), pod.Spec.Containers...)
-	for i := range all {
-		if err := h.dm.Allocate(pod, &all[i]); err != nil {
-			return lifecycle.PodAdmitResult{Admit: false, Reason: "UnexpectedAdmissionError", Message: fmt.Sprintf("Allocate failed due to %v, which is unexpected", err)}
-		}
+	if err := h.g.Admit(attrs.Pod); err != nil {
+		return lifecycle.PodAdmitResult{Admit: false, Reason: "UnexpectedAdmissionError", Message: fmt.Sprintf("Allocate failed due to %v, which is unexpected", err)}
 	}
 	return lifecycle.PodAdmitResult{Admit: true}
 }
@@ -121,4 +153,24 @@ func ContainerDevices(devs devicemanager.ResourceDeviceInstances) []*podresource
 		}
 	}
 	return out
+}
+
+// ServePodResources serves the kubelet's pod-resources API (v1) on the
+// unix socket: pods lists the kubelet's pods, g says what devices each
+// container holds. The kubelet of Run serves its own; this is for drivers
+// of a bare ContainerManager. Stop the returned server when done.
+func ServePodResources(ctx context.Context, socket string, pods podresources.PodsProvider, g *ContainerManager) (*grpc.Server, error) {
+	if err := os.Remove(socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	lis, err := net.Listen("unix", socket)
+	if err != nil {
+		return nil, err
+	}
+	srv := grpc.NewServer()
+	podresourcesapi.RegisterPodResourcesListerServer(srv, podresources.NewV1PodResourcesServer(ctx, podresources.PodResourcesProviders{
+		Pods: pods, Devices: g, Cpus: g, Memory: g, DynamicResources: g,
+	}))
+	go func() { _ = srv.Serve(lis) }()
+	return srv, nil
 }

@@ -3,12 +3,12 @@ package hollowkubelet
 import (
 	"context"
 	"fmt"
+	v1 "k8s.io/api/core/v1"
 	"sync"
 	"time"
 
 	cadvisorapi "github.com/google/cadvisor/info/v1"
 	"go.opentelemetry.io/otel/trace/noop"
-	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -17,6 +17,8 @@ import (
 	fakeremote "k8s.io/cri-client/pkg/fake"
 	cadvisortest "k8s.io/kubernetes/pkg/kubelet/cadvisor/testing"
 	"k8s.io/kubernetes/pkg/kubemark"
+
+	"github.com/tessera-gpu/tessera/internal/kubeobj"
 )
 
 // Options describe one hollow kubelet.
@@ -37,6 +39,8 @@ type Options struct {
 	MemoryBytes uint64
 	// Labels are set on the Node at registration.
 	Labels map[string]string
+	// Taints are set on the Node at registration.
+	Taints []v1.Taint
 	// StatusEvery is how often the node status and pods sync (default 1s).
 	StatusEvery time.Duration
 	// OnCreate, if set, sees every container the runtime is asked to create.
@@ -73,7 +77,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	f, c := kubemark.GetHollowKubeletConfig(&kubemark.HollowKubeletOptions{NodeName: o.NodeName, KubeletPort: o.Port, MaxPods: o.MaxPods, NodeLabels: o.Labels})
+	f, c := kubemark.GetHollowKubeletConfig(&kubemark.HollowKubeletOptions{NodeName: o.NodeName, KubeletPort: o.Port, MaxPods: o.MaxPods, NodeLabels: o.Labels, RegisterWithTaints: o.Taints})
 	f.RootDirectory = o.RootDir
 	c.NodeStatusUpdateFrequency.Duration = o.StatusEvery
 	c.SyncFrequency.Duration = o.StatusEvery
@@ -126,8 +130,8 @@ func initNamesFrom(client clientset.Interface) InitNames {
 			return nil, err
 		}
 		s = sets.New[string]()
-		for _, c := range pod.Spec.InitContainers {
-			if c.RestartPolicy == nil || *c.RestartPolicy != v1.ContainerRestartPolicyAlways {
+		for i := range pod.Spec.InitContainers {
+			if c := &pod.Spec.InitContainers[i]; !kubeobj.IsSidecar(c) {
 				s.Insert(c.Name) // sidecars keep running
 			}
 		}

@@ -4,8 +4,8 @@
 // emulated GPU nodes, each a hollow kubelet (the real kubelet code with a
 // fake container runtime and the real device manager) beside a real
 // Tessera node agent over go-nvml's mock NVML. Everything runs on one
-// machine, as child processes of one supervisor, with its state in one
-// directory.
+// machine: etcd inside the supervisor process (package etcd), every other
+// component as its child process, with their state in one directory.
 package lab
 
 import (
@@ -29,6 +29,11 @@ type NodeSpec struct {
 	Name  string `json:"name"`
 	Model string `json:"model"`
 	GPUs  int    `json:"gpus"`
+	// Labels are the Node's labels (e.g. tessera.io/node-config, which
+	// picks the node agent's profile, and nvidia.com/mig.config).
+	Labels map[string]string `json:"labels,omitempty"`
+	// Taints are the Node's taints ("key=value:Effect").
+	Taints []string `json:"taints,omitempty"`
 }
 
 // Uniform returns n nodes of gpus GPUs of one model, named lab-gpu-01…

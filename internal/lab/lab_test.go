@@ -3,8 +3,10 @@ package lab
 import (
 	"bytes"
 	"context"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/config"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"syscall"
 	"testing"
@@ -24,12 +26,12 @@ func TestParseNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []NodeSpec{{"lab-gpu-01", "A100-40GB", 8}, {"lab-gpu-02", "A100-40GB", 8}, {"lab-gpu-03", "h100-80gb", 4}}
+	want := []NodeSpec{{Name: "lab-gpu-01", Model: "A100-40GB", GPUs: 8}, {Name: "lab-gpu-02", Model: "A100-40GB", GPUs: 8}, {Name: "lab-gpu-03", Model: "h100-80gb", GPUs: 4}}
 	if len(nodes) != len(want) {
 		t.Fatalf("got %+v, want %+v", nodes, want)
 	}
 	for i := range want {
-		if nodes[i] != want[i] {
+		if !reflect.DeepEqual(nodes[i], want[i]) {
 			t.Errorf("node %d: %+v, want %+v", i, nodes[i], want[i])
 		}
 	}
@@ -53,19 +55,15 @@ func TestParseNodes(t *testing.T) {
 	}
 }
 
-func gpuPod(t *testing.T, ns, name, node string, rec *api.PodAllocation) *corev1.Pod {
-	t.Helper()
-	p := fixtures.Pod(ns, name, "tessera-scheduler", fixtures.Container("c", map[string]string{api.DefaultResourceNames.GPU: "1"}))
-	p.Spec.NodeName = node
+// bound is a one-GPU pod of the scheduler bound to node with rec as its
+// record (nil: pending, no record).
+func bound(ns, name, node string, rec *api.PodAllocation) *corev1.Pod {
+	p := fixtures.MakePod().Namespace(ns).Name(name).SchedulerName("tessera-scheduler").Node(node).
+		Container("c", map[string]string{api.DefaultResourceNames.GPU: "1"})
 	if rec != nil {
-		b, err := api.EncodeAllocation(rec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.Annotations = map[string]string{api.AnnotationAllocation: string(b)}
-		p.Status.Phase = corev1.PodRunning
+		p.Record(rec).Phase(corev1.PodRunning)
 	}
-	return p
+	return p.Obj()
 }
 
 func TestCollectAndPrint(t *testing.T) {
@@ -75,11 +73,11 @@ func TestCollectAndPrint(t *testing.T) {
 	shared := &api.PodAllocation{Node: "n1", Containers: []api.ContainerAllocation{{Name: "c", Devices: []api.DeviceGrant{{UUID: g0, MemoryMiB: 10000, Cores: 30}}}}}
 	other := &api.PodAllocation{Node: "n1", Containers: []api.ContainerAllocation{{Name: "c", Devices: []api.DeviceGrant{{UUID: g0, MemoryMiB: 20000, Cores: 50}}}}}
 	whole := &api.PodAllocation{Node: "n1", Containers: []api.ContainerAllocation{{Name: "c", Devices: []api.DeviceGrant{{UUID: g1, MemoryMiB: 40960, Cores: 100, Exclusive: true}}}}}
-	pending := gpuPod(t, "default", "waiting", "", nil)
+	pending := bound("default", "waiting", "", nil)
 	pending.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable, Message: "0/1 nodes: 1 no GPU with 50000 MiB free"}}
-	done := gpuPod(t, "default", "done", "n1", shared)
+	done := bound("default", "done", "n1", shared)
 	done.Status.Phase = corev1.PodSucceeded // released: not counted
-	client := fake.NewClientset(node, gpuPod(t, "default", "a", "n1", shared), gpuPod(t, "team", "b", "n1", other), gpuPod(t, "default", "w", "n1", whole), pending, done)
+	client := fake.NewClientset(node, bound("default", "a", "n1", shared), bound("team", "b", "n1", other), bound("default", "w", "n1", whole), pending, done)
 
 	r, err := Collect(context.Background(), client)
 	if err != nil {
@@ -117,7 +115,7 @@ func TestCollectAndPrint(t *testing.T) {
 
 	// Two records over-committing GPU 0 are reported, not hidden.
 	big := &api.PodAllocation{Node: "n1", Containers: []api.ContainerAllocation{{Name: "c", Devices: []api.DeviceGrant{{UUID: g0, MemoryMiB: 30000, Cores: 10}}}}}
-	if _, err := client.CoreV1().Pods("default").Create(context.Background(), gpuPod(t, "default", "big", "n1", big), metav1.CreateOptions{}); err != nil {
+	if _, err := client.CoreV1().Pods("default").Create(context.Background(), bound("default", "big", "n1", big), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	r, err = Collect(context.Background(), client)
@@ -131,6 +129,26 @@ func TestCollectAndPrint(t *testing.T) {
 	_ = r.Print(&out)
 	if !strings.Contains(out.String(), "INVARIANT BROKEN") {
 		t.Errorf("output hides the broken invariant:\n%s", out.String())
+	}
+
+	// A node whose inventory does not decode has no GPUs in the report, as
+	// for the scheduler, and the report says why; the rest is reported.
+	bad := fixtures.Node("n2", fixtures.Inventory("n2", 1, "A100-SXM4-40GB", 40960, 4), api.DefaultResourceNames)
+	bad.Annotations[api.AnnotationInventory] = `{"apiVersion":"tessera.io/v9"}`
+	if _, err := client.CoreV1().Nodes().Create(context.Background(), bad, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r, err = Collect(context.Background(), client)
+	if err != nil {
+		t.Fatalf("one unreadable inventory failed the whole report: %v", err)
+	}
+	if r.Inventory == nil || !strings.Contains(r.Inventory.Error(), "node n2") || len(r.Nodes) != 1 {
+		t.Errorf("unreadable inventory: %v; nodes %+v", r.Inventory, r.Nodes)
+	}
+	out.Reset()
+	_ = r.Print(&out)
+	if !strings.Contains(out.String(), "UNREADABLE INVENTORY") || !strings.Contains(out.String(), "60000/40960") {
+		t.Errorf("output:\n%s", out.String())
 	}
 }
 
@@ -179,5 +197,36 @@ func TestSupervisorRestartsAndStops(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(logs, "worker.log"))
 	if err != nil || strings.Count(string(b), "starting worker") != 2 || !strings.Contains(string(b), "signal: killed") {
 		t.Errorf("worker.log: %v\n%s", err, b)
+	}
+}
+
+// TestSharingNodes: the sharing nodes' profiles exist in the lab's
+// ConfigMap and parse, and their flags round-trip to the components.
+func TestSharingNodes(t *testing.T) {
+	for _, n := range SharingNodes() {
+		profile := n.Labels[api.LabelNodeConfig]
+		if _, ok := Profiles[profile]; !ok {
+			t.Errorf("node %s: profile %q not in the lab's ConfigMap", n.Name, profile)
+		}
+		f, err := parseNodeFlags("kubelet", append([]string{"--kubeconfig=k", "--node=" + n.Name, "--dir=d"}, nodeArgs(n)...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		labels, taints, err := nodeMeta(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if labels[api.LabelNodeConfig] != profile || labels["tessera.io/emulated"] != "true" || len(taints) != len(n.Taints) {
+			t.Errorf("node %s: labels %v taints %v", n.Name, labels, taints)
+		}
+		if f.configMap != "tessera-system/"+NodeConfigMap {
+			t.Errorf("config map %q", f.configMap)
+		}
+		if _, c, err := config.Resolve(Profiles, n.Labels, api.DefaultResourceNames); err != nil || string(c.Sharing) != strings.TrimPrefix(profile, "nvidia-") && !(profile == "mig" && c.Sharing == api.SharingMIG) {
+			t.Errorf("node %s: profile %s resolves to %+v, %v", n.Name, profile, c.NodeConfig, err)
+		}
+	}
+	if err := validate(SharingNodes()); err != nil {
+		t.Fatal(err)
 	}
 }

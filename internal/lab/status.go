@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/placement"
 	"github.com/tessera-gpu/tessera/internal/scheduler"
 	"github.com/tessera-gpu/tessera/pkg/api"
@@ -25,8 +26,12 @@ type Report struct {
 	// Pending are GPU pods not (yet) bound, with the scheduler's reason.
 	Pending []PendingPod
 	// Invariant is the placement core's checker over every record: nil
-	// when no GPU is over its memory, cores or shares.
+	// when no GPU is over its memory, cores or shares (a record that does
+	// not decode breaks it too).
 	Invariant error
+	// Inventory names the nodes whose inventory annotation does not
+	// decode; like the scheduler, the report sees no GPUs on them.
+	Inventory error
 }
 
 // NodeReport is one node's GPUs.
@@ -63,39 +68,44 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Report, error) 
 		return nil, err
 	}
 	c := placement.NewCluster()
-	for _, n := range nodes.Items {
-		raw, ok := n.Annotations[api.AnnotationInventory]
-		if !ok {
-			continue
-		}
-		inv, err := api.DecodeInventory([]byte(raw))
+	r := &Report{}
+	var unreadable []error
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		inv, err := kubeobj.Inventory(n)
 		if err != nil {
-			return nil, fmt.Errorf("node %s: %w", n.Name, err)
+			unreadable = append(unreadable, err)
+		}
+		if inv == nil {
+			continue
 		}
 		pn, err := placement.NewNode(n.Name, placement.Unlimited, placement.Unlimited, inv)
 		if err != nil {
-			return nil, fmt.Errorf("node %s: %w", n.Name, err)
+			unreadable = append(unreadable, fmt.Errorf("node %s: %w", n.Name, err))
+			continue
 		}
 		c.UpsertNode(pn)
 	}
-	r := &Report{}
+	r.Inventory = errors.Join(unreadable...)
 	var errs []error                // the invariant checker's findings
 	podsOn := map[string][]string{} // GPU UUID → pods
-	for _, p := range pods.Items {
-		key := p.Namespace + "/" + p.Name
-		raw, has := p.Annotations[api.AnnotationAllocation]
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		key := kubeobj.Key(p)
+		_, has := p.Annotations[api.AnnotationAllocation]
 		if p.Spec.NodeName == "" {
 			if p.Spec.SchedulerName == scheduler.SchedulerName && p.DeletionTimestamp == nil {
-				r.Pending = append(r.Pending, PendingPod{Name: key, Reason: unschedulableReason(&p)})
+				r.Pending = append(r.Pending, PendingPod{Name: key, Reason: unschedulableReason(p)})
 			}
 			continue
 		}
 		if !has || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
 		}
-		rec, err := api.DecodeAllocation([]byte(raw))
+		rec, err := kubeobj.Record(p)
 		if err != nil {
-			return nil, fmt.Errorf("pod %s: %w", key, err)
+			errs = append(errs, fmt.Errorf("pod %s: %w", key, err))
+			continue
 		}
 		// The same checks as placement.CheckRecords, on the cluster the
 		// report is read from.
@@ -208,6 +218,9 @@ func (r *Report) Print(w io.Writer) error {
 		for _, p := range r.Pending {
 			fmt.Fprintf(w, "  %s: %s\n", p.Name, p.Reason)
 		}
+	}
+	if r.Inventory != nil {
+		fmt.Fprintf(w, "\nUNREADABLE INVENTORY (the scheduler sees no GPUs there): %v\n", r.Inventory)
 	}
 	if r.Invariant != nil {
 		fmt.Fprintf(w, "\nINVARIANT BROKEN: %v\n", r.Invariant)

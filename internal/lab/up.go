@@ -14,15 +14,15 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/deploy"
+	"github.com/tessera-gpu/tessera/internal/lab/etcd"
 	"github.com/tessera-gpu/tessera/internal/scheduler"
-	"github.com/tessera-gpu/tessera/internal/testenv"
-	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -78,7 +78,7 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	if err != nil {
 		return fmt.Errorf("credentials: %w", err)
 	}
-	etcdURL, stopEtcd, err := testenv.StartEtcd(d.path("etcd"))
+	etcdURL, stopEtcd, err := etcd.Start(d.path("etcd"))
 	if err != nil {
 		return fmt.Errorf("etcd: %w", err)
 	}
@@ -153,6 +153,9 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: systemNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
+	if err := ensureNodeConfigMap(ctx, client); err != nil {
+		return err
+	}
 
 	schedConfig, err := writeSchedulerConfig(d.path("scheduler.yaml"), d.Kubeconfig())
 	if err != nil {
@@ -175,7 +178,7 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 		if err := os.MkdirAll(filepath.Join(dir, "tmp"), 0o755); err != nil {
 			return err
 		}
-		common := []string{"--kubeconfig=" + d.Kubeconfig(), "--node=" + n.Name, "--dir=" + dir}
+		common := append([]string{"--kubeconfig=" + d.Kubeconfig(), "--node=" + n.Name, "--dir=" + dir}, nodeArgs(n)...)
 		if err := sup.start("kubelet/"+n.Name, comp("kubelet", append(common, fmt.Sprintf("--port=%d", ports[2+i]))...), []string{"TMPDIR=" + filepath.Join(dir, "tmp")}, true); err != nil {
 			return err
 		}
@@ -220,7 +223,17 @@ func writeSchedulerConfig(path, kubeconfig string) (string, error) {
 // crashing, polled meanwhile, ends the wait early when a component keeps
 // failing (no root, a port taken, …).
 func waitReady(ctx context.Context, client kubernetes.Interface, nodes []NodeSpec, timeout time.Duration, crashing func() error) error {
-	probe := fixtures.Pod(metav1.NamespaceDefault, "tessera-lab-probe", "", fixtures.Container("c", map[string]string{api.DefaultResourceNames.GPU: "0.5"}))
+	// Half a GPU: the webhook must route it to Tessera (a dry run, so
+	// nothing is created).
+	probe := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceDefault, Name: "tessera-lab-probe"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{
+			Name: "c", Image: "registry.k8s.io/pause:3.10",
+			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{
+				corev1.ResourceName(api.DefaultResourceNames.GPU): resource.MustParse("0.5"),
+			}},
+		}}},
+	}
 	var missing []string
 	err := waitUntil(ctx, timeout, func(ctx context.Context) (bool, error) {
 		if err := crashing(); err != nil {
@@ -249,8 +262,14 @@ func nodeReady(ctx context.Context, client kubernetes.Interface, name string) bo
 	if err != nil || n.Annotations[api.AnnotationInventory] == "" {
 		return false
 	}
-	slots := n.Status.Allocatable[corev1.ResourceName(api.DefaultResourceNames.GPU)]
-	if slots.Value() == 0 {
+	// Any GPU device resource: the GPU's, its shared rename, a MIG profile's.
+	slots := int64(0)
+	for r, q := range n.Status.Allocatable {
+		if api.DefaultResourceNames.IsCountResource(string(r)) {
+			slots += q.Value()
+		}
+	}
+	if slots == 0 {
 		return false
 	}
 	for _, c := range n.Status.Conditions {

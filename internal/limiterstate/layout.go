@@ -9,11 +9,14 @@
 // The package uses the standard library only and no cgo.
 package limiterstate
 
-// Layout constants of version 2 of the shared-state file (version 2 turned
-// the reserved slot.flags into slot.host_pid; offsets are unchanged).
+// Layout constants of version 3 of the shared-state file. Version 2 turned the
+// reserved slot.flags into slot.host_pid; version 3 keeps the layout and
+// changes liveness: a live process holds an open-file-description lock on
+// byte StateSize+i of the file for its slot i (a process of version 2 holds
+// none, so the two must not share a file).
 const (
 	Magic      uint64 = 0x314D494C53534554 // "TESSLIM1" little-endian
-	Version    uint32 = 2
+	Version    uint32 = 3
 	MaxDevices        = 16
 	MaxProcs          = 1024
 

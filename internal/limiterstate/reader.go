@@ -18,7 +18,10 @@ var (
 	ErrTorn    = errors.New("limiterstate: writer active, snapshot torn")
 )
 
-// Device is the accounting of one GPU (CUDA device ordinal).
+// Device is the accounting of one GPU: the limiter's device index, which is
+// the CUDA device ordinal when the limits come from the environment, and the
+// limits file's device.<i> (matched by UUID) when they come from the file
+// (internal/limiterconf).
 type Device struct {
 	Index   int
 	Limit   uint64 // bytes; 0 = no memory limit

@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,21 +22,27 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/internal/nodeagent/config"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/discovery"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/mps"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 // Options configure the agent.
 type Options struct {
 	NodeName string
-	// Resource is the GPU resource served (api.ResourceNames.GPU).
+	// Resource is the GPU resource served (api.ResourceNames.GPU); the
+	// other names (shared rename, MIG profiles) share its prefix.
 	Resource string
 	// ConfigMapNamespace and ConfigMapName locate the profiles; an empty
 	// name runs on the built-in defaults.
@@ -51,6 +58,13 @@ type Options struct {
 	Resync time.Duration
 	// NoPlugin skips the device plugin (tests of publishing only).
 	NoPlugin bool
+	// MPSControl runs nvidia-cuda-mps-control (path and leading
+	// arguments; default "nvidia-cuda-mps-control" from $PATH), for nodes
+	// in mps mode.
+	MPSControl []string
+	// MPSRoot is the host directory of the MPS daemons' pipes and logs
+	// (default mps.DefaultRoot; a profile's flags.mpsRoot wins).
+	MPSRoot string
 }
 
 // Agent is one node's agent.
@@ -62,7 +76,22 @@ type Agent struct {
 	monitor *health.Monitor
 	config  *config.Store
 	plugin  *deviceplugin.Plugin
-	state   deviceplugin.StateDirs
+	state   statedir.Dirs
+	names   api.ResourceNames
+
+	// devMu guards devices' MIG state, changed by the reconcile loop and
+	// by Allocate (dynamic MIG).
+	devMu      sync.Mutex
+	migReports map[string]string
+	created    map[string]owner // dynamic instances: "<gpu>/<inst>" → the pod
+	mps        *mps.Manager
+	mpsErr     string
+	// plugins serve one resource each (reconcile starts and stops them).
+	plugins map[string]*pluginRun
+	runCtx  context.Context
+	wg      sync.WaitGroup
+	// recorder posts Node events (MIG layout reports); nil before Run.
+	recorder record.EventRecorder
 
 	nodes   corelisters.NodeLister
 	cms     corelisters.ConfigMapLister
@@ -85,6 +114,14 @@ func New(lib nvml.Interface, client kubernetes.Interface, opts Options, logger k
 	if opts.Resync <= 0 {
 		opts.Resync = time.Minute
 	}
+	prefix, ok := strings.CutSuffix(opts.Resource, "/gpu")
+	if !ok {
+		return nil, fmt.Errorf("resource %q is not <prefix>/gpu", opts.Resource)
+	}
+	names, err := api.NewResourceNames(prefix)
+	if err != nil {
+		return nil, err
+	}
 	res, err := discovery.Discover(lib, discovery.Options{})
 	if err != nil {
 		return nil, err
@@ -99,10 +136,21 @@ func New(lib nvml.Interface, client kubernetes.Interface, opts Options, logger k
 	a := &Agent{
 		opts: opts, client: client, logger: logger, devices: res.Devices,
 		monitor: health.New(lib, handles, opts.Health, logger.WithName("health")),
-		config:  config.NewStore(opts.Resource),
-		state:   deviceplugin.StateDirs{Root: opts.Paths.StateRoot},
+		config:  config.NewStore(names),
+		names:   names,
+		state:   statedir.Dirs{Root: opts.Paths.StateRoot},
 		trigger: make(chan struct{}, 1),
+		plugins: map[string]*pluginRun{},
 	}
+	cmd := opts.MPSControl
+	if len(cmd) == 0 {
+		cmd = []string{"nvidia-cuda-mps-control"}
+	}
+	root := opts.MPSRoot
+	if root == "" {
+		root = mps.DefaultRoot
+	}
+	a.mps = &mps.Manager{Command: cmd, Root: root, Logger: logger.WithName("mps")}
 	return a, nil
 }
 
@@ -145,6 +193,21 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.nodes = nodeInf.Lister()
 	a.pods = podFactory.Core().V1().Pods().Lister()
 	podInformer := podFactory.Core().V1().Pods().Informer()
+	// Pods coming, ending or going change what MIG instances and MPS
+	// limits the node needs (a poke coalesces with any pending one).
+	if _, err := podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { a.poke() },
+		UpdateFunc: func(o, n any) {
+			op, ok1 := o.(*v1.Pod)
+			np, ok2 := n.(*v1.Pod)
+			if !ok1 || !ok2 || op.Status.Phase != np.Status.Phase || (op.DeletionTimestamp == nil) != (np.DeletionTimestamp == nil) {
+				a.poke()
+			}
+		},
+		DeleteFunc: func(any) { a.poke() },
+	}); err != nil {
+		return err
+	}
 	synced := []cache.InformerSynced{nodeInf.Informer().HasSynced, podInformer.HasSynced}
 	if a.opts.ConfigMapName != "" {
 		cmFactory := informers.NewSharedInformerFactoryWithOptions(a.client, a.opts.Resync,
@@ -167,46 +230,42 @@ func (a *Agent) Run(ctx context.Context) error {
 		return ctx.Err()
 	}
 
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	wg.Add(1)
+	defer a.wg.Wait()
+	defer a.stopPlugins()
+	a.wg.Add(1)
 	go func() {
-		defer wg.Done()
+		defer a.wg.Done()
 		if err := a.monitor.Run(ctx); err != nil {
 			a.logger.Error(err, "Health monitor stopped; GPU errors will not be detected")
 		}
 	}()
+	a.runCtx = ctx
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.client.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	a.devMu.Lock()
+	a.recorder = broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "tessera-node-agent", Host: a.opts.NodeName})
+	a.devMu.Unlock()
 	if !a.opts.NoPlugin {
 		if err := a.opts.Paths.WritePreload(); err != nil {
 			return fmt.Errorf("writing %s: %w", a.opts.Paths.PreloadHost, err)
 		}
-		podResources := &deviceplugin.PodResources{Socket: a.opts.PodResourcesSocket, Resource: a.opts.Resource}
-		defer podResources.Close()
-		plugin := deviceplugin.New(deviceplugin.Options{
-			Resource:  a.opts.Resource,
-			PluginDir: a.opts.PluginDir,
-			Paths:     a.opts.Paths,
-			Matcher: &deviceplugin.Matcher{
-				Node: a.opts.NodeName, Resource: a.opts.Resource,
-				Kubelet: podResources,
-				Pods:    podGetter{lister: a.pods, client: a.client},
-				State:   a.state,
-			},
-		}, a.logger.WithName("deviceplugin"))
-		a.mu.Lock()
-		a.plugin = plugin
-		a.mu.Unlock()
-		a.reconcile(ctx) // the first ListAndWatch already has the GPUs
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_ = plugin.Run(ctx)
-		}()
 	}
+	// MPS daemons are not stopped here: a stopped agent leaves them to
+	// their clients (a DaemonSet restart ends them with the container;
+	// the next agent starts them again, docs/mig-mps.md).
 	tick := time.NewTicker(a.opts.Resync)
 	defer tick.Stop()
+	// On an MPS node the control daemons are checked (and started again
+	// when they died) at least this often.
+	mpsTick := time.NewTicker(mpsCheck)
+	defer mpsTick.Stop()
+	skip := false
 	for {
-		a.reconcile(ctx)
+		if !skip {
+			a.reconcile(ctx)
+		}
+		skip = false
 		select {
 		case <-ctx.Done():
 			return nil
@@ -214,6 +273,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-a.monitor.Changes():
 		case <-tick.C:
 			a.collect()
+		case <-mpsTick.C:
+			cfg, _ := a.config.Current()
+			skip = cfg.Sharing != api.SharingMPS
 		}
 	}
 }
@@ -230,10 +292,12 @@ func (a *Agent) reconcile(ctx context.Context) {
 		a.applyConfig(node)
 	}
 	cfg, _ := a.config.Current()
-	inv, gpus := BuildInventory(a.devices, a.monitor.Snapshot(), cfg)
-	if p := a.Plugin(); p != nil {
-		p.SetGPUs(gpus, cfg.Sharing)
-	}
+	a.reconcileMIG(cfg)
+	a.devMu.Lock()
+	inv, offer := BuildInventory(a.devices, a.monitor.Snapshot(), cfg.NodeConfig, a.names)
+	a.devMu.Unlock()
+	a.syncPlugins(cfg, offer)
+	a.reconcileMPS(ctx, cfg, inv)
 	if node == nil {
 		return
 	}
@@ -268,7 +332,13 @@ func (a *Agent) applyConfig(node *v1.Node) {
 	}
 	a.configErr = ""
 	if changed {
-		a.logger.Info("Node configuration applied", "profile", profile, "config", cur)
+		a.logger.Info("Node configuration applied", "profile", profile, "config", cur.NodeConfig, "migLayout", cur.MIGLayout)
+		for _, n := range cur.Notes {
+			a.logger.Info("Profile field accepted and not used", "profile", profile, "note", n)
+		}
+		if cur.MPSRoot != "" && a.mps != nil {
+			a.mps.Root = cur.MPSRoot
+		}
 	}
 }
 

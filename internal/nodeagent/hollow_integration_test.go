@@ -35,7 +35,11 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
-const hollowChildEnv = "TESSERA_HOLLOW_CHILD"
+const (
+	hollowChildEnv = "TESSERA_HOLLOW_CHILD"
+	// hollowNode is the hollow kubelet's node.
+	hollowNode = "gpu-hollow"
+)
 
 func TestHollowKubelet(t *testing.T) {
 	if os.Getenv(hollowChildEnv) == "" {
@@ -92,12 +96,12 @@ func hollowChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := hollowkubelet.Run(ctx, hollowkubelet.Options{NodeName: nodeName, Client: client, RootDir: kubeletRoot, Port: port, OnCreate: runtime.add}); err != nil {
+	if err := hollowkubelet.Run(ctx, hollowkubelet.Options{NodeName: hollowNode, Client: client, RootDir: kubeletRoot, Port: port, OnCreate: runtime.add}); err != nil {
 		t.Fatal(err)
 	}
 
 	n := nvmltest.DGXA100()
-	agent := startAgent(t, n, client, t.TempDir()+"/containers")
+	agent := startAgent(t, n, client, hollowNode, t.TempDir()+"/containers")
 	t.Cleanup(func() { agent.stop(t) })
 	gpus := make([]string, len(agent.Devices()))
 	for i, d := range agent.Devices() {
@@ -105,8 +109,8 @@ func hollowChild(t *testing.T) {
 	}
 
 	start := time.Now()
-	waitFor(t, "nvidia.com/gpu in the Node's allocatable", 60*time.Second, func() bool {
-		nd, err := client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+	testenv.WaitFor(t, "nvidia.com/gpu in the Node's allocatable", 60*time.Second, func() bool {
+		nd, err := client.CoreV1().Nodes().Get(ctx, hollowNode, metav1.GetOptions{})
 		if err != nil {
 			return false
 		}
@@ -127,9 +131,9 @@ func hollowChild(t *testing.T) {
 		if i%5 == 0 {
 			app = append(app, []api.DeviceGrant{{UUID: gpus[(i+2)%8], MemoryMiB: int64(300 + i), Cores: 7}, {UUID: gpus[(i+3)%8], MemoryMiB: int64(400 + i), Cores: 7}})
 		}
-		pods = append(pods, gpuPod(fmt.Sprintf("h%02d", i), init, app))
+		pods = append(pods, grantedPod("default", hollowNode, fmt.Sprintf("h%02d", i), init, app))
 	}
-	rogue := gpuPod("rogue", nil, [][]api.DeviceGrant{{{UUID: gpus[0], MemoryMiB: 1, Cores: 1}}})
+	rogue := grantedPod("default", hollowNode, "rogue", nil, [][]api.DeviceGrant{{{UUID: gpus[0], MemoryMiB: 1, Cores: 1}}})
 	delete(rogue.Annotations, api.AnnotationAllocation)
 	pods = append(pods, rogue)
 	start = time.Now()
@@ -156,7 +160,7 @@ func hollowChild(t *testing.T) {
 			t.Logf("pod states: %s", strings.Join(states, "; "))
 		}
 	}()
-	waitFor(t, "every GPU pod running and the rogue pod rejected", 180*time.Second, func() bool {
+	testenv.WaitFor(t, "every GPU pod running and the rogue pod rejected", 180*time.Second, func() bool {
 		list, err := client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false

@@ -4,8 +4,8 @@ package nodeagent
 
 // Integration tests against the kubelet's real device manager
 // (k8s.io/kubernetes/pkg/kubelet/cm/devicemanager) and the kubelet's real
-// pod-resources server, with a real kube-apiserver (internal/testenv) and
-// go-nvml's mock DGX A100. The device manager's socket path is fixed at
+// pod-resources server, as internal/hollowkubelet wires them, with a real
+// kube-apiserver (internal/testenv) and go-nvml's mock DGX A100. The device manager's socket path is fixed at
 // /var/lib/kubelet/device-plugins, so TestMain re-executes the test binary
 // under `unshare -m` and mounts a tmpfs over /var/lib/kubelet in that
 // private mount namespace; the host's directory is never touched.
@@ -16,7 +16,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,26 +28,19 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"google.golang.org/grpc"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
-	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
-	"k8s.io/kubernetes/pkg/kubelet/apis/podresources"
-	"k8s.io/kubernetes/pkg/kubelet/cm/containermap"
-	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
-	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
 
 	"github.com/tessera-gpu/tessera/internal/hollowkubelet"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/nvmltest"
 	"github.com/tessera-gpu/tessera/internal/testenv"
+	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -56,11 +48,10 @@ const (
 	mountNSEnv  = "TESSERA_TEST_MOUNTNS"
 	kubeletRoot = "/var/lib/kubelet"
 	gpuRes      = "nvidia.com/gpu"
-	nodeName    = "gpu-node-1"
-	shares      = 4
 )
 
 func TestMain(m *testing.M) {
+	fakeMPS() // the test binary is also the fake MPS control daemon
 	if os.Getenv(mountNSEnv) == "" {
 		exe, err := os.Executable()
 		if err != nil {
@@ -99,10 +90,11 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// kubelet is the part of the kubelet that device plugins talk to: the
-// real device manager and pod-resources server, and an admission loop
-// that calls the device manager the way HandlePodAdditions does (one pod
-// at a time, added to the pod manager first, init containers first).
+// kubelet is the part of the kubelet that device plugins talk to, from
+// the one kubelet emulation (internal/hollowkubelet): the real device
+// manager and pod-resources server, driven here one pod at a time as
+// HandlePodAdditions does (the pod added to the pod manager first, then
+// admitted), so a test can restart the device manager and re-admit pods.
 type kubelet struct {
 	t      *testing.T
 	logger klog.Logger
@@ -110,27 +102,18 @@ type kubelet struct {
 	sources sources
 
 	mu   sync.Mutex
-	mgr  *devicemanager.ManagerImpl
+	cm   *hollowkubelet.ContainerManager
 	pods []*v1.Pod // the pod manager's pods (all active here)
-
-	prServer *grpc.Server
 }
 
 func startKubelet(t *testing.T) *kubelet {
 	k := &kubelet{t: t, logger: ktesting.NewLogger(t, ktesting.NewConfig(ktesting.Verbosity(2)))}
 	k.sources.ready.Store(true)
 	k.startDeviceManager()
-	srv := grpc.NewServer()
-	podresourcesapi.RegisterPodResourcesListerServer(srv, podresources.NewV1PodResourcesServer(context.Background(), podresources.PodResourcesProviders{
-		Pods: k, Devices: devicesAdapter{k}, Cpus: noCPUs{}, Memory: noMemory{}, DynamicResources: noDRA{},
-	}))
-	_ = os.Remove(deviceplugin.DefaultPodResourcesSocket)
-	lis, err := net.Listen("unix", deviceplugin.DefaultPodResourcesSocket)
+	srv, err := hollowkubelet.ServePodResources(klog.NewContext(context.Background(), k.logger), deviceplugin.DefaultPodResourcesSocket, k, k.manager())
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = srv.Serve(lis) }()
-	k.prServer = srv
 	t.Cleanup(func() {
 		srv.Stop()
 		k.stopDeviceManager()
@@ -139,20 +122,20 @@ func startKubelet(t *testing.T) *kubelet {
 }
 
 func (k *kubelet) startDeviceManager() {
-	mgr, err := devicemanager.NewManagerImpl(nil, topologymanager.NewFakeManager())
+	cm, err := hollowkubelet.NewContainerManager()
 	if err != nil {
 		k.t.Fatal(err)
 	}
-	if err := mgr.Start(k.logger, k.GetActivePods, &k.sources, containermap.NewContainerMap(), sets.New[string]()); err != nil {
+	if err := cm.StartDeviceManager(k.logger, k.GetActivePods, &k.sources); err != nil {
 		k.t.Fatal(err)
 	}
 	k.mu.Lock()
-	k.mgr = mgr
+	k.cm = cm
 	k.mu.Unlock()
 }
 
 func (k *kubelet) stopDeviceManager() {
-	if err := k.manager().Stop(k.logger); err != nil {
+	if err := k.manager().StopDeviceManager(k.logger); err != nil {
 		k.t.Error(err)
 	}
 }
@@ -169,12 +152,13 @@ func (k *kubelet) restart() {
 	k.startDeviceManager()
 }
 
-func (k *kubelet) manager() *devicemanager.ManagerImpl {
+func (k *kubelet) manager() *hollowkubelet.ContainerManager {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return k.mgr
+	return k.cm
 }
 
+// The pod manager (podresources.PodsProvider).
 func (k *kubelet) GetActivePods() []*v1.Pod { return k.GetPods() }
 func (k *kubelet) GetPods() []*v1.Pod {
 	k.mu.Lock()
@@ -192,7 +176,7 @@ func (k *kubelet) GetPodByName(ns, name string) (*v1.Pod, bool) {
 
 // allocatable returns the healthy device count of the resource.
 func (k *kubelet) allocatable() int64 {
-	_, alloc, _ := k.manager().GetCapacity()
+	_, alloc, _ := k.manager().GetDevicePluginResourceCapacity()
 	q := alloc[gpuRes]
 	return q.Value()
 }
@@ -213,33 +197,34 @@ func (k *kubelet) admit(pod *v1.Pod) (map[string]admission, error) {
 		k.pods = append(k.pods, pod)
 		k.mu.Unlock()
 	}
-	mgr := k.manager()
-	all := append(append([]v1.Container(nil), pod.Spec.InitContainers...), pod.Spec.Containers...)
-	for i := range all {
-		if err := mgr.Allocate(pod, &all[i]); err != nil {
-			k.reject(pod)
-			return nil, err
-		}
+	cm := k.manager()
+	if err := cm.Admit(pod); err != nil {
+		k.reject(pod)
+		return nil, err
 	}
 	out := map[string]admission{}
+	all := append(append([]v1.Container(nil), pod.Spec.InitContainers...), pod.Spec.Containers...)
 	for i := range all {
 		c := &all[i]
-		opts, err := mgr.GetDeviceRunContainerOptions(context.Background(), pod, c)
+		var devices []string
+		for _, d := range cm.GetDevices(string(pod.UID), c.Name) {
+			if d.ResourceName == gpuRes {
+				devices = append(devices, d.DeviceIds...)
+			}
+		}
+		if len(devices) == 0 {
+			continue
+		}
+		opts, err := cm.GetResources(context.Background(), pod, c)
 		if err != nil {
 			return nil, err
 		}
-		if opts == nil {
-			continue
-		}
-		a := admission{envs: map[string]string{}, mounts: map[string]string{}}
+		a := admission{envs: map[string]string{}, mounts: map[string]string{}, devices: devices}
 		for _, e := range opts.Envs {
 			a.envs[e.Name] = e.Value
 		}
 		for _, m := range opts.Mounts {
 			a.mounts[m.ContainerPath] = m.HostPath
-		}
-		for id := range mgr.GetDevices(string(pod.UID), c.Name)[gpuRes] {
-			a.devices = append(a.devices, id)
 		}
 		sort.Strings(a.devices)
 		out[c.Name] = a
@@ -266,34 +251,6 @@ type sources struct{ ready atomic.Bool }
 func (*sources) AddSource(string) {}
 func (s *sources) AllReady() bool { return s.ready.Load() }
 
-// devicesAdapter is the container manager's translation from the device
-// manager to the pod-resources API.
-type devicesAdapter struct{ k *kubelet }
-
-func (d devicesAdapter) UpdateAllocatedDevices() { d.k.manager().UpdateAllocatedDevices() }
-func (d devicesAdapter) GetDevices(podUID, container string) []*podresourcesapi.ContainerDevices {
-	return hollowkubelet.ContainerDevices(d.k.manager().GetDevices(podUID, container))
-}
-func (d devicesAdapter) GetAllocatableDevices() []*podresourcesapi.ContainerDevices {
-	return hollowkubelet.ContainerDevices(d.k.manager().GetAllocatableDevices())
-}
-
-type noCPUs struct{}
-
-func (noCPUs) GetCPUs(string, string) []int64 { return nil }
-func (noCPUs) GetAllocatableCPUs() []int64    { return nil }
-
-type noMemory struct{}
-
-func (noMemory) GetMemory(string, string) []*podresourcesapi.ContainerMemory { return nil }
-func (noMemory) GetAllocatableMemory() []*podresourcesapi.ContainerMemory    { return nil }
-
-type noDRA struct{}
-
-func (noDRA) GetDynamicResources(*v1.Pod, *v1.Container) []*podresourcesapi.DynamicResource {
-	return nil
-}
-
 // runningAgent is a node agent running against the mock NVML.
 type runningAgent struct {
 	*Agent
@@ -301,12 +258,12 @@ type runningAgent struct {
 	done   chan error
 }
 
-func startAgent(t *testing.T, n *nvmltest.Node, client kubernetes.Interface, stateRoot string) *runningAgent {
+func startAgent(t *testing.T, n *nvmltest.Node, client kubernetes.Interface, node, stateRoot string) *runningAgent {
 	paths := deviceplugin.DefaultPaths()
 	paths.StateRoot = stateRoot
 	paths.PreloadHost = filepath.Join(filepath.Dir(stateRoot), "ld.so.preload")
 	a, err := New(n, client, Options{
-		NodeName: nodeName, Resource: gpuRes,
+		NodeName: node, Resource: gpuRes,
 		Health:             health.Options{IgnoredXIDs: health.DefaultIgnoredXIDs, RecoveryPeriod: 2 * time.Second, WaitTimeout: 10 * time.Millisecond},
 		Paths:              paths,
 		PluginDir:          pluginapi.DevicePluginPath,
@@ -328,48 +285,18 @@ func (r *runningAgent) stop(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("timed out after %v waiting for %s", timeout, what)
-}
-
-// gpuPod builds a pod bound to the node with its allocation record: one
-// container per grant list, init containers first.
-func gpuPod(name string, init [][]api.DeviceGrant, app [][]api.DeviceGrant) *v1.Pod {
-	p := &v1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Annotations: map[string]string{}},
-		Spec:       v1.PodSpec{NodeName: nodeName, RestartPolicy: v1.RestartPolicyNever},
-	}
-	rec := &api.PodAllocation{Node: nodeName}
-	mk := func(prefix string, i int, g []api.DeviceGrant, isInit bool) v1.Container {
-		c := v1.Container{Name: fmt.Sprintf("%s%d", prefix, i), Image: "example.invalid/cuda:12", ImagePullPolicy: v1.PullIfNotPresent}
-		if len(g) > 0 {
-			q := *resource.NewQuantity(int64(len(g)), resource.DecimalSI)
-			c.Resources.Limits = v1.ResourceList{gpuRes: q}
-			c.Resources.Requests = v1.ResourceList{gpuRes: q}
-			rec.Containers = append(rec.Containers, api.ContainerAllocation{Name: c.Name, Init: isInit, Devices: g})
-		}
-		return c
-	}
+// grantedPod is a pod bound to node holding the grants: one container
+// per grant list (an empty list: a container without GPUs), init
+// containers first, each asking for as many GPUs as it has grants.
+func grantedPod(ns, node, name string, init, app [][]api.DeviceGrant) *v1.Pod {
+	p := fixtures.MakePod().Namespace(ns).Name(name).Node(node).RestartPolicy(v1.RestartPolicyNever)
 	for i, g := range init {
-		p.Spec.InitContainers = append(p.Spec.InitContainers, mk("init", i, g, true))
+		p.GPUInitContainer(fmt.Sprintf("init%d", i), g...)
 	}
 	for i, g := range app {
-		p.Spec.Containers = append(p.Spec.Containers, mk("app", i, g, false))
+		p.GPUContainer(fmt.Sprintf("app%d", i), g...)
 	}
-	if len(rec.Containers) > 0 {
-		b, err := api.EncodeAllocation(rec)
-		if err != nil {
-			panic(err)
-		}
-		p.Annotations[api.AnnotationAllocation] = string(b)
-	}
-	return p
+	return p.Obj()
 }
 
 // check verifies that every container got exactly its own grant.
@@ -416,54 +343,162 @@ func check(t *testing.T, pod *v1.Pod, got map[string]admission, stateRoot string
 	}
 }
 
-func TestDeviceManager(t *testing.T) {
+// slots is what the agent offers on the mock DGX A100: 8 GPUs × 10
+// shares (the default profile).
+const slots = 8 * 10
+
+// deviceNode is one subtest's node: its own Node object and namespace on
+// the shared API server, a kubelet (device manager and pod-resources
+// server) and a node agent over a fresh mock DGX A100, all stopped when the
+// subtest ends. The device manager's directory is fixed, so subtests run
+// one after the other.
+type deviceNode struct {
+	t         *testing.T
+	client    kubernetes.Interface
+	name      string // the node's name, also the namespace of its pods
+	kubelet   *kubelet
+	nvml      *nvmltest.Node
+	agent     *runningAgent
+	stateRoot string
+	gpus      []string
+}
+
+func newDeviceNode(t *testing.T, client kubernetes.Interface) *deviceNode {
 	ctx := context.Background()
-	cp := testenv.StartControlPlane(t)
-	client := cp.Client
-	if _, err := client.CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}, metav1.CreateOptions{}); err != nil {
+	name := "gpu-" + strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return '-'
+	}, strings.ToLower(t.Name()[strings.LastIndex(t.Name(), "/")+1:]))
+	if _, err := client.CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	kl := startKubelet(t)
-	n := nvmltest.DGXA100()
-	stateRoot := filepath.Join(t.TempDir(), "containers")
-	agent := startAgent(t, n, client, stateRoot)
-	defer func() { agent.stop(t) }()
-
-	gpus := make([]string, len(agent.Devices()))
-	for i, d := range agent.Devices() {
-		gpus[i] = d.GPU.UUID
+	if _, err := client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
 	}
-	const slots = 8 * 10 // default profile: 10 shares per GPU
+	d := &deviceNode{t: t, client: client, name: name, kubelet: startKubelet(t), nvml: nvmltest.DGXA100(),
+		stateRoot: filepath.Join(t.TempDir(), "containers")}
+	d.agent = startAgent(t, d.nvml, client, name, d.stateRoot)
+	t.Cleanup(func() { d.agent.stop(t) })
+	for _, dev := range d.agent.Devices() {
+		d.gpus = append(d.gpus, dev.GPU.UUID)
+	}
+	return d
+}
+
+// registered waits until the kubelet lists every slot of the agent.
+func (d *deviceNode) registered() {
+	d.t.Helper()
+	testenv.WaitFor(d.t, "the plugin's devices in the device manager", 30*time.Second, func() bool { return d.kubelet.allocatable() == slots })
+}
+
+// pod is a pod of this node holding the grants (grantedPod).
+func (d *deviceNode) pod(name string, init, app [][]api.DeviceGrant) *v1.Pod {
+	return grantedPod(d.name, d.name, name, init, app)
+}
+
+// admitted is what the kubelet gave the pods it admitted.
+type admitted struct {
+	pods    []*v1.Pod
+	results map[string]map[string]admission
+}
+
+// admitNew creates the pod and admits it; it must be admitted and get
+// its record.
+func (d *deviceNode) admitNew(into *admitted, p *v1.Pod) {
+	d.t.Helper()
+	created, err := d.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{})
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	got, err := d.kubelet.admit(created)
+	if err != nil {
+		d.t.Fatalf("admitting %s: %v", p.Name, err)
+	}
+	check(d.t, created, got, d.stateRoot)
+	into.pods = append(into.pods, created)
+	into.results[created.Name] = got
+}
+
+// admitSome admits a few pods one after the other: shares, an init
+// container, a container on two GPUs.
+func (d *deviceNode) admitSome() *admitted {
+	a := &admitted{results: map[string]map[string]admission{}}
+	for i := 0; i < 4; i++ {
+		g := func(k int, mem int64) api.DeviceGrant {
+			return api.DeviceGrant{UUID: d.gpus[k%7], MemoryMiB: mem, Cores: 5 + i}
+		}
+		var init [][]api.DeviceGrant
+		if i == 1 {
+			init = [][]api.DeviceGrant{{g(i+1, 500)}}
+		}
+		app := [][]api.DeviceGrant{{g(i, int64(1000+i))}}
+		if i == 2 {
+			app = append(app, nil, []api.DeviceGrant{g(i+2, 300), g(i+3, 200)})
+		}
+		d.admitNew(a, d.pod(fmt.Sprintf("p%02d", i), init, app))
+	}
+	return a
+}
+
+// readmit admits the pods again (what a kubelet restart does): each
+// container must get the same answer, without the plugin being asked
+// again.
+func (d *deviceNode) readmit(a *admitted) {
+	d.t.Helper()
+	for _, p := range a.pods {
+		got, err := d.kubelet.admit(p)
+		if err != nil {
+			d.t.Fatalf("re-admitting %s: %v", p.Name, err)
+		}
+		for c, want := range a.results[p.Name] {
+			if fmt.Sprint(got[c].envs) != fmt.Sprint(want.envs) || fmt.Sprint(got[c].devices) != fmt.Sprint(want.devices) {
+				d.t.Errorf("%s/%s changed across the restart: %v -> %v", p.Name, c, want, got[c])
+			}
+		}
+	}
+}
+
+// TestDeviceManager runs the node agent against the kubelet's real device
+// manager. Each subtest has its own node, kubelet, agent and pods, so any
+// of them passes alone (-run 'TestDeviceManager/kubelet_restart').
+func TestDeviceManager(t *testing.T) {
+	client := testenv.StartControlPlane(t).Client
+	ctx := context.Background()
 
 	t.Run("registration", func(t *testing.T) {
+		d := newDeviceNode(t, client)
 		start := time.Now()
-		waitFor(t, "the plugin's devices in the device manager", 30*time.Second, func() bool { return kl.allocatable() == slots })
+		d.registered()
 		t.Logf("registered and listed %d slots in %v", slots, time.Since(start))
-		waitFor(t, "the inventory on the Node", 30*time.Second, func() bool {
-			nd, err := client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+		testenv.WaitFor(t, "the inventory on the Node", 30*time.Second, func() bool {
+			nd, err := client.CoreV1().Nodes().Get(ctx, d.name, metav1.GetOptions{})
 			return err == nil && nd.Annotations[api.AnnotationInventory] != ""
 		})
 	})
 
 	t.Run("unhealthy GPU", func(t *testing.T) {
-		n.Events.Inject(n.Devices[7], nvml.EventTypeXidCriticalError, 79)
+		d := newDeviceNode(t, client)
+		d.registered()
+		d.nvml.Events.Inject(d.nvml.Devices[7], nvml.EventTypeXidCriticalError, 79)
 		start := time.Now()
-		waitFor(t, "GPU 7's slots unhealthy", 10*time.Second, func() bool { return kl.allocatable() == slots-10 })
+		testenv.WaitFor(t, "GPU 7's slots unhealthy", 10*time.Second, func() bool { return d.kubelet.allocatable() == slots-10 })
 		t.Logf("XID 79 to Unhealthy in the device manager: %v", time.Since(start))
-		waitFor(t, "GPU 7 recovered", 30*time.Second, func() bool { return kl.allocatable() == slots })
+		testenv.WaitFor(t, "GPU 7 recovered", 30*time.Second, func() bool { return d.kubelet.allocatable() == slots })
 		t.Logf("XID 79 to recovered (2s quiet period): %v", time.Since(start))
 	})
 
 	// Pods bound to the node at once: 4 writers create them while the
 	// kubelet admits them as they appear, in creation order, one at a time.
-	var admitted []*v1.Pod
-	results := map[string]map[string]admission{}
 	t.Run("pods bound at once", func(t *testing.T) {
+		d := newDeviceNode(t, client)
+		d.registered()
 		const count = 24
 		var want []*v1.Pod
 		for i := 0; i < count; i++ {
 			g := func(k int, mem int64) api.DeviceGrant {
-				return api.DeviceGrant{UUID: gpus[k%7], MemoryMiB: mem, Cores: 5 + i%20}
+				return api.DeviceGrant{UUID: d.gpus[k%7], MemoryMiB: mem, Cores: 5 + i%20}
 			}
 			var init, app [][]api.DeviceGrant
 			app = append(app, []api.DeviceGrant{g(i, int64(1000+i))})
@@ -473,9 +508,9 @@ func TestDeviceManager(t *testing.T) {
 			if i%4 == 0 {
 				app = append(app, nil, []api.DeviceGrant{g(i+2, int64(300+i)), g(i+3, int64(200+i))})
 			}
-			want = append(want, gpuPod(fmt.Sprintf("p%02d", i), init, app))
+			want = append(want, d.pod(fmt.Sprintf("p%02d", i), init, app))
 		}
-		rogue := gpuPod("rogue", nil, [][]api.DeviceGrant{{{UUID: gpus[0], MemoryMiB: 1, Cores: 1}}})
+		rogue := d.pod("rogue", nil, [][]api.DeviceGrant{{{UUID: d.gpus[0], MemoryMiB: 1, Cores: 1}}})
 		delete(rogue.Annotations, api.AnnotationAllocation) // placed by another scheduler
 		want = append(want, rogue)
 
@@ -486,7 +521,7 @@ func TestDeviceManager(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for p := range work {
-					if _, err := client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+					if _, err := client.CoreV1().Pods(d.name).Create(ctx, p, metav1.CreateOptions{}); err != nil {
 						t.Error(err)
 					}
 				}
@@ -499,10 +534,11 @@ func TestDeviceManager(t *testing.T) {
 			close(work)
 		}()
 		seen := map[string]bool{}
+		admittedPods := 0
 		start := time.Now()
 		var rogueErr error
 		for len(seen) < len(want) && time.Since(start) < 60*time.Second {
-			list, err := client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{})
+			list, err := client.CoreV1().Pods(d.name).List(ctx, metav1.ListOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -514,7 +550,7 @@ func TestDeviceManager(t *testing.T) {
 					continue
 				}
 				seen[p.Name] = true
-				got, err := kl.admit(p)
+				got, err := d.kubelet.admit(p)
 				if p.Name == "rogue" {
 					rogueErr = err
 					continue
@@ -523,107 +559,90 @@ func TestDeviceManager(t *testing.T) {
 					t.Errorf("admitting %s: %v", p.Name, err)
 					continue
 				}
-				check(t, p, got, stateRoot)
-				admitted = append(admitted, p)
-				results[p.Name] = got
+				check(t, p, got, d.stateRoot)
+				admittedPods++
 			}
 			time.Sleep(2 * time.Millisecond)
 		}
 		wg.Wait()
-		t.Logf("admitted %d pods bound concurrently in %v", len(admitted), time.Since(start))
-		if len(admitted) != count {
-			t.Errorf("admitted %d pods, want %d", len(admitted), count)
+		t.Logf("admitted %d pods bound concurrently in %v", admittedPods, time.Since(start))
+		if admittedPods != count {
+			t.Errorf("admitted %d pods, want %d", admittedPods, count)
 		}
-		if rogueErr == nil || !strings.Contains(rogueErr.Error(), "pod default/rogue has no tessera.io/allocation annotation") {
+		if want := "pod " + d.name + "/rogue has no tessera.io/allocation annotation"; rogueErr == nil || !strings.Contains(rogueErr.Error(), want) {
 			t.Errorf("rogue pod: got %v, want a refusal naming the missing record", rogueErr)
 		}
-		if _, err := os.Stat(filepath.Join(stateRoot)); err != nil {
+		if _, err := os.Stat(d.stateRoot); err != nil {
 			t.Error(err)
 		}
 	})
 
-	// Re-admitting admitted pods (what a kubelet restart does) must give
-	// each container the same answer without calling the plugin again.
-	readmit := func(t *testing.T) {
-		for _, p := range admitted {
-			got, err := kl.admit(p)
-			if err != nil {
-				t.Fatalf("re-admitting %s: %v", p.Name, err)
-			}
-			for c, a := range results[p.Name] {
-				if fmt.Sprint(got[c].envs) != fmt.Sprint(a.envs) || fmt.Sprint(got[c].devices) != fmt.Sprint(a.devices) {
-					t.Errorf("%s/%s changed across the restart: %v -> %v", p.Name, c, a, got[c])
-				}
-			}
-		}
-	}
-	newPod := func(t *testing.T, name string) {
-		p := gpuPod(name, nil, [][]api.DeviceGrant{{{UUID: gpus[3], MemoryMiB: 4242, Cores: 42}}})
-		created, err := client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := kl.admit(created)
-		if err != nil {
-			t.Fatalf("admitting %s: %v", name, err)
-		}
-		check(t, created, got, stateRoot)
-		admitted = append(admitted, created)
-		results[name] = got
-	}
-
+	// After a kubelet restart every admitted pod gets the same answer as
+	// before, and new pods are admitted.
 	t.Run("kubelet restart", func(t *testing.T) {
-		regs := agent.Plugin().Registrations()
+		d := newDeviceNode(t, client)
+		d.registered()
+		a := d.admitSome()
+		regs := d.agent.Plugin().Registrations()
 		start := time.Now()
-		kl.restart()
-		waitFor(t, "re-registration", 30*time.Second, func() bool { return agent.Plugin().Registrations() > regs && kl.allocatable() == slots })
+		d.kubelet.restart()
+		testenv.WaitFor(t, "re-registration", 30*time.Second, func() bool {
+			return d.agent.Plugin().Registrations() > regs && d.kubelet.allocatable() == slots
+		})
 		t.Logf("kubelet restart to re-registered: %v", time.Since(start))
-		readmit(t)
-		kl.sources.ready.Store(true)
-		newPod(t, "after-kubelet-restart")
+		d.readmit(a)
+		d.kubelet.sources.ready.Store(true)
+		d.admitNew(a, d.pod("after-kubelet-restart", nil, [][]api.DeviceGrant{{{UUID: d.gpus[3], MemoryMiB: 4242, Cores: 42}}}))
 	})
 
+	// After an agent restart nothing is served twice, admitted pods keep
+	// their answers, and new pods are admitted.
 	t.Run("agent restart", func(t *testing.T) {
-		agent.stop(t)
-		agent = startAgent(t, n, client, stateRoot)
+		d := newDeviceNode(t, client)
+		d.registered()
+		a := d.admitSome()
+		d.agent.stop(t)
+		d.agent = startAgent(t, d.nvml, client, d.name, d.stateRoot)
 		start := time.Now()
-		waitFor(t, "the new agent registered", 30*time.Second, func() bool {
-			return agent.Plugin() != nil && agent.Plugin().Registrations() > 0 && kl.allocatable() == slots
+		testenv.WaitFor(t, "the new agent registered", 30*time.Second, func() bool {
+			return d.agent.Plugin() != nil && d.agent.Plugin().Registrations() > 0 && d.kubelet.allocatable() == slots
 		})
 		t.Logf("agent restart to registered: %v", time.Since(start))
-		readmit(t) // a container restart: the kubelet reuses its answers
+		d.readmit(a) // a container restart: the kubelet reuses its answers
 
-		// Nothing is served twice: every active pod is served, so a stray
-		// request is refused.
-		_, err := agent.Plugin().Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{deviceplugin.SlotID(gpus[0], 0)}}}})
+		// Every active pod is served, so a stray request is refused.
+		_, err := d.agent.Plugin().Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{deviceplugin.SlotID(d.gpus[0], 0)}}}})
 		if !errors.Is(err, deviceplugin.ErrNoMatch) {
 			t.Errorf("stray Allocate after agent restart: %v", err)
 		}
-		newPod(t, "after-agent-restart")
+		d.admitNew(a, d.pod("after-agent-restart", nil, [][]api.DeviceGrant{{{UUID: d.gpus[3], MemoryMiB: 4242, Cores: 42}}}))
 	})
 
 	t.Run("state directories of deleted pods are removed", func(t *testing.T) {
-		victim := admitted[0]
-		dir := filepath.Join(stateRoot, string(victim.UID))
+		d := newDeviceNode(t, client)
+		d.registered()
+		a := d.admitSome()
+		victim := a.pods[0]
+		dir := filepath.Join(d.stateRoot, string(victim.UID))
 		if _, err := os.Stat(dir); err != nil {
 			t.Fatal(err)
 		}
-		if err := client.CoreV1().Pods("default").Delete(ctx, victim.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		if err := client.CoreV1().Pods(d.name).Delete(ctx, victim.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
 			t.Fatal(err)
 		}
 		old := time.Now().Add(-time.Hour)
 		if err := os.Chtimes(dir, old, old); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "pod informer to drop the pod", 10*time.Second, func() bool {
-			_, err := agent.pods.Pods("default").Get(victim.Name)
+		testenv.WaitFor(t, "pod informer to drop the pod", 10*time.Second, func() bool {
+			_, err := d.agent.pods.Pods(d.name).Get(victim.Name)
 			return err != nil
 		})
-		agent.collect()
+		d.agent.collect()
 		if _, err := os.Stat(dir); !os.IsNotExist(err) {
 			t.Errorf("state directory of deleted pod still there: %v", err)
 		}
-		if _, err := os.Stat(filepath.Join(stateRoot, string(admitted[1].UID))); err != nil {
+		if _, err := os.Stat(filepath.Join(d.stateRoot, string(a.pods[1].UID))); err != nil {
 			t.Errorf("state directory of a live pod removed: %v", err)
 		}
 	})

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/tessera-gpu/tessera/internal/gpushare"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -32,14 +33,14 @@ func (c *Cluster) Check() error {
 			want[n.Name] = make([]Usage, len(n.GPUs))
 		}
 		for _, ch := range e.charges {
-			i := n.GPUByUUID(ch.uuid)
+			i := n.GPUByUUID(ch.UUID)
 			if i < 0 {
 				continue
 			}
-			want[n.Name][i].add(ch.use)
-			key := n.Name + "/" + ch.uuid
+			want[n.Name][i].add(Usage(ch.Usage))
+			key := n.Name + "/" + ch.UUID
 			holders[key] = append(holders[key], k)
-			exclusive[key] = exclusive[key] || ch.use.Exclusive > 0
+			exclusive[key] = exclusive[key] || ch.Usage.Exclusive > 0
 		}
 	}
 	for _, n := range c.nodes {
@@ -53,6 +54,7 @@ func (c *Cluster) Check() error {
 				errs = append(errs, fmt.Errorf("node %s GPU %s: usage %+v differs from the sum of its pods' charges %+v", n.Name, g.UUID, g.Used, w))
 			}
 			errs = append(errs, checkGPU(n.Name, g)...)
+			errs = append(errs, checkMIG(n.Name, g)...)
 			if key := n.Name + "/" + g.UUID; exclusive[key] && len(holders[key]) > 1 {
 				errs = append(errs, fmt.Errorf("node %s GPU %s: held exclusively but shared by %d pods %v", n.Name, g.UUID, len(holders[key]), holders[key]))
 			}
@@ -64,19 +66,22 @@ func (c *Cluster) Check() error {
 	return errors.Join(errs...)
 }
 
+// checkGPU reports every limit of the GPU its usage exceeds (the limits
+// Fit keeps, gpushare.Capacity.Exceeded) and negative usage.
 func checkGPU(node string, g *GPU) []error {
 	var errs []error
 	u := g.Used
-	if u.MemoryMiB > g.MemoryCap {
+	over := g.capacity().Exceeded(gpushare.Usage(u))
+	if over&gpushare.LimitMemory != 0 {
 		errs = append(errs, fmt.Errorf("node %s GPU %s: %d MiB allocated, capacity %d MiB", node, g.UUID, u.MemoryMiB, g.MemoryCap))
 	}
-	if u.Cores > 100 {
-		errs = append(errs, fmt.Errorf("node %s GPU %s: %d%% cores allocated, limit 100%%", node, g.UUID, u.Cores))
+	if over&gpushare.LimitCores != 0 {
+		errs = append(errs, fmt.Errorf("node %s GPU %s: %d%% cores allocated, limit %d%%", node, g.UUID, u.Cores, gpushare.FullCores))
 	}
-	if u.Shares > g.MaxShares {
+	if over&gpushare.LimitShares != 0 {
 		errs = append(errs, fmt.Errorf("node %s GPU %s: %d shares, limit %d", node, g.UUID, u.Shares, g.MaxShares))
 	}
-	if u.Exclusive > 1 {
+	if over&gpushare.LimitWhole != 0 {
 		errs = append(errs, fmt.Errorf("node %s GPU %s: held exclusively %d times", node, g.UUID, u.Exclusive))
 	}
 	if u.MemoryMiB < 0 || u.Cores < 0 || u.Shares < 0 || u.Exclusive < 0 {

@@ -4,13 +4,14 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/tessera-gpu/tessera/internal/gpushare"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 // Cluster is the placement state of a set of nodes: their GPUs and the pods
 // allocated on them. It does no locking: callers serialise mutations
-// (AddNode, Assign, Release, …); fit checks and scoring only read, so many
-// may run at once between mutations.
+// (UpsertNode, RemoveNode, Assign, AssignRecord, Release); fit checks and
+// scoring only read, so many may run at once between mutations.
 type Cluster struct {
 	// DefaultGPUPolicy chooses GPUs within a node for requests that name
 	// no GPU policy. (The node-level default is the Policy the caller
@@ -28,15 +29,11 @@ type Cluster struct {
 // podEntry is what one pod holds: the record it was assigned with and the
 // exact per-GPU charges derived from it, so Release subtracts what Assign added.
 type podEntry struct {
+	key      string
 	node     string
 	cpu, mem int64
 	record   *api.PodAllocation
-	charges  []gpuCharge
-}
-
-type gpuCharge struct {
-	uuid string
-	use  Usage
+	charges  []gpushare.Charge
 }
 
 // NewCluster returns an empty cluster with the default policies.
@@ -119,8 +116,8 @@ func (c *Cluster) RemoveNode(name string) {
 	delete(c.byName, name)
 }
 
-// Assign records a placement chosen by Fit (or Schedule) for the request
-// and returns the pod's allocation record.
+// Assign records a placement chosen by Fit (directly or through
+// Search.Best) for the request and returns the pod's allocation record.
 func (c *Cluster) Assign(cr *Compiled, p *Placement) (*api.PodAllocation, error) {
 	rec := p.Record(cr)
 	if err := c.AssignRecord(cr.Req.Pod, cr.Req.CPUMilli, cr.Req.MemoryMiB, rec); err != nil {
@@ -138,7 +135,7 @@ func (c *Cluster) AssignRecord(pod string, cpuMilli, memMiB int64, rec *api.PodA
 	if _, dup := c.pods[pod]; dup {
 		return fmt.Errorf("pod %s already holds an allocation", pod)
 	}
-	e := &podEntry{node: rec.Node, cpu: cpuMilli, mem: memMiB, record: rec}
+	e := &podEntry{key: pod, node: rec.Node, cpu: cpuMilli, mem: memMiB, record: rec}
 	n := c.Node(rec.Node)
 	if n != nil {
 		for _, ca := range rec.Containers {
@@ -176,9 +173,12 @@ func (c *Cluster) Release(pod string) bool {
 		n.CPUUsed -= e.cpu
 		n.MemUsed -= e.mem
 		for _, ch := range e.charges {
-			if i := n.GPUByUUID(ch.uuid); i >= 0 {
-				n.GPUs[i].Used.sub(ch.use)
+			if i := n.GPUByUUID(ch.UUID); i >= 0 {
+				n.GPUs[i].Used.sub(Usage(ch.Usage))
 			}
+		}
+		if n.hasMIG {
+			migHold(n, pod, e.record, false)
 		}
 		n.Version++
 	}
@@ -189,67 +189,30 @@ func (c *Cluster) apply(n *Node, e *podEntry, bump bool) {
 	n.CPUUsed += e.cpu
 	n.MemUsed += e.mem
 	for _, ch := range e.charges {
-		if i := n.GPUByUUID(ch.uuid); i >= 0 {
-			n.GPUs[i].Used.add(ch.use)
+		if i := n.GPUByUUID(ch.UUID); i >= 0 {
+			n.GPUs[i].Used.add(Usage(ch.Usage))
 		}
+	}
+	if n.hasMIG {
+		migHold(n, e.key, e.record, true)
 	}
 	if bump {
 		n.Version++
 	}
 }
 
-// chargesOf derives what a record holds on each GPU. App containers run
-// together, so their shares add up; init containers run one at a time
-// before them, so a GPU is charged the larger of the app containers' sum
-// and the largest init container. An exclusive grant charges the whole GPU.
-// n may be nil (node unknown): then exclusive grants charge their granted
-// memory.
-func chargesOf(rec *api.PodAllocation, n *Node) []gpuCharge {
-	type acc struct{ app, init Usage }
-	per := map[string]*acc{}
-	var order []string
-	for _, ca := range rec.Containers {
-		for _, d := range ca.Devices {
-			a := per[d.UUID]
-			if a == nil {
-				a = &acc{}
-				per[d.UUID] = a
-				order = append(order, d.UUID)
-			}
-			u := Usage{MemoryMiB: d.MemoryMiB, Cores: d.Cores, Shares: 1}
-			if d.Exclusive {
-				u.Cores, u.Exclusive = 100, 1
-				if n != nil {
-					if i := n.GPUByUUID(d.UUID); i >= 0 {
-						u.MemoryMiB = n.GPUs[i].MemoryCap
-					}
-				}
-			}
-			if ca.Init {
-				a.init = maxUsage(a.init, u)
-			} else {
-				a.app.add(u)
-				a.app.Exclusive = min(a.app.Exclusive, 1)
-			}
+// chargesOf derives what a record holds on each GPU (gpushare.Charges:
+// app containers add, init containers one at a time, a whole GPU is all
+// of its capacity). n may be nil (node unknown): then whole-GPU grants
+// charge their granted memory.
+func chargesOf(rec *api.PodAllocation, n *Node) []gpushare.Charge {
+	return gpushare.Charges(rec, func(uuid string) (int64, bool) {
+		if n == nil {
+			return 0, false
 		}
-	}
-	out := make([]gpuCharge, 0, len(order))
-	for _, uuid := range order {
-		a := per[uuid]
-		out = append(out, gpuCharge{uuid: uuid, use: combine(a.app, a.init)})
-	}
-	return out
-}
-
-// combine is a GPU's charge given what the pod's app containers hold on it
-// together and the most any one init container holds.
-func combine(app, init Usage) Usage { return maxUsage(app, init) }
-
-func maxUsage(a, b Usage) Usage {
-	return Usage{
-		MemoryMiB: max(a.MemoryMiB, b.MemoryMiB),
-		Cores:     max(a.Cores, b.Cores),
-		Shares:    max(a.Shares, b.Shares),
-		Exclusive: max(a.Exclusive, b.Exclusive),
-	}
+		if i := n.GPUByUUID(uuid); i >= 0 {
+			return n.GPUs[i].MemoryCap, true
+		}
+		return 0, false
+	})
 }

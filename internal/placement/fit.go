@@ -3,6 +3,7 @@ package placement
 import (
 	"math"
 
+	"github.com/tessera-gpu/tessera/internal/gpushare"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -12,6 +13,8 @@ type Grant struct {
 	MemoryMiB int64
 	Cores     int
 	Exclusive bool
+	// MIG is set for a MIG device or instance (see MIGState).
+	MIG *api.MIGGrant
 }
 
 // Placement is where a pod goes on one node: for each container of the
@@ -71,6 +74,7 @@ func (p *Placement) Record(cr *Compiled) *api.PodAllocation {
 						MemoryMiB: g.MemoryMiB,
 						Cores:     g.Cores,
 						Exclusive: g.Exclusive,
+						MIG:       g.MIG,
 					})
 				}
 				rec.Containers = append(rec.Containers, ca)
@@ -93,11 +97,23 @@ type GPURanker interface {
 // Scratch holds the working state of fit checks so they allocate nothing.
 // One Scratch serves one goroutine at a time.
 type Scratch struct {
-	app, init [api.MaxGPUsPerNode]Usage
+	// pod[i] is what the containers placed so far charge GPU i.
+	pod       [api.MaxGPUsPerNode]gpushare.Pod
 	eligible  [api.MaxGPUsPerNode]bool
 	cand      [api.MaxGPUsPerNode]int
 	rank      [api.MaxGPUsPerNode]float64
 	set, best [api.MaxGPUsPerNode]int
+	// mig is the MIG working state, made on the first node with MIG GPUs
+	// (so fit checks of other nodes keep a small Scratch).
+	mig *migScratch
+}
+
+// migScratch is what the pod chose per GPU so far, and each candidate's
+// choice for the container being placed.
+type migScratch struct {
+	pend [api.MaxGPUsPerNode]migPending
+	ch   [api.MaxGPUsPerNode]migChoice
+	ok   [api.MaxGPUsPerNode]bool
 }
 
 // Fit checks whether the compiled request fits node n and, if it does,
@@ -121,8 +137,13 @@ func (cr *Compiled) Fit(n *Node, ranker GPURanker, s *Scratch, p *Placement) Rea
 	if reason := cr.markEligible(n, s); !reason.OK() {
 		return reason
 	}
-	clear(s.app[:len(n.GPUs)])
-	clear(s.init[:len(n.GPUs)])
+	clear(s.pod[:len(n.GPUs)])
+	if n.hasMIG {
+		if s.mig == nil {
+			s.mig = &migScratch{}
+		}
+		clear(s.mig.pend[:len(n.GPUs)])
+	}
 	for k := range cr.gpu {
 		if reason := cr.placeContainer(n, k, ranker, s, p); !reason.OK() {
 			return reason
@@ -130,7 +151,7 @@ func (cr *Compiled) Fit(n *Node, ranker GPURanker, s *Scratch, p *Placement) Rea
 		p.offs = append(p.offs, len(p.grants))
 	}
 	for i := range n.GPUs {
-		p.charge[i] = combine(s.app[i], s.init[i])
+		p.charge[i] = Usage(s.pod[i].Charge())
 	}
 	return Reason{}
 }
@@ -194,45 +215,125 @@ func joinSelectors(xs []string) string {
 }
 
 // demandOn is one GPU's worth of container c's demand on g, as charged.
-func demandOn(c Container, g *GPU) Usage {
+// (Kept within the inlining budget: callers turn a whole GPU into one
+// replica on replicated GPUs, see replicaSlot.)
+func demandOn(c Container, g *GPU) gpushare.Usage {
 	if c.Exclusive() {
-		return Usage{MemoryMiB: g.MemoryCap, Cores: 100, Shares: 1, Exclusive: 1}
+		return gpushare.Whole(g.MemoryCap)
 	}
-	return Usage{MemoryMiB: c.memoryOn(g), Cores: c.Cores, Shares: 1}
+	return gpushare.Share(c.memoryOn(g), c.Cores)
 }
 
-// next is what the pod would charge GPU i if compiled container cc took a share of it.
-func (s *Scratch) next(i int, cc *compiledContainer, d Usage) Usage {
-	if cc.init {
-		return combine(s.app[i], maxUsage(s.init[i], d))
-	}
-	a := s.app[i]
-	a.add(d)
-	return combine(a, s.init[i])
+// slotted reports whether a container that asks no share of its own gets
+// one equal slot (a replica) rather than the whole GPU: on GPUs shared by
+// time-slicing or MPS, as NVIDIA's plugin gives every container one
+// replica of 1/replicas.
+func slotted(c Container, g *GPU) bool { return replicated(g) && c.Exclusive() }
+
+// replicaSlot is one replica of g: an equal slot of its memory and cores
+// (NVIDIA's 1/N).
+func replicaSlot(g *GPU) gpushare.Usage {
+	n := max(g.MaxShares, 1)
+	return gpushare.Share(g.MemoryMiB/int64(n), gpushare.FullCores/n)
 }
 
-// fitsGPU reports whether container cc can take a share of GPU i given what
-// the pod already placed; d is its demand there.
-func (s *Scratch) fitsGPU(g *GPU, i int, cc *compiledContainer, d Usage) bool {
-	base := g.Used
+// replicated reports a GPU shared by replicas (time-slicing, MPS).
+func replicated(g *GPU) bool {
+	return g.Sharing == api.SharingMPS || g.Sharing == api.SharingTimeSlicing
+}
+
+// failures are the rules a share of one GPU breaks. rules decides them
+// once: Fit takes a GPU that breaks none, and explain turns what the
+// eligible GPUs break into the reason a user reads, so a rule added there
+// is enforced and explained alike.
+type failures uint16
+
+const (
+	// heldWhole: another pod holds the GPU whole.
+	heldWhole failures = 1 << iota
+	// notIdle: a whole-GPU request needs a GPU that no other pod, and no
+	// other app container of this pod, holds a share of.
+	notIdle
+	// sharingMode: the GPU is in exclusive mode and takes whole-GPU
+	// requests only.
+	sharingMode
+	// ownWhole: an app container of this pod holds the GPU whole. (Such a
+	// GPU also breaks the memory, core or share rule, which explain names.)
+	ownWhole
+	// tooSmall: the share asks more memory than the GPU physically has.
+	tooSmall
+	// noMemory, noCores, noShares: the GPU's usage with the share would
+	// exceed its memory (with overcommit), 100 % of its cores, or its
+	// share slots: gpushare.Capacity.Exceeded's limits, in their order.
+	noMemory
+	noCores
+	noShares
+)
+
+// overShift moves gpushare's limit bits onto noMemory, noCores, noShares.
+const overShift = 5
+
+// A compile-time check that the shift lines the bits up: the index is 0
+// only if it does.
+var _ = [1]struct{}{}[noMemory-failures(gpushare.LimitMemory)<<overShift+
+	noCores-failures(gpushare.LimitCores)<<overShift+
+	noShares-failures(gpushare.LimitShares)<<overShift]
+
+// rules returns the rules compiled container cc breaks by taking d, its
+// demand, on GPU i given what the pod already placed (0: it fits). With
+// all false it may stop at the first rule broken (Fit needs no more);
+// explain asks for all of them.
+func (s *Scratch) rules(g *GPU, i int, cc *compiledContainer, d gpushare.Usage, all bool) failures {
+	base := &g.Used
+	pod := &s.pod[i]
+	var f failures
 	if base.Exclusive > 0 {
-		return false
+		f |= heldWhole
 	}
 	if d.Exclusive > 0 {
 		// A whole GPU: nobody else may hold it, nor another app container
 		// of this pod (init containers run at other times).
-		return base.Shares == 0 && (cc.init || s.app[i].Shares == 0) && g.MaxShares >= 1
+		if base.Shares > 0 || !cc.init && pod.App.Shares > 0 || g.MaxShares < 1 {
+			f |= notIdle
+		}
+		return f
 	}
-	if g.Sharing == api.SharingExclusive || s.app[i].Exclusive > 0 && !cc.init {
-		return false
+	if g.Sharing == api.SharingExclusive {
+		f |= sharingMode
 	}
-	if d.MemoryMiB > g.MemoryMiB {
-		return false
+	if pod.App.Exclusive > 0 && !cc.init {
+		f |= ownWhole
 	}
-	nx := s.next(i, cc, d)
-	return base.MemoryMiB+nx.MemoryMiB <= g.MemoryCap &&
-		base.Cores+nx.Cores <= 100 &&
-		base.Shares+nx.Shares <= g.MaxShares
+	c := g.capacity()
+	if !c.Holds(d.MemoryMiB) {
+		f |= tooSmall
+	}
+	if f != 0 && !all {
+		return f
+	}
+	// What the pod would charge the GPU with the share. (Not with(): this
+	// is the hot path, and WithInit and WithApp inline where it does not.)
+	var charge gpushare.Usage
+	if cc.init {
+		charge = pod.WithInit(d)
+	} else {
+		charge = pod.WithApp(d)
+	}
+	used := gpushare.Usage(*base)
+	if !all && c.WithinAdding(used, charge) {
+		return f // Fit's common case, decided at the cheapest
+	}
+	used.Add(charge)
+	over := c.Exceeded(used) & (gpushare.LimitMemory | gpushare.LimitCores | gpushare.LimitShares)
+	return f | failures(over)<<overShift
+}
+
+// with is what the pod would charge a GPU if container cc took d there.
+func with(pod *gpushare.Pod, d gpushare.Usage, init bool) gpushare.Usage {
+	if init {
+		return pod.WithInit(d)
+	}
+	return pod.WithApp(d)
 }
 
 // placeContainer chooses the GPUs of the k-th compiled container and adds
@@ -246,20 +347,50 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 			continue
 		}
 		g := &n.GPUs[i]
+		if n.hasMIG {
+			s.mig.ok[i] = false
+		}
+		if g.MIG != nil || c.MIGProfile != "" {
+			if s.mig == nil {
+				continue // a MIG request on a node without MIG GPUs
+			}
+			ch, ok := cr.migFit(g, c, &s.mig.pend[i])
+			if !ok {
+				continue
+			}
+			s.mig.ch[i], s.mig.ok[i] = ch, true
+			s.cand[m] = i
+			// Binpack: the fuller GPU first; spread: the emptier.
+			s.rank[i] = float64(len(g.MIG.Instances()) + s.mig.pend[i].n)
+			if cr.gpuPol == api.GPUSpread {
+				s.rank[i] = -s.rank[i]
+			}
+			m++
+			continue
+		}
+		if c.GPUs > 1 && g.Sharing == api.SharingMPS {
+			continue // an MPS client connects to one GPU's daemon
+		}
 		d := demandOn(c, g)
-		if !s.fitsGPU(g, i, cc, d) {
+		if d.Exclusive > 0 && replicated(g) {
+			d = replicaSlot(g)
+		}
+		if s.rules(g, i, cc, d, false) != 0 {
 			continue
 		}
 		s.cand[m] = i
-		pending := combine(s.app[i], s.init[i])
+		pending := Usage(s.pod[i].Charge())
 		if ranker != nil {
-			s.rank[i] = ranker.RankGPU(cr, n, i, pending, d)
+			s.rank[i] = ranker.RankGPU(cr, n, i, pending, Usage(d))
 		} else {
-			s.rank[i] = builtinRank(cr.gpuPol, g, pending, d)
+			s.rank[i] = builtinRank(cr.gpuPol, g, pending, Usage(d))
 		}
 		m++
 	}
 	if m < c.GPUs {
+		if n.hasMIG || c.MIGProfile != "" {
+			return cr.migReason(n, c, s)
+		}
 		return cr.explain(n, cc, s, m)
 	}
 	chosen := s.set[:0]
@@ -281,11 +412,26 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 	}
 	for _, i := range chosen {
 		g := &n.GPUs[i]
+		if n.hasMIG && s.mig.ok[i] {
+			ch := s.mig.ch[i]
+			s.pod[i].Take(migCharge, cc.init)
+			pp := &s.mig.pend[i]
+			if pp.n < len(pp.inst) {
+				pp.inst[pp.n], pp.dev[pp.n] = ch.inst, ch.device
+				pp.n++
+			}
+			p.grants = append(p.grants, Grant{GPU: i, MemoryMiB: ch.memoryMiB, Cores: ch.cores,
+				MIG: &api.MIGGrant{Profile: ch.inst.Profile, Start: ch.inst.Start, Device: ch.device}})
+			continue
+		}
 		d := demandOn(c, g)
-		if cc.init {
-			s.init[i] = maxUsage(s.init[i], d)
-		} else {
-			s.app[i].add(d)
+		if d.Exclusive > 0 && replicated(g) {
+			d = replicaSlot(g)
+		}
+		s.pod[i].Take(d, cc.init)
+		if slotted(c, g) {
+			p.grants = append(p.grants, Grant{GPU: i, MemoryMiB: d.MemoryMiB, Cores: d.Cores})
+			continue
 		}
 		mem := c.memoryOn(g)
 		p.grants = append(p.grants, Grant{GPU: i, MemoryMiB: mem, Cores: cores(c), Exclusive: d.Exclusive > 0})
@@ -305,7 +451,7 @@ func cores(c Container) int {
 // fraction of the GPU in use after the share is added (higher = fuller).
 func builtinRank(pol api.GPUPolicy, g *GPU, pending, d Usage) float64 {
 	after := float64(g.Used.MemoryMiB+pending.MemoryMiB+d.MemoryMiB)/float64(g.MemoryCap) +
-		float64(g.Used.Cores+pending.Cores+d.Cores)/100
+		float64(g.Used.Cores+pending.Cores+d.Cores)/gpushare.FullCores
 	if pol == api.GPUSpread {
 		return -after
 	}
@@ -384,62 +530,85 @@ func contains(xs []int, x int) bool {
 	return false
 }
 
-// explain says why only m eligible GPUs can take container cc.
+// explain says why only m eligible GPUs can take container cc, from the
+// rules each of them breaks.
 func (cr *Compiled) explain(n *Node, cc *compiledContainer, s *Scratch, m int) Reason {
 	c := cc.c
 	name := c.Name
-	if c.Exclusive() {
-		free, total := 0, 0
+	if c.GPUs > 1 {
+		mps := 0
+		for i := range n.GPUs {
+			if s.eligible[i] && n.GPUs[i].Sharing == api.SharingMPS {
+				mps++
+			}
+		}
+		if mps > 0 && mps+m >= c.GPUs {
+			return Reason{Kind: ReasonMPSOneGPU, Container: name, Need: int64(c.GPUs)}
+		}
+	}
+	slots := false
+	for i := range n.GPUs {
+		slots = slots || s.eligible[i] && slotted(c, &n.GPUs[i])
+	}
+	if c.Exclusive() && !slots {
+		idle, total := 0, 0
 		for i := range n.GPUs {
 			if s.eligible[i] {
 				total++
-				if n.GPUs[i].Used.Shares == 0 && (cc.init || s.app[i].Shares == 0) {
-					free++
+				g := &n.GPUs[i]
+				if s.rules(g, i, cc, demandOn(c, g), true)&notIdle == 0 { // (not slotted: see slots above)
+					idle++
 				}
 			}
 		}
-		return Reason{Kind: ReasonWholeGPUs, Container: name, Need: int64(c.GPUs), Have: int64(free), Total: total}
+		return Reason{Kind: ReasonWholeGPUs, Container: name, Need: int64(c.GPUs), Have: int64(idle), Total: total}
 	}
-	// Find the first resource that no eligible GPU has enough of.
+	// Find the first rule that every eligible GPU breaks.
 	var need, largest, physical int64
 	var memGPU, coreGPU string
-	mostCores, memOK, coresOK, sharesOK, modeOK, heldWhole := -1, 0, 0, 0, 0, 0
+	mostCores, memOK, coresOK, sharesOK, modeOK, heldWholeBy := -1, 0, 0, 0, 0, 0
 	for i := range n.GPUs {
 		if !s.eligible[i] {
 			continue
 		}
 		g := &n.GPUs[i]
 		physical = max(physical, g.MemoryMiB)
-		if g.Sharing == api.SharingExclusive {
+		d := demandOn(c, g)
+		if d.Exclusive > 0 && replicated(g) {
+			d = replicaSlot(g)
+		}
+		f := s.rules(g, i, cc, d, true)
+		if f&sharingMode != 0 {
 			continue
 		}
-		if g.Used.Exclusive > 0 {
-			heldWhole++
+		if f&heldWhole != 0 {
+			heldWholeBy++
 			continue
 		}
 		modeOK++
-		d := demandOn(c, g)
-		nx := s.next(i, cc, d)
 		need = d.MemoryMiB
+		// What the GPU has free for this container, beside what the pod
+		// itself already holds there.
+		nx := with(&s.pod[i], d, cc.init)
 		if free := g.MemoryCap - g.Used.MemoryMiB - (nx.MemoryMiB - d.MemoryMiB); free > largest || memGPU == "" {
 			largest, memGPU = free, g.UUID
 		}
-		if free := 100 - g.Used.Cores - (nx.Cores - d.Cores); free > mostCores {
+		if free := gpushare.FullCores - g.Used.Cores - (nx.Cores - d.Cores); free > mostCores {
 			mostCores, coreGPU = free, g.UUID
 		}
-		if g.Used.MemoryMiB+nx.MemoryMiB <= g.MemoryCap && d.MemoryMiB <= g.MemoryMiB {
+		if f&(noMemory|tooSmall) == 0 {
 			memOK++
 		}
-		if g.Used.Cores+nx.Cores <= 100 {
+		if f&noCores == 0 {
 			coresOK++
 		}
-		if g.Used.Shares+nx.Shares <= g.MaxShares {
+		if f&noShares == 0 {
 			sharesOK++
 		}
 	}
 	switch {
-	case modeOK == 0 && heldWhole > 0:
-		return Reason{Kind: ReasonHeldWhole, Container: name, Total: heldWhole}
+	case modeOK == 0 && heldWholeBy > 0:
+		return Reason{Kind: ReasonHeldWhole, Container: name, Total: heldWholeBy}
 	case modeOK == 0:
 		return Reason{Kind: ReasonSharingMode, Container: name}
 	case need > physical:

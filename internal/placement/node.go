@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/tessera-gpu/tessera/internal/gpushare"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -26,6 +27,10 @@ type GPU struct {
 	MaxShares int
 	Healthy   bool
 	Sharing   api.SharingMode
+	// SMs is the GPU's SM count (0: unknown).
+	SMs int
+	// MIG is the GPU's MIG state when it is in a MIG sharing mode.
+	MIG *MIGState
 
 	// Allocated now, summed over the pods that hold this GPU.
 	Used Usage
@@ -33,34 +38,25 @@ type GPU struct {
 	modelID int32
 }
 
-// Usage is what is allocated on one GPU. Charges of pods add to it and
-// subtract from it exactly (integers only).
-type Usage struct {
-	MemoryMiB int64
-	Cores     int // percent of SMs
-	Shares    int // containers holding a share
-	Exclusive int // 1 when a pod holds the GPU exclusively
-}
+// Usage is what is allocated on one GPU: gpushare.Usage, whose package
+// holds the charge arithmetic, as the core's own type (convert freely).
+// Charges of pods add to it and subtract from it exactly.
+type Usage gpushare.Usage
 
-func (u *Usage) add(c Usage) {
-	u.MemoryMiB += c.MemoryMiB
-	u.Cores += c.Cores
-	u.Shares += c.Shares
-	u.Exclusive += c.Exclusive
-}
+func (u *Usage) add(c Usage) { (*gpushare.Usage)(u).Add(gpushare.Usage(c)) }
 
-func (u *Usage) sub(c Usage) {
-	u.MemoryMiB -= c.MemoryMiB
-	u.Cores -= c.Cores
-	u.Shares -= c.Shares
-	u.Exclusive -= c.Exclusive
+func (u *Usage) sub(c Usage) { (*gpushare.Usage)(u).Sub(gpushare.Usage(c)) }
+
+// capacity is what the GPU can give.
+func (g *GPU) capacity() gpushare.Capacity {
+	return gpushare.Capacity{MemoryMiB: g.MemoryMiB, MemoryCap: g.MemoryCap, MaxShares: g.MaxShares}
 }
 
 // FreeMemory is the memory still grantable on the GPU.
 func (g *GPU) FreeMemory() int64 { return g.MemoryCap - g.Used.MemoryMiB }
 
 // FreeCores is the compute share still grantable on the GPU, in percent.
-func (g *GPU) FreeCores() int { return 100 - g.Used.Cores }
+func (g *GPU) FreeCores() int { return gpushare.FullCores - g.Used.Cores }
 
 // FreeShares is the number of further containers the GPU may take.
 func (g *GPU) FreeShares() int { return g.MaxShares - g.Used.Shares }
@@ -76,7 +72,7 @@ func (g *GPU) FreeFraction() float64 {
 		return 0
 	}
 	mem := float64(g.FreeMemory()) / float64(g.MemoryCap)
-	cores := float64(g.FreeCores()) / 100
+	cores := float64(g.FreeCores()) / gpushare.FullCores
 	return math.Max(0, math.Min(mem, cores))
 }
 
@@ -94,6 +90,8 @@ type Node struct {
 	// Version changes whenever the node's state changes, so policies can
 	// cache per-node values.
 	Version uint64
+	// hasMIG: some GPU is in a MIG sharing mode.
+	hasMIG bool
 	// Labels are free-form node facts policies may use (for example the
 	// simulator's GPU model for CPU-only nodes). Not used by the core.
 	Labels map[string]string
@@ -138,12 +136,9 @@ func NewNode(name string, cpuMilli, memMiB int64, inv *api.NodeInventory) (*Node
 	if inv == nil {
 		return n, nil
 	}
-	factor := inv.MemoryOvercommit
-	if factor == 0 {
-		factor = 1
-	}
-	if factor < 1 || factor > api.MaxMemoryOvercommit || math.IsNaN(factor) {
-		return nil, fmt.Errorf("node %s: memory overcommit %v outside [1, %v]", name, factor, api.MaxMemoryOvercommit)
+	factor, err := gpushare.Overcommit(inv.MemoryOvercommit)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: %w", name, err)
 	}
 	if len(inv.GPUs) > api.MaxGPUsPerNode {
 		return nil, fmt.Errorf("node %s: %d GPUs, at most %d supported", name, len(inv.GPUs), api.MaxGPUsPerNode)
@@ -157,23 +152,23 @@ func NewNode(name string, cpuMilli, memMiB int64, inv *api.NodeInventory) (*Node
 		if g.MemoryMiB <= 0 {
 			return nil, fmt.Errorf("node %s: GPU %s has memory %d MiB, must be positive", name, g.UUID, g.MemoryMiB)
 		}
-		maxShares := g.MaxShares
-		if g.Sharing == api.SharingExclusive || maxShares < 1 {
-			maxShares = 1
-		}
 		pos[g.UUID] = i
+		c := gpushare.CapacityOf(g, factor)
 		n.GPUs[i] = GPU{
 			UUID:      g.UUID,
 			Index:     g.Index,
 			Model:     g.Model,
 			NUMANode:  g.NUMANode,
-			MemoryMiB: g.MemoryMiB,
-			MemoryCap: int64(math.Floor(float64(g.MemoryMiB) * factor)),
-			MaxShares: maxShares,
+			MemoryMiB: c.MemoryMiB,
+			MemoryCap: c.MemoryCap,
+			MaxShares: c.MaxShares,
 			Healthy:   g.Health == api.Healthy,
 			Sharing:   g.Sharing,
+			SMs:       g.SMCount,
+			MIG:       newMIGState(g, inv.MIGStrategy),
 			modelID:   -1,
 		}
+		n.hasMIG = n.hasMIG || n.GPUs[i].MIG != nil
 	}
 	for i, g := range inv.GPUs {
 		for _, l := range g.Links {
@@ -199,6 +194,9 @@ func NewNode(name string, cpuMilli, memMiB int64, inv *api.NodeInventory) (*Node
 func (n *Node) Clone() *Node {
 	c := *n
 	c.GPUs = append([]GPU(nil), n.GPUs...)
+	for i := range c.GPUs {
+		c.GPUs[i].MIG = c.GPUs[i].MIG.clone()
+	}
 	c.links = append([]int16(nil), n.links...)
 	if n.links == nil {
 		c.links = nil

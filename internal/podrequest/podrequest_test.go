@@ -5,40 +5,25 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/placement"
+	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 var names = api.DefaultResourceNames
 
-func ctr(name string, res map[string]string) corev1.Container {
-	c := corev1.Container{Name: name, Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{}, Requests: corev1.ResourceList{}}}
-	for k, v := range res {
-		q := resource.MustParse(v)
-		switch k {
-		case "cpu", "memory":
-			c.Resources.Requests[corev1.ResourceName(k)] = q
-		default:
-			c.Resources.Limits[corev1.ResourceName(k)] = q
-		}
+// pod is namespace ns, pod p with annotations ann.
+func pod(ann map[string]string) *fixtures.PodWrapper {
+	p := fixtures.MakePod().Namespace("ns").Name("p")
+	for k, v := range ann {
+		p.Annotation(k, v)
 	}
-	return c
-}
-
-func pod(ann map[string]string, init []corev1.Container, cs ...corev1.Container) *corev1.Pod {
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", Annotations: ann},
-		Spec:       corev1.PodSpec{InitContainers: init, Containers: cs},
-	}
+	return p
 }
 
 func TestFromPod(t *testing.T) {
-	always := corev1.ContainerRestartPolicyAlways
-	sidecar := ctr("side", map[string]string{"nvidia.com/gpumem": "1000", "cpu": "1", "memory": "1Gi"})
-	sidecar.RestartPolicy = &always
 	tests := []struct {
 		name       string
 		pod        *corev1.Pod
@@ -47,25 +32,26 @@ func TestFromPod(t *testing.T) {
 	}{
 		{
 			name: "whole GPU",
-			pod:  pod(nil, nil, ctr("a", map[string]string{"nvidia.com/gpu": "2"})),
+			pod:  pod(nil).Container("a", map[string]string{"nvidia.com/gpu": "2"}).Obj(),
 			want: placement.Request{Containers: []placement.Container{{Name: "a", GPUs: 2, MemoryPercent: 100}}},
 		},
 		{
 			name: "memory and cores, count defaulted to 1",
-			pod:  pod(nil, nil, ctr("a", map[string]string{"nvidia.com/gpumem": "10240", "nvidia.com/gpucores": "30"})),
+			pod:  pod(nil).Container("a", map[string]string{"nvidia.com/gpumem": "10240", "nvidia.com/gpucores": "30"}).Obj(),
 			want: placement.Request{Containers: []placement.Container{{Name: "a", GPUs: 1, MemoryMiB: 10240, Cores: 30}}},
 		},
 		{
 			name: "fraction",
-			pod:  pod(nil, nil, ctr("a", map[string]string{"nvidia.com/gpu": "0.5"})),
+			pod:  pod(nil).Container("a", map[string]string{"nvidia.com/gpu": "0.5"}).Obj(),
 			want: placement.Request{Containers: []placement.Container{{Name: "a", GPUs: 1, MemoryPercent: 50, Cores: 50}}},
 		},
 		{
 			name: "init, sidecar, multi-container, annotations, cpu",
-			pod: pod(map[string]string{"nvidia.com/use-gputype": "A100", "tessera.io/node-policy": "spread"},
-				[]corev1.Container{ctr("init", map[string]string{"nvidia.com/gpumem-percentage": "30", "cpu": "4", "memory": "100Mi"}), sidecar},
-				ctr("a", map[string]string{"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2000", "cpu": "500m", "memory": "1Gi"}),
-				ctr("b", map[string]string{"cpu": "1"})),
+			pod: pod(map[string]string{"nvidia.com/use-gputype": "A100", "tessera.io/node-policy": "spread"}).
+				InitContainer("init", map[string]string{"nvidia.com/gpumem-percentage": "30", "cpu": "4", "memory": "100Mi"}).
+				Sidecar("side", map[string]string{"nvidia.com/gpumem": "1000", "cpu": "1", "memory": "1Gi"}).
+				Container("a", map[string]string{"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2000", "cpu": "500m", "memory": "1Gi"}).
+				Container("b", map[string]string{"cpu": "1"}).Obj(),
 			want: placement.Request{
 				InitContainers: []placement.Container{{Name: "init", GPUs: 1, MemoryPercent: 30}},
 				Containers: []placement.Container{
@@ -120,13 +106,13 @@ func TestFromPodErrors(t *testing.T) {
 		pod  *corev1.Pod
 		want []string
 	}{
-		{"cores above 100", pod(nil, nil, ctr("a", map[string]string{"nvidia.com/gpucores": "120"})), []string{`"a"`, "120", "100"}},
-		{"both memory forms", pod(nil, nil, ctr("a", map[string]string{"nvidia.com/gpumem": "100", "nvidia.com/gpumem-percentage": "10"})), []string{"100 MiB", "10%"}},
-		{"fraction above one", pod(nil, nil, ctr("a", map[string]string{"nvidia.com/gpu": "1.5"})), []string{"nvidia.com/gpu", "1500m", "below 1"}},
-		{"fraction with memory", pod(nil, nil, ctr("a", map[string]string{"nvidia.com/gpu": "0.5", "nvidia.com/gpumem": "10"})), []string{"fraction"}},
-		{"fractional memory", pod(nil, nil, ctr("a", map[string]string{"nvidia.com/gpumem": "0.5"})), []string{"nvidia.com/gpumem", "whole number"}},
-		{"model in and out", pod(map[string]string{"nvidia.com/use-gputype": "A100", "nvidia.com/nouse-gputype": "a100"}, nil, ctr("a", map[string]string{"nvidia.com/gpu": "1"})), []string{"A100", "excluded"}},
-		{"bad policy", pod(map[string]string{"tessera.io/node-policy": "random"}, nil, ctr("a", map[string]string{"nvidia.com/gpu": "1"})), []string{"random"}},
+		{"cores above 100", pod(nil).Container("a", map[string]string{"nvidia.com/gpucores": "120"}).Obj(), []string{`"a"`, "120", "100"}},
+		{"both memory forms", pod(nil).Container("a", map[string]string{"nvidia.com/gpumem": "100", "nvidia.com/gpumem-percentage": "10"}).Obj(), []string{"100 MiB", "10%"}},
+		{"fraction above one", pod(nil).Container("a", map[string]string{"nvidia.com/gpu": "1.5"}).Obj(), []string{"nvidia.com/gpu", "1500m", "below 1"}},
+		{"fraction with memory", pod(nil).Container("a", map[string]string{"nvidia.com/gpu": "0.5", "nvidia.com/gpumem": "10"}).Obj(), []string{"fraction"}},
+		{"fractional memory", pod(nil).Container("a", map[string]string{"nvidia.com/gpumem": "0.5"}).Obj(), []string{"nvidia.com/gpumem", "whole number"}},
+		{"model in and out", pod(map[string]string{"nvidia.com/use-gputype": "A100", "nvidia.com/nouse-gputype": "a100"}).Container("a", map[string]string{"nvidia.com/gpu": "1"}).Obj(), []string{"A100", "excluded"}},
+		{"bad policy", pod(map[string]string{"tessera.io/node-policy": "random"}).Container("a", map[string]string{"nvidia.com/gpu": "1"}).Obj(), []string{"random"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -145,8 +131,8 @@ func TestFromPodErrors(t *testing.T) {
 
 func TestPrefix(t *testing.T) {
 	n := api.MustResourceNames("tessera.io")
-	p := pod(nil, nil, ctr("a", map[string]string{"tessera.io/gpumem": "100", "nvidia.com/gpu": "3"}))
-	if !RequestsGPU(p, n) || RequestsGPU(pod(nil, nil, ctr("a", map[string]string{"cpu": "1"})), n) {
+	p := pod(nil).Container("a", map[string]string{"tessera.io/gpumem": "100", "nvidia.com/gpu": "3"}).Obj()
+	if !kubeobj.RequestsGPU(p, n) || kubeobj.RequestsGPU(pod(nil).Container("a", map[string]string{"cpu": "1"}).Obj(), n) {
 		t.Fatal("RequestsGPU")
 	}
 	r, err := FromPod(p, n)

@@ -34,8 +34,9 @@ func BenchmarkCycle(b *testing.B) {
 	ctx := context.Background()
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
-		pod := gpuPod(fmt.Sprintf("p%d", i), map[string]string{"nvidia.com/gpumem": "1024", "nvidia.com/gpucores": "1"})
-		pod.UID = types.UID(pod.Name)
+		name := fmt.Sprintf("p%d", i)
+		pod := fixtures.MakePod().Namespace("default").Name(name).UID(name).SchedulerName(SchedulerName).
+			Container("main", map[string]string{"nvidia.com/gpumem": "1024", "nvidia.com/gpucores": "1"}).Obj()
 		cs := framework.NewCycleState()
 		if _, st := p.PreFilter(ctx, cs, pod, infos); !st.IsSuccess() {
 			b.Fatal(st)

@@ -8,6 +8,8 @@ import (
 	"k8s.io/kubernetes/cmd/kube-scheduler/app"
 	"k8s.io/kubernetes/cmd/kube-scheduler/app/options"
 	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
+
+	"github.com/tessera-gpu/tessera/internal/scheduler/resourcesfit"
 )
 
 // NewCommand returns kube-scheduler's command with the Tessera plugin
@@ -18,9 +20,9 @@ func NewCommand() *cobra.Command {
 }
 
 // Registry holds Tessera's plugins: the Tessera plugin and the profile's
-// NodeResourcesFit (ResourcesFitName).
+// NodeResourcesFit (resourcesfit.Name).
 func Registry() frameworkruntime.Registry {
-	return frameworkruntime.Registry{Name: New, ResourcesFitName: NewResourcesFit}
+	return frameworkruntime.Registry{Name: New, resourcesfit.Name: resourcesfit.New}
 }
 
 func withPlugins() []app.Option {

@@ -2,9 +2,12 @@ package scheduler
 
 import (
 	"sync"
+	"time"
 
 	"k8s.io/component-base/metrics"
 	"k8s.io/component-base/metrics/legacyregistry"
+
+	"github.com/tessera-gpu/tessera/internal/placement"
 )
 
 // Metrics are registered in component-base's legacy registry, which
@@ -55,6 +58,33 @@ func deleteGPUSeries(node, uuid string) {
 	gpuShares.DeleteLabelValues(node, uuid)
 }
 
+// gpuGauges publishes the plugin's state as the per-GPU gauges: the
+// state's usageObserver.
+type gpuGauges struct{}
+
+// nodeChanged updates the gauges of a node's GPUs. Idle GPUs have no
+// series: a large cluster would otherwise export three per GPU whether
+// used or not.
+func (gpuGauges) nodeChanged(n *placement.Node) {
+	for i := range n.GPUs {
+		g := &n.GPUs[i]
+		if g.Used == (placement.Usage{}) {
+			deleteGPUSeries(n.Name, g.UUID)
+			continue
+		}
+		gpuMemory.WithLabelValues(n.Name, g.UUID).Set(float64(g.Used.MemoryMiB))
+		gpuCores.WithLabelValues(n.Name, g.UUID).Set(float64(g.Used.Cores))
+		gpuShares.WithLabelValues(n.Name, g.UUID).Set(float64(g.Used.Shares))
+	}
+}
+
+// nodeRemoved drops the series of a node's GPUs.
+func (gpuGauges) nodeRemoved(n *placement.Node) {
+	for i := range n.GPUs {
+		deleteGPUSeries(n.Name, n.GPUs[i].UUID)
+	}
+}
+
 var registerOnce sync.Once
 
 // registerMetrics registers the metrics once per process (a test may build
@@ -63,4 +93,8 @@ func registerMetrics() {
 	registerOnce.Do(func() {
 		legacyregistry.MustRegister(placementsTotal, failuresTotal, gpuMemory, gpuCores, gpuShares, pluginDuration)
 	})
+}
+
+func since(point string, start time.Time) {
+	pluginDuration.WithLabelValues(point).Observe(time.Since(start).Seconds())
 }

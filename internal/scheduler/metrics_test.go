@@ -7,18 +7,18 @@ import (
 	"k8s.io/component-base/metrics/legacyregistry"
 
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
-	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 func TestMetricsRegistered(t *testing.T) {
 	registerMetrics()
 	registerMetrics() // once per process, however many plugins
-	n := fixtures.Node("m", fixtures.Inventory("m", 1, "NVIDIA A100-SXM4-40GB", 40960, 10), names)
-	p, infos := newTestPlugin(t, api.ClusterConfig{}, n)
-	if node, msg := schedule(t, p, infos, []string{"m"}, gpuPod("metrics", map[string]string{"nvidia.com/gpumem": "1000", "nvidia.com/gpucores": "20"})); node != "m" {
+	ts := newTestScheduler(t, nil, a100Node("m", 1))
+	if node, msg := ts.schedule(fixtures.MakePod().Name("metrics").Container("main", map[string]string{"nvidia.com/gpumem": "1000", "nvidia.com/gpucores": "20"}).Obj()); node != "m" {
 		t.Fatal(msg)
 	}
-	schedule(t, p, infos, []string{"m"}, gpuPod("nofit", map[string]string{"nvidia.com/gpumem": "40000"}))
+	if node, _ := ts.schedule(fixtures.MakePod().Name("nofit").Container("main", map[string]string{"nvidia.com/gpumem": "40000"}).Obj()); node != "" {
+		t.Fatalf("40000 MiB placed on %s beside 1000 MiB of a 40960 MiB GPU", node)
+	}
 	families, err := legacyregistry.DefaultGatherer.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -2,25 +2,32 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
+	"github.com/tessera-gpu/tessera/internal/testenv"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 var names = api.DefaultResourceNames
 
-func newTestPlugin(t *testing.T, cfg api.ClusterConfig, nodes ...*corev1.Node) (*Plugin, map[string]fwk.NodeInfo) {
+// newTestPlugin builds the plugin alone and feeds it the nodes, for tests
+// of single extension points; whole scheduling cycles run in
+// kube-scheduler (newTestScheduler).
+func newTestPlugin(t testing.TB, cfg api.ClusterConfig, nodes ...*corev1.Node) (*Plugin, map[string]fwk.NodeInfo) {
 	t.Helper()
 	p, err := newPlugin(cfg)
 	if err != nil {
@@ -36,121 +43,40 @@ func newTestPlugin(t *testing.T, cfg api.ClusterConfig, nodes ...*corev1.Node) (
 	return p, infos
 }
 
-// schedule runs the plugin's extension points the way kube-scheduler does
-// and returns the chosen node, or "" and the PostFilter message.
-func schedule(t *testing.T, p *Plugin, infos map[string]fwk.NodeInfo, order []string, pod *corev1.Pod) (string, string) {
-	t.Helper()
-	ctx := context.Background()
-	cs := framework.NewCycleState()
-	list := make([]fwk.NodeInfo, 0, len(order))
-	for _, n := range order {
-		list = append(list, infos[n])
-	}
-	if _, st := p.PreFilter(ctx, cs, pod, list); !st.IsSuccess() {
-		if st.IsSkip() {
-			return "skip", ""
-		}
-		return "", st.Message()
-	}
-	var feasible []string
-	for _, n := range order {
-		if st := p.Filter(ctx, cs, pod, infos[n]); st.IsSuccess() {
-			feasible = append(feasible, n)
-		}
-	}
-	if len(feasible) == 0 {
-		_, st := p.PostFilter(ctx, cs, pod, nil)
-		return "", st.Message()
-	}
-	scores := fwk.NodeScoreList{}
-	for _, n := range feasible {
-		s, st := p.Score(ctx, cs, pod, infos[n])
-		if !st.IsSuccess() {
-			t.Fatal(st)
-		}
-		scores = append(scores, fwk.NodeScore{Name: n, Score: s})
-	}
-	p.NormalizeScore(ctx, cs, pod, scores)
-	best := scores[0]
-	for _, s := range scores[1:] {
-		if s.Score > best.Score {
-			best = s
-		}
-	}
-	if best.Score < 0 || best.Score > fwk.MaxScore {
-		t.Fatalf("normalized score %d outside [0, %d]", best.Score, fwk.MaxScore)
-	}
-	if st := p.Reserve(ctx, cs, pod, best.Name); !st.IsSuccess() {
-		t.Fatalf("Reserve: %v", st)
-	}
-	client := fake.NewSimpleClientset(pod)
-	p.client = client
-	if st := p.PreBind(ctx, cs, pod, best.Name); !st.IsSuccess() {
-		t.Fatalf("PreBind: %v", st)
-	}
-	got, err := client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec, err := api.DecodeAllocation([]byte(got.Annotations[api.AnnotationAllocation]))
-	if err != nil {
-		t.Fatalf("record written by PreBind: %v", err)
-	}
-	if rec.Node != best.Name {
-		t.Fatalf("record names node %s, chosen %s", rec.Node, best.Name)
-	}
-	return best.Name, ""
-}
-
-func gpuPod(name string, res map[string]string) *corev1.Pod {
-	p := fixtures.Pod("default", name, SchedulerName, fixtures.Container("main", res))
-	p.UID = types.UID("uid-" + name)
-	return p
+func a100Node(name string, gpus int) *corev1.Node {
+	return fixtures.Node(name, fixtures.Inventory(name, gpus, "NVIDIA A100-SXM4-40GB", 40960, 10), names)
 }
 
 func TestBinpackAndSpread(t *testing.T) {
-	a := fixtures.Node("a", fixtures.Inventory("a", 2, "NVIDIA A100-SXM4-40GB", 40960, 10), names)
-	b := fixtures.Node("b", fixtures.Inventory("b", 2, "NVIDIA A100-SXM4-40GB", 40960, 10), names)
-	p, infos := newTestPlugin(t, api.ClusterConfig{}, a, b)
-	order := []string{"a", "b"}
-	first, _ := schedule(t, p, infos, order, gpuPod("p1", map[string]string{"nvidia.com/gpumem": "10000"}))
-	second, _ := schedule(t, p, infos, order, gpuPod("p2", map[string]string{"nvidia.com/gpumem": "10000"}))
+	ts := newTestScheduler(t, nil, a100Node("a", 2), a100Node("b", 2))
+	share := map[string]string{"nvidia.com/gpumem": "10000"}
+	first, msg := ts.schedule(fixtures.MakePod().Name("p1").Container("main", share).Obj())
+	if first == "" {
+		t.Fatal(msg)
+	}
+	second, _ := ts.schedule(fixtures.MakePod().Name("p2").Container("main", share).Obj())
 	if first != second {
 		t.Errorf("binpack put p1 on %s and p2 on %s, want the same node", first, second)
 	}
-	spread := gpuPod("p3", map[string]string{"nvidia.com/gpumem": "10000"})
-	spread.Annotations = map[string]string{api.AnnotationNodePolicy: "spread"}
-	if third, _ := schedule(t, p, infos, order, spread); third == first {
+	spread := fixtures.MakePod().Name("p3").Annotation(api.AnnotationNodePolicy, "spread").Container("main", share).Obj()
+	if third, _ := ts.schedule(spread); third == first {
 		t.Errorf("spread put p3 on the fuller node %s", third)
 	}
-	if err := p.st.cluster.Check(); err != nil {
-		t.Fatal(err)
-	}
+	ts.check()
 }
 
 func TestUnschedulableMessage(t *testing.T) {
-	var nodes []*corev1.Node
-	var order []string
-	for i, model := range []string{"NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-40GB", "Tesla T4"} {
-		name := string(rune('a' + i))
-		mem := int64(40960)
-		if model == "Tesla T4" {
-			mem = 15360
-		}
-		nodes = append(nodes, fixtures.Node(name, fixtures.Inventory(name, 1, model, mem, 10), names))
-		order = append(order, name)
-	}
-	p, infos := newTestPlugin(t, api.ClusterConfig{}, nodes...)
+	t4 := fixtures.Node("c", fixtures.Inventory("c", 1, "Tesla T4", 15360, 10), names)
+	ts := newTestScheduler(t, nil, a100Node("a", 1), a100Node("b", 1), t4)
 	// Fill the A100s half.
-	for i := range 2 {
-		fill := gpuPod("fill"+string(rune('0'+i)), map[string]string{"nvidia.com/gpumem": "20000"})
-		fill.Annotations = map[string]string{api.AnnotationNodePolicy: "spread", api.AnnotationUseGPUType: "A100"}
-		if n, msg := schedule(t, p, infos, order, fill); n == "" {
+	for _, name := range []string{"fill0", "fill1"} {
+		fill := fixtures.MakePod().Name(name).Annotation(api.AnnotationNodePolicy, "spread").Annotation(api.AnnotationUseGPUType, "A100").
+			Container("main", map[string]string{"nvidia.com/gpumem": "20000"}).Obj()
+		if n, msg := ts.schedule(fill); n == "" {
 			t.Fatal(msg)
 		}
 	}
-	big := gpuPod("big", map[string]string{"nvidia.com/gpumem": "30000"})
-	node, msg := schedule(t, p, infos, order, big)
+	node, msg := ts.schedule(fixtures.MakePod().Name("big").Container("main", map[string]string{"nvidia.com/gpumem": "30000"}).Obj())
 	if node != "" {
 		t.Fatalf("placed on %s", node)
 	}
@@ -159,77 +85,87 @@ func TestUnschedulableMessage(t *testing.T) {
 			t.Errorf("message %q does not say %q", msg, want)
 		}
 	}
-	sel := gpuPod("sel", map[string]string{"nvidia.com/gpumem": "1000"})
-	sel.Annotations = map[string]string{"nvidia.com/use-gputype": "H100"}
-	if _, msg := schedule(t, p, infos, order, sel); !strings.Contains(msg, "not selected by use-gputype=H100") {
+	sel := fixtures.MakePod().Name("sel").Annotation("nvidia.com/use-gputype", "H100").Container("main", map[string]string{"nvidia.com/gpumem": "1000"}).Obj()
+	if _, msg := ts.schedule(sel); !strings.Contains(msg, "not selected by use-gputype=H100") {
 		t.Errorf("message %q does not name the selector", msg)
 	}
-	bad := gpuPod("bad", map[string]string{"nvidia.com/gpucores": "150"})
-	if _, msg := schedule(t, p, infos, order, bad); !strings.Contains(msg, "150") || !strings.Contains(msg, "100") {
+	bad := fixtures.MakePod().Name("bad").Container("main", map[string]string{"nvidia.com/gpucores": "150"}).Obj()
+	if _, msg := ts.schedule(bad); !strings.Contains(msg, "150") || !strings.Contains(msg, "100") {
 		t.Errorf("invalid request message %q does not name value and limit", msg)
 	}
 }
 
+// A pod without GPU resources is not the plugin's: it skips the pod, which
+// DefaultBinder binds without a record.
 func TestNonGPUPodSkips(t *testing.T) {
-	p, infos := newTestPlugin(t, api.ClusterConfig{})
-	if n, _ := schedule(t, p, infos, nil, fixtures.Pod("default", "cpu", "", fixtures.Container("c", map[string]string{"cpu": "1"}))); n != "skip" {
-		t.Errorf("got %q, want skip", n)
+	ts := newTestScheduler(t, nil, a100Node("a", 1))
+	if n, msg := ts.schedule(fixtures.MakePod().Name("cpu").Container("c", map[string]string{"cpu": "1"}).Obj()); n != "a" {
+		t.Fatalf("CPU pod not bound: %q", msg)
+	}
+	got, err := ts.client.CoreV1().Pods(metav1.NamespaceDefault).Get(ts.ctx, "cpu", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := got.Annotations[api.AnnotationAllocation]; ok || ts.held() != 0 {
+		t.Errorf("the plugin placed a pod without GPU resources: %v, %d held", got.Annotations, ts.held())
 	}
 }
 
 func TestRebuildFromRecordsAndRelease(t *testing.T) {
-	n := fixtures.Node("a", fixtures.Inventory("a", 1, "NVIDIA A100-SXM4-40GB", 40960, 10), names)
-	p, infos := newTestPlugin(t, api.ClusterConfig{}, n)
-	pod := gpuPod("p1", map[string]string{"nvidia.com/gpumem": "30000"})
-	if node, msg := schedule(t, p, infos, []string{"a"}, pod); node != "a" {
+	share := map[string]string{"nvidia.com/gpumem": "30000"}
+	ts := newTestScheduler(t, nil, a100Node("a", 1))
+	if node, msg := ts.schedule(fixtures.MakePod().Name("p1").Container("main", share).Obj()); node != "a" {
 		t.Fatal(msg)
 	}
-	rec := p.st.cluster.Allocation("default/p1")
-	data, _ := api.EncodeAllocation(rec)
+	bound, err := ts.client.CoreV1().Pods(metav1.NamespaceDefault).Get(ts.ctx, "p1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 
-	// A restarted plugin learns the allocation from the bound pod's record.
-	q, infos := newTestPlugin(t, api.ClusterConfig{}, n)
-	bound := pod.DeepCopy()
-	bound.Spec.NodeName = "a"
-	bound.Annotations = map[string]string{api.AnnotationAllocation: string(data)}
-	q.st.observePod(klog.Background(), bound)
-	if node, _ := schedule(t, q, infos, []string{"a"}, gpuPod("p2", map[string]string{"nvidia.com/gpumem": "30000"})); node != "" {
+	// A restarted scheduler learns the allocation from the bound pod's
+	// record before it places anything.
+	q := newTestScheduler(t, nil, a100Node("a", 1), bound)
+	if node, _ := q.schedule(fixtures.MakePod().Name("p2").Container("main", share).Obj()); node != "" {
 		t.Fatalf("p2 placed on %s although p1's record holds the memory", node)
 	}
 	// An unbound pod with a record (PreBind without binding) holds nothing.
-	unbound := gpuPod("p3", nil)
-	unbound.Annotations = map[string]string{api.AnnotationAllocation: string(data)}
-	q.st.observePod(klog.Background(), unbound)
-	if q.st.cluster.PodCount() != 1 {
-		t.Fatalf("pods held: %d, want 1", q.st.cluster.PodCount())
+	unbound := fixtures.MakePod().Namespace(metav1.NamespaceDefault).Name("p3").UID("uid-p3").Container("main", nil).Obj()
+	unbound.Annotations = map[string]string{api.AnnotationAllocation: bound.Annotations[api.AnnotationAllocation]}
+	q.plugin.st.observePod(klog.Background(), unbound)
+	if q.held() != 1 {
+		t.Fatalf("pods held: %d, want 1", q.held())
 	}
-	// Terminated pods release.
+	// Terminated pods release, and the waiting pod is placed.
 	done := bound.DeepCopy()
 	done.Status.Phase = corev1.PodSucceeded
-	if !q.st.observePod(klog.Background(), done) {
-		t.Fatal("succeeded pod did not release")
-	}
-	if node, msg := schedule(t, q, infos, []string{"a"}, gpuPod("p2", map[string]string{"nvidia.com/gpumem": "30000"})); node != "a" {
-		t.Fatalf("after release: %s", msg)
-	}
-	// Deletion (with a tombstone) releases too, and Unreserve is idempotent.
-	q.st.deletePod(tombstone(gpuPod("p2", nil)))
-	q.Unreserve(context.Background(), framework.NewCycleState(), gpuPod("p2", nil), "a")
-	if q.st.cluster.PodCount() != 0 {
-		t.Fatalf("pods held after delete: %d", q.st.cluster.PodCount())
-	}
-	if err := q.st.cluster.Check(); err != nil {
+	if _, err := q.client.CoreV1().Pods(metav1.NamespaceDefault).UpdateStatus(q.ctx, done, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	if node := q.waitBound(metav1.NamespaceDefault, "p2"); node != "a" {
+		t.Fatalf("after release p2 is on %q", node)
+	}
+	if q.held() != 1 {
+		t.Fatalf("pods held after p1 ended and p2 was placed: %d, want 1", q.held())
+	}
+	// Deletion (with a tombstone) releases too, and Unreserve is idempotent.
+	p2, err := q.client.CoreV1().Pods(metav1.NamespaceDefault).Get(q.ctx, "p2", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.plugin.st.deletePod(tombstone(p2))
+	q.plugin.Unreserve(context.Background(), framework.NewCycleState(), p2, "a")
+	if q.held() != 0 {
+		t.Fatalf("pods held after delete: %d", q.held())
+	}
+	q.check()
 }
 
 func tombstone(p *corev1.Pod) any { return cacheTombstone(p) }
 
 func TestUnreserve(t *testing.T) {
-	n := fixtures.Node("a", fixtures.Inventory("a", 1, "NVIDIA A100-SXM4-40GB", 40960, 10), names)
-	p, infos := newTestPlugin(t, api.ClusterConfig{}, n)
+	p, infos := newTestPlugin(t, api.ClusterConfig{}, a100Node("a", 1))
 	ctx := context.Background()
-	pod := gpuPod("p", map[string]string{"nvidia.com/gpu": "1"})
+	pod := fixtures.MakePod().Namespace("default").Name("p").UID("uid-p").Container("main", map[string]string{"nvidia.com/gpu": "1"}).Obj()
 	cs := framework.NewCycleState()
 	if _, st := p.PreFilter(ctx, cs, pod, []fwk.NodeInfo{infos["a"]}); !st.IsSuccess() {
 		t.Fatal(st)
@@ -245,6 +181,32 @@ func TestUnreserve(t *testing.T) {
 	if got := p.st.cluster.Node("a").GPUs[0].Used; got != (placement.Usage{}) {
 		t.Fatalf("GPU still charged after Unreserve: %+v", got)
 	}
+}
+
+// A binding the API server refuses makes kube-scheduler unreserve: the
+// GPUs are free again for the next pod.
+func TestFailedBindingReleases(t *testing.T) {
+	ts := newTestScheduler(t, nil, a100Node("a", 1))
+	ts.client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() == "binding" && a.(k8stesting.CreateAction).GetObject().(*corev1.Binding).Name == "refused" {
+			return true, nil, apierrors.NewForbidden(corev1.Resource("pods/binding"), "refused", errors.New("not today"))
+		}
+		return false, nil, nil
+	})
+	ts.create(fixtures.MakePod().Name("refused").Container("main", map[string]string{"nvidia.com/gpu": "1"}).Obj())
+	// Between kube-scheduler's attempts (it retries the pod) nothing holds
+	// the GPU.
+	testenv.WaitFor(t, "the refused binding's GPU released", 30*time.Second, func() bool {
+		return ts.bindAttempts("refused") > 0 && ts.held() == 0
+	})
+	if err := ts.client.CoreV1().Pods(metav1.NamespaceDefault).Delete(ts.ctx, "refused", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, "the refused pod gone", 30*time.Second, func() bool { return ts.held() == 0 })
+	if node, msg := ts.schedule(fixtures.MakePod().Name("next").Container("main", map[string]string{"nvidia.com/gpu": "1"}).Obj()); node != "a" {
+		t.Fatalf("the whole GPU the refused pod reserved is still taken: %q", msg)
+	}
+	ts.check()
 }
 
 func TestBadArgs(t *testing.T) {

@@ -1,8 +1,10 @@
-// Package testenv starts a real Kubernetes control plane inside a test
-// process: etcd 3.6 (embedded) and kube-apiserver (in-process, from the
-// pinned k8s.io/kubernetes module). No kubelet runs; tests create Node
-// objects whose status and annotations describe the machines (see
-// package fixtures).
+// Package testenv is Tessera's test harness (tests only; shipped code must
+// not import it): a real Kubernetes control plane inside a test process,
+// etcd 3.6 (embedded, internal/lab/etcd) and kube-apiserver (in-process,
+// from the pinned k8s.io/kubernetes module); the one wait helper
+// (WaitFor); and builds of the binaries tests run (Build, BuildEtcd,
+// BuildKubectl). No kubelet runs; tests create Node objects whose status
+// and annotations describe the machines (see package fixtures).
 //
 //	cp := testenv.StartControlPlane(t)
 //	cp.Client.CoreV1().Nodes().Create(ctx, fixtures.Node(...), metav1.CreateOptions{})
@@ -16,8 +18,6 @@ package testenv
 import (
 	"context"
 	"fmt"
-	"net"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,7 +25,6 @@ import (
 	"testing"
 	"time"
 
-	"go.etcd.io/etcd/server/v3/embed"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/storage/storagebackend"
@@ -34,6 +33,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	apiservertesting "k8s.io/kubernetes/cmd/kube-apiserver/app/testing"
+
+	"github.com/tessera-gpu/tessera/internal/lab/etcd"
 )
 
 // ControlPlane is a running etcd + kube-apiserver.
@@ -67,7 +68,7 @@ func StartControlPlane(t testing.TB, opts ...Options) *ControlPlane {
 		o = opts[0]
 	}
 	dir := t.TempDir()
-	etcdURL, stopEtcd, err := StartEtcd(filepath.Join(dir, "etcd"))
+	etcdURL, stopEtcd, err := etcd.Start(filepath.Join(dir, "etcd"))
 	if err != nil {
 		t.Fatalf("starting etcd: %v", err)
 	}
@@ -128,66 +129,6 @@ func (cp *ControlPlane) waitReady() error {
 	return nil
 }
 
-// StartEtcd starts an embedded single-member etcd 3.6 with its data in
-// dir, on free loopback ports, and returns its client URL and a function
-// that stops it. Besides StartControlPlane, harnesses that expect an etcd
-// at KUBE_INTEGRATION_ETCD_URL (scheduler_perf) use it.
-func StartEtcd(dir string) (url string, stop func(), err error) {
-	e, u, err := startEtcd(dir)
-	if err != nil {
-		return "", nil, err
-	}
-	return u, e.Close, nil
-}
-
-func startEtcd(dir string) (*embed.Etcd, string, error) {
-	clientPort, err := freePort()
-	if err != nil {
-		return nil, "", err
-	}
-	peerPort, err := freePort()
-	if err != nil {
-		return nil, "", err
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, "", err
-	}
-	cfg := embed.NewConfig()
-	cfg.Dir = dir
-	cfg.LogLevel = "error"
-	// Shutting down logs harmless "server closed" errors; keep them with
-	// the data rather than on the caller's output.
-	cfg.LogOutputs = []string{filepath.Join(dir, "etcd.log")}
-	cu := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", clientPort)}
-	pu := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", peerPort)}
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	// Tests create and delete thousands of objects; keep the history short.
-	cfg.AutoCompactionMode = "revision"
-	cfg.AutoCompactionRetention = "1000"
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		return nil, "", err
-	}
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(time.Minute):
-		e.Close()
-		return nil, "", fmt.Errorf("etcd not ready within a minute")
-	}
-	return e, cu.String(), nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 func randSuffix() string { return fmt.Sprintf("%d", time.Now().UnixNano()) }
 
 // writeKubeconfig renders cfg (host, CA, credentials) as a kubeconfig file.
@@ -236,28 +177,13 @@ func RepoRoot(t testing.TB) string {
 // (scheduler_perf) find it once dir is put first in PATH. It needs the go
 // command; the build cache makes every build after the first quick.
 func BuildEtcd(dir string) (string, error) {
-	return buildTool(dir, "etcd", "./internal/testenv/etcdbin", nil)
+	return Build(dir, "etcd", "./internal/testenv/etcdbin")
 }
 
 // BuildKubectl builds kubectl from the pinned module (./kubectlbin, no
 // cgo, like the released kubectl) into dir and returns its path.
 func BuildKubectl(dir string) (string, error) {
-	return buildTool(dir, "kubectl", "./internal/testenv/kubectlbin", []string{"CGO_ENABLED=0"})
-}
-
-func buildTool(dir, name, pkg string, env []string) (string, error) {
-	root, err := repoRoot()
-	if err != nil {
-		return "", err
-	}
-	out := filepath.Join(dir, name)
-	cmd := exec.Command("go", "build", "-o", out, pkg)
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), env...)
-	if msg, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building %s: %v\n%s", name, err, msg)
-	}
-	return out, nil
+	return Build(dir, "kubectl", "./internal/testenv/kubectlbin", "CGO_ENABLED=0")
 }
 
 func repoRoot() (string, error) {
@@ -275,4 +201,43 @@ func repoRoot() (string, error) {
 		}
 		dir = parent
 	}
+}
+
+// WaitFor polls cond until it holds, failing the test (t.Fatalf, naming
+// what) when timeout passes first. It polls at 10 ms, backing off to
+// 250 ms, so a quick condition is seen at once and a slow one that reads
+// the API server does not load it. It is the one wait helper of Tessera's
+// tests; conditions that only read the API server may also use client-go's
+// wait package.
+func WaitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 250*time.Millisecond) {
+		if cond() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(wait)
+	}
+}
+
+// Build builds the Go package pkg (relative to the repository root, e.g.
+// "./cmd/tessera") into dir/name and returns the binary's path; env is
+// added to the go command's environment. The build cache makes every
+// build after the first quick.
+func Build(dir, name, pkg string, env ...string) (string, error) {
+	root, err := repoRoot()
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(dir, name)
+	cmd := exec.Command("go", "build", "-o", out, pkg)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), env...)
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building %s: %v\n%s", pkg, err, msg)
+	}
+	return out, nil
 }

@@ -16,27 +16,35 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 // Inventories tracks the largest GPU of each node from the nodes'
 // inventory annotations.
 type Inventories struct {
+	logger  klog.Logger
 	mu      sync.RWMutex
 	largest map[string]int64
 }
 
-// NewInventories returns an empty tracker.
-func NewInventories() *Inventories { return &Inventories{largest: map[string]int64{}} }
+// NewInventories returns an empty tracker that logs unreadable
+// inventories to logger.
+func NewInventories(logger klog.Logger) *Inventories {
+	return &Inventories{logger: logger, largest: map[string]int64{}}
+}
 
-// Set records a node's inventory annotation (nil or invalid: no GPUs).
+// Set records a node's inventory annotation. A node without one, or with
+// one that does not decode (logged), has no GPUs (kubeobj.Inventory).
 func (iv *Inventories) Set(node *corev1.Node) {
 	var m int64
-	if raw, ok := node.Annotations[api.AnnotationInventory]; ok {
-		if inv, err := api.DecodeInventory([]byte(raw)); err == nil {
-			for _, g := range inv.GPUs {
-				m = max(m, g.MemoryMiB)
-			}
+	inv, err := kubeobj.Inventory(node)
+	if err != nil {
+		iv.logger.Error(err, "Ignoring the node's GPU inventory", "node", klog.KObj(node))
+	}
+	if inv != nil {
+		for _, g := range inv.GPUs {
+			m = max(m, g.MemoryMiB)
 		}
 	}
 	iv.mu.Lock()
@@ -143,7 +151,7 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("serving certificate: %w", err)
 	}
 
-	inv := NewInventories()
+	inv := NewInventories(logger)
 	factory := informers.NewSharedInformerFactory(o.Client, 0)
 	if _, err := inv.Watch(factory.Core().V1().Nodes().Informer()); err != nil {
 		return err
@@ -152,13 +160,13 @@ func Run(ctx context.Context, o Options) error {
 	defer factory.Shutdown()
 	factory.WaitForCacheSync(ctx.Done())
 
-	pol := &Policy{Names: o.Names, SchedulerName: o.SchedulerName, LargestGPUMiB: inv.Largest}
+	adm := &Admission{Names: o.Names, SchedulerName: o.SchedulerName, LargestGPUMiB: inv.Largest}
 	ln, err := net.Listen("tcp", o.Listen)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", o.Listen, err)
 	}
 	srv := &http.Server{
-		Handler:           pol.Handler(logger),
+		Handler:           adm.Handler(logger),
 		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
 		ReadHeaderTimeout: 10 * time.Second,
 	}

@@ -23,7 +23,7 @@ const (
 const maxReviewBytes = 8 << 20
 
 // Handler serves AdmissionReview requests for Pods.
-func (p *Policy) Handler(logger klog.Logger) http.Handler {
+func (p *Admission) Handler(logger klog.Logger) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc(MutatePath, func(w http.ResponseWriter, r *http.Request) { p.serve(logger, w, r, true) })
 	mux.HandleFunc(ValidatePath, func(w http.ResponseWriter, r *http.Request) { p.serve(logger, w, r, false) })
@@ -31,7 +31,7 @@ func (p *Policy) Handler(logger klog.Logger) http.Handler {
 	return mux
 }
 
-func (p *Policy) serve(logger klog.Logger, w http.ResponseWriter, r *http.Request, mutate bool) {
+func (p *Admission) serve(logger klog.Logger, w http.ResponseWriter, r *http.Request, mutate bool) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxReviewBytes+1))
 	if err != nil || len(body) > maxReviewBytes {
 		http.Error(w, fmt.Sprintf("reading the AdmissionReview: body over %d bytes or unreadable", maxReviewBytes), http.StatusBadRequest)
@@ -58,7 +58,7 @@ func (p *Policy) serve(logger klog.Logger, w http.ResponseWriter, r *http.Reques
 }
 
 // review decides one admission request.
-func (p *Policy) review(req *admissionv1.AdmissionRequest, mutate bool) *admissionv1.AdmissionResponse {
+func (p *Admission) review(req *admissionv1.AdmissionRequest, mutate bool) *admissionv1.AdmissionResponse {
 	if req.Kind.Kind != "Pod" || req.SubResource != "" {
 		return &admissionv1.AdmissionResponse{Allowed: true}
 	}

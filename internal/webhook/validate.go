@@ -14,12 +14,14 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/podrequest"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
-// Policy is what the webhook enforces.
-type Policy struct {
+// Admission is what the webhook does to GPU pods: the rules it validates
+// them by and the defaults it writes into them.
+type Admission struct {
 	Names api.ResourceNames
 	// SchedulerName is where GPU pods are sent.
 	SchedulerName string
@@ -49,8 +51,8 @@ func containers(pod *corev1.Pod) []containerRef {
 // Validate checks a GPU pod. Fractional GPU counts below 1 pass (the
 // mutation converts them); everything else must be what the scheduler
 // can place. A pod without GPU resources is always valid.
-func (p *Policy) Validate(pod *corev1.Pod) field.ErrorList {
-	if !podrequest.RequestsGPU(pod, p.Names) {
+func (p *Admission) Validate(pod *corev1.Pod) field.ErrorList {
+	if !kubeobj.RequestsGPU(pod, p.Names) {
 		return nil
 	}
 	var errs field.ErrorList
@@ -80,11 +82,11 @@ func (p *Policy) Validate(pod *corev1.Pod) field.ErrorList {
 	return errs
 }
 
-func (p *Policy) validateContainer(ref containerRef, largest int64) field.ErrorList {
+func (p *Admission) validateContainer(ref containerRef, largest int64) field.ErrorList {
 	c, path := ref.c, ref.path
 	var errs field.ErrorList
 	res := path.Child("resources")
-	gpuNames := p.Names.All()
+	gpuNames := p.gpuNamesOf(c)
 	asks := false
 	for _, n := range gpuNames {
 		name := corev1.ResourceName(n)
@@ -110,12 +112,12 @@ func (p *Policy) validateContainer(ref containerRef, largest int64) field.ErrorL
 		errs = append(errs, field.Forbidden(path.Child("securityContext", "privileged"),
 			"a privileged container sees every GPU of the node, so its GPU share cannot be enforced; drop privileged or the GPU resources"))
 	}
-	r, err := podrequest.ReadResources(c, p.Names)
+	r, err := kubeobj.ReadResources(c, p.Names)
 	if err != nil {
 		return append(errs, field.Invalid(res.Child("limits"), "", err.Error()))
 	}
 	lim := res.Child("limits")
-	// podrequest.ReadResources has already refused negative values.
+	// kubeobj.ReadResources has already refused negative values.
 	if r.HasCores && r.Cores > 100 {
 		errs = append(errs, field.Invalid(lim.Key(p.Names.Cores), r.Cores, "must be between 0 and 100 (percent of the GPU's compute)"))
 	}
@@ -130,10 +132,29 @@ func (p *Policy) validateContainer(ref containerRef, largest int64) field.ErrorL
 		errs = append(errs, field.Invalid(lim.Key(p.Names.Memory), r.MemoryMiB,
 			fmt.Sprintf("exceeds the largest GPU in the cluster (%d MiB)", largest)))
 	}
-	if _, err := podrequest.Defaulted(c.Name, r, p.Names); err != nil {
+	if _, err := kubeobj.Defaulted(c.Name, r, p.Names); err != nil {
 		errs = append(errs, field.Invalid(lim.Key(p.Names.GPU), quantityString(c, p.Names.GPU), err.Error()))
 	}
 	return errs
+}
+
+// gpuNamesOf lists the GPU resource names a container may carry: the four
+// of All and every count resource (shared rename, MIG profiles) it names.
+func (p *Admission) gpuNamesOf(c *corev1.Container) []string {
+	out := p.Names.All()
+	seen := map[string]bool{}
+	for _, n := range out {
+		seen[n] = true
+	}
+	for _, rl := range []corev1.ResourceList{c.Resources.Limits, c.Resources.Requests} {
+		for n := range rl {
+			if s := string(n); !seen[s] && p.Names.IsCountResource(s) {
+				seen[s] = true
+				out = append(out, s)
+			}
+		}
+	}
+	return out
 }
 
 func quantityString(c *corev1.Container, name string) string {
@@ -165,8 +186,8 @@ func Message(errs field.ErrorList) string {
 // GPU container's resources defaulted and written as equal integer
 // requests and limits. It reports whether anything changed. The pod must
 // be valid (Validate).
-func (p *Policy) Mutate(pod *corev1.Pod) (*corev1.Pod, bool, error) {
-	if !podrequest.RequestsGPU(pod, p.Names) {
+func (p *Admission) Mutate(pod *corev1.Pod) (*corev1.Pod, bool, error) {
+	if !kubeobj.RequestsGPU(pod, p.Names) {
 		return pod, false, nil
 	}
 	out := pod.DeepCopy()
@@ -176,14 +197,14 @@ func (p *Policy) Mutate(pod *corev1.Pod) (*corev1.Pod, bool, error) {
 		changed = true
 	}
 	for _, ref := range containers(out) {
-		r, err := podrequest.ReadResources(ref.c, p.Names)
+		r, err := kubeobj.ReadResources(ref.c, p.Names)
 		if err != nil {
 			return nil, false, err
 		}
 		if !r.Any() {
 			continue
 		}
-		d, err := podrequest.Defaulted(ref.c.Name, r, p.Names)
+		d, err := kubeobj.Defaulted(ref.c.Name, r, p.Names)
 		if err != nil {
 			return nil, false, err
 		}
@@ -195,8 +216,12 @@ func (p *Policy) Mutate(pod *corev1.Pod) (*corev1.Pod, bool, error) {
 }
 
 // writeResources sets the GPU entries of c's requests and limits to d.
-func (p *Policy) writeResources(c *corev1.Container, d podrequest.Resources) bool {
-	want := map[string]int64{p.Names.GPU: d.GPUMilli / 1000}
+func (p *Admission) writeResources(c *corev1.Container, d kubeobj.Resources) bool {
+	count := d.CountName
+	if count == "" {
+		count = p.Names.GPU
+	}
+	want := map[string]int64{count: d.GPUMilli / 1000}
 	if d.MemoryMiB > 0 {
 		want[p.Names.Memory] = d.MemoryMiB
 	}
@@ -211,7 +236,11 @@ func (p *Policy) writeResources(c *corev1.Container, d podrequest.Resources) boo
 		if *list == nil {
 			*list = corev1.ResourceList{}
 		}
-		for _, n := range p.Names.All() {
+		names := p.Names.All()
+		if count != p.Names.GPU {
+			names = append(names, count)
+		}
+		for _, n := range names {
 			name := corev1.ResourceName(n)
 			v, ok := want[n]
 			old, had := (*list)[name]

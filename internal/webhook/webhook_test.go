@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"github.com/google/cel-go/cel"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -19,17 +20,20 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/ktesting"
 
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
-func testPolicy() *Policy {
-	return &Policy{Names: api.DefaultResourceNames, SchedulerName: "tessera-scheduler", LargestGPUMiB: func() int64 { return 40960 }}
+func testAdmission() *Admission {
+	return &Admission{Names: api.DefaultResourceNames, SchedulerName: "tessera-scheduler", LargestGPUMiB: func() int64 { return 40960 }}
 }
 
+// pod is a pod whose container "main" asks res, with requests equal to
+// limits as the API server defaults them before admission.
 func pod(res map[string]string) *corev1.Pod {
-	p := fixtures.Pod("default", "p", corev1.DefaultSchedulerName, fixtures.Container("main", res))
+	p := fixtures.MakePod().Namespace("default").Name("p").SchedulerName(corev1.DefaultSchedulerName).Container("main", res).Obj()
 	c := &p.Spec.Containers[0]
 	for k, v := range c.Resources.Limits {
 		if c.Resources.Requests == nil {
@@ -71,7 +75,7 @@ func TestValidateRejections(t *testing.T) {
 			if tc.mutate != nil {
 				tc.mutate(p)
 			}
-			errs := testPolicy().Validate(p)
+			errs := testAdmission().Validate(p)
 			if len(errs) == 0 {
 				t.Fatal("accepted")
 			}
@@ -86,7 +90,7 @@ func TestValidateRejections(t *testing.T) {
 }
 
 func TestMutate(t *testing.T) {
-	pol := testPolicy()
+	adm := testAdmission()
 	tests := []struct {
 		name string
 		res  map[string]string
@@ -95,14 +99,16 @@ func TestMutate(t *testing.T) {
 		{"fraction", map[string]string{"nvidia.com/gpu": "0.5"}, map[string]int64{"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50, "nvidia.com/gpucores": 50}},
 		{"memory only", map[string]string{"nvidia.com/gpumem": "1000"}, map[string]int64{"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}},
 		{"count only", map[string]string{"nvidia.com/gpu": "2", "nvidia.com/gpucores": "30"}, map[string]int64{"nvidia.com/gpu": 2, "nvidia.com/gpumem-percentage": 100, "nvidia.com/gpucores": 30}},
+		{"MIG device", map[string]string{"nvidia.com/mig-1g.5gb": "1"}, map[string]int64{"nvidia.com/mig-1g.5gb": 1}},
+		{"shared rename", map[string]string{"nvidia.com/gpu.shared": "1"}, map[string]int64{"nvidia.com/gpu.shared": 1, "nvidia.com/gpumem-percentage": 100}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			in := pod(tc.res)
-			if errs := pol.Validate(in); len(errs) > 0 {
+			if errs := adm.Validate(in); len(errs) > 0 {
 				t.Fatal(Message(errs))
 			}
-			out, changed, err := pol.Mutate(in)
+			out, changed, err := adm.Mutate(in)
 			if err != nil || !changed {
 				t.Fatalf("changed=%v err=%v", changed, err)
 			}
@@ -124,18 +130,18 @@ func TestMutate(t *testing.T) {
 					}
 				}
 			}
-			if errs := pol.Validate(out); len(errs) > 0 {
+			if errs := adm.Validate(out); len(errs) > 0 {
 				t.Errorf("mutated pod invalid: %s", Message(errs))
 			}
 		})
 	}
-	cpu := fixtures.Pod("default", "cpu", corev1.DefaultSchedulerName, fixtures.Container("c", map[string]string{"cpu": "1"}))
-	if _, changed, _ := pol.Mutate(cpu); changed {
+	cpu := fixtures.MakePod().Namespace("default").Name("cpu").SchedulerName(corev1.DefaultSchedulerName).Container("c", map[string]string{"cpu": "1"}).Obj()
+	if _, changed, _ := adm.Mutate(cpu); changed {
 		t.Error("pod without GPU resources mutated")
 	}
 	other := pod(map[string]string{"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "100"})
 	other.Spec.SchedulerName = "my-scheduler"
-	if out, _, _ := pol.Mutate(other); out.Spec.SchedulerName != "my-scheduler" {
+	if out, _, _ := adm.Mutate(other); out.Spec.SchedulerName != "my-scheduler" {
 		t.Error("explicit scheduler name overwritten")
 	}
 }
@@ -176,7 +182,7 @@ func TestHandlerOverTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewUnstartedServer(testPolicy().Handler(klog.Background()))
+	srv := httptest.NewUnstartedServer(testAdmission().Handler(klog.Background()))
 	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
 	srv.StartTLS()
 	defer srv.Close()
@@ -247,7 +253,7 @@ func TestRegistrationAndCA(t *testing.T) {
 }
 
 func TestInventories(t *testing.T) {
-	iv := NewInventories()
+	iv := NewInventories(ktesting.NewLogger(t, ktesting.NewConfig()))
 	iv.Set(fixtures.Node("a", fixtures.Inventory("a", 2, "A100", 40960, 10), api.DefaultResourceNames))
 	iv.Set(fixtures.Node("b", fixtures.Inventory("b", 2, "H100", 81920, 10), api.DefaultResourceNames))
 	if got := iv.Largest(); got != 81920 {
@@ -256,5 +262,47 @@ func TestInventories(t *testing.T) {
 	iv.Delete("b")
 	if got := iv.Largest(); got != 40960 {
 		t.Fatalf("largest after delete %d", got)
+	}
+	// An inventory that does not decode offers no GPUs.
+	broken := fixtures.Node("a", fixtures.Inventory("a", 2, "A100", 40960, 10), api.DefaultResourceNames)
+	broken.Annotations[api.AnnotationInventory] = `{"apiVersion":"tessera.io/v0"}`
+	iv.Set(broken)
+	if got := iv.Largest(); got != 0 {
+		t.Fatalf("largest with an unreadable inventory %d, want 0", got)
+	}
+}
+
+// TestMatchConditionEvaluates runs the CEL match condition, as the API
+// server would, over pods asking for each kind of GPU resource.
+func TestMatchConditionEvaluates(t *testing.T) {
+	env, err := cel.NewEnv(cel.Variable("object", cel.DynType))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ast, iss := env.Compile(MatchCondition(api.DefaultResourceNames))
+	if iss.Err() != nil {
+		t.Fatal(iss.Err())
+	}
+	prg, err := env.Program(ast)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for res, want := range map[string]bool{
+		"nvidia.com/gpu": true, "nvidia.com/gpu.shared": true, "nvidia.com/mig-1g.5gb": true,
+		"nvidia.com/gpucores": true, "cpu": false, "example.com/mig-1g.5gb": false,
+	} {
+		p := pod(map[string]string{res: "1"})
+		raw, _ := json.Marshal(p)
+		var obj map[string]any
+		if err := json.Unmarshal(raw, &obj); err != nil {
+			t.Fatal(err)
+		}
+		out, _, err := prg.Eval(map[string]any{"object": obj})
+		if err != nil {
+			t.Fatalf("%s: %v", res, err)
+		}
+		if out.Value() != want {
+			t.Errorf("pod asking %s: match %v, want %v", res, out.Value(), want)
+		}
 	}
 }

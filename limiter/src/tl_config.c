@@ -1,8 +1,14 @@
-/* tl_config.c - environment parsing. Fails closed on anything malformed. */
+/* tl_config.c - see tl_config.h. Fails closed on anything malformed. */
+#include "tl_compat.h"
+
 #include "tl_config.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 int tl_parse_size(const char *s, uint64_t *out)
 {
@@ -36,52 +42,142 @@ int tl_parse_size(const char *s, uint64_t *out)
     return 0;
 }
 
-static int parse_percent(const char *s, uint32_t *out)
+static int hexval(char c)
 {
-    if (!s || !*s)
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+int tl_uuid_parse(const char *s, unsigned char out[16])
+{
+    if (!s || (strncmp(s, "GPU-", 4) && strncmp(s, "MIG-", 4)))
         return -1;
-    uint32_t v = 0;
-    for (const char *p = s; *p; p++) {
-        if (*p < '0' || *p > '9')
+    s += 4;
+    /* 8-4-4-4-12 */
+    static const int dash_after[] = {4, 6, 8, 10}; /* byte counts after which a '-' follows */
+    int b = 0, d = 0;
+    while (b < 16) {
+        int hi = hexval(s[0]), lo = hi < 0 ? -1 : hexval(s[1]);
+        if (hi < 0 || lo < 0)
             return -1;
-        v = v * 10 + (uint32_t)(*p - '0');
-        if (v > 100)
+        out[b++] = (unsigned char)(hi << 4 | lo);
+        s += 2;
+        if (d < 4 && b == dash_after[d]) {
+            if (*s != '-')
+                return -1;
+            s++;
+            d++;
+        }
+    }
+    return *s ? -1 : 0;
+}
+
+void tl_uuid_format(const unsigned char b[16], char *out, size_t n)
+{
+    snprintf(out, n, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
+             b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+}
+
+static int parse_uint(const char *s, size_t len, uint64_t max, uint64_t *out)
+{
+    if (len == 0 || (len > 1 && s[0] == '0'))
+        return -1; /* empty, or a leading zero */
+    uint64_t v = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return -1;
+        v = v * 10 + (uint64_t)(s[i] - '0');
+        if (v > max)
             return -1;
     }
     *out = v;
     return 0;
 }
 
-/* "NAME_<i>" suffix -> device index, or -1 if not a valid index. */
-static int parse_index(const char *s, size_t len)
+static int parse_percent(const char *s, uint32_t *out)
 {
-    if (len == 0 || len > 2)
+    uint64_t v;
+    if (!s || parse_uint(s, strlen(s), 100, &v) != 0)
         return -1;
-    int v = 0;
-    for (size_t i = 0; i < len; i++) {
-        if (s[i] < '0' || s[i] > '9')
-            return -1;
-        v = v * 10 + (s[i] - '0');
-    }
-    return v < TL_MAX_DEVICES ? v : -1;
+    *out = (uint32_t)v;
+    return 0;
 }
 
-static void bad(tl_config *c, const char *name, size_t nlen, const char *val, const char *why)
+static void bad(tl_config *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void bad(tl_config *c, const char *fmt, ...)
 {
     size_t used = strlen(c->errmsg);
-    snprintf(c->errmsg + used, sizeof(c->errmsg) - used,
-             "tessera-limiter: invalid %.*s=\"%.200s\": %s; refusing GPU allocations (fail closed)\n", (int)nlen,
-             name, val, why);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->errmsg + used, sizeof(c->errmsg) - used, fmt, ap);
+    va_end(ap);
+    used = strlen(c->errmsg);
+    snprintf(c->errmsg + used, sizeof(c->errmsg) - used, "; refusing GPU allocations (fail closed)\n");
     c->error = 1;
 }
 
-#define MEM "CUDA_DEVICE_MEMORY_LIMIT"
-#define SM "CUDA_DEVICE_SM_LIMIT"
-
-int tl_config_parse(tl_config *c, char *const *envp)
+static void reset(tl_config *c)
 {
     memset(c, 0, sizeof(*c));
     snprintf(c->state_path, sizeof(c->state_path), "%s", TL_DEFAULT_STATE_PATH);
+}
+
+static void finish(tl_config *c)
+{
+    for (int i = 0; i < TL_MAX_DEVICES; i++) {
+        if (c->sm_limit[i] >= 100)
+            c->sm_limit[i] = 0;
+        if (c->mem_limit[i])
+            c->mem_active = 1;
+        if (c->sm_limit[i])
+            c->sm_active = 1;
+    }
+}
+
+static int is_debug_value(const char *v)
+{
+    return !*v || !strcmp(v, "0") || !strcmp(v, "1");
+}
+
+/* ---- environment ---- */
+
+#define MEM "CUDA_DEVICE_MEMORY_LIMIT"
+#define SM "CUDA_DEVICE_SM_LIMIT"
+#define CACHE "CUDA_DEVICE_MEMORY_SHARED_CACHE"
+
+/* Names the limiter owns: anything in them that it does not know is a
+ * mistake (a typo, an index that does not parse) and fails closed. */
+static const char *const owned_prefixes[] = {MEM, SM, CACHE, "TESSERA_SM_", "TESSERA_CONTEXT_", "TESSERA_LIMITER_"};
+
+/* HAMi-core settings that loosen its limits; Tessera's limiter does not
+ * implement them, keeps its limits and says so. */
+static const char *const hami_loosening[] = {"CUDA_DISABLE_CONTROL", "CUDA_OVERSUBSCRIBE",
+                                             "GPU_CORE_UTILIZATION_POLICY", "CUDA_TASK_PRIORITY"};
+
+static int name_is(const char *kv, size_t nlen, const char *name)
+{
+    return nlen == strlen(name) && !strncmp(kv, name, nlen);
+}
+
+/* "NAME_<i>": i in 0..15, no leading zero; -1 if not. */
+static int index_suffix(const char *kv, size_t nlen, const char *prefix)
+{
+    size_t pl = strlen(prefix);
+    uint64_t v;
+    if (nlen <= pl + 1 || strncmp(kv, prefix, pl) || kv[pl] != '_' ||
+        parse_uint(kv + pl + 1, nlen - pl - 1, TL_MAX_DEVICES - 1, &v) != 0)
+        return -1;
+    return (int)v;
+}
+
+int tl_config_parse(tl_config *c, char *const *envp)
+{
+    reset(c);
     uint64_t mem_all = 0, mem_dev[TL_MAX_DEVICES] = {0};
     uint32_t sm_all = 0, sm_dev[TL_MAX_DEVICES] = {0};
     int have_mem_dev[TL_MAX_DEVICES] = {0}, have_sm_dev[TL_MAX_DEVICES] = {0};
@@ -92,55 +188,265 @@ int tl_config_parse(tl_config *c, char *const *envp)
             continue;
         size_t nlen = (size_t)(eq - kv);
         const char *val = eq + 1;
-        if (nlen == strlen(MEM) && !strncmp(kv, MEM, nlen)) {
+        int owned = 0;
+        for (size_t k = 0; k < sizeof(owned_prefixes) / sizeof(owned_prefixes[0]); k++)
+            owned |= !strncmp(kv, owned_prefixes[k], strlen(owned_prefixes[k])) && nlen >= strlen(owned_prefixes[k]);
+        for (size_t k = 0; k < sizeof(hami_loosening) / sizeof(hami_loosening[0]); k++)
+            if (name_is(kv, nlen, hami_loosening[k])) {
+                size_t u = strlen(c->notes);
+                snprintf(c->notes + u, sizeof(c->notes) - u,
+                         "tessera-limiter: %.*s=\"%.100s\" is a HAMi-core setting this limiter does not implement; "
+                         "the limits stay in force\n", (int)nlen, kv, val);
+            }
+        if (!owned)
+            continue;
+        /* a second definition of the same name (execve allows it): which one
+         * a program sees is unclear, so neither is trusted */
+        for (char *const *f = envp; f != e; f++)
+            if (!strncmp(*f, kv, nlen + 1)) {
+                bad(c, "tessera-limiter: %.*s is set twice", (int)nlen, kv);
+                break;
+            }
+        int i;
+        if (name_is(kv, nlen, MEM)) {
             if (tl_parse_size(val, &mem_all) != 0)
-                bad(c, kv, nlen, val, "want bytes with optional k/m/g/t suffix, e.g. 4096m");
-        } else if (nlen > strlen(MEM) + 1 && !strncmp(kv, MEM "_", strlen(MEM) + 1)) {
-            int i = parse_index(kv + strlen(MEM) + 1, nlen - strlen(MEM) - 1);
-            if (i < 0)
-                bad(c, kv, nlen, val, "bad device index");
-            else if (tl_parse_size(val, &mem_dev[i]) != 0)
-                bad(c, kv, nlen, val, "want bytes with optional k/m/g/t suffix, e.g. 4096m");
+                bad(c, "tessera-limiter: invalid %.*s=\"%.200s\": want bytes with optional k/m/g/t suffix, e.g. 4096m",
+                    (int)nlen, kv, val);
+        } else if ((i = index_suffix(kv, nlen, MEM)) >= 0) {
+            if (tl_parse_size(val, &mem_dev[i]) != 0)
+                bad(c, "tessera-limiter: invalid %.*s=\"%.200s\": want bytes with optional k/m/g/t suffix, e.g. 4096m",
+                    (int)nlen, kv, val);
             else
                 have_mem_dev[i] = 1;
-        } else if (nlen == strlen(SM) && !strncmp(kv, SM, nlen)) {
+        } else if (name_is(kv, nlen, SM)) {
             if (parse_percent(val, &sm_all) != 0)
-                bad(c, kv, nlen, val, "want an integer percentage 0..100");
-        } else if (nlen > strlen(SM) + 1 && !strncmp(kv, SM "_", strlen(SM) + 1)) {
-            int i = parse_index(kv + strlen(SM) + 1, nlen - strlen(SM) - 1);
-            if (i < 0)
-                bad(c, kv, nlen, val, "bad device index");
-            else if (parse_percent(val, &sm_dev[i]) != 0)
-                bad(c, kv, nlen, val, "want an integer percentage 0..100");
+                bad(c, "tessera-limiter: invalid %.*s=\"%.200s\": want an integer percentage 0..100", (int)nlen, kv,
+                    val);
+        } else if ((i = index_suffix(kv, nlen, SM)) >= 0) {
+            if (parse_percent(val, &sm_dev[i]) != 0)
+                bad(c, "tessera-limiter: invalid %.*s=\"%.200s\": want an integer percentage 0..100", (int)nlen, kv,
+                    val);
             else
                 have_sm_dev[i] = 1;
-        } else if (nlen == strlen("CUDA_DEVICE_MEMORY_SHARED_CACHE") &&
-                   !strncmp(kv, "CUDA_DEVICE_MEMORY_SHARED_CACHE", nlen)) {
+        } else if (name_is(kv, nlen, CACHE)) {
             if (!*val || strlen(val) >= sizeof(c->state_path))
-                bad(c, kv, nlen, val, "want a file path");
+                bad(c, "tessera-limiter: invalid %.*s=\"%.200s\": want a file path", (int)nlen, kv, val);
             else
                 snprintf(c->state_path, sizeof(c->state_path), "%s", val);
-        } else if (nlen == strlen("TESSERA_SM_ELASTIC") && !strncmp(kv, "TESSERA_SM_ELASTIC", nlen)) {
+        } else if (name_is(kv, nlen, "TESSERA_SM_ELASTIC")) {
             if (!strcmp(val, "1"))
                 c->elastic = 1;
             else if (strcmp(val, "0") && *val)
-                bad(c, kv, nlen, val, "want 0 or 1");
-        } else if (nlen == strlen("TESSERA_CONTEXT_RESERVE") &&
-                   !strncmp(kv, "TESSERA_CONTEXT_RESERVE", nlen)) {
+                bad(c, "tessera-limiter: invalid %.*s=\"%.200s\": want 0 or 1", (int)nlen, kv, val);
+        } else if (name_is(kv, nlen, "TESSERA_CONTEXT_RESERVE")) {
             if (tl_parse_size(val, &c->ctx_reserve) != 0)
-                bad(c, kv, nlen, val, "want bytes with optional k/m/g/t suffix");
+                bad(c, "tessera-limiter: invalid %.*s=\"%.200s\": want bytes with optional k/m/g/t suffix",
+                    (int)nlen, kv, val);
             else
                 c->ctx_reserve_set = 1;
+        } else if (name_is(kv, nlen, "TESSERA_LIMITER_DEBUG")) {
+            if (!is_debug_value(val))
+                bad(c, "tessera-limiter: invalid %.*s=\"%.200s\": want 0 or 1", (int)nlen, kv, val);
+            c->debug = !strcmp(val, "1");
+        } else {
+            bad(c, "tessera-limiter: invalid %.*s=\"%.200s\": not a variable of this limiter (bad device index "
+                   "or unknown name; devices are _0 to _%d)", (int)nlen, kv, val, TL_MAX_DEVICES - 1);
         }
     }
     for (int i = 0; i < TL_MAX_DEVICES; i++) {
         c->mem_limit[i] = have_mem_dev[i] ? mem_dev[i] : mem_all;
-        uint32_t sm = have_sm_dev[i] ? sm_dev[i] : sm_all;
-        c->sm_limit[i] = sm >= 100 ? 0 : sm;
-        if (c->mem_limit[i])
-            c->mem_active = 1;
-        if (c->sm_limit[i])
-            c->sm_active = 1;
+        c->sm_limit[i] = have_sm_dev[i] ? sm_dev[i] : sm_all;
     }
+    finish(c);
     return c->error;
+}
+
+/* ---- limits file ---- */
+
+/* a value of "<decimal>m" (MiB) */
+static int parse_mib(const char *v, size_t len, uint64_t *bytes)
+{
+    uint64_t mib;
+    if (len < 2 || v[len - 1] != 'm' || parse_uint(v, len - 1, (UINT64_MAX >> 20), &mib) != 0)
+        return -1;
+    *bytes = mib << 20;
+    return 0;
+}
+
+enum { F_UUID = 1, F_MEM = 2, F_SM = 4 };
+
+int tl_config_parse_file(tl_config *c, const char *text, size_t len, const char *path, char *const *envp)
+{
+    reset(c);
+    c->from_file = 1;
+    for (char *const *e = envp; e && *e; e++)
+        if (!strncmp(*e, "TESSERA_LIMITER_DEBUG=", 22))
+            c->debug = !strcmp(*e + 22, "1");
+    int have[TL_MAX_DEVICES] = {0}, seen_version = 0, seen_state = 0, seen_elastic = 0;
+    if (len > TL_CONF_MAX_BYTES) {
+        bad(c, "tessera-limiter: %s: larger than %d bytes", path, TL_CONF_MAX_BYTES);
+        return c->error;
+    }
+    size_t pos = 0;
+    int line = 0;
+    while (pos < len && !c->error) {
+        const char *l = text + pos;
+        const char *nl = memchr(l, '\n', len - pos);
+        size_t ll = nl ? (size_t)(nl - l) : len - pos;
+        pos += ll + 1;
+        line++;
+        if (ll == 0 || l[0] == '#')
+            continue;
+        for (size_t i = 0; i < ll; i++)
+            if ((unsigned char)l[i] < 0x20 || (unsigned char)l[i] >= 0x7f || l[i] == ' ') {
+                bad(c, "tessera-limiter: %s line %d: control character, space or non-ASCII byte", path, line);
+                break;
+            }
+        if (c->error)
+            break;
+        const char *eq = memchr(l, '=', ll);
+        if (!eq) {
+            bad(c, "tessera-limiter: %s line %d: want key=value", path, line);
+            break;
+        }
+        size_t kl = (size_t)(eq - l), vl = ll - kl - 1;
+        const char *v = eq + 1;
+        char val[4096];
+        if (vl >= sizeof(val)) {
+            bad(c, "tessera-limiter: %s line %d: value longer than %zu bytes", path, line, sizeof(val) - 1);
+            break;
+        }
+        memcpy(val, v, vl);
+        val[vl] = 0;
+#define KEY(k) (kl == strlen(k) && !strncmp(l, k, kl))
+        if (!seen_version) {
+            if (!KEY("version"))
+                bad(c, "tessera-limiter: %s line %d: the first setting must be version=1", path, line);
+            else if (strcmp(val, "1"))
+                bad(c, "tessera-limiter: %s line %d: unsupported version \"%.40s\" (this limiter reads version 1)",
+                    path, line, val);
+            seen_version = 1;
+            continue;
+        }
+        if (KEY("version")) {
+            bad(c, "tessera-limiter: %s line %d: version given twice", path, line);
+        } else if (KEY("state")) {
+            if (seen_state++)
+                bad(c, "tessera-limiter: %s line %d: state given twice", path, line);
+            else if (val[0] != '/')
+                bad(c, "tessera-limiter: %s line %d: state=\"%.200s\" is not an absolute path", path, line, val);
+            else
+                snprintf(c->state_path, sizeof(c->state_path), "%s", val);
+        } else if (KEY("elastic")) {
+            if (seen_elastic++)
+                bad(c, "tessera-limiter: %s line %d: elastic given twice", path, line);
+            else if (strcmp(val, "0") && strcmp(val, "1"))
+                bad(c, "tessera-limiter: %s line %d: elastic=\"%.40s\": want 0 or 1", path, line, val);
+            else
+                c->elastic = val[0] == '1';
+        } else if (KEY("context_reserve")) {
+            if (c->ctx_reserve_set++)
+                bad(c, "tessera-limiter: %s line %d: context_reserve given twice", path, line);
+            else if (parse_mib(val, vl, &c->ctx_reserve) != 0)
+                bad(c, "tessera-limiter: %s line %d: context_reserve=\"%.40s\": want MiB, e.g. 256m", path, line, val);
+        } else if (kl > 7 && !strncmp(l, "device.", 7)) {
+            const char *ip = l + 7, *dot = memchr(ip, '.', kl - 7);
+            uint64_t i;
+            if (!dot || parse_uint(ip, (size_t)(dot - ip), TL_MAX_DEVICES - 1, &i) != 0) {
+                bad(c, "tessera-limiter: %s line %d: \"%.*s\": want device.<0..%d>.<uuid|memory|sm>", path, line,
+                    (int)kl, l, TL_MAX_DEVICES - 1);
+                break;
+            }
+            const char *f = dot + 1;
+            size_t fl = kl - (size_t)(f - l);
+            int bit = fl == 4 && !strncmp(f, "uuid", 4) ? F_UUID : fl == 6 && !strncmp(f, "memory", 6) ? F_MEM
+                      : fl == 2 && !strncmp(f, "sm", 2)  ? F_SM : 0;
+            if (!bit) {
+                bad(c, "tessera-limiter: %s line %d: unknown key \"%.*s\"", path, line, (int)kl, l);
+            } else if (have[i] & bit) {
+                bad(c, "tessera-limiter: %s line %d: %.*s given twice", path, line, (int)kl, l);
+            } else if (bit == F_UUID) {
+                if (tl_uuid_parse(val, c->uuid_bin[i]) != 0)
+                    bad(c, "tessera-limiter: %s line %d: %.*s=\"%.60s\" is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-"
+                           "xxxx-xxxxxxxxxxxx)", path, line, (int)kl, l, val);
+                for (size_t k = 0; k < 4; k++)
+                    c->uuid[i][k] = val[k];
+                for (size_t k = 4; k < vl && k < TL_UUID_STR - 1; k++)
+                    c->uuid[i][k] = (char)(val[k] >= 'A' && val[k] <= 'F' ? val[k] - 'A' + 'a' : val[k]);
+            } else if (bit == F_MEM) {
+                if (parse_mib(val, vl, &c->mem_limit[i]) != 0)
+                    bad(c, "tessera-limiter: %s line %d: %.*s=\"%.40s\": want MiB, e.g. 4096m (0m: no memory limit)",
+                        path, line, (int)kl, l, val);
+            } else if (parse_percent(val, &c->sm_limit[i]) != 0) {
+                bad(c, "tessera-limiter: %s line %d: %.*s=\"%.40s\": want an integer percentage 0..100", path, line,
+                    (int)kl, l, val);
+            }
+            have[i] |= bit;
+        } else {
+            bad(c, "tessera-limiter: %s line %d: unknown key \"%.*s\"", path, line, (int)kl, l);
+        }
+#undef KEY
+    }
+    if (c->error)
+        return c->error;
+    if (!seen_version) {
+        bad(c, "tessera-limiter: %s: empty (want version=1 and the devices)", path);
+        return c->error;
+    }
+    int n = 0;
+    while (n < TL_MAX_DEVICES && have[n])
+        n++;
+    for (int i = 0; i < TL_MAX_DEVICES; i++) {
+        if (i >= n && have[i])
+            bad(c, "tessera-limiter: %s: device.%d given but device.%d is missing (devices are numbered from 0)",
+                path, i, n);
+        else if (i < n && have[i] != (F_UUID | F_MEM | F_SM))
+            bad(c, "tessera-limiter: %s: device.%d needs uuid, memory and sm", path, i);
+        for (int j = 0; j < i && i < n; j++)
+            if (!memcmp(c->uuid_bin[i], c->uuid_bin[j], 16))
+                bad(c, "tessera-limiter: %s: device.%d and device.%d have the same uuid", path, j, i);
+    }
+    if (n == 0)
+        bad(c, "tessera-limiter: %s: no device", path);
+    if (!seen_state)
+        bad(c, "tessera-limiter: %s: state= (the shared state file) is missing", path);
+    c->ndev = n;
+    finish(c);
+    return c->error;
+}
+
+int tl_config_load(tl_config *c, const char *path, char *const *envp)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0 && (errno == ENOENT || errno == ENOTDIR))
+        return tl_config_parse(c, envp);
+    if (fd < 0) {
+        int e = errno;
+        reset(c);
+        c->from_file = 1;
+        bad(c, "tessera-limiter: cannot read %s: %s", path, strerror(e));
+        return c->error;
+    }
+    static char buf[TL_CONF_MAX_BYTES + 1];
+    size_t n = 0;
+    int err = 0;
+    for (;;) {
+        ssize_t r = read(fd, buf + n, sizeof(buf) - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            err = errno;
+            break;
+        }
+        if (r == 0 || (n += (size_t)r) == sizeof(buf))
+            break;
+    }
+    close(fd);
+    if (err) {
+        reset(c);
+        c->from_file = 1;
+        bad(c, "tessera-limiter: cannot read %s: %s", path, strerror(err));
+        return c->error;
+    }
+    return tl_config_parse_file(c, buf, n, path, envp);
 }

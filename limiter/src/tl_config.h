@@ -1,23 +1,60 @@
-/* tl_config.h - limiter configuration parsed from the environment. */
+/*
+ * tl_config.h - the limiter's configuration, from the read-only limits file
+ * the node agent mounts (TL_CONF_PATH) or, when there is none, from the
+ * HAMi-compatible environment. Pure: the parsers take text and envp, and
+ * report problems in errmsg; tl_config_load does the one read.
+ *
+ * Limits file, version 1 (docs/isolation.md has the full grammar; the Go
+ * writer is internal/limiterconf):
+ *
+ *   # written by the Tessera node agent
+ *   version=1
+ *   state=/tessera/state/cache
+ *   device.0.uuid=GPU-6a1f2b3c-0d4e-5f60-7182-93a4b5c6d7e8
+ *   device.0.memory=4096m
+ *   device.0.sm=30
+ *
+ * When the file exists it is authoritative: the limit environment
+ * (CUDA_DEVICE_MEMORY_LIMIT*, CUDA_DEVICE_SM_LIMIT*,
+ * CUDA_DEVICE_MEMORY_SHARED_CACHE, TESSERA_SM_ELASTIC,
+ * TESSERA_CONTEXT_RESERVE) is ignored, because a tenant controls its
+ * environment but not a read-only mount. A file that exists but cannot be
+ * read or does not parse fails closed. Devices are matched by UUID.
+ */
 #ifndef TL_CONFIG_H
 #define TL_CONFIG_H
 
+#include <stddef.h>
 #include <stdint.h>
+
 #include "tl_state.h"
 
+/* Fixed at build time: no environment variable can move it. */
+#define TL_CONF_PATH "/etc/tessera/limiter.conf"
+#define TL_CONF_MAX_BYTES 65536
 #define TL_DEFAULT_STATE_PATH "/tmp/tessera-limiter.state"
+#define TL_UUID_STR 48 /* "GPU-" + 36, or "MIG-" + 36, and NUL */
 
 typedef struct tl_config {
     int error;                          /* nonzero: fail closed */
+    int from_file;                      /* limits came from the limits file */
     int mem_active;                     /* any memory limit configured */
     int sm_active;                      /* any SM limit below 100 */
-    int elastic;                        /* TESSERA_SM_ELASTIC=1 */
+    int elastic;                        /* lend idle capacity (TESSERA_SM_ELASTIC / elastic=1) */
+    int debug;                          /* TESSERA_LIMITER_DEBUG=1 */
+    /* Limits per limiter device index. Environment: the index is the CUDA
+     * ordinal. File: the index of device.<i>, matched to CUDA ordinals and
+     * NVML handles by UUID. */
     uint64_t mem_limit[TL_MAX_DEVICES]; /* bytes, 0 = unlimited */
     uint32_t sm_limit[TL_MAX_DEVICES];  /* percent, 0 = unlimited */
+    int ndev;                           /* file: devices listed (0..ndev-1) */
+    char uuid[TL_MAX_DEVICES][TL_UUID_STR];    /* file: as written (lower case) */
+    unsigned char uuid_bin[TL_MAX_DEVICES][16]; /* file: the 16 bytes */
     uint64_t ctx_reserve;               /* bytes charged per context */
-    int ctx_reserve_set;                /* TESSERA_CONTEXT_RESERVE given (else measured) */
+    int ctx_reserve_set;                /* given (else measured) */
     char state_path[4096];
-    char errmsg[1024];                  /* what was wrong, for stderr */
+    char errmsg[2048];                  /* what was wrong, one line each, for stderr */
+    char notes[1024];                   /* HAMi-core settings that are not implemented */
 } tl_config;
 
 /* Parse a size: decimal digits with an optional k/m/g/t suffix (any case,
@@ -25,9 +62,25 @@ typedef struct tl_config {
  * overflowing. */
 int tl_parse_size(const char *s, uint64_t *out);
 
-/* Fill `c` from `envp` (NULL-terminated NAME=VALUE array). Malformed
- * values set c->error and are described in c->errmsg (one line each);
- * nothing is printed here. Returns c->error. */
+/* "GPU-01234567-89ab-cdef-0123-456789abcdef" (or MIG-) -> 16 bytes. 0 or -1. */
+int tl_uuid_parse(const char *s, unsigned char out[16]);
+/* 16 bytes -> "GPU-01234567-89ab-cdef-0123-456789abcdef" (out >= 41 bytes). */
+void tl_uuid_format(const unsigned char b[16], char *out, size_t n);
+
+/* Fill `c` from `envp` (NULL-terminated NAME=VALUE array): the
+ * environment mode. Malformed values, unknown names in the limiter's
+ * namespace (CUDA_DEVICE_MEMORY_LIMIT*, CUDA_DEVICE_SM_LIMIT*,
+ * CUDA_DEVICE_MEMORY_SHARED_CACHE*, TESSERA_SM_*, TESSERA_CONTEXT_*,
+ * TESSERA_LIMITER_*) and a name given twice set c->error. Returns c->error. */
 int tl_config_parse(tl_config *c, char *const *envp);
+
+/* Fill `c` from the text of a limits file (len bytes, not necessarily
+ * NUL-terminated); `path` names it in messages. envp is read for
+ * TESSERA_LIMITER_DEBUG only. Returns c->error. */
+int tl_config_parse_file(tl_config *c, const char *text, size_t len, const char *path, char *const *envp);
+
+/* The file at `path` when it exists (absent: ENOENT or ENOTDIR), else the
+ * environment. Returns c->error. */
+int tl_config_load(tl_config *c, const char *path, char *const *envp);
 
 #endif

@@ -2,7 +2,7 @@
  * tl_cuda.h - the handful of CUDA driver API and NVML types the limiter
  * needs, declared here by hand (no CUDA headers are used or required).
  * Only layouts that the limiter reads are spelled out; everything else is
- * treated as opaque.
+ * treated as opaque. The values are those of cuda.h / nvml.h.
  */
 #ifndef TL_CUDA_H
 #define TL_CUDA_H
@@ -15,7 +15,10 @@ typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
 typedef void *CUcontext;
 typedef void *CUstream;
+typedef void *CUevent;
 typedef void *CUfunction;
+typedef void *CUmodule;
+typedef void *CUlibrary;
 typedef void *CUgraphExec;
 typedef void *CUarray;
 typedef void *CUmipmappedArray;
@@ -28,10 +31,32 @@ typedef void *CUgraphNode;
 #define CUDA_ERROR_INVALID_VALUE 1
 #define CUDA_ERROR_OUT_OF_MEMORY 2
 #define CUDA_ERROR_NOT_INITIALIZED 3
+#define CUDA_ERROR_NO_DEVICE 100
+#define CUDA_ERROR_INVALID_CONTEXT 201
+#define CUDA_ERROR_INVALID_HANDLE 400
 #define CUDA_ERROR_NOT_FOUND 500
+#define CUDA_ERROR_NOT_READY 600
+#define CUDA_ERROR_NOT_SUPPORTED 801
 
 /* cuGetProcAddress flags */
 #define TL_CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 0x2
+
+/* CUlimit */
+#define TL_LIMIT_STACK_SIZE 0
+#define TL_LIMIT_PRINTF_FIFO_SIZE 1
+#define TL_LIMIT_MALLOC_HEAP_SIZE 2
+
+/* CUdevice_attribute */
+#define TL_DEV_ATTR_MULTIPROCESSOR_COUNT 16
+#define TL_DEV_ATTR_MAX_THREADS_PER_MULTIPROCESSOR 39
+
+/* CUmemPool_attribute */
+#define TL_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
+#define TL_MEMPOOL_ATTR_RESERVED_MEM_CURRENT 5
+#define TL_MEMPOOL_ATTR_USED_MEM_CURRENT 7
+
+/* CUmemLocationType */
+#define TL_MEM_LOCATION_DEVICE 1
 
 /* CUDA_ARRAY_DESCRIPTOR (v2) */
 typedef struct {
@@ -51,7 +76,7 @@ typedef struct {
     unsigned int Flags;
 } TL_ARRAY3D_DESCRIPTOR;
 
-/* CUmemAllocationProp: only location.id is read. */
+/* CUmemAllocationProp: location is read, and only when it is a device. */
 typedef struct {
     int type;
     int requestedHandleTypes;
@@ -68,7 +93,7 @@ typedef struct {
     } allocFlags;
 } TL_MEM_ALLOCATION_PROP;
 
-/* CUlaunchConfig: the limiter reads the grid dimensions only. */
+/* CUlaunchConfig: the limiter reads the grid dimensions and the stream. */
 typedef struct {
     unsigned int gridDimX, gridDimY, gridDimZ;
     unsigned int blockDimX, blockDimY, blockDimZ;
@@ -79,7 +104,7 @@ typedef struct {
 } TL_LAUNCH_CONFIG;
 
 /* CUmemPoolProps + CUDA_MEM_ALLOC_NODE_PARAMS (v1 and v2 share this
- * layout): the limiter reads poolProps.location.id and bytesize. */
+ * layout): the limiter reads location and bytesize. */
 typedef struct {
     int allocType;
     int handleTypes;
@@ -122,8 +147,12 @@ typedef void *nvmlDevice_t;
 #define NVML_SUCCESS 0
 #define NVML_ERROR_UNINITIALIZED 1
 #define NVML_ERROR_INVALID_ARGUMENT 2
+#define NVML_ERROR_NOT_SUPPORTED 3
 #define NVML_ERROR_NOT_FOUND 6
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
+#define NVML_ERROR_FUNCTION_NOT_FOUND 13
+#define NVML_ERROR_UNKNOWN 999
+#define TL_NVML_UUID_LEN 96 /* buffer for nvmlDeviceGetUUID (NVML asks for >= 80) */
 
 typedef struct {
     unsigned long long total;
@@ -139,6 +168,7 @@ typedef struct {
     unsigned long long used;
 } TL_NVML_MEMORY_V2;
 
+/* nvmlProcessUtilizationSample_t */
 typedef struct {
     unsigned int pid;
     unsigned long long timeStamp;
@@ -147,6 +177,47 @@ typedef struct {
     unsigned int encUtil;
     unsigned int decUtil;
 } TL_NVML_PROC_UTIL_SAMPLE;
+
+/* nvmlProcessUtilizationInfo_v1_t, the array of nvmlProcessesUtilizationInfo_t */
+typedef struct {
+    unsigned long long timeStamp;
+    unsigned int pid;
+    unsigned int smUtil, memUtil, encUtil, decUtil, jpgUtil, ofaUtil;
+} TL_NVML_PROC_UTIL_INFO;
+
+/* nvmlProcessesUtilizationInfo_t (v1) */
+typedef struct {
+    unsigned int version;
+    unsigned int processSamplesCount;
+    unsigned long long lastSeenTimeStamp;
+    TL_NVML_PROC_UTIL_INFO *procUtilArray;
+} TL_NVML_PROCS_UTIL_INFO;
+
+/* nvmlProcessDetail_v1_t and nvmlProcessDetailList_v1_t */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+    unsigned long long usedGpuCcProtectedMemory;
+} TL_NVML_PROC_DETAIL;
+
+typedef struct {
+    unsigned int version;
+    unsigned int mode;
+    unsigned int numProcArrayEntries;
+    TL_NVML_PROC_DETAIL *procArray;
+} TL_NVML_PROC_DETAIL_LIST;
+
+/* Process lists (nvmlDeviceGet{Compute,Graphics,MPSCompute}RunningProcesses):
+ * v1 entries are {pid, usedGpuMemory} (16 bytes), _v2 entries add
+ * gpuInstanceId and computeInstanceId (24 bytes); _v3 entries are 24 bytes
+ * in most drivers and 32 (usedGpuCcProtectedMemory added) in some, so the
+ * limiter measures the stride the library wrote. pid at 0, usedGpuMemory
+ * at 8 in all of them. */
+#define TL_PROCINFO_V1 16
+#define TL_PROCINFO_V2 24
+#define TL_PROCINFO_V3_CC 32
 
 typedef struct {
     unsigned int gpu;

@@ -1,8 +1,9 @@
 /*
  * tl_state.c - shared accounting across the processes of a container.
- * See tl_state.h for the layout and the locking rules.
+ * See tl_state.h for the layout, the locking rules and liveness.
  */
-#define _GNU_SOURCE
+#include "tl_compat.h"
+
 #include "tl_state.h"
 
 #include <errno.h>
@@ -10,12 +11,19 @@
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
+#include <sys/stat.h> /* fchmod only: no stat() (tl_compat.h) */
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+
+#ifndef F_OFD_GETLK
+#define F_OFD_GETLK 36
+#define F_OFD_SETLK 37
+#endif
 
 #define RECLAIM_INTERVAL_NS 100000000ull /* 100 ms */
 
@@ -28,12 +36,33 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* The inode of our pid namespace, from the link "pid:[4026531836]" (no
+ * stat(): its glibc symbol is too new, see tl_compat.h). */
 static uint64_t self_pidns(void)
 {
-    struct stat sb;
-    if (stat("/proc/self/ns/pid", &sb) == 0)
-        return (uint64_t)sb.st_ino;
-    return 0;
+    char buf[64];
+    ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof(buf) - 1);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    char *p = strchr(buf, '[');
+    return p ? strtoull(p + 1, NULL, 10) : 0;
+}
+
+/* fcntl through the system call: glibc's fcntl symbol is versioned
+ * GLIBC_2.28 (fcntl64) on current builds. */
+static int ofd_lock(int fd, int cmd, short type, long long byte, struct flock *out)
+{
+    struct flock fl;
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = (off_t)byte;
+    fl.l_len = 1;
+    long r = syscall(SYS_fcntl, fd, cmd, &fl);
+    if (out)
+        *out = fl;
+    return r == 0 ? 0 : -1;
 }
 
 /* Seqlock writer side. Only lock holders write seq, so plain stores do;
@@ -91,19 +120,30 @@ static int is_zombie(int32_t pid)
     return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
 }
 
-/* Must hold the lock. Clears slots of processes (in our pid namespace)
- * that no longer exist. */
+/* Is the process of slot i gone? */
+static int slot_dead(tl_shared *sh, int i)
+{
+    tl_proc_slot *s = &sh->st->slots[i];
+    if (sh->ofd) {
+        struct flock fl;
+        if (ofd_lock(sh->fd, F_OFD_GETLK, F_WRLCK, TL_SLOT_LOCK_BASE + i, &fl) == 0)
+            return fl.l_type == F_UNLCK;
+        return 0; /* cannot tell: keep it */
+    }
+    if (s->pidns != sh->pidns)
+        return 0; /* cannot judge a pid from another namespace */
+    return (kill(s->pid, 0) == -1 && errno == ESRCH) || is_zombie(s->pid);
+}
+
+/* Must hold the lock. Clears the slots of processes that are gone. */
 static int sweep_locked(tl_shared *sh)
 {
     tl_state *st = sh->st;
     int n = 0;
     for (int i = 0; i < TL_MAX_PROCS; i++) {
-        tl_proc_slot *s = &st->slots[i];
-        if (s->pid == 0 || i == sh->slot)
+        if (st->slots[i].pid == 0 || i == sh->slot)
             continue;
-        if (s->pidns != sh->pidns)
-            continue; /* cannot judge a pid from another namespace */
-        if ((kill(s->pid, 0) == -1 && errno == ESRCH) || is_zombie(s->pid)) {
+        if (slot_dead(sh, i)) {
             clear_slot(st, i);
             st->reclaimed_procs++;
             n++;
@@ -113,10 +153,35 @@ static int sweep_locked(tl_shared *sh)
     return n;
 }
 
+static void apply_pending(tl_shared *sh)
+{
+    tl_state *st = sh->st;
+    for (int d = 0; d < TL_MAX_DEVICES && sh->slot >= 0; d++) {
+        uint64_t b = sh->pending[d];
+        if (!b)
+            continue;
+        tl_proc_slot *s = &st->slots[sh->slot];
+        if (b > s->used[d])
+            b = s->used[d];
+        s->used[d] -= b;
+        st->total_used[d] = st->total_used[d] >= b ? st->total_used[d] - b : 0;
+        sh->pending[d] = 0;
+    }
+    sh->any_pending = 0;
+}
+
+#define UNLIKELY_PENDING(sh) __builtin_expect(__atomic_load_n(&(sh)->any_pending, __ATOMIC_RELAXED) && (sh)->slot >= 0, 0)
+
 static int lock_state(tl_shared *sh)
 {
     tl_state *st = sh->st;
-    int r = pthread_mutex_lock(&st->lock.mutex);
+    int r = pthread_mutex_trylock(&st->lock.mutex); /* the common case: free, no clock read */
+    if (r == EBUSY) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_sec += TL_LOCK_WAIT_S;
+        r = pthread_mutex_timedlock(&st->lock.mutex, &dl);
+    }
     if (r == EOWNERDEAD) {
         /* The previous owner died holding the lock: its half-finished
          * update may have left totals inconsistent, so rebuild them. */
@@ -127,11 +192,23 @@ static int lock_state(tl_shared *sh)
         recompute_totals(st);
         sweep_locked(sh);
         write_end(st);
-        return 0;
+        r = 0;
+    }
+    if (r == ETIMEDOUT) {
+        if (!__atomic_exchange_n(&sh->warned, 1, __ATOMIC_RELAXED))
+            fprintf(stderr, "tessera-limiter: the lock of the shared state %s has been held for more than %d s "
+                            "(a process of this container is stopped or stuck); refusing allocations while it is\n",
+                    sh->path, TL_LOCK_WAIT_S);
+        return -1;
     }
     if (r != 0) {
         fprintf(stderr, "tessera-limiter: shared state lock failed: %s\n", strerror(r));
         return -1;
+    }
+    if (UNLIKELY_PENDING(sh)) {
+        write_begin(st);
+        apply_pending(sh);
+        write_end(st);
     }
     return 0;
 }
@@ -145,6 +222,8 @@ int tl_shared_open(tl_shared *sh, const char *path)
 {
     memset(sh, 0, sizeof(*sh));
     sh->slot = -1;
+    sh->fd = -1;
+    snprintf(sh->path, sizeof(sh->path), "%s", path);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     if (fd < 0) {
         fprintf(stderr, "tessera-limiter: cannot open shared state %s: %s\n", path, strerror(errno));
@@ -156,19 +235,21 @@ int tl_shared_open(tl_shared *sh, const char *path)
         return -1;
     }
     int ok = -1;
-    struct stat sb;
     tl_state *st = MAP_FAILED;
-    if (fstat(fd, &sb) != 0)
+    off_t size = lseek(fd, 0, SEEK_END);
+    if (size < 0) {
+        fprintf(stderr, "tessera-limiter: cannot size shared state %s: %s\n", path, strerror(errno));
         goto out;
-    if (sb.st_size == 0) {
+    }
+    if (size == 0) {
         (void)fchmod(fd, 0666);
         if (ftruncate(fd, (off_t)sizeof(tl_state)) != 0) {
             fprintf(stderr, "tessera-limiter: cannot size shared state %s: %s\n", path, strerror(errno));
             goto out;
         }
-    } else if ((size_t)sb.st_size < sizeof(tl_state)) {
-        fprintf(stderr, "tessera-limiter: shared state %s has size %lld, want %zu (incompatible layout)\n",
-                path, (long long)sb.st_size, sizeof(tl_state));
+    } else if ((size_t)size < sizeof(tl_state)) {
+        fprintf(stderr, "tessera-limiter: shared state %s has size %lld, want %zu (incompatible layout)\n", path,
+                (long long)size, sizeof(tl_state));
         goto out;
     }
     st = mmap(NULL, sizeof(tl_state), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -196,23 +277,42 @@ int tl_shared_open(tl_shared *sh, const char *path)
         st->init_state = TL_STATE_READY;
         __atomic_store_n(&st->magic, TL_STATE_MAGIC, __ATOMIC_RELEASE);
     } else if (st->magic != TL_STATE_MAGIC || st->version != TL_STATE_VERSION ||
-               st->header_size != offsetof(tl_state, slots) ||
-               st->slot_size != sizeof(tl_proc_slot) || st->max_devices != TL_MAX_DEVICES ||
-               st->max_procs != TL_MAX_PROCS || st->init_state != TL_STATE_READY) {
-        fprintf(stderr, "tessera-limiter: shared state %s has an incompatible layout "
-                "(magic %#llx version %u)\n", path, (unsigned long long)st->magic, st->version);
+               st->header_size != offsetof(tl_state, slots) || st->slot_size != sizeof(tl_proc_slot) ||
+               st->max_devices != TL_MAX_DEVICES || st->max_procs != TL_MAX_PROCS ||
+               st->init_state != TL_STATE_READY) {
+        fprintf(stderr, "tessera-limiter: shared state %s has an incompatible layout (magic %#llx version %u, "
+                        "want version %u); remove it when no process of the container runs\n",
+                path, (unsigned long long)st->magic, st->version, TL_STATE_VERSION);
         goto out;
     }
     sh->st = st;
     sh->pid = getpid();
     sh->pidns = self_pidns();
+    /* OFD locks available? (probe on a byte no slot uses) */
+    sh->ofd = ofd_lock(fd, F_OFD_GETLK, F_WRLCK, TL_SLOT_LOCK_BASE + TL_MAX_PROCS, NULL) == 0;
     ok = 0;
 out:
     if (ok != 0 && st != MAP_FAILED)
         munmap(st, sizeof(tl_state));
     flock(fd, LOCK_UN);
-    close(fd);
+    if (ok == 0)
+        sh->fd = fd;
+    else
+        close(fd);
     return ok;
+}
+
+void tl_shared_after_fork(tl_shared *sh)
+{
+    if (!sh->st)
+        return;
+    if (sh->fd >= 0)
+        close(sh->fd); /* the parent's description: its locks are the parent's */
+    sh->fd = open(sh->path, O_RDWR | O_CLOEXEC);
+    sh->slot = -1;
+    sh->pid = getpid();
+    memset(sh->pending, 0, sizeof(sh->pending));
+    sh->any_pending = 0;
 }
 
 int tl_shared_register(tl_shared *sh)
@@ -220,31 +320,36 @@ int tl_shared_register(tl_shared *sh)
     tl_state *st = sh->st;
     sh->pid = getpid();
     sh->slot = -1;
+    if (sh->fd < 0)
+        return -1;
     if (lock_state(sh) != 0)
         return -1;
     write_begin(st);
     for (int pass = 0; pass < 2 && sh->slot < 0; pass++) {
-        int free_slot = -1;
         for (int i = 0; i < TL_MAX_PROCS; i++) {
             tl_proc_slot *s = &st->slots[i];
-            if (s->pid == sh->pid && s->pidns == sh->pidns) {
-                /* A dead process had our pid: its usage is stale. */
+            if (s->pid == sh->pid && s->pidns == sh->pidns && (!sh->ofd || slot_dead(sh, i))) {
+                /* a dead process had our pid: its usage is stale */
                 clear_slot(st, i);
                 st->reclaimed_procs++;
             }
-            if (s->pid == 0 && free_slot < 0)
-                free_slot = i;
         }
-        if (free_slot >= 0) {
-            tl_proc_slot *s = &st->slots[free_slot];
+        for (int i = 0; i < TL_MAX_PROCS && sh->slot < 0; i++) {
+            tl_proc_slot *s = &st->slots[i];
+            if (s->pid != 0)
+                continue;
+            /* claim the slot's byte first: a sweeper must never see our pid
+             * in a slot whose byte nobody holds */
+            if (sh->ofd && ofd_lock(sh->fd, F_OFD_SETLK, F_WRLCK, TL_SLOT_LOCK_BASE + i, NULL) != 0)
+                continue; /* still held by a process that cleared its slot and lives on */
             memset(s->used, 0, sizeof(s->used));
             s->host_pid = 0;
             s->pidns = sh->pidns;
             __atomic_store_n(&s->pid, sh->pid, __ATOMIC_RELEASE);
-            sh->slot = free_slot;
-        } else {
-            sweep_locked(sh);
+            sh->slot = i;
         }
+        if (sh->slot < 0)
+            sweep_locked(sh);
     }
     write_end(st);
     unlock_state(sh);
@@ -266,6 +371,8 @@ void tl_shared_unregister(tl_shared *sh)
         clear_slot(sh->st, sh->slot);
     write_end(sh->st);
     unlock_state(sh);
+    if (sh->ofd)
+        ofd_lock(sh->fd, F_OFD_SETLK, F_UNLCK, TL_SLOT_LOCK_BASE + sh->slot, NULL);
     sh->slot = -1;
 }
 
@@ -312,10 +419,13 @@ int tl_shared_reserve(tl_shared *sh, int dev, uint64_t bytes, uint64_t limit)
 void tl_shared_release(tl_shared *sh, int dev, uint64_t bytes)
 {
     tl_state *st = sh->st;
-    if (dev < 0 || dev >= TL_MAX_DEVICES || sh->slot < 0)
+    if (dev < 0 || dev >= TL_MAX_DEVICES || sh->slot < 0 || !bytes)
         return;
-    if (lock_state(sh) != 0)
+    if (lock_state(sh) != 0) {
+        __atomic_add_fetch(&sh->pending[dev], bytes, __ATOMIC_RELAXED); /* applied at the next lock */
+        __atomic_store_n(&sh->any_pending, 1, __ATOMIC_RELAXED);
         return;
+    }
     write_begin(st);
     tl_proc_slot *s = &st->slots[sh->slot];
     uint64_t b = bytes <= s->used[dev] ? bytes : s->used[dev];
@@ -332,6 +442,13 @@ uint64_t tl_shared_used(const tl_shared *sh, int dev)
     return __atomic_load_n(&sh->st->total_used[dev], __ATOMIC_ACQUIRE);
 }
 
+uint64_t tl_shared_self_used(const tl_shared *sh, int dev)
+{
+    if (!sh->st || sh->slot < 0 || dev < 0 || dev >= TL_MAX_DEVICES)
+        return 0;
+    return __atomic_load_n(&sh->st->slots[sh->slot].used[dev], __ATOMIC_ACQUIRE);
+}
+
 void tl_shared_maybe_reclaim(tl_shared *sh, uint64_t interval_ns)
 {
     if (sh->st && now_ns() - __atomic_load_n(&sh->st->last_reclaim_ns, __ATOMIC_RELAXED) > interval_ns)
@@ -340,7 +457,7 @@ void tl_shared_maybe_reclaim(tl_shared *sh, uint64_t interval_ns)
 
 int tl_shared_reclaim(tl_shared *sh)
 {
-    if (lock_state(sh) != 0)
+    if (!sh->st || lock_state(sh) != 0)
         return 0;
     write_begin(sh->st);
     int n = sweep_locked(sh);
@@ -352,7 +469,7 @@ int tl_shared_reclaim(tl_shared *sh)
 int tl_shared_pids(const tl_shared *sh, int32_t *out, int n)
 {
     int k = 0;
-    for (int i = 0; i < TL_MAX_PROCS && k < n; i++) {
+    for (int i = 0; sh->st && i < TL_MAX_PROCS && k < n; i++) {
         int32_t p = __atomic_load_n(&sh->st->slots[i].pid, __ATOMIC_ACQUIRE);
         if (p != 0)
             out[k++] = p;

@@ -7,9 +7,19 @@
  * internal/limiterstate mirrors these offsets; a Go test checks them
  * against offsetof()/sizeof() printed by test/layout_dump.c.
  *
- * Writers hold `lock` (a process-shared robust mutex). Every change made
- * under the lock is bracketed by seq++ (odd while writing) so lock-free
- * readers (the Go reader) can detect and retry torn snapshots.
+ * Writers hold `lock` (a process-shared robust mutex), waiting at most
+ * TL_LOCK_WAIT_S for it. Every change made under the lock is bracketed by
+ * seq++ (odd while writing) so lock-free readers (the Go reader) can detect
+ * and retry torn snapshots.
+ *
+ * Liveness: a process that holds slot i also holds an open-file-description
+ * lock (F_OFD_SETLK, write) on byte TL_SLOT_LOCK_BASE + i of the file. The
+ * kernel drops it when the process dies, whatever pid namespace it lived in,
+ * so a sweep that finds slot i in use but its byte unlocked (F_OFD_GETLK)
+ * reclaims it: a container restarted in a new pid namespace gets back what
+ * the processes of the old one held. Where OFD locks are not available
+ * (kernels before 3.15) liveness falls back to kill(pid, 0) within the
+ * sweeper's own pid namespace.
  */
 #ifndef TL_STATE_H
 #define TL_STATE_H
@@ -18,11 +28,14 @@
 #include <stdint.h>
 
 #define TL_STATE_MAGIC 0x314D494C53534554ULL /* "TESSLIM1" little-endian */
-#define TL_STATE_VERSION 2u /* 2: slot.flags became slot.host_pid */
+/* 3: slot liveness by OFD lock (processes of version 2 hold none, so the
+ * two must not share a file); the layout is the same as version 2's */
+#define TL_STATE_VERSION 3u
 #define TL_MAX_DEVICES 16
 #define TL_MAX_PROCS 1024
 
 #define TL_STATE_READY 2u
+#define TL_LOCK_WAIT_S 2 /* longest wait for the shared lock */
 
 typedef struct tl_proc_slot {
     int32_t pid;      /* 0 = free */
@@ -52,31 +65,47 @@ typedef struct tl_state {
     tl_proc_slot slots[TL_MAX_PROCS];
 } tl_state;
 
+/* Byte of the file whose OFD lock says slot i's process is alive. */
+#define TL_SLOT_LOCK_BASE ((long long)sizeof(tl_state))
+
 /* Process-local handle. */
 typedef struct tl_shared {
     tl_state *st;
+    int fd;          /* open file description holding our slot's lock */
+    int ofd;         /* OFD locks work here (else pid liveness) */
     int slot;        /* index of this process's slot, -1 if none */
     int32_t pid;
     uint64_t pidns;
+    uint64_t pending[TL_MAX_DEVICES]; /* releases not yet applied (lock wait timed out) */
+    int any_pending;
+    int warned;      /* the lock-timeout message was printed */
+    char path[4096];
 } tl_shared;
 
 /* Open (creating and initialising if needed) the state file at `path`.
  * Returns 0 or -1 with a message printed to stderr. */
 int tl_shared_open(tl_shared *sh, const char *path);
-/* Register this process (claims a slot). Returns 0 or -1. */
+/* Register this process (claims a slot and locks its byte). Returns 0 or -1. */
 int tl_shared_register(tl_shared *sh);
 /* Clear this process's slot (process exit). */
 void tl_shared_unregister(tl_shared *sh);
+/* In a fork child: give up the parent's slot and open description (whose
+ * locks the parent owns) and open the file anew. Async-signal-safe. */
+void tl_shared_after_fork(tl_shared *sh);
 /* Record configured limits for readers. */
 void tl_shared_publish_limits(tl_shared *sh, const uint64_t *limit,
                               const uint32_t *sm_limit, int ndev);
 /* Charge `bytes` on `dev` if total stays <= limit. Returns 0 on success,
- * -1 if it would exceed the limit (after reclaiming dead processes). */
+ * -1 if it would exceed the limit (after reclaiming dead processes) or the
+ * lock could not be had within TL_LOCK_WAIT_S. */
 int tl_shared_reserve(tl_shared *sh, int dev, uint64_t bytes, uint64_t limit);
-/* Give back `bytes` on `dev` previously charged by this process. */
+/* Give back `bytes` on `dev` previously charged by this process (applied
+ * at the next lock if the lock cannot be had now). */
 void tl_shared_release(tl_shared *sh, int dev, uint64_t bytes);
 /* Container-wide usage on `dev` (lock-free read). */
 uint64_t tl_shared_used(const tl_shared *sh, int dev);
+/* This process's usage on `dev` (lock-free read). */
+uint64_t tl_shared_self_used(const tl_shared *sh, int dev);
 /* Sweep dead processes if the last sweep is older than `interval_ns`
  * (reporting paths call this so nvidia-smi does not show the dead). */
 void tl_shared_maybe_reclaim(tl_shared *sh, uint64_t interval_ns);

@@ -3,6 +3,8 @@
  * deletion so no tombstones), guarded by a process-local mutex. Only the
  * allocation and free paths use it.
  */
+#include "tl_compat.h"
+
 #include "tl_table.h"
 
 #include <pthread.h>
@@ -11,6 +13,7 @@
 typedef struct {
     uint64_t key;   /* 0 = empty slot */
     uint64_t size;
+    uint64_t aux;
     int32_t kind;
     int32_t dev;
 } entry;
@@ -54,6 +57,11 @@ static int grow(void)
  * used to mark empty slots, so it is rejected. */
 int tl_table_put(int kind, uint64_t key, uint64_t size, int dev)
 {
+    return tl_table_put_aux(kind, key, size, dev, 0);
+}
+
+int tl_table_put_aux(int kind, uint64_t key, uint64_t size, int dev, uint64_t aux)
+{
     if (!key)
         return -1;
     pthread_mutex_lock(&mu);
@@ -70,11 +78,17 @@ int tl_table_put(int kind, uint64_t key, uint64_t size, int dev)
     tab[j].kind = kind;
     tab[j].size = size;
     tab[j].dev = dev;
+    tab[j].aux = aux;
     pthread_mutex_unlock(&mu);
     return 0;
 }
 
 int tl_table_take(int kind, uint64_t key, uint64_t *size, int *dev)
+{
+    return tl_table_take_aux(kind, key, size, dev, NULL);
+}
+
+int tl_table_take_aux(int kind, uint64_t key, uint64_t *size, int *dev, uint64_t *aux)
 {
     if (!key)
         return 0;
@@ -90,8 +104,12 @@ int tl_table_take(int kind, uint64_t key, uint64_t *size, int *dev)
         pthread_mutex_unlock(&mu);
         return 0;
     }
-    *size = tab[j].size;
-    *dev = tab[j].dev;
+    if (size)
+        *size = tab[j].size;
+    if (dev)
+        *dev = tab[j].dev;
+    if (aux)
+        *aux = tab[j].aux;
     /* backward-shift deletion */
     uint64_t i = j;
     for (;;) {
@@ -116,6 +134,11 @@ int tl_table_take(int kind, uint64_t key, uint64_t *size, int *dev)
 
 int tl_table_get(int kind, uint64_t key, uint64_t *size, int *dev)
 {
+    return tl_table_get_aux(kind, key, size, dev, NULL);
+}
+
+int tl_table_get_aux(int kind, uint64_t key, uint64_t *size, int *dev, uint64_t *aux)
+{
     if (!key)
         return 0;
     pthread_mutex_lock(&mu);
@@ -125,8 +148,12 @@ int tl_table_get(int kind, uint64_t key, uint64_t *size, int *dev)
         while (tab[j].key && !(tab[j].key == key && tab[j].kind == kind))
             j = (j + 1) & m;
         if (tab[j].key) {
-            *size = tab[j].size;
-            *dev = tab[j].dev;
+            if (size)
+                *size = tab[j].size;
+            if (dev)
+                *dev = tab[j].dev;
+            if (aux)
+                *aux = tab[j].aux;
             found = 1;
         }
     }

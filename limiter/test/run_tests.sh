@@ -1,17 +1,30 @@
 #!/bin/sh
-# run_tests.sh BUILD_DIR - runs every limiter test against the fake driver.
-# Each check prints PASS/FAIL; the last line is "N passed, M failed" and the
-# exit status is non-zero if anything failed. SANITIZE=1 runs the ASan/UBSan
-# build (the sanitizer runtimes must be preloaded ahead of the limiter).
+# run_tests.sh BUILD_DIR - runs every limiter test against the fake driver
+# (and, from limiter/nonfree, the real CUDA runtime, driver library, NVML
+# and nvidia-smi from Debian's non-free component; fetch_nonfree.sh gets
+# them). Each check prints PASS/FAIL; the last line is "N passed, M failed"
+# and the exit status is non-zero if anything failed. SANITIZE=1 runs the
+# ASan/UBSan build (the sanitizer runtimes must be preloaded ahead of the
+# limiter). Needs root for the namespace tests (a private mount namespace
+# to put a limits file at /etc/tessera/limiter.conf, pid namespaces for a
+# restarted container); CI runs as root.
 set -u
 B=$(cd "$1" && pwd)
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+NONFREE=${TESSERA_NONFREE:-$SRC/nonfree}
 T=$(mktemp -d /tmp/tl-test.XXXXXX)
+chmod 755 "$T"
 trap 'rm -rf "$T"' EXIT
-export LD_LIBRARY_PATH="$B/fake${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+FAKE=$B/fake
+export LD_LIBRARY_PATH="$FAKE${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export FAKE_GPU_MEM=17179869184
 PRE="$B/libtessera-limiter.so"
+SIMPRE="$B/sim/libtessera-limiter.so"
+SANPRE=""
 if [ "${SANITIZE:-0}" = 1 ]; then
-    PRE="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so) $PRE"
+    SANPRE="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
+    PRE="$SANPRE $PRE"
+    SIMPRE="$SANPRE $SIMPRE"
     export ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:halt_on_error=1
     export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 fi
@@ -29,8 +42,8 @@ run() { # name cmd...
         echo "FAIL $name: exit $rc: $(head -c 600 "$T/err")" | tee -a "$LOG"
     fi
 }
-check() { # name condition-exit-status
-    if [ "$2" -eq 0 ]; then echo "PASS $1" | tee -a "$LOG"; else echo "FAIL $1" | tee -a "$LOG"; fi
+check() { # name condition-exit-status [detail]
+    if [ "$2" -eq 0 ]; then echo "PASS $1" | tee -a "$LOG"; else echo "FAIL $1${3:+: $3}" | tee -a "$LOG"; fi
 }
 state() { echo "$T/state.$1"; }
 lim() { # run a client with the limiter preloaded: lim STATE ENV... -- client args
@@ -42,15 +55,18 @@ limm() { # the same with the default (measured) context charge
     st=$1; shift
     env CUDA_DEVICE_MEMORY_SHARED_CACHE="$st" LD_PRELOAD="$PRE" "$@"
 }
+wait_file() { i=0; while [ ! -s "$1" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done; }
 
-# 1. pure unit tests
+# 1. pure unit tests; the shipped build loads on glibc 2.17
 run units "$B/test_units"
 run pacer "$B/test_pacer"
+[ "${SANITIZE:-0}" = 1 ] || run glibc sh "$SRC/test/check_glibc.sh" "$B/libtessera-limiter.so"
 
 # 2. the fake driver alone does not enforce anything
 run nolimit-sym "$B/client_sym" nolimit $L
 run nolimit-dl "$B/client_dl" nolimit $L
 
+G=1073741824
 for c in client_sym client_dl; do
     # 3. every allocation path at the boundary, both access routes
     run "boundary-$c" lim "$(state b$c)" CUDA_DEVICE_MEMORY_LIMIT=1m CUDA_DEVICE_MEMORY_LIMIT_1=2m \
@@ -59,7 +75,6 @@ for c in client_sym client_dl; do
     run "ctx-$c" lim "$(state c$c)" CUDA_DEVICE_MEMORY_LIMIT=$L TESSERA_CONTEXT_RESERVE=64k \
         "$B/$c" ctx $L 65536
     # context footprint measured by default (the fake's contexts take FAKE_CTX_MEM), clamped
-    G=1073741824
     run "ctxmeasure-$c" limm "$(state cm$c)" CUDA_DEVICE_MEMORY_LIMIT=$G FAKE_CTX_MEM=$((100 * L)) \
         "$B/$c" ctxmeasure $G $((100 * L))
     run "ctxmeasure-primary-$c" limm "$(state cm$c)" CUDA_DEVICE_MEMORY_LIMIT=$G FAKE_CTX_MEM=$((100 * L)) \
@@ -86,9 +101,28 @@ for c in client_sym client_dl; do
     run "threads-$c" lim "$(state t$c)" CUDA_DEVICE_MEMORY_LIMIT=$L "$B/$c" threads $L
     # 6. eight processes, one limit
     run "multi-$c" lim "$(state m$c)" CUDA_DEVICE_MEMORY_LIMIT=$L "$B/$c" multi $L 8
+    # hole 1: VMM memory charged until the last mapping and handle are gone
+    run "vmm-$c" lim "$(state v$c)" CUDA_DEVICE_MEMORY_LIMIT=$L "$B/$c" vmm $L
+    # hole 6: pool reserve, heap, stack, module globals, context growth
+    run "unseen-$c" lim "$(state u$c)" CUDA_DEVICE_MEMORY_LIMIT=$L FAKE_MODULE_MEM=$((L / 4)) \
+        FAKE_CTX_GROWTH=$((L / 8)) FAKE_SM_COUNT=4 "$B/$c" unseen $L
+    # hole 8: NVML index, pool and stream devices matched by UUID (NVML
+    # enumerates the two GPUs in the other order)
+    run "multigpu-$c" lim "$(state mg$c)" CUDA_DEVICE_MEMORY_LIMIT_0=$L CUDA_DEVICE_MEMORY_LIMIT_1=$((2 * L)) \
+        FAKE_NVML_ORDER=1,0 "$B/$c" multigpu $L
+    # hole 9: nvidia-smi sees only the container; NVML free = cuMemGetInfo free <= real free
+    run "smi-$c" lim "$(state s$c)" CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_MEM=2g \
+        FAKE_NVML_NEIGHBOURS=3999000:50:1536 "$B/$c" smi $G 3999000
 done
+run smi-v3-stride-32 lim "$(state s32)" CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_MEM=2g FAKE_NVML_V3_STRIDE=32 \
+    FAKE_NVML_NEIGHBOURS=3999000:50:1536 "$B/client_sym" smi $G 3999000
+run ctx-measured-on-the-right-gpu limm "$(state cg)" CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CTX_MEM=$((100 * L)) \
+    FAKE_NVML_ORDER=1,0 "$B/client_sym" ctxgpu $G $((100 * L))
 
-# a driver whose cuGetProcAddress returns internal addresses: name fallback
+# hole 7: every hooked name, version (11.0 .. 13.x) and flag resolves to
+# its hook, whatever address the driver gives (thunks) or not
+run gpa-thunks lim "$(state gt)" CUDA_DEVICE_MEMORY_LIMIT=$L FAKE_GPA_THUNKS=1 "$B/client_dl" gpa
+run gpa-exported lim "$(state ge)" CUDA_DEVICE_MEMORY_LIMIT=$L "$B/client_dl" gpa
 run boundary-thunks lim "$(state th)" CUDA_DEVICE_MEMORY_LIMIT=1m FAKE_GPA_THUNKS=1 "$B/client_dl" boundary $L
 run routes-thunks lim "$(state th)" CUDA_DEVICE_MEMORY_LIMIT=1m FAKE_GPA_THUNKS=1 "$B/client_dl" routes
 
@@ -98,7 +132,7 @@ S=$(state kill)
 env CUDA_DEVICE_MEMORY_SHARED_CACHE="$S" LD_PRELOAD="$PRE" CUDA_DEVICE_MEMORY_LIMIT=$L \
     "$B/client_sym" hold $((3 * L / 4)) "$T/ready" >/dev/null 2>&1 &
 HOLDER=$!
-i=0; while [ ! -s "$T/ready" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
+wait_file "$T/ready"
 check "holder allocated 3/4 L" "$(grep -qx 0 "$T/ready"; echo $?)"
 run kill-before lim "$S" CUDA_DEVICE_MEMORY_LIMIT=$L "$B/client_dl" try $((L / 2)) oom "second-process-refused-while-holder-lives"
 kill -9 $HOLDER; wait $HOLDER 2>/dev/null
@@ -109,13 +143,27 @@ S=$(state over); rm -f "$T/ready"
 env CUDA_DEVICE_MEMORY_SHARED_CACHE="$S" LD_PRELOAD="$PRE" CUDA_DEVICE_MEMORY_LIMIT=$((2 * L)) \
     "$B/client_sym" hold $((3 * L / 2)) "$T/ready" >/dev/null 2>&1 &
 HOLDER=$!
-i=0; while [ ! -s "$T/ready" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
+wait_file "$T/ready"
 run overfull lim "$S" CUDA_DEVICE_MEMORY_LIMIT=$L "$B/client_sym" overfull $L
+kill -9 $HOLDER; wait $HOLDER 2>/dev/null
+
+# hole 10: a stopped process holding the shared lock freezes nobody for
+# long: the allocation is refused after the bounded wait, with a message
+S=$(state stop)
+"$B/test_units" holdlock "$S" &
+HOLDER=$!
+i=0; while [ ! -e "$S.locked" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
+run lock-holder-stopped timeout 20 env CUDA_DEVICE_MEMORY_SHARED_CACHE="$S" LD_PRELOAD="$PRE" \
+    CUDA_DEVICE_MEMORY_LIMIT=$L "$B/client_sym" timedtry $((L / 2)) oom 5 lock-holder-stopped-bounded-wait
+grep -q "held for more than" "$T/err"; check "lock-holder-stopped: stderr says why" $?
 kill -9 $HOLDER; wait $HOLDER 2>/dev/null
 
 # 9. malformed environment fails closed, naming the variable and value
 for kv in CUDA_DEVICE_MEMORY_LIMIT=12x CUDA_DEVICE_MEMORY_LIMIT_0=4gb CUDA_DEVICE_MEMORY_LIMIT=-1 \
-          CUDA_DEVICE_SM_LIMIT=150 CUDA_DEVICE_SM_LIMIT=half TESSERA_CONTEXT_RESERVE=big; do
+          CUDA_DEVICE_SM_LIMIT=150 CUDA_DEVICE_SM_LIMIT=half TESSERA_CONTEXT_RESERVE=big \
+          CUDA_DEVICE_MEMORY_LIMIT_=1m CUDA_DEVICE_SM_LIMIT_=30 CUDA_DEVICE_MEMORY_LIMIT_00=1m \
+          CUDA_DEVICE_MEMORY_LIMIT_16=1m CUDA_DEVICE_MEMORY_LIMITS=1g TESSERA_LIMITER_FOO=1 \
+          TESSERA_LIMITER_DEBUG=yes CUDA_DEVICE_MEMORY_SHARED_CACHE=; do
     var=${kv%%=*}; val=${kv#*=}
     run "malformed $kv" lim "$(state bad)" CUDA_DEVICE_MEMORY_LIMIT=$L "$kv" "$B/client_dl" malformed
     env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state bad)" LD_PRELOAD="$PRE" CUDA_DEVICE_MEMORY_LIMIT=$L "$kv" \
@@ -123,28 +171,41 @@ for kv in CUDA_DEVICE_MEMORY_LIMIT=12x CUDA_DEVICE_MEMORY_LIMIT_0=4gb CUDA_DEVIC
     grep -q "$var=\"$val\"" "$T/err"
     check "malformed $kv: stderr names variable and value" $?
 done
+# a variable given twice (execve allows it) is not trusted either
+run "malformed twice" env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state bad)" LD_PRELOAD="$PRE" \
+    CUDA_DEVICE_MEMORY_LIMIT=$L "$B/client_sym" envtwice CUDA_DEVICE_MEMORY_LIMIT=1t
+# HAMi-core's switches that loosen its limits are not honoured, and said so
+lim "$(state hami)" CUDA_DEVICE_MEMORY_LIMIT=$L CUDA_DISABLE_CONTROL=true "$B/client_sym" try $((L + 1)) oom \
+    hami-disable-control-ignored >"$T/out" 2>"$T/err"
+grep -q '^PASS' "$T/out" && grep -q "CUDA_DISABLE_CONTROL" "$T/err"
+check "hami-disable-control-ignored-with-a-message" $? "$(cat "$T/out" "$T/err" | head -c 300)"
 # an unusable shared-state file also fails closed
 mkdir -p "$T/dir.state"
 run "unusable-state-file" lim "$T/dir.state" CUDA_DEVICE_MEMORY_LIMIT=$L "$B/client_sym" malformed
 
-# 10. compute pacing, closed loop through the fake NVML
-run pace-30 lim "$(state p)" CUDA_DEVICE_SM_LIMIT=30 FAKE_BLOCK_US=10 "$B/client_sym" pace 30 3
-run pace-60 lim "$(state p)" CUDA_DEVICE_SM_LIMIT=60 FAKE_BLOCK_US=10 "$B/client_dl" pace 60 3
-# NVML pids are host pids (FAKE_NVML_PID_OFFSET: a container's own pid
-# namespace). With the compute-process lists unavailable the host pid stays
-# unknown: whole-device fallback, right when alone on the GPU
-run pace-30-pidns-fallback lim "$(state p)" CUDA_DEVICE_SM_LIMIT=30 FAKE_BLOCK_US=10 FAKE_NVML_PID_OFFSET=1000000 \
-    FAKE_NVML_NO_PROCLIST=1 "$B/client_sym" pace 30 3
-# host pid discovered: a saturating neighbour (100 %) no longer throttles us
-run pace-30-pidns-neighbour lim "$(state p)" CUDA_DEVICE_SM_LIMIT=30 FAKE_BLOCK_US=10 FAKE_NVML_PID_OFFSET=1000000 \
-    FAKE_NVML_NEIGHBOURS=3999000:100,3999001:0 "$B/client_dl" pace 30 3
-# NVML has a new sample only every other period: missing samples hold the rate
-run pace-30-sparse lim "$(state p)" CUDA_DEVICE_SM_LIMIT=30 FAKE_BLOCK_US=10 FAKE_NVML_SPARSE=1 \
-    "$B/client_sym" pace 30 3
-# every launch variant is paced (NVML unavailable: fixed initial rate)
-run pace-each lim "$(state pe)" CUDA_DEVICE_SM_LIMIT=30 FAKE_NVML_FAIL=1 "$B/client_dl" paceeach 1
+# 10. compute pacing, in simulated time (FAKE_SIM=1, build/sim): mixed
+# workloads get 30 +- 5 % with no stall over 1 s
+sim() { env FAKE_SIM=1 CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state sim)" LD_PRELOAD="$SIMPRE" "$@"; }
+for sc in grids graphs-then-grids persistent deep-queue sync-each mixed; do
+    run "pacesim-$sc" sim CUDA_DEVICE_SM_LIMIT=30 "$B/client_sym" pacesim $sc 30 20
+done
+run pacesim-mixed-60 sim CUDA_DEVICE_SM_LIMIT=60 "$B/client_sym" pacesim mixed 60 20
+# next to a saturating neighbour (time-slicing): 30 % of solo throughput
+run pacesim-neighbour sim CUDA_DEVICE_SM_LIMIT=30 FAKE_GPU_NEIGHBOUR=1 "$B/client_sym" pacesim mixed 30 20
+# NVML with a new sample only every other period, reported one sample late
+run pacesim-sparse-late sim CUDA_DEVICE_SM_LIMIT=30 FAKE_NVML_SPARSE=1 FAKE_NVML_LAG=1 "$B/client_sym" \
+    pacesim graphs-then-grids 30 20
+# without NVML: the events' timings alone
+run pacesim-no-nvml sim CUDA_DEVICE_SM_LIMIT=30 FAKE_NVML_FAIL=1 "$B/client_sym" pacesim mixed 30 20
+# host pids (a container's pid namespace), with and without process lists
+run pacesim-pidns-fallback sim CUDA_DEVICE_SM_LIMIT=30 FAKE_NVML_PID_OFFSET=1000000 FAKE_NVML_NO_PROCLIST=1 \
+    "$B/client_sym" pacesim grids 30 20
+run pacesim-pidns-neighbour sim CUDA_DEVICE_SM_LIMIT=30 FAKE_NVML_PID_OFFSET=1000000 \
+    FAKE_NVML_NEIGHBOURS=3999000:100,3999001:0 "$B/client_sym" pacesim grids 30 20
+# every launch variant is paced (NVML unavailable: the share on event timings)
+run pace-each lim "$(state pe)" CUDA_DEVICE_SM_LIMIT=30 FAKE_NVML_FAIL=1 FAKE_BLOCK_US=1 "$B/client_dl" paceeach 1
 grep -q "NVML unavailable" "$T/err"; check "NVML unavailable: warned on stderr" $?
-run pace-each-off lim "$(state pe)" FAKE_NVML_FAIL=1 "$B/client_dl" paceeach 0
+run pace-each-off lim "$(state pe)" FAKE_NVML_FAIL=1 FAKE_BLOCK_US=1 "$B/client_dl" paceeach 0
 run nopace lim "$(state p)" CUDA_DEVICE_MEMORY_LIMIT=$L FAKE_BLOCK_US=10 "$B/client_sym" nopace
 
 # 10b. host pid discovery. hpcheck NAME ERRFILE [HOW]: the limiter's debug
@@ -201,7 +262,8 @@ wait $Pa
 hpcheck hostpid-container-first "$T/hp.a"
 hpcheck hostpid-container-second "$T/hp.b"
 # two processes of one container pace on their summed utilisation (next to
-# a 50 % neighbour): together they stay at the container's share
+# a 50 % neighbour): together they stay at the container's share (real
+# time: two processes do not share a simulated clock; loose bounds)
 PC="CUDA_DEVICE_MEMORY_SHARED_CACHE=$(state pc) CUDA_DEVICE_SM_LIMIT=30 FAKE_BLOCK_US=10 \
     FAKE_NVML_PID_OFFSET=$OFF FAKE_NVML_NEIGHBOURS=3999000:50 FAKE_NVML_PROCS=$T/procs4 PACE_SHARED=1"
 env LD_PRELOAD="$PRE" $PC "$B/client_sym" pace 30 4 >"$T/pc.a" 2>/dev/null &
@@ -219,6 +281,19 @@ S=$(state none)
 out=$(lim "$S" CUDA_DEVICE_MEMORY_LIMIT=$L sh -c 'echo hello' 2>&1)
 check "non-CUDA process unaffected" "$([ "$out" = hello ]; echo $?)"
 check "non-CUDA process creates no state" "$([ ! -e "$S" ]; echo $?)"
+
+# gpu-check.sh's own logic, with stub python3 and nvidia-smi (no GPU)
+[ "${SANITIZE:-0}" = 1 ] || run gpu-check-logic sh "$SRC/test/test_gpu_check.sh" "$B/libtessera-limiter.so"
+
+# 12. as root: the read-only limits file (hole 3), a restarted container
+# (hole 4). The shipped library itself, with a file at the fixed path
+# /etc/tessera/limiter.conf in a private mount namespace (an overlay over
+# /etc that also carries ld.so.preload: processes started without the
+# environment get the library as they would in a container).
+. "$SRC/test/run_root_tests.sh"
+
+# 13. the real NVIDIA binaries from Debian non-free (fetch_nonfree.sh)
+. "$SRC/test/run_nonfree_tests.sh"
 
 P=$(grep -c '^PASS' "$LOG")
 F=$(grep -c '^FAIL' "$LOG")

@@ -8,11 +8,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <time.h>
+
 #include "../src/tl_config.h"
 #include "../src/tl_hostpid.h"
+#include "../src/tl_procaddr.h"
+#include "../src/tl_size.h"
 #include "../src/tl_state.h"
 #include "../src/tl_table.h"
 
@@ -92,6 +97,154 @@ static void test_config(void)
     }
 }
 
+/* Names in the limiter's namespace that it does not know, an index with a
+ * leading zero or none, a name given twice: fail closed (trust issue). */
+static void test_config_strict(void)
+{
+    tl_config c;
+    const char *bad[] = {"CUDA_DEVICE_MEMORY_LIMIT_=1m", "CUDA_DEVICE_SM_LIMIT_=30", "CUDA_DEVICE_MEMORY_LIMIT_00=1m",
+                         "CUDA_DEVICE_MEMORY_LIMIT_01=1m", "CUDA_DEVICE_MEMORY_LIMITS=1m",
+                         "CUDA_DEVICE_MEMORY_SHARED_CACHE_X=/a", "TESSERA_LIMITER_FOO=1", "TESSERA_SM_ELASTICITY=1",
+                         "TESSERA_CONTEXT_RESERVED=1m", "TESSERA_LIMITER_DEBUG=2"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char name[96];
+        snprintf(name, sizeof(name), "config rejects %s", bad[i]);
+        CHECK(parse(&c, bad[i], NULL, NULL) != 0 && strstr(c.errmsg, "fail closed"), name);
+    }
+    CHECK(parse(&c, "CUDA_DEVICE_MEMORY_LIMIT=1g", "CUDA_DEVICE_MEMORY_LIMIT=1t", NULL) != 0 &&
+              strstr(c.errmsg, "set twice"),
+          "config rejects a variable given twice");
+    CHECK(parse(&c, "CUDA_DEVICE_MEMORY_LIMIT_15=1g", "PATH=/bin", "CUDA_VISIBLE_DEVICES=0") == 0 &&
+              c.mem_limit[15] == 1ull << 30,
+          "device 15 and unrelated variables accepted");
+    CHECK(parse(&c, "CUDA_DISABLE_CONTROL=true", "CUDA_DEVICE_MEMORY_LIMIT=1g", NULL) == 0 &&
+              strstr(c.notes, "CUDA_DISABLE_CONTROL") && c.mem_limit[0] == 1ull << 30,
+          "HAMi's CUDA_DISABLE_CONTROL: noted, limits kept");
+}
+
+static int file(tl_config *c, const char *text)
+{
+    return tl_config_parse_file(c, text, strlen(text), "limiter.conf", NULL);
+}
+
+#define U0 "GPU-6a1f2b3c-0d4e-5f60-7182-93a4b5c6d7e8"
+#define U1 "GPU-00000000-1111-2222-3333-444444444444"
+static void test_config_file(void)
+{
+    tl_config c;
+    char *env[] = {"CUDA_DEVICE_MEMORY_LIMIT=1t", "CUDA_DEVICE_SM_LIMIT=100", "TESSERA_LIMITER_DEBUG=1", NULL};
+    const char *ok = "# agent\nversion=1\nstate=/tessera/state/cache\nelastic=1\ncontext_reserve=64m\n"
+                     "device.0.uuid=GPU-6A1F2B3C-0D4E-5F60-7182-93A4B5C6D7E8\ndevice.0.memory=4096m\ndevice.0.sm=30\n"
+                     "device.1.uuid=" U1 "\ndevice.1.memory=0m\ndevice.1.sm=100\n";
+    CHECK(tl_config_parse_file(&c, ok, strlen(ok), "limiter.conf", env) == 0 && c.from_file && c.ndev == 2 &&
+              c.mem_limit[0] == 4096ull << 20 && c.sm_limit[0] == 30 && c.mem_limit[1] == 0 && c.sm_limit[1] == 0 &&
+              c.mem_limit[2] == 0 && c.elastic && c.ctx_reserve_set && c.ctx_reserve == 64ull << 20 && c.debug &&
+              !strcmp(c.state_path, "/tessera/state/cache") && !strcmp(c.uuid[0], U0) && c.uuid_bin[0][0] == 0x6a,
+          "limits file: values, UUIDs lower-cased, the environment's limits ignored");
+    struct {
+        const char *text, *want;
+    } bad[] = {
+        {"", "empty"},
+        {"state=/s\nversion=1\n", "line 1: the first setting must be version=1"},
+        {"version=2\n", "unsupported version"},
+        {"version=1\nstate=/s\ndevice.0.uuid=" U0 "\ndevice.0.memory=1m\ndevice.0.sm=0\nfoo=1\n", "line 6: unknown key"},
+        {"version=1\nstate=/s\ndevice.0.uuid=" U0 "\ndevice.0.memory=1m\n", "device.0 needs uuid, memory and sm"},
+        {"version=1\nstate=/s\ndevice.1.uuid=" U0 "\ndevice.1.memory=1m\ndevice.1.sm=0\n", "device.0 is missing"},
+        {"version=1\ndevice.0.uuid=" U0 "\ndevice.0.memory=1m\ndevice.0.sm=0\n", "state= (the shared state file) is missing"},
+        {"version=1\nstate=/s\n", "no device"},
+        {"version=1\nstate=/s\ndevice.0.uuid=GPU-1\n", "not a GPU UUID"},
+        {"version=1\nstate=/s\ndevice.0.uuid=" U0 "\ndevice.0.memory=1g\n", "want MiB"},
+        {"version=1\nstate=/s\ndevice.0.uuid=" U0 "\ndevice.0.sm=101\n", "percentage"},
+        {"version=1\nstate=relative\n", "not an absolute path"},
+        {"version=1\nstate=/s\nstate=/t\n", "state given twice"},
+        {"version=1\nstate=/s x\n", "space"},
+        {"version=1\r\n", "control character"},
+        {"version=1\nstate=/s\ndevice.0.uuid=" U0 "\ndevice.0.memory=1m\ndevice.0.sm=0\ndevice.1.uuid=" U0
+         "\ndevice.1.memory=1m\ndevice.1.sm=0\n", "same uuid"},
+        {"version=1\nstate=/s\ndevice.16.uuid=" U0 "\n", "device.<0..15>"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char name[160];
+        snprintf(name, sizeof(name), "limits file rejects (%s)", bad[i].want);
+        CHECK(file(&c, bad[i].text) != 0 && c.from_file && strstr(c.errmsg, bad[i].want) &&
+                  strstr(c.errmsg, "limiter.conf"),
+              name);
+    }
+    /* tl_config_load: absent -> environment; present -> the file; unreadable -> fail closed */
+    char *env2[] = {"CUDA_DEVICE_MEMORY_LIMIT=2g", NULL};
+    CHECK(tl_config_load(&c, "/nonexistent/limiter.conf", env2) == 0 && !c.from_file && c.mem_limit[0] == 2ull << 30,
+          "no limits file: the environment");
+    CHECK(tl_config_load(&c, "/etc/hostname/limiter.conf", env2) == 0 && !c.from_file, "ENOTDIR: the environment");
+    char p[64];
+    snprintf(p, sizeof(p), "/tmp/tl-units-conf-%d", (int)getpid());
+    FILE *f = fopen(p, "w");
+    fputs("version=1\nstate=/s\ndevice.0.uuid=" U0 "\ndevice.0.memory=1m\ndevice.0.sm=0\n", f);
+    fclose(f);
+    CHECK(tl_config_load(&c, p, env2) == 0 && c.from_file && c.mem_limit[0] == 1ull << 20, "limits file read");
+    unlink(p);
+    mkdir(p, 0755);
+    CHECK(tl_config_load(&c, p, env2) != 0 && strstr(c.errmsg, "cannot read"), "unreadable limits file fails closed");
+    rmdir(p);
+}
+
+static void test_uuid(void)
+{
+    unsigned char b[16];
+    char s[64];
+    CHECK(tl_uuid_parse(U0, b) == 0 && b[0] == 0x6a && b[15] == 0xe8, "uuid parse");
+    tl_uuid_format(b, s, sizeof(s));
+    CHECK(!strcmp(s, U0), "uuid format round trip");
+    CHECK(tl_uuid_parse("MIG-6a1f2b3c-0d4e-5f60-7182-93a4b5c6d7e8", b) == 0, "MIG uuid parse");
+    const char *bad[] = {"", "GPU-", "6a1f2b3c-0d4e-5f60-7182-93a4b5c6d7e8", "GPU-6a1f2b3c0d4e-5f60-7182-93a4b5c6d7e8",
+                         "GPU-6a1f2b3c-0d4e-5f60-7182-93a4b5c6d7e", "GPU-6a1f2b3c-0d4e-5f60-7182-93a4b5c6d7e8a",
+                         "GPU-6a1f2b3c-0d4e-5f60-7182-93a4b5c6d7eg"};
+    int ok = 1;
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        ok &= tl_uuid_parse(bad[i], b) != 0;
+    CHECK(ok, "uuid parse rejects malformed");
+}
+
+/* The variants the real driver (535) hands out, and the CUDA 12.5+ one. */
+static void test_procaddr(void)
+{
+    static const struct {
+        const char *base;
+        int ver;
+        unsigned long long flags;
+        const char *want;
+    } spot[] = {
+        {"cuGetProcAddress", 11030, 0, "cuGetProcAddress"}, {"cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2"},
+        {"cuCtxCreate", 11030, 0, "cuCtxCreate_v2"}, {"cuCtxCreate", 11080, 0, "cuCtxCreate_v3"},
+        {"cuCtxCreate", 12050, 0, "cuCtxCreate_v4"}, {"cuGraphInstantiate", 12000, 0, "cuGraphInstantiate_v2"},
+        {"cuDevicePrimaryCtxRelease", 7000, 0, "cuDevicePrimaryCtxRelease"},
+        {"cuDevicePrimaryCtxRelease", 11030, 0, "cuDevicePrimaryCtxRelease_v2"},
+        {"cuLaunchKernel", 11030, 2, "cuLaunchKernel_ptsz"}, {"cuLaunchKernel", 11030, 0, "cuLaunchKernel"},
+        {"cuMemAlloc", 13000, 2, "cuMemAlloc_v2"}, {"cuMemAlloc", 2000, 0, "cuMemAlloc"},
+        {"cuGraphInstantiateWithParams", 12000, 2, "cuGraphInstantiateWithParams_ptsz"},
+    };
+    char n[128], name[160];
+    for (size_t i = 0; i < sizeof(spot) / sizeof(spot[0]); i++) {
+        snprintf(name, sizeof(name), "procaddr %s@%d%s = %s", spot[i].base, spot[i].ver, spot[i].flags ? " ptsz" : "",
+                 spot[i].want);
+        CHECK(tl_pa_resolve(spot[i].base, spot[i].ver, spot[i].flags, n, sizeof(n)) == 0 && !strcmp(n, spot[i].want),
+              name);
+    }
+    CHECK(tl_pa_resolve("cuMemAllocAsync", 11010, 0, n, sizeof(n)) != 0, "procaddr: before the first variant: none");
+    CHECK(tl_pa_resolve("cuLaunchKernel", 4000, 2, n, sizeof(n)) != 0, "procaddr: ptsz before CUDA 7.0: none");
+    CHECK(tl_pa_resolve("cuDeviceGet", 12000, 0, n, sizeof(n)) != 0 && !tl_pa_known("cuDeviceGet"),
+          "procaddr: names outside the table are unknown");
+    CHECK(tl_pa_resolve("cuCtxCreate", 12050, 0, n, 8) != 0, "procaddr: small buffer refused");
+}
+
+static void test_size(void)
+{
+    CHECK(tl_array_bytes(1024, 2, 0, 0x20, 2) == 1024 * 2 * 2 * 4, "array bytes: float2 1024x2");
+    CHECK(tl_array_bytes(SIZE_MAX, SIZE_MAX, 2, 0x20, 4) == UINT64_MAX, "array bytes saturate");
+    TL_ARRAY3D_DESCRIPTOR d = {8, 8, 0, 0x01, 1, 0};
+    CHECK(tl_mipmap_bytes(&d, 4) == 64 + 16 + 4 + 1, "mipmap levels halve");
+    CHECK(tl_sat_add(UINT64_MAX, 1) == UINT64_MAX && tl_sat_mul(1ull << 40, 1ull << 40) == UINT64_MAX, "saturation");
+}
+
 static void test_table(void)
 {
     enum { N = 20000 };
@@ -115,6 +268,13 @@ static void test_table(void)
     CHECK(tl_table_take(TL_K_HANDLE, 0x7000000000ull + 512, &s, &d) == 1 && s == 99, "other kind kept");
     CHECK(tl_table_count() == 0, "table empty");
     CHECK(tl_table_put(TL_K_PTR, 0, 1, 0) != 0, "NULL key rejected");
+    uint64_t aux = 0;
+    CHECK(tl_table_put_aux(TL_K_HANDLE, 77, 5, 2, (3ull << 32) | 1) == 0 &&
+              tl_table_get_aux(TL_K_HANDLE, 77, &s, &d, &aux) == 1 && aux == ((3ull << 32) | 1) && s == 5 && d == 2,
+          "aux stored");
+    CHECK(tl_table_put_aux(TL_K_HANDLE, 77, 5, 2, 9) == 0 && tl_table_take_aux(TL_K_HANDLE, 77, NULL, NULL, &aux) == 1 &&
+              aux == 9 && tl_table_count() == 0,
+          "aux replaced, taken with NULL outputs");
     tl_table_reset();
 }
 
@@ -179,6 +339,67 @@ static void test_state(void)
     waitpid(k, NULL, 0);
     CHECK(tl_shared_reserve(&sh, 0, 1000, 1000) == 0, "lock recovered after owner died; totals rebuilt");
     CHECK(sh.st->seq % 2 == 0, "seq consistent after recovery");
+    tl_shared_release(&sh, 0, 1000);
+
+    /* liveness across pid namespaces: a process of another namespace (its
+     * slot records another pidns) that is gone is reclaimed through its
+     * open-file-description lock; one that lives is not */
+    for (int live = 0; live < 2; live++) {
+        k = fork();
+        if (k == 0) {
+            tl_shared c;
+            if (tl_shared_open(&c, path) || tl_shared_register(&c) || tl_shared_reserve(&c, 0, 600, 1000))
+                _exit(1);
+            c.st->slots[c.slot].pidns ^= 0x5a5a; /* as if from another pid namespace */
+            if (write(p1[1], "z", 1) != 1)
+                _exit(1);
+            for (;;)
+                pause();
+        }
+        CHECK(read(p1[0], &ch, 1) == 1, "child of another pid namespace reserved 600");
+        if (!live) {
+            kill(k, SIGKILL);
+            waitpid(k, NULL, 0);
+            CHECK(sh.ofd && tl_shared_reserve(&sh, 0, 1000, 1000) == 0,
+                  "dead process of another pid namespace reclaimed (OFD lock)");
+            tl_shared_release(&sh, 0, 1000);
+        } else {
+            CHECK(tl_shared_reserve(&sh, 0, 500, 1000) != 0, "live process of another pid namespace kept");
+            kill(k, SIGKILL);
+            waitpid(k, NULL, 0);
+            tl_shared_reclaim(&sh);
+        }
+    }
+
+    /* a stopped process holding the lock: reserve gives up after the
+     * bounded wait; a release is kept and applied once the lock is free */
+    CHECK(tl_shared_reserve(&sh, 0, 400, 1000) == 0, "reserve 400 before the stop");
+    k = fork();
+    if (k == 0) {
+        tl_shared c;
+        if (tl_shared_open(&c, path))
+            _exit(1);
+        pthread_mutex_lock(&c.st->lock.mutex);
+        if (write(p1[1], "s", 1) != 1)
+            _exit(1);
+        raise(SIGSTOP);
+        for (;;)
+            pause();
+    }
+    CHECK(read(p1[0], &ch, 1) == 1, "child holds the lock and stops");
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int r = tl_shared_reserve(&sh, 0, 1, 1000);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    CHECK(r != 0 && waited >= TL_LOCK_WAIT_S - 0.1 && waited < TL_LOCK_WAIT_S + 2, "lock held by a stopped process: "
+                                                                                  "refused after the bounded wait");
+    tl_shared_release(&sh, 0, 400);
+    CHECK(sh.pending[0] == 400 && tl_shared_used(&sh, 0) == 400, "release during the stop kept for later");
+    kill(k, SIGKILL);
+    waitpid(k, NULL, 0);
+    CHECK(tl_shared_reserve(&sh, 0, 1000, 1000) == 0 && sh.pending[0] == 0,
+          "holder killed: lock recovered, the kept release applied");
     tl_shared_release(&sh, 0, 1000);
 
     /* a stale slot carrying our own pid (pid reuse) is cleared on register */
@@ -274,10 +495,33 @@ static void test_hostpid(void)
     CHECK(tl_hp_observe(&h, after1, 3, NULL, 0, 0, 0) == 0, "hostpid: no context creation seen: no guess");
 }
 
-int main(void)
+/* holdlock PATH: take the shared-state lock of PATH, create PATH.locked,
+ * and stop (SIGSTOP) while holding it: a frozen process of the container. */
+static int holdlock(const char *p)
 {
+    tl_shared sh;
+    if (tl_shared_open(&sh, p) != 0 || tl_shared_register(&sh) != 0)
+        return 1;
+    pthread_mutex_lock(&sh.st->lock.mutex);
+    char done[300];
+    snprintf(done, sizeof(done), "%s.locked", p);
+    close(open(done, O_CREAT | O_WRONLY, 0644));
+    raise(SIGSTOP);
+    pause();
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && !strcmp(argv[1], "holdlock"))
+        return holdlock(argv[2]);
     test_sizes();
     test_config();
+    test_config_strict();
+    test_config_file();
+    test_uuid();
+    test_procaddr();
+    test_size();
     test_table();
     test_state();
     test_hostpid();

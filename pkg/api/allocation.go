@@ -1,7 +1,13 @@
 package api
 
-// AllocationAPIVersion is the wire version of PodAllocation written by this build.
-const AllocationAPIVersion = "tessera.io/v1"
+// Wire versions of PodAllocation. This build reads both and writes the
+// lowest one that expresses the record: tessera.io/v2 whenever the record
+// carries its pod's UID, a signature or a MIG grant (the scheduler always
+// sets the UID), tessera.io/v1 otherwise. See docs/upgrading.md.
+const (
+	AllocationAPIVersion   = "tessera.io/v2"
+	AllocationAPIVersionV1 = "tessera.io/v1"
+)
 
 // AllocationKind is the kind field of an encoded PodAllocation.
 const AllocationKind = "PodGPUAllocation"
@@ -15,10 +21,16 @@ type PodAllocation struct {
 	Kind       string `json:"kind"`
 	// Node is the node the pod was placed on.
 	Node string `json:"node"`
+	// PodUID is the UID of the pod the record was written for (v2): a
+	// record copied onto another pod does not match it.
+	PodUID string `json:"podUID,omitempty"`
 	// Containers lists every container that holds GPUs, init containers
 	// included (Init = true), in pod spec order. Containers without GPUs
 	// are omitted.
 	Containers []ContainerAllocation `json:"containers"`
+	// Signature is the writer's proof of origin over the rest of the
+	// record (v2; see SigningBytes): "<scheme>:<key id>:<base64>".
+	Signature string `json:"signature,omitempty"`
 }
 
 // ContainerAllocation is the set of GPU shares granted to one container.
@@ -41,7 +53,26 @@ type DeviceGrant struct {
 	// Exclusive means no other container may hold a share of this GPU
 	// while this one does (whole-GPU requests).
 	Exclusive bool `json:"exclusive,omitempty"`
+	// MIG, when set, grants a MIG instance of the GPU named by UUID
+	// instead of a share of it (v2): the instance's memory slices are
+	// charged, not memory or cores.
+	MIG *MIGGrant `json:"mig,omitempty"`
+}
+
+// MIGGrant is a MIG instance granted to a container.
+type MIGGrant struct {
+	// Profile is the GPU-instance profile ("1g.5gb").
+	Profile string `json:"profile"`
+	// Start is the memory slice the instance starts at.
+	Start int `json:"start"`
+	// Device is the MIG device's UUID when it exists already (a static
+	// layout); empty when the node agent creates the instance for the pod
+	// (dynamic MIG).
+	Device string `json:"device,omitempty"`
 }
 
 // MaxContainersPerPod bounds the number of containers a record may hold.
 const MaxContainersPerPod = 256
+
+// MaxSignatureLength bounds AllocationSignature values.
+const MaxSignatureLength = 512

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 )
 
 // MaxAnnotationBytes bounds an encoded record. Kubernetes caps all of an
@@ -17,9 +18,18 @@ const MaxAnnotationBytes = 256 << 10
 // decoders turn empty JSON arrays into nil so that Decode(Encode(x)) deep
 // equals x, and the encoders write a nil GPU or container list as [].
 
-// EncodeInventory returns the wire form of inv for AnnotationInventory.
-// APIVersion and Kind are filled in when empty, and a MemoryOvercommit of
-// 0 (unset) is written as 1.0 (no overcommit); inv itself is not modified.
+// inventoryVersions and allocationVersions are the versions this build
+// reads, oldest first.
+var (
+	inventoryVersions  = []string{InventoryAPIVersionV1, InventoryAPIVersion}
+	allocationVersions = []string{AllocationAPIVersionV1, AllocationAPIVersion}
+)
+
+// EncodeInventory returns the wire form of inv for AnnotationInventory, in
+// the lowest version that expresses it (tessera.io/v1 unless a v2 field is
+// used), whatever inv.APIVersion says (it must be empty or a version this
+// build reads). Kind is filled in when empty, and a MemoryOvercommit of 0
+// (unset) is written as 1.0 (no overcommit); inv itself is not modified.
 // The result is validated first, so an invalid inventory is never written.
 func EncodeInventory(inv *NodeInventory) ([]byte, error) {
 	if inv == nil {
@@ -27,7 +37,7 @@ func EncodeInventory(inv *NodeInventory) ([]byte, error) {
 	}
 	out := *inv
 	if out.APIVersion == "" {
-		out.APIVersion = InventoryAPIVersion
+		out.APIVersion = InventoryAPIVersionV1
 	}
 	if out.Kind == "" {
 		out.Kind = InventoryKind
@@ -35,8 +45,12 @@ func EncodeInventory(inv *NodeInventory) ([]byte, error) {
 	if out.MemoryOvercommit == 0 {
 		out.MemoryOvercommit = 1
 	}
-	if err := checkHeader("GPU inventory", out.APIVersion, InventoryAPIVersion, out.Kind, InventoryKind); err != nil {
+	if err := checkHeader("GPU inventory", out.APIVersion, inventoryVersions, out.Kind, InventoryKind); err != nil {
 		return nil, fmt.Errorf("encoding %w", err)
+	}
+	out.APIVersion = InventoryAPIVersionV1
+	if inventoryV2Field(&out) != "" {
+		out.APIVersion = InventoryAPIVersion
 	}
 	if err := ValidateInventory(&out); err != nil {
 		return nil, fmt.Errorf("invalid GPU inventory: %w", err)
@@ -53,19 +67,29 @@ func EncodeInventory(inv *NodeInventory) ([]byte, error) {
 // rather than half understood.
 func DecodeInventory(data []byte) (*NodeInventory, error) {
 	const what = "GPU inventory"
-	if err := readHeader(what, data, InventoryAPIVersion, InventoryKind); err != nil {
+	if err := readHeader(what, data, inventoryVersions, InventoryKind); err != nil {
 		return nil, err
 	}
 	inv := new(NodeInventory)
 	if err := decodeJSON(data, inv, true); err != nil {
 		return nil, fmt.Errorf("decoding %s: %w", what, err)
 	}
+	if f := inventoryV2Field(inv); f != "" && inv.APIVersion == InventoryAPIVersionV1 {
+		return nil, fmt.Errorf("decoding %s: %s is not part of %s (it needs %s)", what, f, InventoryAPIVersionV1, InventoryAPIVersion)
+	}
 	if len(inv.GPUs) == 0 {
 		inv.GPUs = nil
 	}
 	for i := range inv.GPUs {
-		if len(inv.GPUs[i].Links) == 0 {
-			inv.GPUs[i].Links = nil
+		g := &inv.GPUs[i]
+		if len(g.Links) == 0 {
+			g.Links = nil
+		}
+		if len(g.MIG.Devices) == 0 {
+			g.MIG.Devices = nil
+		}
+		if len(g.MIG.ProfileMemoryMiB) == 0 {
+			g.MIG.ProfileMemoryMiB = nil
 		}
 	}
 	if err := ValidateInventory(inv); err != nil {
@@ -74,21 +98,26 @@ func DecodeInventory(data []byte) (*NodeInventory, error) {
 	return inv, nil
 }
 
-// EncodeAllocation returns the wire form of a for AnnotationAllocation.
-// APIVersion and Kind are filled in when empty; a itself is not modified.
+// EncodeAllocation returns the wire form of a for AnnotationAllocation, in
+// the lowest version that expresses it, as EncodeInventory does; a itself
+// is not modified.
 func EncodeAllocation(a *PodAllocation) ([]byte, error) {
 	if a == nil {
 		return nil, errors.New("encoding GPU allocation: allocation is nil")
 	}
 	out := *a
 	if out.APIVersion == "" {
-		out.APIVersion = AllocationAPIVersion
+		out.APIVersion = AllocationAPIVersionV1
 	}
 	if out.Kind == "" {
 		out.Kind = AllocationKind
 	}
-	if err := checkHeader("GPU allocation", out.APIVersion, AllocationAPIVersion, out.Kind, AllocationKind); err != nil {
+	if err := checkHeader("GPU allocation", out.APIVersion, allocationVersions, out.Kind, AllocationKind); err != nil {
 		return nil, fmt.Errorf("encoding %w", err)
+	}
+	out.APIVersion = AllocationAPIVersionV1
+	if allocationV2Field(&out) != "" {
+		out.APIVersion = AllocationAPIVersion
 	}
 	if err := ValidateAllocation(&out); err != nil {
 		return nil, fmt.Errorf("invalid GPU allocation: %w", err)
@@ -100,12 +129,15 @@ func EncodeAllocation(a *PodAllocation) ([]byte, error) {
 // strictly as DecodeInventory.
 func DecodeAllocation(data []byte) (*PodAllocation, error) {
 	const what = "GPU allocation"
-	if err := readHeader(what, data, AllocationAPIVersion, AllocationKind); err != nil {
+	if err := readHeader(what, data, allocationVersions, AllocationKind); err != nil {
 		return nil, err
 	}
 	a := new(PodAllocation)
 	if err := decodeJSON(data, a, true); err != nil {
 		return nil, fmt.Errorf("decoding %s: %w", what, err)
+	}
+	if f := allocationV2Field(a); f != "" && a.APIVersion == AllocationAPIVersionV1 {
+		return nil, fmt.Errorf("decoding %s: %s is not part of %s (it needs %s)", what, f, AllocationAPIVersionV1, AllocationAPIVersion)
 	}
 	if len(a.Containers) == 0 {
 		a.Containers = nil
@@ -124,7 +156,7 @@ func DecodeAllocation(data []byte) (*PodAllocation, error) {
 // readHeader checks size, apiVersion and kind before the strict decode, so
 // that a record of another version fails with a version error rather than
 // with an unknown-field error.
-func readHeader(what string, data []byte, version, kind string) error {
+func readHeader(what string, data []byte, versions []string, kind string) error {
 	if len(data) > MaxAnnotationBytes {
 		return fmt.Errorf("%s is %d bytes, more than the limit of %d", what, len(data), MaxAnnotationBytes)
 	}
@@ -135,12 +167,16 @@ func readHeader(what string, data []byte, version, kind string) error {
 	if err := decodeJSON(data, &h, false); err != nil {
 		return fmt.Errorf("decoding %s: %w", what, err)
 	}
-	return checkHeader(what, h.APIVersion, version, h.Kind, kind)
+	return checkHeader(what, h.APIVersion, versions, h.Kind, kind)
 }
 
-func checkHeader(what, gotVersion, version, gotKind, kind string) error {
-	if gotVersion != version {
-		return fmt.Errorf("%s version %q is not supported (this build reads %s)", what, gotVersion, version)
+func checkHeader(what, gotVersion string, versions []string, gotKind, kind string) error {
+	known := false
+	for _, v := range versions {
+		known = known || gotVersion == v
+	}
+	if !known {
+		return fmt.Errorf("%s version %q is not supported (this build reads %s)", what, gotVersion, strings.Join(versions, " and "))
 	}
 	if gotKind != kind {
 		return fmt.Errorf("%s kind %q is not %q", what, gotKind, kind)
@@ -176,4 +212,59 @@ func marshalBounded(what string, v any) ([]byte, error) {
 		return nil, fmt.Errorf("encoded %s is %d bytes, more than the limit of %d", what, len(data), MaxAnnotationBytes)
 	}
 	return data, nil
+}
+
+// inventoryV2Field names the first field of inv that tessera.io/v1 cannot
+// express, or returns "".
+func inventoryV2Field(inv *NodeInventory) string {
+	switch {
+	case inv.Mode != "":
+		return "mode"
+	case inv.MIGStrategy != "":
+		return "migStrategy"
+	}
+	for i := range inv.GPUs {
+		g := &inv.GPUs[i]
+		switch {
+		case len(g.MIG.Devices) > 0:
+			return fmt.Sprintf("gpus[%d].mig.devices", i)
+		case len(g.MIG.ProfileMemoryMiB) > 0:
+			return fmt.Sprintf("gpus[%d].mig.profileMemoryMiB", i)
+		case g.Sharing == SharingMPS || g.Sharing == SharingMIG || g.Sharing == SharingMIGDynamic:
+			return fmt.Sprintf("gpus[%d].sharing %q", i, g.Sharing)
+		}
+	}
+	return ""
+}
+
+// allocationV2Field names the first field of a that tessera.io/v1 cannot
+// express, or returns "".
+func allocationV2Field(a *PodAllocation) string {
+	switch {
+	case a.PodUID != "":
+		return "podUID"
+	case a.Signature != "":
+		return "signature"
+	}
+	for i := range a.Containers {
+		for k, d := range a.Containers[i].Devices {
+			if d.MIG != nil {
+				return fmt.Sprintf("containers[%d].devices[%d].mig", i, k)
+			}
+		}
+	}
+	return ""
+}
+
+// SigningBytes is what a record's Signature signs: the record's wire form
+// with the signature left out. A verifier decodes the record (which
+// validates it), takes SigningBytes of the result and checks the
+// signature against it, so any change to a signed field breaks it.
+func SigningBytes(a *PodAllocation) ([]byte, error) {
+	if a == nil {
+		return nil, errors.New("signing GPU allocation: allocation is nil")
+	}
+	out := *a
+	out.Signature = ""
+	return EncodeAllocation(&out)
 }

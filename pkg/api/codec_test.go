@@ -133,9 +133,9 @@ func TestDecodeErrors(t *testing.T) {
 	}{
 		{"empty", ``, `decoding GPU inventory: empty input`},
 		{"not json", `hello`, `decoding GPU inventory: invalid character 'h' looking for beginning of value`},
-		{"no version", `{}`, `GPU inventory version "" is not supported (this build reads tessera.io/v1)`},
+		{"no version", `{}`, `GPU inventory version "" is not supported (this build reads tessera.io/v1 and tessera.io/v2)`},
 		{"unknown version", `{"apiVersion":"tessera.io/v9","kind":"NodeGPUInventory","future":1}`,
-			`GPU inventory version "tessera.io/v9" is not supported (this build reads tessera.io/v1)`},
+			`GPU inventory version "tessera.io/v9" is not supported (this build reads tessera.io/v1 and tessera.io/v2)`},
 		{"wrong kind", `{"apiVersion":"tessera.io/v1","kind":"PodGPUAllocation"}`,
 			`GPU inventory kind "PodGPUAllocation" is not "NodeGPUInventory"`},
 		{"unknown field", `{` + header + `,"memoryOvercommit":1,"gpus":[],"extra":true}`,
@@ -168,12 +168,12 @@ func TestDecodeAllocationErrors(t *testing.T) {
 	tests := []struct {
 		name, input, want string
 	}{
-		{"unknown version", `{"apiVersion":"tessera.io/v2","kind":"PodGPUAllocation"}`,
-			`GPU allocation version "tessera.io/v2" is not supported (this build reads tessera.io/v1)`},
+		{"unknown version", `{"apiVersion":"tessera.io/v3","kind":"PodGPUAllocation"}`,
+			`GPU allocation version "tessera.io/v3" is not supported (this build reads tessera.io/v1 and tessera.io/v2)`},
 		{"wrong kind", `{"apiVersion":"tessera.io/v1","kind":"NodeGPUInventory"}`,
 			`GPU allocation kind "NodeGPUInventory" is not "PodGPUAllocation"`},
-		{"unknown field", `{"apiVersion":"tessera.io/v1","kind":"PodGPUAllocation","node":"n","containers":[{"name":"c","devices":[{"uuid":"GPU-a","memoryMiB":1,"cores":0,"mig":true}]}]}`,
-			`decoding GPU allocation: json: unknown field "mig"`},
+		{"unknown field", `{"apiVersion":"tessera.io/v1","kind":"PodGPUAllocation","node":"n","containers":[{"name":"c","devices":[{"uuid":"GPU-a","memoryMiB":1,"cores":0,"vgpu":true}]}]}`,
+			`decoding GPU allocation: json: unknown field "vgpu"`},
 		{"trailing data", `{"apiVersion":"tessera.io/v1","kind":"PodGPUAllocation"}]`,
 			`decoding GPU allocation: trailing data after the JSON value (offset 56)`},
 		{"no containers", `{"apiVersion":"tessera.io/v1","kind":"PodGPUAllocation","node":"n","containers":[]}`,
@@ -204,7 +204,7 @@ func TestEncodeRejects(t *testing.T) {
 	}
 	inv = goldenInventory()
 	inv.APIVersion = "tessera.io/v0"
-	if _, err := EncodeInventory(inv); err == nil || err.Error() != `encoding GPU inventory version "tessera.io/v0" is not supported (this build reads tessera.io/v1)` {
+	if _, err := EncodeInventory(inv); err == nil || err.Error() != `encoding GPU inventory version "tessera.io/v0" is not supported (this build reads tessera.io/v1 and tessera.io/v2)` {
 		t.Errorf("got %v", err)
 	}
 	if _, err := EncodeInventory(nil); err == nil {
@@ -271,7 +271,7 @@ func TestValidateInventoryErrors(t *testing.T) {
 		{"numa below -1", func(inv *NodeInventory) { inv.GPUs[0].NUMANode = -2 }, g0 + ": numaNode -2 below -1 (-1 means unknown)"},
 		{"unknown health", func(inv *NodeInventory) { inv.GPUs[0].Health = "ok" }, g0 + `: health "ok" is not "Healthy" or "Unhealthy"`},
 		{"reason when healthy", func(inv *NodeInventory) { inv.GPUs[0].HealthReason = "XID 48" }, g0 + `: healthReason "XID 48" set on a Healthy GPU`},
-		{"unknown sharing", func(inv *NodeInventory) { inv.GPUs[0].Sharing = "mps" }, g0 + `: sharing "mps" is not one of "shared", "exclusive" or "time-slicing"`},
+		{"unknown sharing", func(inv *NodeInventory) { inv.GPUs[0].Sharing = "vgpu" }, g0 + `: sharing "vgpu" is not one of "shared", "exclusive", "time-slicing", "mps", "mig" or "mig-dynamic"`},
 		{"zero shares", func(inv *NodeInventory) { inv.GPUs[0].MaxShares = 0 }, g0 + ": maxShares 0 outside [1, 128]"},
 		{"too many shares", func(inv *NodeInventory) { inv.GPUs[0].MaxShares = 129 }, g0 + ": maxShares 129 outside [1, 128]"},
 		{"shared exclusive", func(inv *NodeInventory) { inv.GPUs[0].Sharing = SharingExclusive }, g0 + ": maxShares 10 on an exclusive GPU (must be 1)"},
@@ -414,8 +414,15 @@ func assertInventoryRoundTrip(t testing.TB, inv *NodeInventory) {
 	if err != nil {
 		t.Fatalf("decoding %s: %v", data, err)
 	}
-	if !reflect.DeepEqual(got, inv) {
-		t.Fatalf("round trip changed the inventory\n got %#v\nwant %#v", got, inv)
+	// The encoder writes the lowest version that expresses the value, so
+	// only the version may differ, and only towards that one.
+	want := *inv
+	want.APIVersion = InventoryAPIVersionV1
+	if inventoryV2Field(inv) != "" {
+		want.APIVersion = InventoryAPIVersion
+	}
+	if !reflect.DeepEqual(got, &want) {
+		t.Fatalf("round trip changed the inventory\n got %#v\nwant %#v", got, &want)
 	}
 	again, err := EncodeInventory(got)
 	if err != nil || !bytes.Equal(again, data) {
@@ -433,8 +440,13 @@ func assertAllocationRoundTrip(t testing.TB, a *PodAllocation) {
 	if err != nil {
 		t.Fatalf("decoding %s: %v", data, err)
 	}
-	if !reflect.DeepEqual(got, a) {
-		t.Fatalf("round trip changed the allocation\n got %#v\nwant %#v", got, a)
+	want := *a
+	want.APIVersion = AllocationAPIVersionV1
+	if allocationV2Field(a) != "" {
+		want.APIVersion = AllocationAPIVersion
+	}
+	if !reflect.DeepEqual(got, &want) {
+		t.Fatalf("round trip changed the allocation\n got %#v\nwant %#v", got, &want)
 	}
 	again, err := EncodeAllocation(got)
 	if err != nil || !bytes.Equal(again, data) {
@@ -443,7 +455,7 @@ func assertAllocationRoundTrip(t testing.TB, a *PodAllocation) {
 }
 
 func TestGoldenFilesExist(t *testing.T) {
-	for _, p := range []string{inventoryGolden, allocationGolden} {
+	for _, p := range []string{inventoryGolden, allocationGolden, inventoryV2Golden, allocationV2Golden} {
 		if _, err := os.Stat(filepath.FromSlash(p)); err != nil && !*update {
 			t.Error(err)
 		}

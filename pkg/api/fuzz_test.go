@@ -35,6 +35,14 @@ func FuzzDecodeInventory(f *testing.F) {
 	}) {
 		f.Add(s)
 	}
+	for _, s := range seedMutations(f, inventoryV2Golden, [][2]string{
+		{`"start":4`, `"start":9`},
+		{`"mode":"device-plugin"`, `"mode":"dra"`},
+		{`"tessera.io/v2"`, `"tessera.io/v1"`},
+		{`"sharing":"mps"`, `"sharing":"mig"`},
+	}) {
+		f.Add(s)
+	}
 	// A small valid inventory: mutations of it are cheap to minimise.
 	small := goldenInventory()
 	small.GPUs = small.GPUs[:2]
@@ -63,6 +71,13 @@ func FuzzDecodeAllocation(f *testing.F) {
 		{`"PodGPUAllocation"`, `"podgpuallocation"`},
 		{`"node":"gpu-node-01"`, `"NODE":"gpu-node-01"`},
 		{`"devices":[`, `"devices":[],"d":[`},
+	}) {
+		f.Add(s)
+	}
+	for _, s := range seedMutations(f, allocationV2Golden, [][2]string{
+		{`"start":6`, `"start":8`},
+		{`"podUID":"6f1d0c2e-3b7a-4c55-9a0e-2f8b1d7c9e01",`, ``},
+		{`"tessera.io/v2"`, `"tessera.io/v1"`},
 	}) {
 		f.Add(s)
 	}

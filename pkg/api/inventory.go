@@ -1,8 +1,15 @@
 package api
 
-// InventoryAPIVersion is the wire version of NodeInventory written by this
-// build. Decoders reject every other version with an error that names both.
-const InventoryAPIVersion = "tessera.io/v1"
+// Wire versions of NodeInventory. This build reads both and writes the
+// lowest one that expresses the inventory: tessera.io/v1 unless a field
+// added in v2 is used (node mode, MIG strategy and devices, the mps and mig
+// sharing modes). Decoders reject every other version with an error that
+// names the versions they read. See docs/upgrading.md for the order in
+// which to upgrade components across a version bump.
+const (
+	InventoryAPIVersion   = "tessera.io/v2"
+	InventoryAPIVersionV1 = "tessera.io/v1"
+)
 
 // InventoryKind is the kind field of an encoded NodeInventory.
 const InventoryKind = "NodeGPUInventory"
@@ -17,8 +24,35 @@ type NodeInventory struct {
 	// (1.0 = no overcommit). Values below 1 or above MaxMemoryOvercommit are
 	// invalid.
 	MemoryOvercommit float64 `json:"memoryOvercommit"`
-	GPUs             []GPU   `json:"gpus"`
+	// Mode is how the node serves its GPUs (v2; empty = ModeDevicePlugin).
+	Mode NodeMode `json:"mode,omitempty"`
+	// MIGStrategy is how MIG devices are offered as resources (v2; empty =
+	// MIGStrategyNone): NVIDIA's "single" (as the GPU resource) or
+	// "mixed" (one resource per profile, e.g. nvidia.com/mig-1g.5gb).
+	MIGStrategy MIGStrategy `json:"migStrategy,omitempty"`
+	GPUs        []GPU       `json:"gpus"`
 }
+
+// NodeMode is how a node serves its GPUs to pods.
+type NodeMode string
+
+const (
+	// ModeDevicePlugin: the kubelet device plugin serves the GPU
+	// resources; the Tessera scheduler places GPU pods from this inventory.
+	ModeDevicePlugin NodeMode = "device-plugin"
+	// ModeDRA: the node's GPUs are allocated through ResourceClaims
+	// (driver gpu.tessera.io); no device-plugin GPU pod may land there.
+	ModeDRA NodeMode = "dra"
+)
+
+// MIGStrategy is how MIG devices are offered, in NVIDIA's terms.
+type MIGStrategy string
+
+const (
+	MIGStrategyNone   MIGStrategy = "none"
+	MIGStrategySingle MIGStrategy = "single"
+	MIGStrategyMixed  MIGStrategy = "mixed"
+)
 
 // GPU describes one physical GPU of a node.
 type GPU struct {
@@ -56,6 +90,31 @@ type GPU struct {
 type MIG struct {
 	Capable bool `json:"capable"`
 	Enabled bool `json:"enabled"`
+	// Devices are the MIG devices (GPU instances, each with one compute
+	// instance) that exist on the GPU now (v2): a static layout's devices,
+	// or in dynamic mode the instances created for pods.
+	Devices []MIGDevice `json:"devices,omitempty"`
+	// ProfileMemoryMiB is, in dynamic mode, the memory of each GPU-instance
+	// profile as this GPU's NVML reports it (v2), so placement uses the
+	// node's real sizes rather than a table's.
+	ProfileMemoryMiB map[string]int64 `json:"profileMemoryMiB,omitempty"`
+}
+
+// MIGDevice is one MIG device of a GPU.
+type MIGDevice struct {
+	// UUID is NVML's identifier of the MIG device ("MIG-…").
+	UUID string `json:"uuid"`
+	// Profile is the GPU-instance profile, e.g. "1g.5gb" (ParseMIGProfile).
+	Profile string `json:"profile"`
+	// Start is the memory slice its placement starts at.
+	Start int `json:"start"`
+	// MemoryMiB and SMCount are the device's memory and multiprocessors.
+	MemoryMiB int64 `json:"memoryMiB"`
+	SMCount   int   `json:"smCount,omitempty"`
+	// Health is the device's; a parent GPU's XID makes all its devices
+	// unhealthy.
+	Health       Health `json:"health"`
+	HealthReason string `json:"healthReason,omitempty"`
 }
 
 // Health of a GPU as the node agent last saw it.
@@ -76,6 +135,15 @@ const (
 	SharingExclusive SharingMode = "exclusive"
 	// SharingTimeSlicing: replicas without memory or compute isolation.
 	SharingTimeSlicing SharingMode = "time-slicing"
+	// SharingMPS: clients of an MPS control daemon, each with its own
+	// memory and thread-percentage limit (v2).
+	SharingMPS SharingMode = "mps"
+	// SharingMIG: the GPU is split into the MIG devices its layout
+	// created; each device serves one container whole (v2).
+	SharingMIG SharingMode = "mig"
+	// SharingMIGDynamic: MIG instances are created per pod, sized to its
+	// request (v2).
+	SharingMIGDynamic SharingMode = "mig-dynamic"
 )
 
 // LinkType is the kind of connection between two GPUs, from strongest to
@@ -123,6 +191,7 @@ func (l Link) Strength() int {
 const (
 	MaxGPUsPerNode      = 64
 	MaxSharesLimit      = 128
+	MaxMPSClients       = 48 // NVIDIA's limit of MPS clients per GPU
 	MaxMemoryOvercommit = 4.0
 	MaxNVLinks          = 64
 )

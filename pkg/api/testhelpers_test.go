@@ -10,7 +10,7 @@ import (
 func goldenInventory() *NodeInventory {
 	buses := []string{"07", "0F", "47", "4E", "87", "90", "B7", "BD"}
 	inv := &NodeInventory{
-		APIVersion:       InventoryAPIVersion,
+		APIVersion:       InventoryAPIVersionV1,
 		Kind:             InventoryKind,
 		MemoryOvercommit: 1,
 	}
@@ -50,7 +50,7 @@ func testUUID(i int) string {
 // one of them holding two whole GPUs.
 func goldenAllocation() *PodAllocation {
 	return &PodAllocation{
-		APIVersion: AllocationAPIVersion,
+		APIVersion: AllocationAPIVersionV1,
 		Kind:       AllocationKind,
 		Node:       "gpu-node-01",
 		Containers: []ContainerAllocation{

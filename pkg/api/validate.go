@@ -2,6 +2,7 @@ package api
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"unicode/utf8"
@@ -25,8 +26,22 @@ func (h Health) Valid() bool { return h == Healthy || h == Unhealthy }
 
 // SharingModes returns the known sharing modes.
 func SharingModes() []SharingMode {
-	return []SharingMode{SharingShared, SharingExclusive, SharingTimeSlicing}
+	return []SharingMode{SharingShared, SharingExclusive, SharingTimeSlicing, SharingMPS, SharingMIG, SharingMIGDynamic}
 }
+
+// NodeModes returns the known node modes.
+func NodeModes() []NodeMode { return []NodeMode{ModeDevicePlugin, ModeDRA} }
+
+// Valid reports whether m is a known node mode ("" means device-plugin).
+func (m NodeMode) Valid() bool { return m == "" || slices.Contains(NodeModes(), m) }
+
+// MIGStrategies returns NVIDIA's MIG strategies.
+func MIGStrategies() []MIGStrategy {
+	return []MIGStrategy{MIGStrategyNone, MIGStrategySingle, MIGStrategyMixed}
+}
+
+// Valid reports whether s is a known strategy ("" means none).
+func (s MIGStrategy) Valid() bool { return s == "" || slices.Contains(MIGStrategies(), s) }
 
 // Valid reports whether m is a known sharing mode.
 func (m SharingMode) Valid() bool { return slices.Contains(SharingModes(), m) }
@@ -50,6 +65,12 @@ func ValidateInventory(inv *NodeInventory) error {
 	if err := checkOvercommit(inv.MemoryOvercommit); err != nil {
 		return err
 	}
+	if !inv.Mode.Valid() {
+		return fmt.Errorf("mode %q is not one of %s", inv.Mode, joinQuoted(NodeModes()))
+	}
+	if !inv.MIGStrategy.Valid() {
+		return fmt.Errorf("migStrategy %q is not one of %s", inv.MIGStrategy, joinQuoted(MIGStrategies()))
+	}
 	if len(inv.GPUs) > MaxGPUsPerNode {
 		return fmt.Errorf("%d GPUs exceed the limit of %d per node", len(inv.GPUs), MaxGPUsPerNode)
 	}
@@ -71,6 +92,16 @@ func ValidateInventory(inv *NodeInventory) error {
 			return fmt.Errorf("%s: index %d duplicates gpus[%d]", gpuRef(i, g.UUID), g.Index, j)
 		}
 		indices[g.Index] = i
+	}
+	// MIG device UUIDs are unique across the node, GPUs included.
+	for i := range inv.GPUs {
+		g := &inv.GPUs[i]
+		for k, d := range g.MIG.Devices {
+			if j, dup := uuids[d.UUID]; dup {
+				return fmt.Errorf("%s: mig.devices[%d] (%s): uuid duplicates gpus[%d] or one of its MIG devices", gpuRef(i, g.UUID), k, d.UUID, j)
+			}
+			uuids[d.UUID] = i
+		}
 	}
 	// Links are checked once every UUID is known.
 	for i := range inv.GPUs {
@@ -150,8 +181,61 @@ func validateGPU(g *GPU) error {
 	if g.Sharing == SharingExclusive && g.MaxShares != 1 {
 		return fmt.Errorf("maxShares %d on an exclusive GPU (must be 1)", g.MaxShares)
 	}
+	if g.Sharing == SharingMPS && g.MaxShares > MaxMPSClients {
+		return fmt.Errorf("maxShares %d on an MPS GPU exceeds the %d clients MPS allows", g.MaxShares, MaxMPSClients)
+	}
 	if g.MIG.Enabled && !g.MIG.Capable {
 		return fmt.Errorf("mig.enabled set but mig.capable is not")
+	}
+	if (g.Sharing == SharingMIG || g.Sharing == SharingMIGDynamic) && !g.MIG.Enabled {
+		return fmt.Errorf("sharing %q on a GPU whose MIG mode is not enabled", g.Sharing)
+	}
+	return validateMIG(g)
+}
+
+// validateMIG checks a GPU's MIG devices and profile sizes. Whether the
+// devices' placements can coexist is the MIG geometry's business
+// (internal/mig), which knows each model's profiles.
+func validateMIG(g *GPU) error {
+	m := &g.MIG
+	if (len(m.Devices) > 0 || len(m.ProfileMemoryMiB) > 0) && !m.Enabled {
+		return fmt.Errorf("mig.devices or mig.profileMemoryMiB set but mig.enabled is not")
+	}
+	if len(m.Devices) > MaxMIGDevicesPerGPU {
+		return fmt.Errorf("%d MIG devices exceed the limit of %d per GPU", len(m.Devices), MaxMIGDevicesPerGPU)
+	}
+	for k, d := range m.Devices {
+		ref := fmt.Sprintf("mig.devices[%d]", k)
+		if err := checkUUID(d.UUID); err != nil {
+			return fmt.Errorf("%s: %w", ref, err)
+		}
+		ref = fmt.Sprintf("%s (%s)", ref, d.UUID)
+		if _, _, _, err := ParseMIGProfile(d.Profile); err != nil {
+			return fmt.Errorf("%s: %w", ref, err)
+		}
+		if d.Start < 0 || d.Start >= MaxMIGSlices {
+			return fmt.Errorf("%s: start %d outside [0, %d]", ref, d.Start, MaxMIGSlices-1)
+		}
+		if d.MemoryMiB <= 0 || d.MemoryMiB > g.MemoryMiB {
+			return fmt.Errorf("%s: memoryMiB %d outside [1, %d] (the GPU's memory)", ref, d.MemoryMiB, g.MemoryMiB)
+		}
+		if d.SMCount < 0 || g.SMCount > 0 && d.SMCount > g.SMCount {
+			return fmt.Errorf("%s: smCount %d outside [0, %d]", ref, d.SMCount, g.SMCount)
+		}
+		if !d.Health.Valid() {
+			return fmt.Errorf("%s: health %q is not %q or %q", ref, d.Health, Healthy, Unhealthy)
+		}
+		if d.Health == Healthy && d.HealthReason != "" {
+			return fmt.Errorf("%s: healthReason %q set on a Healthy MIG device", ref, d.HealthReason)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(m.ProfileMemoryMiB)) {
+		if _, _, _, err := ParseMIGProfile(name); err != nil {
+			return fmt.Errorf("mig.profileMemoryMiB: %w", err)
+		}
+		if v := m.ProfileMemoryMiB[name]; v <= 0 || v > g.MemoryMiB {
+			return fmt.Errorf("mig.profileMemoryMiB[%s]: %d outside [1, %d] (the GPU's memory)", name, v, g.MemoryMiB)
+		}
 	}
 	return nil
 }
@@ -214,6 +298,24 @@ func ValidateAllocation(a *PodAllocation) error {
 	if len(a.Containers) > MaxContainersPerPod {
 		return fmt.Errorf("%d containers exceed the limit of %d per pod", len(a.Containers), MaxContainersPerPod)
 	}
+	if a.PodUID != "" {
+		if err := checkUUID(a.PodUID); err != nil {
+			return fmt.Errorf("podUID: %w", err)
+		}
+	}
+	if a.Signature != "" {
+		if a.PodUID == "" {
+			return fmt.Errorf("signature set on a record without podUID (a signed record names its pod)")
+		}
+		if len(a.Signature) > MaxSignatureLength {
+			return fmt.Errorf("signature is %d bytes, more than %d", len(a.Signature), MaxSignatureLength)
+		}
+		for i := 0; i < len(a.Signature); i++ {
+			if c := a.Signature[i]; c <= ' ' || c > '~' {
+				return fmt.Errorf("signature contains byte 0x%02x at %d (only printable ASCII without spaces is allowed)", c, i)
+			}
+		}
+	}
 	type containerKey struct {
 		name string
 		init bool
@@ -254,6 +356,22 @@ func ValidateAllocation(a *PodAllocation) error {
 			}
 			if d.Exclusive && d.Cores != MaxCores {
 				return fmt.Errorf("%s: exclusive grant with cores %d (must be %d)", dref, d.Cores, MaxCores)
+			}
+			if g := d.MIG; g != nil {
+				if d.Exclusive {
+					return fmt.Errorf("%s: a MIG grant is not exclusive of the whole GPU (its instance is the container's alone)", dref)
+				}
+				if _, _, _, err := ParseMIGProfile(g.Profile); err != nil {
+					return fmt.Errorf("%s: mig: %w", dref, err)
+				}
+				if g.Start < 0 || g.Start >= MaxMIGSlices {
+					return fmt.Errorf("%s: mig.start %d outside [0, %d]", dref, g.Start, MaxMIGSlices-1)
+				}
+				if g.Device != "" {
+					if err := checkUUID(g.Device); err != nil {
+						return fmt.Errorf("%s: mig.device: %w", dref, err)
+					}
+				}
 			}
 		}
 	}

@@ -87,7 +87,7 @@ func (e *env) startWebhook() {
 		}
 	})
 	// The API server picks up new webhook configurations asynchronously.
-	probe := fixtures.Pod(gpuNS, "probe", "", fixtures.Container("c", map[string]string{names.GPU: "0.5"}))
+	probe := fixtures.MakePod().Namespace(gpuNS).Name("probe").Container("c", map[string]string{names.GPU: "0.5"}).Obj()
 	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		p, err := e.cp.Client.CoreV1().Pods(gpuNS).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		return err == nil && p.Spec.SchedulerName == scheduler.SchedulerName, nil
@@ -269,5 +269,3 @@ func expectDenied(t *testing.T, err error, wants ...string) {
 		}
 	}
 }
-
-func sleep() { time.Sleep(100 * time.Millisecond) }

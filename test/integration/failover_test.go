@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -18,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/tessera-gpu/tessera/internal/testenv"
+	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 )
 
 // buildTessera builds the tessera binary for tests that run it as a
@@ -25,11 +25,9 @@ import (
 func buildTessera(t *testing.T) string {
 	t.Helper()
 	start := time.Now()
-	bin := filepath.Join(t.TempDir(), "tessera")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/tessera")
-	cmd.Dir = testenv.RepoRoot(t)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building tessera: %v\n%s", err, out)
+	bin, err := testenv.Build(t.TempDir(), "tessera", "./cmd/tessera")
+	if err != nil {
+		t.Fatal(err)
 	}
 	t.Logf("built tessera in %v", time.Since(start).Round(time.Millisecond))
 	return bin
@@ -95,7 +93,7 @@ func TestLeaderFailover(t *testing.T) {
 		{names.GPU: "2", names.Memory: "20000", names.Cores: "40"},
 	}
 	leader := e.startProcess(bin, config, "scheduler-a")
-	waitFor(t, "the first scheduler to take the lease", func() bool {
+	testenv.WaitFor(t, "the first scheduler to take the lease", 30*time.Second, func() bool {
 		_, err := e.cp.Client.CoordinationV1().Leases("tessera-system").Get(ctx, "tessera-scheduler", metav1.GetOptions{})
 		return err == nil
 	})
@@ -104,7 +102,7 @@ func TestLeaderFailover(t *testing.T) {
 	created := make(chan error, 1)
 	go func() {
 		for i := range total {
-			if _, err := e.create(gpuPod(fmt.Sprintf("f%03d", i), shapes[i%len(shapes)])); err != nil {
+			if _, err := e.create(fixtures.MakePod().Namespace(gpuNS).Name(fmt.Sprintf("f%03d", i)).Container("main", shapes[i%len(shapes)]).Obj()); err != nil {
 				created <- err
 				return
 			}

@@ -39,11 +39,11 @@ func TestRecordWrite(t *testing.T) {
 			seen := e.watchWrites()
 			e.startScheduler()
 			pods := []*corev1.Pod{
-				gpuPod("whole", map[string]string{names.GPU: "1"}),
-				gpuPod("half", map[string]string{names.GPU: "0.5"}),
-				fixtures.Pod(gpuNS, "two-containers", "",
-					fixtures.Container("a", map[string]string{names.Memory: "4000", names.Cores: "25"}),
-					fixtures.Container("b", map[string]string{names.MemoryPercentage: "25"})),
+				fixtures.MakePod().Namespace(gpuNS).Name("whole").Container("main", map[string]string{names.GPU: "1"}).Obj(),
+				fixtures.MakePod().Namespace(gpuNS).Name("half").Container("main", map[string]string{names.GPU: "0.5"}).Obj(),
+				fixtures.MakePod().Namespace(gpuNS).Name("two-containers").
+					Container("a", map[string]string{names.Memory: "4000", names.Cores: "25"}).
+					Container("b", map[string]string{names.MemoryPercentage: "25"}).Obj(),
 			}
 			for _, p := range pods {
 				if _, err := e.create(p); err != nil {

@@ -11,7 +11,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/tessera-gpu/tessera/internal/podrequest"
+	"github.com/tessera-gpu/tessera/internal/kubeobj"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -42,7 +43,8 @@ type PodGetter interface {
 // first) during admission, after adding the pod to its pod manager, so
 // while it waits on us exactly one active pod has a GPU container that is
 // not yet served. The kubelet's pod-resources API tells us its active pods
-// and what each container holds; StateDirs tell us which containers we
+// and what each container holds; the state directories (statedir) tell
+// us which containers we
 // have answered. No lock across pods, no guessing: if the answer is not
 // exactly one pod, the request is refused (fail closed).
 type Matcher struct {
@@ -50,7 +52,7 @@ type Matcher struct {
 	Resource string
 	Kubelet  KubeletPods
 	Pods     PodGetter
-	State    StateDirs
+	State    statedir.Dirs
 }
 
 // Target is the container a request belongs to and its grant.
@@ -126,11 +128,11 @@ func (m *Matcher) nextContainer(pod *v1.Pod, kp KubeletPod) (name string, init b
 	for i, cs := range [][]v1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
 		for j := range cs {
 			c := &cs[j]
-			q, asks := c.Resources.Limits[v1.ResourceName(m.Resource)]
-			if !asks || q.Value() <= 0 || len(kp.Devices[c.Name]) > 0 || m.State.Served(pod.UID, c.Name) {
+			n, err := kubeobj.Devices(c, m.Resource)
+			if err != nil || n <= 0 || len(kp.Devices[c.Name]) > 0 || m.State.Served(pod.UID, c.Name) {
 				continue
 			}
-			return c.Name, i == 0, q.Value(), true
+			return c.Name, i == 0, n, true
 		}
 	}
 	return "", false, 0, false
@@ -138,12 +140,11 @@ func (m *Matcher) nextContainer(pod *v1.Pod, kp KubeletPod) (name string, init b
 
 // target reads the pod's allocation record for the container.
 func (m *Matcher) target(p pending, n int) (*Target, error) {
-	ref := podrequest.Key(p.pod)
-	raw, ok := p.pod.Annotations[api.AnnotationAllocation]
-	if !ok {
+	ref := kubeobj.Key(p.pod)
+	rec, err := kubeobj.Record(p.pod)
+	if errors.Is(err, kubeobj.ErrNoRecord) {
 		return nil, fmt.Errorf("%w: pod %s has no %s annotation: it was not placed by the Tessera scheduler, and a GPU share without a record would run without limits", ErrNoMatch, ref, api.AnnotationAllocation)
 	}
-	rec, err := api.DecodeAllocation([]byte(raw))
 	if err != nil {
 		return nil, fmt.Errorf("%w: pod %s: %v", ErrNoMatch, ref, err)
 	}

@@ -25,7 +25,7 @@ import (
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/tessera-gpu/tessera/internal/podrequest"
+	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -69,6 +69,7 @@ type Plugin struct {
 	mu      sync.Mutex
 	gpus    []GPU
 	mode    api.SharingMode
+	pol     Policy        // MIG and MPS answers (migmps.go)
 	changed chan struct{} // closed and replaced on every change
 
 	registrations int // for tests: successful registrations
@@ -244,7 +245,10 @@ func (p *Plugin) allocate(ctx context.Context, n int) (*pluginapi.ContainerAlloc
 	if err != nil {
 		return nil, err
 	}
-	ref := podrequest.Key(t.Pod)
+	if r, handled, err := p.before(ctx, t, n); handled {
+		return r, err
+	}
+	ref := kubeobj.Key(t.Pod)
 	gpus, mode := p.offered()
 	for _, d := range t.Grant.Devices {
 		g, ok := gpus[d.UUID]
@@ -260,7 +264,11 @@ func (p *Plugin) allocate(ctx context.Context, n int) (*pluginapi.ContainerAlloc
 		return nil, fmt.Errorf("pod %s container %s: %w", ref, t.Container, err)
 	}
 	p.logger.Info("Allocated", "pod", klog.KObj(t.Pod), "container", t.Container, "devices", t.Grant.Devices)
-	return buildResponse(t.Grant, needsLimiter(t.Grant, mode), dir, p.opts.Paths), nil
+	r := buildResponse(t.Grant, needsLimiter(t.Grant, mode), dir, p.opts.Paths)
+	if err := p.after(r, t, mode); err != nil {
+		return nil, err
+	}
+	return r, nil
 }
 
 // PreStartContainer is not requested (options say so).
@@ -270,6 +278,12 @@ func (p *Plugin) PreStartContainer(context.Context, *pluginapi.PreStartContainer
 
 // socketName is the plugin's socket file in PluginDir.
 func (p *Plugin) socketName() string {
+	if _, name, _ := strings.Cut(p.opts.Resource, "/"); name != "gpu" {
+		// MIG profiles and renamed resources: short, so the socket path
+		// stays within a unix socket's 107 bytes in deep plugin
+		// directories (the lab's).
+		return "t-" + strings.NewReplacer(".", "-", "+", "-").Replace(name) + ".sock"
+	}
 	return "tessera-" + strings.NewReplacer("/", "-", ".", "-").Replace(p.opts.Resource) + ".sock"
 }
 

@@ -15,11 +15,11 @@ import (
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2/ktesting"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
+	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -101,7 +101,7 @@ func newEnv(t *testing.T, mode api.SharingMode, shares int) *env {
 	paths.StateRoot = filepath.Join(root, "state")
 	paths.PreloadHost = filepath.Join(root, "ld.so.preload")
 	e := &env{t: t, kubelet: &fakeKubelet{}, api: &fakeAPI{pods: map[string]*v1.Pod{}}, paths: paths}
-	m := &Matcher{Node: node, Resource: res, Kubelet: e.kubelet, Pods: e.api, State: StateDirs{Root: paths.StateRoot}}
+	m := &Matcher{Node: node, Resource: res, Kubelet: e.kubelet, Pods: e.api, State: statedir.Dirs{Root: paths.StateRoot}}
 	e.plugin = New(Options{Resource: res, Matcher: m, Paths: paths, PluginDir: root}, ktesting.NewLogger(t, ktesting.NewConfig()))
 	var gpus []GPU
 	for i := 0; i < 4; i++ {
@@ -119,31 +119,15 @@ type spec struct {
 }
 
 func pod(name string, specs ...spec) *v1.Pod {
-	p := &v1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID("uid-" + name), Annotations: map[string]string{}},
-		Spec:       v1.PodSpec{NodeName: node},
-	}
-	rec := &api.PodAllocation{Node: node}
+	b := fixtures.MakePod().Namespace("ns").Name(name).UID("uid-" + name).Node(node)
 	for _, s := range specs {
-		c := v1.Container{Name: s.name}
-		if len(s.grants) > 0 {
-			c.Resources.Limits = v1.ResourceList{res: *resource.NewQuantity(int64(len(s.grants)), resource.DecimalSI)}
-			rec.Containers = append(rec.Containers, api.ContainerAllocation{Name: s.name, Init: s.init, Devices: s.grants})
-		}
 		if s.init {
-			p.Spec.InitContainers = append(p.Spec.InitContainers, c)
+			b.GPUInitContainer(s.name, s.grants...)
 		} else {
-			p.Spec.Containers = append(p.Spec.Containers, c)
+			b.GPUContainer(s.name, s.grants...)
 		}
 	}
-	if len(rec.Containers) > 0 {
-		b, err := api.EncodeAllocation(rec)
-		if err != nil {
-			panic(err)
-		}
-		p.Annotations[api.AnnotationAllocation] = string(b)
-	}
-	return p
+	return b.Obj()
 }
 
 func share(i int, mem int64, cores int) api.DeviceGrant {
@@ -415,7 +399,7 @@ func TestManyPodsBoundAtOnce(t *testing.T) {
 	t.Logf("admitted %d pods in %v", n, time.Since(start))
 }
 
-func TestListAndWatchAndGC(t *testing.T) {
+func TestListAndWatch(t *testing.T) {
 	e := newEnv(t, api.SharingShared, 2)
 	devs, changed := e.plugin.devices()
 	if len(devs) != 8 || devs[0].Topology.Nodes[0].ID != 0 || devs[7].Topology.Nodes[0].ID != 1 {
@@ -436,26 +420,6 @@ func TestListAndWatchAndGC(t *testing.T) {
 	case <-changed:
 		t.Error("identical update signalled")
 	default:
-	}
-
-	s := StateDirs{Root: t.TempDir()}
-	for _, u := range []types.UID{"live", "gone", "young"} {
-		if _, err := s.Create(u, "c"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	old := time.Now().Add(-time.Hour)
-	for _, u := range []string{"live", "gone"} {
-		if err := os.Chtimes(filepath.Join(s.Root, u), old, old); err != nil {
-			t.Fatal(err)
-		}
-	}
-	removed, err := s.GC(func(u types.UID) bool { return u == "live" }, time.Minute, time.Now())
-	if err != nil || len(removed) != 1 || removed[0] != "gone" {
-		t.Errorf("removed %v %v", removed, err)
-	}
-	if !s.Served("live", "c") || !s.Served("young", "c") || s.Served("gone", "c") {
-		t.Error("wrong directories removed")
 	}
 }
 

@@ -5,9 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
-	"k8s.io/apimachinery/pkg/types"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/tessera-gpu/tessera/internal/atomicfile"
@@ -25,8 +23,8 @@ type Paths struct {
 	// PreloadHost is a file naming LimiterContainer, mounted read-only
 	// over the container's /etc/ld.so.preload.
 	PreloadHost string
-	// StateRoot holds one directory per container (StateDirs); each is
-	// mounted at StateContainer.
+	// StateRoot holds one directory per container (statedir.Dirs); each
+	// is mounted at StateContainer.
 	StateRoot      string
 	StateContainer string
 }
@@ -93,11 +91,11 @@ func buildResponse(c api.ContainerAllocation, limited bool, stateDir string, p P
 	return r
 }
 
-// needsLimiter reports whether a grant gets the limiter: only shared
-// grants on a node in shared mode; exclusive whole GPUs and time-slicing
-// run unlimited.
+// needsLimiter reports whether a grant gets the limiter: shared grants on
+// a node in shared mode, and MPS clients (for its memory accounting);
+// exclusive whole GPUs and time-slicing run unlimited.
 func needsLimiter(c api.ContainerAllocation, mode api.SharingMode) bool {
-	if mode != api.SharingShared {
+	if mode != api.SharingShared && mode != api.SharingMPS {
 		return false
 	}
 	for _, d := range c.Devices {
@@ -106,64 +104,4 @@ func needsLimiter(c api.ContainerAllocation, mode api.SharingMode) bool {
 		}
 	}
 	return false
-}
-
-// StateDirs are the per-container directories under Root
-// (<root>/<pod UID>/<container>). A directory is created when the
-// container's Allocate is answered, so it also records that the container
-// was served: the record survives agent restarts, and nothing is served
-// twice.
-type StateDirs struct{ Root string }
-
-// Path is the directory of one container.
-func (s StateDirs) Path(uid types.UID, container string) string {
-	return filepath.Join(s.Root, string(uid), container)
-}
-
-// Served reports whether the container was answered before.
-func (s StateDirs) Served(uid types.UID, container string) bool {
-	_, err := os.Stat(s.Path(uid, container))
-	return err == nil
-}
-
-// Create makes the container's directory (mode 0777: the container's
-// processes, of any user, share the limiter's file in it).
-func (s StateDirs) Create(uid types.UID, container string) (string, error) {
-	dir := s.Path(uid, container)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", fmt.Errorf("creating the container state directory: %w", err)
-	}
-	if err := os.Chmod(dir, 0o777); err != nil {
-		return "", fmt.Errorf("creating the container state directory: %w", err)
-	}
-	return dir, nil
-}
-
-// GC removes the directories of pods for which live returns false, when
-// they are older than minAge (so a pod the caller's cache does not know
-// yet keeps its directory). It returns the pod UIDs removed.
-func (s StateDirs) GC(live func(types.UID) bool, minAge time.Duration, now time.Time) ([]types.UID, error) {
-	entries, err := os.ReadDir(s.Root)
-	if os.IsNotExist(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	var removed []types.UID
-	for _, e := range entries {
-		uid := types.UID(e.Name())
-		if !e.IsDir() || live(uid) {
-			continue
-		}
-		info, err := e.Info()
-		if err != nil || now.Sub(info.ModTime()) < minAge {
-			continue
-		}
-		if err := os.RemoveAll(filepath.Join(s.Root, e.Name())); err != nil {
-			return removed, err
-		}
-		removed = append(removed, uid)
-	}
-	return removed, nil
 }

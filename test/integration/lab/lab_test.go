@@ -4,7 +4,9 @@
 // user would: the binary is built, `tessera-lab up` runs as a process, and
 // the tests use a kubectl built from the pinned module, the lab's
 // kubeconfig and what the hollow kubelets' fake runtimes recorded. One
-// lab (4 nodes x 8 A100-40GB) serves every test of the package, in order.
+// lab (4 nodes x 8 A100-40GB) serves every test of the package; each test
+// works in its own namespace and leaves no pods behind, so any test
+// passes alone (go test -run TestFaults) or after the others.
 package lab_test
 
 import (
@@ -43,7 +45,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(tmp)
-	if labBin, err = buildLab(tmp); err == nil {
+	if labBin, err = testenv.Build(tmp, "tessera-lab", "./cmd/tessera-lab"); err == nil {
 		kubectlBin, err = testenv.BuildKubectl(tmp)
 	}
 	if err != nil {
@@ -107,21 +109,6 @@ func run(m *testing.M) int {
 	return code
 }
 
-func buildLab(dir string) (string, error) {
-	out := filepath.Join(dir, "tessera-lab")
-	cmd := exec.Command("go", "build", "-o", out, "./cmd/tessera-lab")
-	cmd.Dir = repoRoot()
-	if msg, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building tessera-lab: %v\n%s", err, msg)
-	}
-	return out, nil
-}
-
-func repoRoot() string {
-	wd, _ := os.Getwd()
-	return filepath.Join(wd, "..", "..", "..")
-}
-
 // dumpLogs prints the tail of every component's log after a failure.
 func dumpLogs() {
 	logs, _ := filepath.Glob(filepath.Join(dir.Logs(), "*.log"))
@@ -139,7 +126,7 @@ func dumpLogs() {
 func kubectl(t *testing.T, args ...string) string {
 	t.Helper()
 	cmd := exec.Command(kubectlBin, append([]string{"--kubeconfig", dir.Kubeconfig()}, args...)...)
-	cmd.Dir = repoRoot()
+	cmd.Dir = testenv.RepoRoot(t)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
@@ -169,16 +156,4 @@ func checkInvariant(t *testing.T) *lab.Report {
 		t.Fatalf("invariant broken: %v", r.Invariant)
 	}
 	return r
-}
-
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(timeout); ; time.Sleep(250 * time.Millisecond) {
-		if cond() {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-	}
 }

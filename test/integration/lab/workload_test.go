@@ -12,11 +12,13 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tessera-gpu/tessera/internal/hollowkubelet"
 	"github.com/tessera-gpu/tessera/internal/lab"
+	"github.com/tessera-gpu/tessera/internal/testenv"
+	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -98,7 +100,7 @@ func TestExamples(t *testing.T) {
 	}
 	checkInvariant(t)
 	kubectl(t, "delete", "-f", "examples/", "--grace-period=0", "--wait=false")
-	waitFor(t, "the examples' pods deleted", 2*time.Minute, func() bool {
+	testenv.WaitFor(t, "the examples' pods deleted", 2*time.Minute, func() bool {
 		l, err := client.CoreV1().Pods(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{})
 		return err == nil && len(l.Items) == 0
 	})
@@ -168,18 +170,30 @@ var shapes = []map[string]string{
 }
 
 func fractionalPod(ns, name string, shape map[string]string) *corev1.Pod {
-	limits := corev1.ResourceList{}
-	for k, v := range shape {
-		limits[corev1.ResourceName(k)] = resource.MustParse(v)
+	return fixtures.MakePod().Namespace(ns).Name(name).ZeroTerminationGracePeriod().Container("c", shape).Obj()
+}
+
+// useNamespace creates the test's namespace and, when the test ends,
+// deletes every pod in it and waits until they are gone, so the next test
+// finds the lab's GPUs free.
+func useNamespace(t *testing.T, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
 	}
-	zero := int64(0)
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: corev1.PodSpec{
-			TerminationGracePeriodSeconds: &zero,
-			Containers:                    []corev1.Container{{Name: "c", Image: "busybox", Resources: corev1.ResourceRequirements{Limits: limits}}},
-		},
-	}
+	t.Cleanup(func() {
+		zero := int64(0)
+		if err := client.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{}); err != nil {
+			t.Errorf("deleting the pods of %s: %v", ns, err)
+			return
+		}
+		testenv.WaitFor(t, "the pods of "+ns+" deleted", 3*time.Minute, func() bool {
+			l, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+			return err == nil && len(l.Items) == 0
+		})
+	})
 }
 
 // createAll creates the pods from 16 concurrent clients.
@@ -253,10 +267,7 @@ func checkSettled(t *testing.T, ns string, mayFail func(*corev1.Pod) bool) (runn
 // TestConcurrentFractionalPods creates 300 fractional pods at once on the
 // 4 x 8 GPUs.
 func TestConcurrentFractionalPods(t *testing.T) {
-	ctx := context.Background()
-	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: loadNS}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	useNamespace(t, loadNS)
 	var pods []*corev1.Pod
 	for i := range 300 {
 		pods = append(pods, fractionalPod(loadNS, fmt.Sprintf("p-%03d", i), shapes[i%len(shapes)]))
@@ -273,30 +284,36 @@ func TestConcurrentFractionalPods(t *testing.T) {
 	}
 }
 
+// faultsNS holds TestFaults' pods.
+const faultsNS = "faults"
+
 // TestFaults kills the scheduler, a node agent and a hollow kubelet while
 // pods are being created, and checks that they come back, that no pod
 // lost its allocation, and that nothing is double-allocated.
 func TestFaults(t *testing.T) {
 	ctx := context.Background()
-	before, err := client.CoreV1().Pods(loadNS).List(ctx, metav1.ListOptions{})
-	if err != nil || len(before.Items) == 0 {
-		t.Fatalf("no pods from TestConcurrentFractionalPods (%v)", err)
+	useNamespace(t, faultsNS)
+	// Witnesses: pods placed before the faults, which must keep their
+	// allocations through them.
+	var witnesses []*corev1.Pod
+	for i := range 150 {
+		witnesses = append(witnesses, fractionalPod(faultsNS, fmt.Sprintf("w-%03d", i), shapes[i%len(shapes)]))
 	}
-	// Free half the capacity, keep the other half as witnesses.
+	createAll(t, witnesses)
+	checkSettled(t, faultsNS, nil)
+	before, err := client.CoreV1().Pods(faultsNS).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	kept := map[string]corev1.Pod{}
-	for i, p := range before.Items {
-		if i%2 == 0 {
-			if err := client.CoreV1().Pods(loadNS).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
-				t.Fatal(err)
-			}
-		} else if p.Spec.NodeName != "" {
+	for _, p := range before.Items {
+		if p.Spec.NodeName != "" {
 			kept[p.Name] = p
 		}
 	}
-	waitFor(t, "half the pods deleted", 3*time.Minute, func() bool {
-		l, err := client.CoreV1().Pods(loadNS).List(ctx, metav1.ListOptions{})
-		return err == nil && len(l.Items) == len(before.Items)-(len(before.Items)+1)/2
-	})
+	if len(kept) == 0 {
+		t.Fatal("no witness pod was placed")
+	}
 
 	victims := []string{"scheduler", "node-agent/lab-gpu-02", "kubelet/lab-gpu-03"}
 	st, err := dir.ReadState()
@@ -305,7 +322,7 @@ func TestFaults(t *testing.T) {
 	}
 	var pods []*corev1.Pod
 	for i := range 150 {
-		pods = append(pods, fractionalPod(loadNS, fmt.Sprintf("f-%03d", i), shapes[i%len(shapes)]))
+		pods = append(pods, fractionalPod(faultsNS, fmt.Sprintf("f-%03d", i), shapes[i%len(shapes)]))
 	}
 	killedAt := time.Now()
 	done := make(chan struct{})
@@ -322,7 +339,7 @@ func TestFaults(t *testing.T) {
 		t.Logf("killed %s (pid %d) %v after the pods started coming", v, pid, time.Since(killedAt).Round(time.Millisecond))
 	}
 	<-done
-	waitFor(t, "the killed components restarted", time.Minute, func() bool {
+	testenv.WaitFor(t, "the killed components restarted", time.Minute, func() bool {
 		now, err := dir.ReadState()
 		if err != nil {
 			return false
@@ -336,8 +353,8 @@ func TestFaults(t *testing.T) {
 	})
 	// Every running pod of the restarted kubelet's node gets its
 	// containers created again, from the device manager's checkpoint.
-	waitFor(t, "lab-gpu-03's containers re-created after its kubelet restart", 3*time.Minute, func() bool {
-		l, err := client.CoreV1().Pods(loadNS).List(ctx, metav1.ListOptions{})
+	testenv.WaitFor(t, "lab-gpu-03's containers re-created after its kubelet restart", 3*time.Minute, func() bool {
+		l, err := client.CoreV1().Pods(faultsNS).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false
 		}
@@ -361,7 +378,7 @@ func TestFaults(t *testing.T) {
 	// Only pods created during the faults, on the disrupted nodes, may
 	// fail so; recreated, they must run.
 	disrupted := map[string]bool{"lab-gpu-02": true, "lab-gpu-03": true}
-	running, pending, failed := checkSettled(t, loadNS, func(p *corev1.Pod) bool {
+	running, pending, failed := checkSettled(t, faultsNS, func(p *corev1.Pod) bool {
 		if !strings.HasPrefix(p.Name, "f-") || !disrupted[p.Spec.NodeName] || p.Status.Phase != corev1.PodFailed {
 			return false
 		}
@@ -372,18 +389,18 @@ func TestFaults(t *testing.T) {
 		var again []*corev1.Pod
 		for _, p := range failed {
 			t.Logf("rejected by the kubelet of %s during the faults: %s (%s)", p.Spec.NodeName, p.Name, p.Status.Message)
-			if err := client.CoreV1().Pods(loadNS).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
+			if err := client.CoreV1().Pods(faultsNS).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
 				t.Fatal(err)
 			}
-			again = append(again, fractionalPod(loadNS, p.Name+"-again", shapeOf(&p)))
+			again = append(again, fractionalPod(faultsNS, p.Name+"-again", shapeOf(&p)))
 		}
 		createAll(t, again)
-		running, pending, _ = checkSettled(t, loadNS, nil)
+		running, pending, _ = checkSettled(t, faultsNS, nil)
 	}
 	checkInvariant(t)
 	lost := 0
 	for name, old := range kept {
-		p, err := client.CoreV1().Pods(loadNS).Get(ctx, name, metav1.GetOptions{})
+		p, err := client.CoreV1().Pods(faultsNS).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			t.Errorf("pod %s present before the faults: %v", name, err)
 			lost++

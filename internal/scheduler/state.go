@@ -8,8 +8,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/placement"
-	"github.com/tessera-gpu/tessera/internal/podrequest"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -20,6 +20,9 @@ import (
 type state struct {
 	mu      sync.RWMutex
 	cluster *placement.Cluster
+	// obs learns of every node whose GPU usage changed (the plugin's
+	// per-GPU metrics), under mu.
+	obs usageObserver
 	// inventory is the last inventory annotation applied per node, so that
 	// status-only Node updates cost nothing.
 	inventory map[string]string
@@ -32,8 +35,16 @@ type state struct {
 	slot map[string]int
 }
 
-func newState() *state {
+// usageObserver is told, under the state's lock, of every node whose GPU
+// usage may have changed and of every node removed.
+type usageObserver interface {
+	nodeChanged(n *placement.Node)
+	nodeRemoved(n *placement.Node)
+}
+
+func newState(obs usageObserver) *state {
 	return &state{
+		obs:       obs,
 		cluster:   placement.NewCluster(),
 		inventory: map[string]string{},
 		holders:   map[string]types.UID{},
@@ -42,23 +53,20 @@ func newState() *state {
 }
 
 // upsertNode applies a Node's inventory annotation. It reports whether the
-// core changed. A missing or invalid inventory leaves the node without
-// GPUs (logged), so GPU pods never land on GPUs nobody described.
+// core changed. A missing or invalid inventory (kubeobj.Inventory) leaves
+// the node without GPUs (logged), so GPU pods never land on GPUs nobody
+// described.
 func (s *state) upsertNode(logger klog.Logger, node *corev1.Node) bool {
-	raw, has := node.Annotations[api.AnnotationInventory]
+	raw := node.Annotations[api.AnnotationInventory]
 	s.mu.RLock()
 	prev, known := s.inventory[node.Name]
 	s.mu.RUnlock()
 	if known && prev == raw {
 		return false
 	}
-	var inv *api.NodeInventory
-	if has {
-		var err error
-		if inv, err = api.DecodeInventory([]byte(raw)); err != nil {
-			logger.Error(err, "Ignoring the node's GPU inventory", "node", klog.KObj(node))
-			inv = nil
-		}
+	inv, err := kubeobj.Inventory(node)
+	if err != nil {
+		logger.Error(err, "Ignoring the node's GPU inventory", "node", klog.KObj(node))
 	}
 	n, err := placement.NewNode(node.Name, placement.Unlimited, placement.Unlimited, inv)
 	if err != nil {
@@ -82,9 +90,7 @@ func (s *state) removeNode(name string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if n := s.cluster.Node(name); n != nil {
-		for i := range n.GPUs {
-			deleteGPUSeries(name, n.GPUs[i].UUID)
-		}
+		s.obs.nodeRemoved(n)
 	}
 	delete(s.inventory, name)
 	s.cluster.RemoveNode(name)
@@ -96,12 +102,11 @@ func (s *state) removeNode(name string) {
 // Pods the plugin reserved itself are already charged. It reports whether
 // something was released.
 func (s *state) observePod(logger klog.Logger, pod *corev1.Pod) bool {
-	key := podrequest.Key(pod)
+	key := kubeobj.Key(pod)
 	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 		return s.release(key, pod.UID)
 	}
-	raw, ok := pod.Annotations[api.AnnotationAllocation]
-	if !ok || pod.Spec.NodeName == "" {
+	if _, ok := pod.Annotations[api.AnnotationAllocation]; !ok || pod.Spec.NodeName == "" {
 		// Unbound pods with a record were annotated by a PreBind whose
 		// binding never happened; they will be scheduled again.
 		return false
@@ -112,7 +117,7 @@ func (s *state) observePod(logger klog.Logger, pod *corev1.Pod) bool {
 	if held && uid == pod.UID {
 		return false
 	}
-	rec, err := api.DecodeAllocation([]byte(raw))
+	rec, err := kubeobj.Record(pod)
 	if err != nil {
 		logger.Error(err, "Ignoring the pod's GPU allocation record", "pod", klog.KObj(pod))
 		return false
@@ -146,7 +151,7 @@ func (s *state) deletePod(obj any) bool {
 	if !ok {
 		return false
 	}
-	return s.release(podrequest.Key(pod), pod.UID)
+	return s.release(kubeobj.Key(pod), pod.UID)
 }
 
 // release drops what the pod with this key and UID holds.
@@ -171,22 +176,9 @@ func (s *state) releaseLocked(key string) bool {
 	return true
 }
 
-// publishLocked updates the per-GPU gauges of a node. Idle GPUs have no
-// series: a large cluster would otherwise export three per GPU whether
-// used or not.
+// publishLocked tells the observer that the node's usage changed.
 func (s *state) publishLocked(node string) {
-	n := s.cluster.Node(node)
-	if n == nil {
-		return
-	}
-	for i := range n.GPUs {
-		g := &n.GPUs[i]
-		if g.Used == (placement.Usage{}) {
-			deleteGPUSeries(node, g.UUID)
-			continue
-		}
-		gpuMemory.WithLabelValues(node, g.UUID).Set(float64(g.Used.MemoryMiB))
-		gpuCores.WithLabelValues(node, g.UUID).Set(float64(g.Used.Cores))
-		gpuShares.WithLabelValues(node, g.UUID).Set(float64(g.Used.Shares))
+	if n := s.cluster.Node(node); n != nil {
+		s.obs.nodeChanged(n)
 	}
 }

@@ -1,4 +1,4 @@
-package scheduler
+package resourcesfit
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/noderesources"
 
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
+	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 // fitHandle is the little of a framework handle NodeResourcesFit uses.
@@ -32,7 +33,7 @@ func newResourcesFit(t *testing.T, args string) (fwk.Plugin, error) {
 	if args != "" {
 		obj = &runtime.Unknown{Raw: []byte(args), ContentType: runtime.ContentTypeJSON}
 	}
-	return NewResourcesFit(context.Background(), obj, fitHandle{})
+	return New(context.Background(), obj, fitHandle{})
 }
 
 // upstreamFit is kube-scheduler's NodeResourcesFit with the same
@@ -48,6 +49,13 @@ func upstreamFit(t *testing.T, args string) fwk.Plugin {
 		t.Fatal(err)
 	}
 	return p
+}
+
+var names = api.DefaultResourceNames
+
+// podAsking is a pod whose container "main" asks res.
+func podAsking(name string, res map[string]string) *corev1.Pod {
+	return fixtures.MakePod().Namespace("default").Name(name).Container("main", res).Obj()
 }
 
 func filter(t *testing.T, p fwk.Plugin, pod *corev1.Pod, ni fwk.NodeInfo) *fwk.Status {
@@ -66,7 +74,7 @@ func TestResourcesFitDecidesAsNodeResourcesFit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ours.Name() != ResourcesFitName {
+	if ours.Name() != Name {
 		t.Errorf("name %q", ours.Name())
 	}
 	theirs := upstreamFit(t, pseudoArgs)
@@ -74,17 +82,18 @@ func TestResourcesFitDecidesAsNodeResourcesFit(t *testing.T) {
 	ni := framework.NewNodeInfo()
 	ni.SetNode(node)
 
-	withInit := gpuPod("init", map[string]string{names.GPU: "1", names.Memory: "1000"})
-	withInit.Spec.InitContainers = []corev1.Container{fixtures.Container("prep", map[string]string{names.Cores: "30", "cpu": "200"})}
-	podLevel := gpuPod("pod-level", map[string]string{names.GPU: "1"})
+	withInit := fixtures.MakePod().Namespace("default").Name("init").
+		InitContainer("prep", map[string]string{names.Cores: "30", "cpu": "200"}).
+		Container("main", map[string]string{names.GPU: "1", names.Memory: "1000"}).Obj()
+	podLevel := podAsking("pod-level", map[string]string{names.GPU: "1"})
 	podLevel.Spec.Resources = &corev1.ResourceRequirements{Limits: corev1.ResourceList{"cpu": resource.MustParse("2"), corev1.ResourceName(names.Memory): resource.MustParse("1000")}}
 	for _, pod := range []*corev1.Pod{
-		gpuPod("share", map[string]string{names.GPU: "1", names.Memory: "10000", names.Cores: "30"}),
-		gpuPod("percent", map[string]string{names.GPU: "2", names.MemoryPercentage: "50"}),
-		gpuPod("too-many-slots", map[string]string{names.GPU: "21", names.Memory: "1000"}),
-		gpuPod("too-much-cpu", map[string]string{names.GPU: "1", names.Memory: "1000", "cpu": "129"}),
-		gpuPod("group", map[string]string{"example.com/widget": "3"}),
-		gpuPod("unknown-resource", map[string]string{"other.io/widget": "1", names.Cores: "10"}),
+		podAsking("share", map[string]string{names.GPU: "1", names.Memory: "10000", names.Cores: "30"}),
+		podAsking("percent", map[string]string{names.GPU: "2", names.MemoryPercentage: "50"}),
+		podAsking("too-many-slots", map[string]string{names.GPU: "21", names.Memory: "1000"}),
+		podAsking("too-much-cpu", map[string]string{names.GPU: "1", names.Memory: "1000", "cpu": "129"}),
+		podAsking("group", map[string]string{"example.com/widget": "3"}),
+		podAsking("unknown-resource", map[string]string{"other.io/widget": "1", names.Cores: "10"}),
 		withInit,
 		podLevel,
 	} {
@@ -98,10 +107,10 @@ func TestResourcesFitDecidesAsNodeResourcesFit(t *testing.T) {
 		}
 	}
 	// The cases above include both verdicts.
-	if st := filter(t, ours, gpuPod("share", map[string]string{names.GPU: "1", names.Memory: "10000"}), ni); !st.IsSuccess() {
+	if st := filter(t, ours, podAsking("share", map[string]string{names.GPU: "1", names.Memory: "10000"}), ni); !st.IsSuccess() {
 		t.Errorf("a share of one slot does not fit an empty node: %v", st)
 	}
-	if st := filter(t, ours, gpuPod("cpu", map[string]string{names.Memory: "1000", "cpu": "129"}), ni); st.IsSuccess() || !strings.Contains(st.Message(), "Insufficient cpu") {
+	if st := filter(t, ours, podAsking("cpu", map[string]string{names.Memory: "1000", "cpu": "129"}), ni); st.IsSuccess() || !strings.Contains(st.Message(), "Insufficient cpu") {
 		t.Errorf("129 CPUs on a 128-CPU node: %v", st)
 	}
 }
@@ -111,7 +120,7 @@ func TestResourcesFitArguments(t *testing.T) {
 		t.Errorf("no arguments (defaults): %v", err)
 	}
 	_, err := newResourcesFit(t, `{"scoringStrategy":{"type":"Widest"}}`)
-	if err == nil || !strings.Contains(err.Error(), ResourcesFitName) || !strings.Contains(err.Error(), "Widest") {
+	if err == nil || !strings.Contains(err.Error(), Name) || !strings.Contains(err.Error(), "Widest") {
 		t.Errorf("unknown scoring strategy: %v", err)
 	}
 	_, err = newResourcesFit(t, `{"ignoredResources":["nvidia.com/gpumem"],"ignoredResourceGroups":["bad/group"]}`)
@@ -128,8 +137,9 @@ func TestResourcesFitStripsIgnoredResources(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := p.(*resourcesFit)
-	pod := gpuPod("share", map[string]string{names.GPU: "1", names.Memory: "10000", names.Cores: "30", "cpu": "2", "example.com/widget": "1"})
-	pod.Spec.InitContainers = []corev1.Container{fixtures.Container("prep", map[string]string{names.MemoryPercentage: "10", "memory": "1Gi"})}
+	pod := fixtures.MakePod().Namespace("default").Name("share").
+		InitContainer("prep", map[string]string{names.MemoryPercentage: "10", "memory": "1Gi"}).
+		Container("main", map[string]string{names.GPU: "1", names.Memory: "10000", names.Cores: "30", "cpu": "2", "example.com/widget": "1"}).Obj()
 	before := pod.DeepCopy()
 	got := r.withoutIgnored(pod)
 	if !equality.Semantic.DeepEqual(before, pod) {
@@ -144,7 +154,7 @@ func TestResourcesFitStripsIgnoredResources(t *testing.T) {
 			}
 		}
 	}
-	// fixtures.Container puts cpu and memory in requests, the rest in limits.
+	// fixtures.MakePod puts cpu and memory in requests, the rest in limits.
 	main := got.Spec.Containers[0].Resources
 	if q := main.Limits[corev1.ResourceName(names.GPU)]; q.Value() != 1 || len(main.Limits) != 1 {
 		t.Errorf("limits %v, want nvidia.com/gpu: 1 alone", main.Limits)
@@ -155,7 +165,7 @@ func TestResourcesFitStripsIgnoredResources(t *testing.T) {
 	if q := got.Spec.InitContainers[0].Resources.Requests["memory"]; q.Value() != 1<<30 {
 		t.Errorf("init container's memory request lost: %v", got.Spec.InitContainers[0].Resources.Requests)
 	}
-	plain := gpuPod("plain", map[string]string{"cpu": "1", names.GPU: "1"})
+	plain := podAsking("plain", map[string]string{"cpu": "1", names.GPU: "1"})
 	if r.withoutIgnored(plain) != plain {
 		t.Error("a pod without ignored resources was copied")
 	}

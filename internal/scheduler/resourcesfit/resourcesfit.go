@@ -1,4 +1,8 @@
-package scheduler
+// Package resourcesfit is the profile's NodeResourcesFit,
+// TesseraNodeResourcesFit: kube-scheduler's own plugin, with the ignored
+// resources taken out of the pod once per scheduling cycle instead of
+// skipped on every node.
+package resourcesfit
 
 import (
 	"context"
@@ -18,11 +22,9 @@ import (
 	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
 )
 
-// ResourcesFitName is the profile's NodeResourcesFit: kube-scheduler's own
-// plugin, with the ignored resources taken out of the pod once per
-// scheduling cycle instead of skipped on every node.
+// Name is the plugin's name in KubeSchedulerConfiguration.
 //
-// Why: NodeResourcesFit's Filter checks each requested extended resource
+// Why the plugin exists: NodeResourcesFit's Filter checks each requested extended resource
 // name against a regular expression on every node it visits, before it
 // looks at ignoredResources. A Tessera pod names two or three
 // pseudo-resources besides nvidia.com/gpu, so that check cost ~0.7 ms of
@@ -30,7 +32,7 @@ import (
 // plugin's own Filter. Removed before PreFilter computes the request, the
 // pseudo-resources cost nothing per node; what the plugin decides is the
 // same, because an ignored resource is never checked either way.
-const ResourcesFitName = "TesseraNodeResourcesFit"
+const Name = "TesseraNodeResourcesFit"
 
 // fitPlugin is what the profile uses of NodeResourcesFit.
 type fitPlugin interface {
@@ -56,23 +58,23 @@ var (
 	_ fwk.EnqueueExtensions = (*resourcesFit)(nil)
 )
 
-// NewResourcesFit is the factory of ResourcesFitName. Its arguments are
+// New is the plugin factory. Its arguments are
 // NodeResourcesFitArgs (kubescheduler.config.k8s.io/v1), defaulted and
 // validated as kube-scheduler does for NodeResourcesFit.
-func NewResourcesFit(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
+func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
 	var v1args configv1.NodeResourcesFitArgs
 	if obj != nil {
 		if err := frameworkruntime.DecodeInto(obj, &v1args); err != nil {
-			return nil, fmt.Errorf("%s plugin arguments: %w", ResourcesFitName, err)
+			return nil, fmt.Errorf("%s plugin arguments: %w", Name, err)
 		}
 	}
 	scheme.Scheme.Default(&v1args)
 	var args schedconfig.NodeResourcesFitArgs
 	if err := scheme.Scheme.Convert(&v1args, &args, nil); err != nil {
-		return nil, fmt.Errorf("%s plugin arguments: %w", ResourcesFitName, err)
+		return nil, fmt.Errorf("%s plugin arguments: %w", Name, err)
 	}
 	if err := validation.ValidateNodeResourcesFitArgs(nil, &args); err != nil {
-		return nil, fmt.Errorf("%s plugin arguments: %w", ResourcesFitName, err)
+		return nil, fmt.Errorf("%s plugin arguments: %w", Name, err)
 	}
 	fts := plfeature.NewSchedulerFeaturesFromGates(utilfeature.DefaultFeatureGate)
 	inner, err := noderesources.NewFit(ctx, &args, h, fts)
@@ -81,7 +83,7 @@ func NewResourcesFit(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk
 	}
 	f, ok := inner.(fitPlugin)
 	if !ok {
-		return nil, fmt.Errorf("%s: NodeResourcesFit no longer implements the extension points it wraps", ResourcesFitName)
+		return nil, fmt.Errorf("%s: NodeResourcesFit no longer implements the extension points it wraps", Name)
 	}
 	r := &resourcesFit{fitPlugin: f, ignored: map[corev1.ResourceName]bool{}, ignoredGroup: map[string]bool{}}
 	for _, n := range args.IgnoredResources {
@@ -93,7 +95,7 @@ func NewResourcesFit(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk
 	return r, nil
 }
 
-func (r *resourcesFit) Name() string { return ResourcesFitName }
+func (r *resourcesFit) Name() string { return Name }
 
 // PreFilter hands NodeResourcesFit the pod without its ignored resources.
 func (r *resourcesFit) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodes []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {

@@ -1,0 +1,247 @@
+// Package kubeobj is the one reader of what Tessera keeps in Kubernetes
+// objects: a pod's key, the GPU resources its containers ask for (and the
+// defaults that complete them), its allocation record, and a node's GPU
+// inventory. It depends only on the Kubernetes API types and pkg/api, so
+// every component reads objects alike: the node agent's device plugin
+// without linking the placement core, the scheduler and the webhook
+// through podrequest, which turns what this package reads into a
+// placement request.
+package kubeobj
+
+import (
+	"errors"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+// Key is the pod's "namespace/name", the key records and the placement
+// core use.
+func Key(pod *corev1.Pod) string { return pod.Namespace + "/" + pod.Name }
+
+// Resources are one container's GPU resources as written in its spec, each
+// 0 when absent. GPUMilli is the GPU count in thousandths so that the
+// fractional form (0.5) can be represented before the webhook rewrites it.
+type Resources struct {
+	GPUMilli      int64
+	MemoryMiB     int64
+	MemoryPercent int64
+	Cores         int64
+	// Set reports which of the four were present at all.
+	HasGPU, HasMemory, HasPercent, HasCores bool
+	// CountName is the resource the GPU count was read from: the GPU
+	// resource, its shared rename (nvidia.com/gpu.shared) or a MIG
+	// profile's (nvidia.com/mig-1g.5gb); empty when none was given.
+	CountName string
+	// MIGProfile is the profile of a MIG resource ("1g.5gb").
+	MIGProfile string
+}
+
+// Any reports whether the container names any GPU resource.
+func (r Resources) Any() bool { return r.HasGPU || r.HasMemory || r.HasPercent || r.HasCores }
+
+// quantity is a container's value of a resource: its limit (the value the
+// kubelet enforces), else its request.
+func quantity(c *corev1.Container, name string) (resource.Quantity, bool) {
+	if q, ok := c.Resources.Limits[corev1.ResourceName(name)]; ok {
+		return q, true
+	}
+	q, ok := c.Resources.Requests[corev1.ResourceName(name)]
+	return q, ok
+}
+
+// gpuMilli is the container's count of the GPU resource in thousandths.
+func gpuMilli(c *corev1.Container, name string) (milli int64, has bool, err error) {
+	q, ok := quantity(c, name)
+	if !ok {
+		return 0, false, nil
+	}
+	if q.Sign() < 0 {
+		return 0, true, fmt.Errorf("container %q: %s is %s, must not be negative", c.Name, name, q.String())
+	}
+	return q.MilliValue(), true, nil
+}
+
+// ReadResources returns a container's GPU resources from its limits,
+// falling back to requests for a resource that has no limit. Values other
+// than the GPU count must be whole numbers.
+func ReadResources(c *corev1.Container, names api.ResourceNames) (Resources, error) {
+	var r Resources
+	whole := func(name string, q resource.Quantity) (int64, error) {
+		if q.MilliValue()%1000 != 0 {
+			return 0, fmt.Errorf("container %q: %s is %s, must be a whole number", c.Name, name, q.String())
+		}
+		if q.Sign() < 0 {
+			return 0, fmt.Errorf("container %q: %s is %s, must not be negative", c.Name, name, q.String())
+		}
+		return q.Value(), nil
+	}
+	var err error
+	if r.CountName, err = countName(c, names); err != nil {
+		return r, err
+	}
+	if r.CountName != "" {
+		if r.GPUMilli, r.HasGPU, err = gpuMilli(c, r.CountName); err != nil {
+			return r, err
+		}
+		r.MIGProfile, _ = names.MIGProfileOf(r.CountName)
+	}
+	if q, ok := quantity(c, names.Memory); ok {
+		r.HasMemory = true
+		if r.MemoryMiB, err = whole(names.Memory, q); err != nil {
+			return r, err
+		}
+	}
+	if q, ok := quantity(c, names.MemoryPercentage); ok {
+		r.HasPercent = true
+		if r.MemoryPercent, err = whole(names.MemoryPercentage, q); err != nil {
+			return r, err
+		}
+	}
+	if q, ok := quantity(c, names.Cores); ok {
+		r.HasCores = true
+		if r.Cores, err = whole(names.Cores, q); err != nil {
+			return r, err
+		}
+	}
+	return r, nil
+}
+
+// countName is the one device-count resource the container names (the
+// GPU resource, its shared rename or a MIG profile's); two are an error.
+func countName(c *corev1.Container, names api.ResourceNames) (string, error) {
+	found := ""
+	for _, rl := range []corev1.ResourceList{c.Resources.Limits, c.Resources.Requests} {
+		for n := range rl {
+			name := string(n)
+			if !names.IsCountResource(name) || name == found {
+				continue
+			}
+			if found != "" {
+				a, b := min(found, name), max(found, name)
+				return "", fmt.Errorf("container %q: asks for both %s and %s; a container asks for one kind of GPU device", c.Name, a, b)
+			}
+			found = name
+		}
+	}
+	return found, nil
+}
+
+// Devices is how many devices of the GPU resource gpu (e.g.
+// "nvidia.com/gpu") the kubelet allocates to the container: its count,
+// rounded up as the kubelet rounds, 0 when it names none. By the time a
+// pod reaches a kubelet the count is whole (the webhook rewrites
+// fractions, the API server accepts no others).
+func Devices(c *corev1.Container, gpu string) (int64, error) {
+	milli, _, err := gpuMilli(c, gpu)
+	if err != nil {
+		return 0, err
+	}
+	return (milli + 999) / 1000, nil
+}
+
+// Defaulted returns r with the defaults filled in, the rules the webhook
+// writes into the spec and the scheduler applies when it did not run:
+//   - a fractional count f below 1 (nvidia.com/gpu: 0.5) becomes one GPU
+//     with f of its memory (as a percentage) and f of its cores;
+//   - memory or cores without a count means one GPU;
+//   - a count without memory means the whole memory of each GPU (100 %).
+//
+// It fails for fractional counts above 1 and for fractions combined with
+// explicit memory or cores, which have no single meaning.
+func Defaulted(container string, r Resources, names api.ResourceNames) (Resources, error) {
+	if r.MIGProfile != "" {
+		// A MIG device: its profile fixes memory and compute.
+		switch {
+		case r.HasMemory || r.HasPercent || r.HasCores:
+			return r, fmt.Errorf("container %q: %s together with %s, %s or %s; a MIG profile fixes memory and compute", container, r.CountName, names.Memory, names.MemoryPercentage, names.Cores)
+		case r.GPUMilli%1000 != 0:
+			return r, fmt.Errorf("container %q: %s is %s; MIG devices are whole", container, r.CountName, milliString(r.GPUMilli))
+		}
+		return r, nil
+	}
+	if r.GPUMilli%1000 != 0 {
+		if r.GPUMilli > 1000 {
+			return r, fmt.Errorf("container %q: %s is %s; a fractional GPU count must be below 1 (use whole GPUs, or one GPU with %s)",
+				container, names.GPU, milliString(r.GPUMilli), names.Memory)
+		}
+		if r.HasMemory || r.HasPercent || r.HasCores {
+			return r, fmt.Errorf("container %q: %s is %s together with %s, %s or %s; give either a fraction or explicit memory and cores",
+				container, names.GPU, milliString(r.GPUMilli), names.Memory, names.MemoryPercentage, names.Cores)
+		}
+		pct := max(r.GPUMilli/10, 1) // thousandths to percent, at least 1 %
+		r.GPUMilli, r.MemoryPercent, r.Cores = 1000, pct, pct
+		r.HasPercent, r.HasCores = true, true
+		return r, nil
+	}
+	if r.GPUMilli == 0 && (r.MemoryMiB > 0 || r.MemoryPercent > 0 || r.Cores > 0) {
+		r.GPUMilli, r.HasGPU = 1000, true
+	}
+	if r.HasGPU && r.CountName == "" {
+		r.CountName = names.GPU
+	}
+	if r.GPUMilli > 0 && r.MemoryMiB == 0 && r.MemoryPercent == 0 {
+		r.MemoryPercent, r.HasPercent = 100, true
+	}
+	return r, nil
+}
+
+func milliString(m int64) string { return resource.NewMilliQuantity(m, resource.DecimalSI).String() }
+
+// IsSidecar reports whether an init container keeps running beside the app
+// containers (restartPolicy Always); its GPU share then adds to theirs.
+func IsSidecar(c *corev1.Container) bool {
+	return c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
+}
+
+// RequestsGPU reports whether any container of the pod names a GPU
+// resource under names.
+func RequestsGPU(pod *corev1.Pod, names api.ResourceNames) bool {
+	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for i := range cs {
+			for _, rl := range []corev1.ResourceList{cs[i].Resources.Limits, cs[i].Resources.Requests} {
+				for n := range rl {
+					if names.IsGPUResource(string(n)) {
+						return true
+					}
+				}
+			}
+		}
+	}
+	return false
+}
+
+// ErrNoRecord is returned by Record for a pod without the
+// api.AnnotationAllocation annotation.
+var ErrNoRecord = errors.New("no " + api.AnnotationAllocation + " annotation")
+
+// Record decodes the pod's allocation record: ErrNoRecord when it has
+// none, the decoder's error (naming what is wrong) when it does not
+// decode.
+func Record(pod *corev1.Pod) (*api.PodAllocation, error) {
+	raw, ok := pod.Annotations[api.AnnotationAllocation]
+	if !ok {
+		return nil, ErrNoRecord
+	}
+	return api.DecodeAllocation([]byte(raw))
+}
+
+// Inventory decodes the node's GPU inventory annotation. A node without
+// the annotation has no inventory (nil, nil). An annotation that does not
+// decode is an error naming the node and the annotation; every reader
+// then treats the node as offering no GPUs, as if it had no annotation
+// (never a guess at part of it), and reports the error.
+func Inventory(node *corev1.Node) (*api.NodeInventory, error) {
+	raw, ok := node.Annotations[api.AnnotationInventory]
+	if !ok {
+		return nil, nil
+	}
+	inv, err := api.DecodeInventory([]byte(raw))
+	if err != nil {
+		return nil, fmt.Errorf("node %s: annotation %s: %w", node.Name, api.AnnotationInventory, err)
+	}
+	return inv, nil
+}

@@ -1,0 +1,183 @@
+package kubeobj
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+var names = api.DefaultResourceNames
+
+func container(limits, requests map[string]string) *corev1.Container {
+	c := &corev1.Container{Name: "c"}
+	list := func(m map[string]string) corev1.ResourceList {
+		if m == nil {
+			return nil
+		}
+		l := corev1.ResourceList{}
+		for k, v := range m {
+			l[corev1.ResourceName(k)] = resource.MustParse(v)
+		}
+		return l
+	}
+	c.Resources.Limits, c.Resources.Requests = list(limits), list(requests)
+	return c
+}
+
+func TestReadResources(t *testing.T) {
+	c := container(map[string]string{names.GPU: "0.5", names.Memory: "1000"}, map[string]string{names.Memory: "2000", names.Cores: "30"})
+	r, err := ReadResources(c, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The limit wins over the request; a resource with only a request
+	// counts by its request.
+	want := Resources{GPUMilli: 500, MemoryMiB: 1000, Cores: 30, HasGPU: true, HasMemory: true, HasCores: true, CountName: names.GPU}
+	if r != want {
+		t.Errorf("got %+v, want %+v", r, want)
+	}
+	for _, tc := range []struct {
+		limits map[string]string
+		want   string
+	}{
+		{map[string]string{names.GPU: "-1"}, `container "c": nvidia.com/gpu is -1, must not be negative`},
+		{map[string]string{names.Memory: "1.5"}, `container "c": nvidia.com/gpumem is 1500m, must be a whole number`},
+		{map[string]string{names.Cores: "-3"}, `container "c": nvidia.com/gpucores is -3, must not be negative`},
+	} {
+		if _, err := ReadResources(container(tc.limits, nil), names); err == nil || err.Error() != tc.want {
+			t.Errorf("%v: %v, want %q", tc.limits, err, tc.want)
+		}
+	}
+}
+
+// Devices is what the kubelet allocates: the count, never a fraction, and
+// the same reading of limits and requests as ReadResources.
+func TestDevices(t *testing.T) {
+	for _, tc := range []struct {
+		c    *corev1.Container
+		want int64
+	}{
+		{container(map[string]string{names.GPU: "2"}, nil), 2},
+		{container(nil, map[string]string{names.GPU: "3"}), 3},
+		{container(map[string]string{names.GPU: "0.5"}, nil), 1},
+		{container(map[string]string{names.Memory: "1000"}, nil), 0},
+		{container(nil, nil), 0},
+	} {
+		if got, err := Devices(tc.c, names.GPU); err != nil || got != tc.want {
+			t.Errorf("%v: %d, %v; want %d", tc.c.Resources, got, err, tc.want)
+		}
+	}
+	if _, err := Devices(container(map[string]string{names.GPU: "-1"}, nil), names.GPU); err == nil {
+		t.Error("a negative count was read as a count")
+	}
+}
+
+func TestDefaulted(t *testing.T) {
+	r, err := Defaulted("c", Resources{GPUMilli: 250, HasGPU: true}, names)
+	if err != nil || r.GPUMilli != 1000 || r.MemoryPercent != 25 || r.Cores != 25 {
+		t.Errorf("a quarter GPU: %+v, %v", r, err)
+	}
+	if r, _ := Defaulted("c", Resources{MemoryMiB: 10, HasMemory: true}, names); r.GPUMilli != 1000 {
+		t.Errorf("memory alone: %+v, want one GPU", r)
+	}
+	if r, _ := Defaulted("c", Resources{GPUMilli: 2000, HasGPU: true}, names); r.MemoryPercent != 100 {
+		t.Errorf("count alone: %+v, want all the memory", r)
+	}
+	if _, err := Defaulted("c", Resources{GPUMilli: 1500, HasGPU: true}, names); err == nil || !strings.Contains(err.Error(), "1500m") {
+		t.Errorf("1.5 GPUs: %v", err)
+	}
+}
+
+func TestRecord(t *testing.T) {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p"}}
+	if Key(p) != "ns/p" {
+		t.Errorf("key %q", Key(p))
+	}
+	if _, err := Record(p); !errors.Is(err, ErrNoRecord) {
+		t.Errorf("no annotation: %v", err)
+	}
+	rec := &api.PodAllocation{APIVersion: api.AllocationAPIVersion, Kind: api.AllocationKind, Node: "n",
+		Containers: []api.ContainerAllocation{{Name: "c", Devices: []api.DeviceGrant{{UUID: "GPU-1", MemoryMiB: 1, Cores: 1}}}}}
+	b, err := api.EncodeAllocation(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Annotations = map[string]string{api.AnnotationAllocation: string(b)}
+	if got, err := Record(p); err != nil || got.Node != "n" {
+		t.Errorf("record: %+v, %v", got, err)
+	}
+	p.Annotations[api.AnnotationAllocation] = "{"
+	if _, err := Record(p); err == nil || errors.Is(err, ErrNoRecord) {
+		t.Errorf("a broken record: %v", err)
+	}
+}
+
+// One behaviour for the inventory annotation: absent is no inventory,
+// unreadable is an error naming the node and the annotation, and either
+// way no GPUs.
+func TestInventory(t *testing.T) {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1"}}
+	if inv, err := Inventory(n); inv != nil || err != nil {
+		t.Errorf("no annotation: %v, %v", inv, err)
+	}
+	inv := &api.NodeInventory{APIVersion: api.InventoryAPIVersion, Kind: api.InventoryKind, MemoryOvercommit: 1,
+		GPUs: []api.GPU{{UUID: "GPU-1", Model: "A100", MemoryMiB: 40960, Health: api.Healthy, Sharing: api.SharingShared, MaxShares: 4}}}
+	b, err := api.EncodeInventory(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Annotations = map[string]string{api.AnnotationInventory: string(b)}
+	if got, err := Inventory(n); err != nil || len(got.GPUs) != 1 {
+		t.Errorf("inventory: %+v, %v", got, err)
+	}
+	n.Annotations[api.AnnotationInventory] = `{"apiVersion":"tessera.io/v0","kind":"NodeGPUInventory"}`
+	got, err := Inventory(n)
+	if got != nil || err == nil || !strings.Contains(err.Error(), "node gpu-1: annotation "+api.AnnotationInventory) || !strings.Contains(err.Error(), "tessera.io/v0") {
+		t.Errorf("unreadable: %+v, %v", got, err)
+	}
+}
+
+func TestRequestsGPU(t *testing.T) {
+	n := api.MustResourceNames("tessera.io")
+	p := &corev1.Pod{Spec: corev1.PodSpec{InitContainers: []corev1.Container{*container(map[string]string{"tessera.io/gpucores": "1"}, nil)}}}
+	if !RequestsGPU(p, n) || RequestsGPU(p, names) {
+		t.Error("RequestsGPU must see init containers under the configured prefix only")
+	}
+}
+
+// TestCountResources: the shared rename and MIG profile resources count
+// devices like the GPU resource; one kind per container.
+func TestCountResources(t *testing.T) {
+	r, err := ReadResources(container(map[string]string{"nvidia.com/mig-1g.5gb": "1"}, nil), names)
+	if err != nil || r.CountName != "nvidia.com/mig-1g.5gb" || r.MIGProfile != "1g.5gb" || r.GPUMilli != 1000 {
+		t.Errorf("MIG: %+v %v", r, err)
+	}
+	if d, err := Defaulted("c", r, names); err != nil || d != r {
+		t.Errorf("a MIG request is not defaulted: %+v %v", d, err)
+	}
+	r.HasMemory, r.MemoryMiB = true, 1000
+	if _, err := Defaulted("c", r, names); err == nil || !strings.Contains(err.Error(), "a MIG profile fixes memory and compute") {
+		t.Errorf("MIG with gpumem: %v", err)
+	}
+	r, err = ReadResources(container(map[string]string{"nvidia.com/gpu.shared": "1"}, nil), names)
+	if err != nil || r.CountName != "nvidia.com/gpu.shared" || r.MIGProfile != "" {
+		t.Errorf("shared: %+v %v", r, err)
+	}
+	if d, _ := Defaulted("c", r, names); d.MemoryPercent != 100 || d.CountName != "nvidia.com/gpu.shared" {
+		t.Errorf("shared defaulted: %+v", d)
+	}
+	_, err = ReadResources(container(map[string]string{"nvidia.com/gpu": "1", "nvidia.com/mig-1g.5gb": "1"}, nil), names)
+	if err == nil || !strings.Contains(err.Error(), "asks for both nvidia.com/gpu and nvidia.com/mig-1g.5gb") {
+		t.Errorf("two kinds: %v", err)
+	}
+	pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{*container(map[string]string{"nvidia.com/mig-2g.10gb": "1"}, nil)}}}
+	if !RequestsGPU(pod, names) {
+		t.Error("a MIG pod does not request a GPU")
+	}
+}

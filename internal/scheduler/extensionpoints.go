@@ -1,0 +1,348 @@
+package scheduler
+
+// The extension points, in the order kube-scheduler calls them.
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+
+	"github.com/tessera-gpu/tessera/internal/kubeobj"
+	"github.com/tessera-gpu/tessera/internal/placement"
+	"github.com/tessera-gpu/tessera/internal/podrequest"
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+// cycleState is what PreFilter prepares for the rest of the cycle.
+type cycleState struct {
+	cr     *placement.Compiled
+	pol    placement.Policy
+	ranker placement.GPURanker
+	total  int
+
+	mu      sync.Mutex
+	reasons []placement.Reason
+	rec     *api.PodAllocation
+	// scores[slot] is the policy's score of a node that passed Filter
+	// (NaN: not filtered), so Score need not run the fit check again.
+	// Nodes added after PreFilter have no slot and are scored afresh.
+	scores []float64
+}
+
+// Clone shares the state: the parts read concurrently never change after
+// PreFilter, and the rest is guarded by mu.
+func (s *cycleState) Clone() fwk.StateData { return s }
+
+func readState(cs fwk.CycleState) *cycleState {
+	d, err := cs.Read(stateKey)
+	if err != nil {
+		return nil
+	}
+	s, _ := d.(*cycleState)
+	return s
+}
+
+// PreFilter parses and compiles the pod's GPU request once per cycle.
+// Pods that ask for no GPU skip the plugin entirely.
+func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodes []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+	defer since("PreFilter", time.Now())
+	if !kubeobj.RequestsGPU(pod, p.names) {
+		return nil, fwk.NewStatus(fwk.Skip)
+	}
+	if err := p.waitSynced(ctx); err != nil {
+		return nil, fwk.AsStatus(err)
+	}
+	req, err := podrequest.FromPod(pod, p.names)
+	if err != nil {
+		failuresTotal.WithLabelValues("InvalidRequest").Inc()
+		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
+	}
+	p.st.mu.RLock()
+	cr, err := p.st.cluster.Compile(req)
+	p.st.mu.RUnlock()
+	if err != nil {
+		failuresTotal.WithLabelValues("InvalidRequest").Inc()
+		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
+	}
+	if !cr.NeedsGPU() {
+		return nil, fwk.NewStatus(fwk.Skip)
+	}
+	pol := placement.PolicyFor(cr, p.policy)
+	if obs, ok := pol.(placement.Observer); ok {
+		p.st.mu.Lock()
+		obs.Observe(cr)
+		p.st.mu.Unlock()
+	}
+	p.st.mu.RLock()
+	scores := make([]float64, len(p.st.slot))
+	p.st.mu.RUnlock()
+	for i := range scores {
+		scores[i] = math.NaN()
+	}
+	cs.Write(stateKey, &cycleState{cr: cr, pol: pol, ranker: placement.RankerFor(cr, pol), total: len(nodes), scores: scores})
+	return nil, nil
+}
+
+func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
+
+// fit runs the core's fit check for the node; the caller holds st.mu.
+func (p *Plugin) fit(s *cycleState, node string, sc *scratch) placement.Reason {
+	n := p.st.cluster.Node(node)
+	if n == nil {
+		return placement.Reason{Kind: placement.ReasonNoGPUs}
+	}
+	return s.cr.Fit(n, s.ranker, &sc.s, &sc.p)
+}
+
+// Filter asks the placement core whether the pod fits the node and, if it
+// does, scores that placement right away under the same read lock.
+func (p *Plugin) Filter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, ni fwk.NodeInfo) *fwk.Status {
+	s := readState(cs)
+	if s == nil {
+		return nil
+	}
+	name := ni.Node().Name
+	sc := p.scratchs.Get().(*scratch)
+	p.st.mu.RLock()
+	r := p.fit(s, name, sc)
+	if r.OK() {
+		// Each node has its own slot: no lock needed on s.scores.
+		if i, ok := p.st.slot[name]; ok && i < len(s.scores) {
+			s.scores[i] = s.pol.ScoreNode(s.cr, &sc.p)
+		}
+	}
+	p.st.mu.RUnlock()
+	p.scratchs.Put(sc)
+	if r.OK() {
+		return nil
+	}
+	s.mu.Lock()
+	s.reasons = append(s.reasons, r)
+	s.mu.Unlock()
+	code := fwk.Unschedulable
+	if unresolvable(r.Kind) {
+		code = fwk.UnschedulableAndUnresolvable
+	}
+	// A short, node-independent text so kube-scheduler's per-reason
+	// histogram groups nodes; PostFilter adds the detailed summary.
+	return fwk.NewStatus(code, shortReason(r.Kind))
+}
+
+// PostFilter explains, per group of nodes, why the pod fit none; the text
+// ends up in the pod's FailedScheduling event. It never makes the pod
+// schedulable, so it is informational and must run before preemption.
+func (p *Plugin) PostFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, _ fwk.NodeToStatusReader) (*fwk.PostFilterResult, *fwk.Status) {
+	defer since("PostFilter", time.Now())
+	s := readState(cs)
+	if s == nil {
+		return nil, fwk.NewStatus(fwk.Unschedulable)
+	}
+	s.mu.Lock()
+	reasons := append([]placement.Reason(nil), s.reasons...)
+	s.mu.Unlock()
+	kinds := map[placement.ReasonKind]bool{}
+	for _, r := range reasons {
+		if !kinds[r.Kind] {
+			kinds[r.Kind] = true
+			failuresTotal.WithLabelValues(r.Kind.String()).Inc()
+		}
+	}
+	p.waitMu.Lock()
+	p.waiting[kubeobj.Key(pod)] = pod
+	p.waitMu.Unlock()
+	if len(reasons) == 0 {
+		return nil, fwk.NewStatus(fwk.Unschedulable)
+	}
+	return nil, fwk.NewStatus(fwk.Unschedulable, "Tessera: "+placement.Summarize(max(s.total, len(reasons)), reasons))
+}
+
+// PreScore skips scoring for pods the plugin does not place.
+func (p *Plugin) PreScore(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, _ []fwk.NodeInfo) *fwk.Status {
+	if readState(cs) == nil {
+		return fwk.NewStatus(fwk.Skip)
+	}
+	return nil
+}
+
+// scoreScale keeps policy scores (usually fractions) distinct as integers;
+// NormalizeScore maps them onto kube-scheduler's range.
+const scoreScale = 1e6
+
+// Score returns the node policy's score of the placement Filter found on
+// the node (the pod's own policy if it names one).
+func (p *Plugin) Score(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, ni fwk.NodeInfo) (int64, *fwk.Status) {
+	s := readState(cs)
+	if s == nil {
+		return 0, nil
+	}
+	name := ni.Node().Name
+	p.st.mu.RLock()
+	i, ok := p.st.slot[name]
+	var score float64
+	if ok && i < len(s.scores) && !math.IsNaN(s.scores[i]) {
+		score = s.scores[i]
+	} else {
+		// A node without a score from Filter: fit and score it now.
+		sc := p.scratchs.Get().(*scratch)
+		r := p.fit(s, name, sc)
+		if r.OK() {
+			score = s.pol.ScoreNode(s.cr, &sc.p)
+		}
+		p.scratchs.Put(sc)
+		if !r.OK() {
+			p.st.mu.RUnlock()
+			return math.MinInt64 / 2, nil // filled up since Filter: rank it last
+		}
+	}
+	p.st.mu.RUnlock()
+	v := score * scoreScale
+	switch {
+	case math.IsNaN(v):
+		return 0, nil
+	case v > math.MaxInt64/4:
+		return math.MaxInt64 / 4, nil
+	case v < math.MinInt64/4:
+		return math.MinInt64 / 4, nil
+	}
+	return int64(v), nil
+}
+
+func (p *Plugin) ScoreExtensions() fwk.ScoreExtensions { return p }
+
+// NormalizeScore maps the raw scores linearly onto [0, MaxNodeScore].
+func (p *Plugin) NormalizeScore(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, scores fwk.NodeScoreList) *fwk.Status {
+	if len(scores) == 0 {
+		return nil
+	}
+	lo, hi := scores[0].Score, scores[0].Score
+	for _, s := range scores {
+		lo, hi = min(lo, s.Score), max(hi, s.Score)
+	}
+	for i := range scores {
+		if hi == lo {
+			scores[i].Score = fwk.MaxScore
+			continue
+		}
+		scores[i].Score = int64(float64(scores[i].Score-lo) / float64(hi-lo) * float64(fwk.MaxScore))
+	}
+	return nil
+}
+
+// Reserve charges the placement to the plugin's state so the next pod
+// sees the shares taken. The fit is checked again under the write lock:
+// informer events may have changed the node since Filter.
+func (p *Plugin) Reserve(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) *fwk.Status {
+	defer since("Reserve", time.Now())
+	s := readState(cs)
+	if s == nil {
+		return nil
+	}
+	sc := p.scratchs.Get().(*scratch)
+	defer p.scratchs.Put(sc)
+	key := kubeobj.Key(pod)
+	p.st.mu.Lock()
+	defer p.st.mu.Unlock()
+	if r := p.fit(s, nodeName, sc); !r.OK() {
+		return fwk.NewStatus(fwk.Unschedulable, fmt.Sprintf("node %s changed since filtering: %s", nodeName, r))
+	}
+	if p.st.cluster.Allocation(key) != nil {
+		// A stale entry under this key (an earlier pod of the same name
+		// whose deletion has not been seen yet) must not block this one.
+		p.st.releaseLocked(key)
+	}
+	rec, err := p.st.cluster.Assign(s.cr, &sc.p)
+	if err != nil {
+		return fwk.AsStatus(fmt.Errorf("reserving GPUs on %s: %w", nodeName, err))
+	}
+	p.st.holders[key] = pod.UID
+	p.st.publishLocked(nodeName)
+	s.mu.Lock()
+	s.rec = rec
+	s.mu.Unlock()
+	placementsTotal.Inc()
+	klog.FromContext(ctx).V(4).Info("Reserved GPUs", "pod", klog.KObj(pod), "node", nodeName)
+	return nil
+}
+
+// Unreserve releases what Reserve charged; it is idempotent.
+func (p *Plugin) Unreserve(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) {
+	defer since("Unreserve", time.Now())
+	if readState(cs) == nil {
+		return
+	}
+	if p.st.release(kubeobj.Key(pod), pod.UID) {
+		p.requeue(klog.FromContext(ctx))
+	}
+}
+
+// PreBindPreFlight tells the framework whether PreBind has work to do. It
+// has none when Bind carries the record: kube-scheduler then neither runs
+// PreBind nor patches the pod's nominatedNodeName before binding.
+func (p *Plugin) PreBindPreFlight(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) (*fwk.PreBindPreFlightResult, *fwk.Status) {
+	if readState(cs) == nil || p.recordInBinding(klog.FromContext(ctx)) {
+		return nil, fwk.NewStatus(fwk.Skip)
+	}
+	return &fwk.PreBindPreFlightResult{AllowParallel: true}, nil
+}
+
+// PreBind writes the allocation record on the pod before another plugin
+// binds it: the node agent serves the pod's GPUs from it and a restarted
+// scheduler rebuilds its state from it.
+func (p *Plugin) PreBind(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) *fwk.Status {
+	defer since("PreBind", time.Now())
+	s := readState(cs)
+	if s == nil {
+		return nil
+	}
+	rec, st := reserved(s, pod)
+	if st != nil {
+		return st
+	}
+	if err := WriteRecord(ctx, p.client, pod.Namespace, pod.Name, pod.UID, rec); err != nil {
+		return fwk.AsStatus(err)
+	}
+	return nil
+}
+
+// Bind binds a GPU pod with its allocation record among the Binding's
+// annotations, which the API server copies onto the pod in the same write
+// that sets spec.nodeName: a bound pod never lacks its record, and an
+// unbound one never has it. Pods the plugin does not place are left to the
+// next bind plugin (DefaultBinder).
+func (p *Plugin) Bind(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) *fwk.Status {
+	s := readState(cs)
+	if s == nil || !p.recordInBinding(klog.FromContext(ctx)) {
+		return fwk.NewStatus(fwk.Skip)
+	}
+	defer since("Bind", time.Now())
+	rec, st := reserved(s, pod)
+	if st != nil {
+		return st
+	}
+	b, err := bindingWithRecord(pod, nodeName, rec)
+	if err != nil {
+		return fwk.AsStatus(err)
+	}
+	if c := p.apiCacher(); c != nil {
+		// kube-scheduler's asynchronous API calls (SchedulerAsyncAPICalls)
+		// order this with the pod's other pending calls.
+		onFinish, err := c.BindPod(b)
+		if err == nil {
+			err = c.WaitOnFinish(ctx, onFinish)
+		}
+		if err != nil {
+			return fwk.AsStatus(fmt.Errorf("binding pod %s/%s to %s: %w", pod.Namespace, pod.Name, nodeName, err))
+		}
+		return nil
+	}
+	if err := createBinding(ctx, p.client, b); err != nil {
+		return fwk.AsStatus(err)
+	}
+	return nil
+}

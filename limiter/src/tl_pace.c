@@ -1,0 +1,515 @@
+/*
+ * tl_pace.c - compute pacing and the launch entry points.
+ *
+ * With an SM limit below 100 on a device, every launch (cuLaunchKernel,
+ * cuLaunchKernelEx, cuLaunchCooperativeKernel, cuGraphLaunch and their
+ * _ptsz forms) is charged its estimated GPU time against a bucket that
+ * refills at `rate` GPU-seconds per second (tl_pacer.h). Estimates are
+ * learned per kernel function and per graph exec from the driver's own
+ * timing of sampled launches: a launch is bracketed by two events on its
+ * stream (the first launch of each kernel or graph, then one every 50 ms),
+ * and cuEventElapsedTime gives its GPU time. Until a kernel or graph has
+ * been measured, its next launch waits (at most 0.5 s) for the first
+ * measurement, so a burst of an unknown long kernel cannot flood the queue.
+ * The bucket's debt is capped, so no launch waits more than about 0.5 s.
+ *
+ * A control step every 100 ms (a thread; in the simulation build, the fake
+ * GPU's clock) reads NVML's per-process SM utilisation of the container's
+ * processes (their host pids, tl_nvml.c) and corrects the rate with the PI
+ * law of tl_pacer.c: this absorbs what the estimates miss (time-slicing with
+ * a neighbour makes a kernel's wall time twice its GPU time; concurrent
+ * streams overlap) and keeps the container's processes together at the
+ * share. Without NVML, the rate stays at the share and the pacing relies on
+ * the event timings alone.
+ *
+ * pace[ld].mu (a spin lock) is never held across a launch, an event record
+ * or a sleep.
+ */
+#include "tl_compat.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include "tl_clock.h"
+#include "tl_internal.h"
+#include "tl_pacer.h"
+
+#define PACE_PERIOD_S 0.1
+#define NSAMPLE 8
+#define FIRST_SAMPLE_WAIT_S 0.5
+#define SAMPLE_EVERY_S 0.05
+/* The rate may reach 16 GPU-seconds per second: the event timings of tiny
+ * kernels include the launch latency (the GPU waits for the next launch),
+ * so their estimates can be many times their GPU time; NVML's low
+ * utilisation then lifts the rate until the gate no longer binds. */
+#define TL_RATE_MAX 16.0
+
+enum { S_FREE = 0, S_RESERVED, S_RECORDED };
+
+/* A spin lock: held for a few arithmetic operations (never across a
+ * launch, an event record or a sleep), it is cheaper than a mutex on the
+ * launch path; a waiter yields after a short spin. */
+typedef struct {
+    int locked;
+} spin;
+
+static void spin_lock(spin *l)
+{
+    for (int n = 0; __atomic_exchange_n(&l->locked, 1, __ATOMIC_ACQUIRE); n++)
+        while (__atomic_load_n(&l->locked, __ATOMIC_RELAXED))
+            if (++n > 100)
+                sched_yield();
+}
+
+static void spin_unlock(spin *l)
+{
+    __atomic_store_n(&l->locked, 0, __ATOMIC_RELEASE);
+}
+
+typedef struct {
+    int state;
+    CUevent a, b;
+    uint64_t key;
+    int kind;
+    double units;
+} sample;
+
+typedef struct {
+    spin mu;
+    tl_pacer pacer;
+    tl_gbucket bucket;
+    tl_costs costs;
+    double used;       /* estimated GPU-seconds admitted since the last step */
+    int throttled;     /* a launch waited since the last step */
+    sample s[NSAMPLE];
+    int events;        /* 1: events created, -1: cannot be */
+    int nrecorded;     /* samples in flight (S_RECORDED) */
+    unsigned launches; /* since the clock was last read */
+    double now;        /* the clock at the last read */
+    CUcontext evctx;   /* the context they belong to */
+    double last_step;
+    unsigned long long last_ts; /* NVML sample timestamps seen */
+    unsigned no_sample;
+} dev_pace;
+
+static dev_pace pace[TL_MAX_DEVICES];
+static int pace_started;
+static pthread_mutex_t pace_start_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* ---- measuring: events around sampled launches ---- */
+
+/* With p->mu held: learn from the samples that completed. */
+static void poll_samples(dev_pace *p, double now)
+{
+    for (int i = 0; p->nrecorded && i < NSAMPLE; i++) {
+        sample *x = &p->s[i];
+        if (x->state != S_RECORDED || !real_cuEventQuery || real_cuEventQuery(x->b) != CUDA_SUCCESS)
+            continue;
+        float ms = 0;
+        tl_cost_slot *slot = tl_costs_slot(&p->costs, x->kind, x->key, now);
+        if (real_cuEventElapsedTime && real_cuEventElapsedTime(&ms, x->a, x->b) == CUDA_SUCCESS)
+            tl_costs_learn(&p->costs, slot, x->units, ms * 1e-3);
+        slot->pending = 0;
+        x->state = S_FREE;
+        p->nrecorded--;
+    }
+}
+
+static void create_events(dev_pace *p)
+{
+    CUcontext c = NULL;
+    if (!real_cuEventCreate || !real_cuEventRecord || !real_cuEventQuery || !real_cuEventElapsedTime ||
+        !real_cuCtxGetCurrent || real_cuCtxGetCurrent(&c) != CUDA_SUCCESS || !c) {
+        p->events = -1;
+        return;
+    }
+    for (int i = 0; i < NSAMPLE; i++)
+        if (real_cuEventCreate(&p->s[i].a, 0) != CUDA_SUCCESS || real_cuEventCreate(&p->s[i].b, 0) != CUDA_SUCCESS) {
+            p->events = -1;
+            return;
+        }
+    p->evctx = c;
+    p->events = 1;
+}
+
+static CUresult record(CUevent e, CUstream s, int ptsz)
+{
+    CUresult (*f)(CUevent, CUstream) = ptsz && real_cuEventRecord_ptsz ? real_cuEventRecord_ptsz : real_cuEventRecord;
+    return f ? f(e, s) : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+/* ---- the gate ---- */
+
+typedef struct {
+    int ld;     /* -1: not paced */
+    int si;     /* sample slot, -1: not sampled */
+    CUstream s;
+    int ptsz;
+} launch_tok;
+
+static void pace_start(void);
+
+static int slot_measured(dev_pace *p, int kind, uint64_t key, double now)
+{
+    tl_cost_slot *s = tl_costs_slot(&p->costs, kind, key, now);
+    return s->measured || !s->pending;
+}
+
+static void pace_begin(launch_tok *t, int kind, uint64_t key, double units, CUstream s, int ptsz)
+{
+    t->ld = -1;
+    t->si = -1;
+    t->s = s;
+    t->ptsz = ptsz;
+    int ld = tl_ld_of_ordinal(tl_current_ordinal());
+    if (ld < 0 || !cfg.sm_limit[ld])
+        return;
+    if (UNLIKELY(!__atomic_load_n(&pace_started, __ATOMIC_ACQUIRE)))
+        pace_start();
+    dev_pace *p = &pace[ld];
+    if (UNLIKELY(p->events == 0)) {
+        spin_lock(&p->mu);
+        int todo = p->events == 0;
+        spin_unlock(&p->mu);
+        if (todo) {
+            dev_pace tmp; /* created outside the lock: a driver call */
+            memset(&tmp, 0, sizeof(tmp));
+            create_events(&tmp);
+            spin_lock(&p->mu);
+            if (p->events == 0) {
+                for (int i = 0; i < NSAMPLE; i++) {
+                    p->s[i].a = tmp.s[i].a;
+                    p->s[i].b = tmp.s[i].b;
+                }
+                p->evctx = tmp.evctx;
+                p->events = tmp.events;
+            }
+            spin_unlock(&p->mu);
+        }
+    }
+    spin_lock(&p->mu);
+    /* the clock is read when the bucket may need the time to refill, and
+     * every 64 launches (sampling, least recently used slots): a launch with
+     * credit left costs no clock read */
+    double now = p->now;
+    if (p->bucket.tokens <= 0 || p->nrecorded || (++p->launches & 63) == 0)
+        now = p->now = tl_clock_coarse();
+    poll_samples(p, now);
+    tl_cost_slot *slot = tl_costs_slot(&p->costs, kind, key, now);
+    if (!slot->measured && slot->pending) {
+        /* not measured yet, and its first launch is in flight: wait for it */
+        double until = now + FIRST_SAMPLE_WAIT_S;
+        while (now < until && !slot_measured(p, kind, key, now)) {
+            spin_unlock(&p->mu);
+            tl_clock_sleep(0.001);
+            now = tl_clock_coarse();
+            spin_lock(&p->mu);
+            p->now = now;
+            poll_samples(p, now);
+        }
+        slot = tl_costs_slot(&p->costs, kind, key, now);
+    }
+    double est = tl_costs_estimate(&p->costs, slot, units);
+    double deadline = now + TL_MAX_DEBT_S + 0.05;
+    int waited = 0;
+    for (;;) {
+        double w = tl_gbucket_take(&p->bucket, p->pacer.rate, now, est);
+        if (w == 0)
+            break;
+        p->throttled = waited = 1;
+        if (now >= deadline) { /* bounded: go, charged */
+            p->bucket.tokens -= est;
+            break;
+        }
+        spin_unlock(&p->mu);
+        tl_clock_sleep(w < 0.01 ? w : 0.01);
+        now = tl_clock_coarse();
+        spin_lock(&p->mu);
+        p->now = now;
+    }
+    p->used += est;
+    /* sample this launch? (one in flight per kernel or graph) */
+    if (waited) /* the lock was let go: the slot may hold another key now */
+        slot = tl_costs_slot(&p->costs, kind, key, now);
+    int want = p->events > 0 && !slot->pending && (!slot->measured || now - slot->last_sample >= SAMPLE_EVERY_S);
+    for (int i = 0; want && i < NSAMPLE; i++)
+        if (p->s[i].state == S_FREE) {
+            p->s[i].state = S_RESERVED;
+            p->s[i].key = key;
+            p->s[i].kind = kind;
+            p->s[i].units = units;
+            slot->pending = 1;
+            slot->last_sample = now;
+            t->si = i;
+            break;
+        }
+    spin_unlock(&p->mu);
+    t->ld = ld;
+    if (t->si >= 0) {
+        CUcontext c = NULL;
+        if (tl_capturing(s, ptsz) || !real_cuCtxGetCurrent || real_cuCtxGetCurrent(&c) != CUDA_SUCCESS ||
+            c != p->evctx || record(p->s[t->si].a, s, ptsz) != CUDA_SUCCESS) {
+            spin_lock(&p->mu);
+            p->s[t->si].state = S_FREE;
+            tl_costs_slot(&p->costs, kind, key, now)->pending = 0;
+            spin_unlock(&p->mu);
+            t->si = -1;
+        }
+    }
+}
+
+static void pace_end(launch_tok *t, CUresult r)
+{
+    if (t->si < 0)
+        return;
+    dev_pace *p = &pace[t->ld];
+    int ok = r == CUDA_SUCCESS && record(p->s[t->si].b, t->s, t->ptsz) == CUDA_SUCCESS;
+    spin_lock(&p->mu);
+    sample *x = &p->s[t->si];
+    if (ok) {
+        x->state = S_RECORDED;
+        p->nrecorded++;
+    } else {
+        x->state = S_FREE;
+        tl_costs_slot(&p->costs, x->kind, x->key, tl_clock_coarse())->pending = 0;
+    }
+    spin_unlock(&p->mu);
+}
+
+/* ---- the control step ---- */
+
+/* Container SM utilisation on ld from per-process samples newer than
+ * last_ts. Once this process's host pid is known, the samples counted are
+ * those of the host pids the container's processes published (ours
+ * included); before that, of the pids registered there and getpid() (right
+ * when the container shares the host's pid namespace). Returns -1 if NVML
+ * gave no sample for them. */
+static double container_util(nvmlDevice_t d, unsigned long long *last_ts)
+{
+    unsigned n = 0;
+    if (!real_nvmlDeviceGetProcessUtilization)
+        return -1;
+    nvmlReturn_t r = real_nvmlDeviceGetProcessUtilization(d, NULL, &n, *last_ts);
+    if ((r != NVML_ERROR_INSUFFICIENT_SIZE && r != NVML_SUCCESS) || n == 0)
+        return -1;
+    n += 8;
+    TL_NVML_PROC_UTIL_SAMPLE *s = calloc(n, sizeof(*s));
+    if (!s)
+        return -1;
+    r = real_nvmlDeviceGetProcessUtilization(d, s, &n, *last_ts);
+    int32_t pids[64];
+    int np = 0;
+    int32_t self = tl_host_pid();
+    if (self) {
+        np = tl_container_host_pids(pids, 64);
+    } else {
+        if (sh.st)
+            np = tl_shared_pids(&sh, pids, 63);
+        pids[np++] = getpid();
+    }
+    /* NVML may return several samples per process: use each pid's latest. */
+    unsigned long long best_ts[64] = {0};
+    unsigned best_util[64] = {0};
+    int have[64] = {0};
+    double sum = 0;
+    int seen = 0;
+    unsigned long long newest = *last_ts;
+    if (r == NVML_SUCCESS) {
+        for (unsigned i = 0; i < n; i++) {
+            if (s[i].timeStamp > newest)
+                newest = s[i].timeStamp;
+            for (int k = 0; k < np; k++)
+                if ((unsigned)pids[k] == s[i].pid) {
+                    if (!have[k] || s[i].timeStamp >= best_ts[k]) {
+                        best_ts[k] = s[i].timeStamp;
+                        best_util[k] = s[i].smUtil;
+                    }
+                    have[k] = 1;
+                    break;
+                }
+        }
+        for (int k = 0; k < np; k++)
+            if (have[k]) {
+                sum += best_util[k];
+                seen++;
+            }
+    }
+    free(s);
+    *last_ts = newest;
+    if (seen || self)
+        return seen ? sum : -1; /* host pid known: no sample of ours is no news */
+    /* Host pid not resolved yet and no pid matches: fall back to
+     * whole-device utilisation: exact when the container is alone on the
+     * GPU, conservative (less than its share) next to busy neighbours. */
+    TL_NVML_UTILIZATION ur;
+    if (r == NVML_SUCCESS && n > 0 && real_nvmlDeviceGetUtilizationRates &&
+        real_nvmlDeviceGetUtilizationRates(d, &ur) == NVML_SUCCESS)
+        return ur.gpu;
+    return -1;
+}
+
+static int have_nvml;
+
+static void pace_period(void)
+{
+    double now = tl_clock_now();
+    if (sh.st)
+        tl_shared_maybe_reclaim(&sh, 1000000000ull); /* stale host pids */
+    for (int ld = 0; ld < TL_MAX_DEVICES; ld++) {
+        if (!cfg.sm_limit[ld])
+            continue;
+        dev_pace *p = &pace[ld];
+        nvmlDevice_t d = NULL;
+        double u = -1, others = 0;
+        if (have_nvml && tl_nvml_of_ld(ld, &d) == 0) {
+            tl_hp_period(ld);
+            u = container_util(d, &p->last_ts);
+            TL_NVML_UTILIZATION ur;
+            if (cfg.elastic && real_nvmlDeviceGetUtilizationRates &&
+                real_nvmlDeviceGetUtilizationRates(d, &ur) == NVML_SUCCESS)
+                others = (double)ur.gpu - (u > 0 ? u : 0);
+        }
+        spin_lock(&p->mu);
+        double dt = now - p->last_step;
+        double used_rate = dt > 0 ? p->used / dt : 0;
+        int thr = p->throttled;
+        double target = tl_pacer_effective_target(cfg.sm_limit[ld], others < 0 ? 0 : others, cfg.elastic);
+        /* A step compares what was admitted since the last step with the
+         * utilisation NVML measured. No launches: nothing to learn, hold
+         * the rate. No new NVML sample (NVML samples less often than every
+         * 100 ms): keep accumulating until there is one; a missing sample
+         * must not read as 0 % or the rate would run away. */
+        if ((used_rate > 0 || thr) && u >= 0) {
+            tl_pacer_step(&p->pacer, target, u, used_rate, thr);
+            p->no_sample = 0;
+            p->used = 0;
+            p->throttled = 0;
+            p->last_step = now;
+        } else if (!have_nvml) {
+            p->pacer.rate = target / 100.0; /* events alone: the share itself */
+            p->used = 0;
+            p->throttled = 0;
+            p->last_step = now;
+        } else if (!(used_rate > 0) && !thr) {
+            p->last_step = now; /* idle */
+        } else if (++p->no_sample == 50) {
+            fprintf(stderr, "tessera-limiter: device %d: NVML gave no utilisation sample for 5 s while kernels ran; "
+                            "pacing on the driver's event timings alone\n", ld);
+        }
+        if (cfg.debug)
+            fprintf(stderr, "tessera-limiter: dev %d util %.1f used %.3f GPU-s/s throttled %d -> rate %.3f\n", ld, u,
+                    used_rate, thr, p->pacer.rate);
+        spin_unlock(&p->mu);
+    }
+}
+
+static void pace_start(void)
+{
+    pthread_mutex_lock(&pace_start_mu);
+    if (!pace_started) {
+        ensure_nvml();
+        have_nvml = tl_nvml_up();
+        if (!have_nvml)
+            fprintf(stderr, "tessera-limiter: NVML unavailable; CUDA_DEVICE_SM_LIMIT is enforced on the driver's "
+                            "event timings alone, without correction for other tenants or other processes of this "
+                            "container\n");
+        double now = tl_clock_now();
+        for (int i = 0; i < TL_MAX_DEVICES; i++) {
+            double target = cfg.sm_limit[i] ? cfg.sm_limit[i] / 100.0 : 1.0;
+            tl_pacer_init(&pace[i].pacer, target, 0.001, TL_RATE_MAX);
+            tl_gbucket_init(&pace[i].bucket, 0.1, TL_MAX_DEBT_S);
+            tl_costs_init(&pace[i].costs);
+            pace[i].last_step = now;
+            pace[i].bucket.last_s = tl_clock_coarse();
+        }
+        if (tl_clock_every(PACE_PERIOD_S, pace_period) != 0)
+            fprintf(stderr, "tessera-limiter: cannot start the pacing step; launches are paced at the share on "
+                            "the driver's event timings alone\n");
+        __atomic_store_n(&pace_started, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&pace_start_mu);
+}
+
+void tl_pace_after_fork(void)
+{
+    pthread_mutex_init(&pace_start_mu, NULL);
+    for (int i = 0; i < TL_MAX_DEVICES; i++) {
+        pace[i].mu.locked = 0;
+        memset(pace[i].s, 0, sizeof(pace[i].s));
+        pace[i].events = 0; /* the parent's events belong to its contexts */
+    }
+    pace_started = 0;
+}
+
+/* ---- the launch entry points ---- */
+
+static inline double blocks(unsigned x, unsigned y, unsigned z)
+{
+    return (double)(x ? x : 1) * (double)(y ? y : 1) * (double)(z ? z : 1);
+}
+
+#define PACED(kind, key, units, stream, ptsz, call)                                \
+    ensure_cuda();                                                                 \
+    if (LIKELY(!cfg.sm_active))                                                    \
+        return call;                                                               \
+    launch_tok t_;                                                                 \
+    pace_begin(&t_, kind, (uint64_t)(uintptr_t)(key), units, stream, ptsz);        \
+    CUresult r_ = call;                                                            \
+    pace_end(&t_, r_);                                                             \
+    return r_;
+
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                               unsigned bz, unsigned shm, CUstream s, void **params, void **extra)
+{
+    PACED(TL_COST_KERNEL, f, blocks(gx, gy, gz), s, 0,
+          CALL_REAL(cuLaunchKernel, f, gx, gy, gz, bx, by, bz, shm, s, params, extra))
+}
+
+EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                    unsigned by, unsigned bz, unsigned shm, CUstream s, void **params,
+                                    void **extra)
+{
+    PACED(TL_COST_KERNEL, f, blocks(gx, gy, gz), s, 1,
+          CALL_REAL(cuLaunchKernel_ptsz, f, gx, gy, gz, bx, by, bz, shm, s, params, extra))
+}
+
+EXPORT CUresult cuLaunchKernelEx(const TL_LAUNCH_CONFIG *c, CUfunction f, void **params, void **extra)
+{
+    PACED(TL_COST_KERNEL, f, c ? blocks(c->gridDimX, c->gridDimY, c->gridDimZ) : 1, c ? c->hStream : NULL, 0,
+          CALL_REAL(cuLaunchKernelEx, c, f, params, extra))
+}
+
+EXPORT CUresult cuLaunchKernelEx_ptsz(const TL_LAUNCH_CONFIG *c, CUfunction f, void **params, void **extra)
+{
+    PACED(TL_COST_KERNEL, f, c ? blocks(c->gridDimX, c->gridDimY, c->gridDimZ) : 1, c ? c->hStream : NULL, 1,
+          CALL_REAL(cuLaunchKernelEx_ptsz, c, f, params, extra))
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                          unsigned by, unsigned bz, unsigned shm, CUstream s, void **params)
+{
+    PACED(TL_COST_KERNEL, f, blocks(gx, gy, gz), s, 0,
+          CALL_REAL(cuLaunchCooperativeKernel, f, gx, gy, gz, bx, by, bz, shm, s, params))
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                               unsigned bx, unsigned by, unsigned bz, unsigned shm, CUstream s,
+                                               void **params)
+{
+    PACED(TL_COST_KERNEL, f, blocks(gx, gy, gz), s, 1,
+          CALL_REAL(cuLaunchCooperativeKernel_ptsz, f, gx, gy, gz, bx, by, bz, shm, s, params))
+}
+
+/* A graph is charged per launch what its launches were measured to take. */
+EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
+{
+    PACED(TL_COST_GRAPH, g, 1, s, 0, tl_graph_run(g, s, 0, 0))
+}
+
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
+{
+    PACED(TL_COST_GRAPH, g, 1, s, 1, tl_graph_run(g, s, 1, 0))
+}

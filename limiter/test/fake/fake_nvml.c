@@ -1,0 +1,408 @@
+/*
+ * fake_nvml.c - a stand-in libnvidia-ml.so.1 for CI, over the same fake
+ * GPUs as the fake libcuda (fake_common.h: FAKE_GPUS or FAKE_GPU_COUNT x
+ * FAKE_GPU_MEM; NVML enumeration order FAKE_NVML_ORDER). NVML names
+ * processes by host pid (FAKE_NVML_PID_OFFSET).
+ *
+ * What it reports, per GPU:
+ *   memory       total = the GPU's size; used = what this process holds
+ *                through the fake libcuda (when loaded) plus what the other
+ *                processes of the shared table and the neighbours hold
+ *   processes    this process while it holds a context, the table's other
+ *                processes and (GPU 0) FAKE_NVML_NEIGHBOURS, each with its
+ *                usedGpuMemory; the same list for graphics and MPS queries
+ *   utilisation  per process: this process's share of GPU time since the
+ *                last query, from the fake GPU's execution log (fake_gpu.c;
+ *                simulated time when FAKE_SIM=1), the others' from the table
+ *                and the neighbours; device: their sum, or 100 % with
+ *                FAKE_GPU_NEIGHBOUR=1 (a saturating neighbour on GPU 0)
+ *
+ * Failure knobs: FAKE_NVML_FAIL=1 (nvmlInit fails), FAKE_NVML_MEM_FAIL=1
+ * (memory info fails), FAKE_NVML_NO_PROCLIST=1 (process lists not
+ * supported), FAKE_NVML_NO_V3=1 (only the _v2 and v1 lists) or =2 (only
+ * v1), FAKE_NVML_V3_STRIDE=32 (the _v3 list has 32-byte entries, as in the
+ * drivers that added usedGpuCcProtectedMemory), FAKE_NVML_SPARSE=1 (every
+ * other utilisation query has no new sample), FAKE_NVML_LAG=1 (utilisation
+ * is reported one query late).
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+
+#include "../fake_api.h"
+#include "fake_common.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+static struct fake_nvdev {
+    unsigned idx; /* NVML index */
+    int ord;      /* CUDA ordinal (fake_common.h) */
+} devs[FAKE_MAXDEV];
+static int inited;
+
+static struct fake_nvdev *dev_of(nvmlDevice_t d)
+{
+    struct fake_nvdev *f = d;
+    return inited && f >= devs && f < devs + fake_ndev() ? f : NULL;
+}
+
+/* The fake libcuda's view of this process, when it is loaded. */
+static void *cuda(const char *name)
+{
+    return dlsym(RTLD_DEFAULT, name);
+}
+
+static unsigned long long own_used(int ord)
+{
+    unsigned long long (*f)(int) = (unsigned long long (*)(int))cuda("fake_used_bytes");
+    return f ? f(ord) : 0;
+}
+
+static int own_ctx(void)
+{
+    int (*f)(void) = (int (*)(void))cuda("fake_ctx_live");
+    return f ? f() : 0;
+}
+
+static double now_s(void)
+{
+    double (*f)(void) = (double (*)(void))cuda("fake_now");
+    if (f)
+        return f();
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static nvmlReturn_t init(void)
+{
+    if (getenv("FAKE_NVML_FAIL"))
+        return NVML_ERROR_UNKNOWN;
+    fake_devs_init();
+    for (int i = 0; i < fake_ndev(); i++) {
+        devs[i].idx = (unsigned)i;
+        devs[i].ord = fake_devs.nvml_order[i];
+    }
+    inited = 1;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlInit_v2(void) { return init(); }
+EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
+{
+    (void)flags;
+    return init();
+}
+EXPORT nvmlReturn_t nvmlShutdown(void) { return NVML_SUCCESS; }
+
+EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n)
+{
+    if (!inited)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!n)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *n = (unsigned)fake_ndev();
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *d)
+{
+    if (!inited)
+        return NVML_ERROR_UNINITIALIZED;
+    if ((int)i >= fake_ndev() || !d)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *d = &devs[i];
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d)
+{
+    if (!inited)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!uuid || !d)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < fake_ndev(); i++)
+        if (!strcasecmp(fake_gpu_of(devs[i].ord)->uuid, uuid)) {
+            *d = &devs[i];
+            return NVML_SUCCESS;
+        }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *i)
+{
+    struct fake_nvdev *f = dev_of(d);
+    if (!f || !i)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *i = f->idx;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *s, unsigned int n)
+{
+    struct fake_nvdev *f = dev_of(d);
+    if (!f || !s)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const char *u = fake_gpu_of(f->ord)->uuid;
+    if (strlen(u) >= n)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    snprintf(s, n, "%s", u);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *s, unsigned int n)
+{
+    struct fake_nvdev *f = dev_of(d);
+    if (!f || !s || !n)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    snprintf(s, n, "Tessera Fake GPU %d", f->ord);
+    return NVML_SUCCESS;
+}
+
+/* ---- memory ---- */
+
+static void mem(struct fake_nvdev *f, unsigned long long *total, unsigned long long *used,
+                unsigned long long *freep)
+{
+    unsigned long long t = fake_gpu_of(f->ord)->mem, u = own_used(f->ord) + fake_others_used(f->ord);
+    *total = t;
+    *used = u < t ? u : t;
+    *freep = t - *used;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, TL_NVML_MEMORY *m)
+{
+    struct fake_nvdev *f = dev_of(d);
+    if (!f || !m)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (getenv("FAKE_NVML_MEM_FAIL"))
+        return NVML_ERROR_UNKNOWN;
+    mem(f, &m->total, &m->used, &m->free);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, TL_NVML_MEMORY_V2 *m)
+{
+    struct fake_nvdev *f = dev_of(d);
+    if (!f || !m)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (getenv("FAKE_NVML_MEM_FAIL"))
+        return NVML_ERROR_UNKNOWN;
+    m->reserved = 0;
+    mem(f, &m->total, &m->used, &m->free);
+    return NVML_SUCCESS;
+}
+
+/* ---- utilisation ---- */
+
+static struct {
+    double last_t;
+    unsigned util, prev;
+    unsigned calls;
+} us[FAKE_MAXDEV];
+
+/* This process's SM utilisation on f since the last query (an NVML
+ * sample), published in the shared table for the other processes. */
+static unsigned own_util(struct fake_nvdev *f)
+{
+    double (*busy)(int, double, double) = (double (*)(int, double, double))cuda("fake_busy");
+    double t = now_s();
+    int o = f->ord;
+    if (us[o].last_t > 0 && t - us[o].last_t > 0.02) {
+        double u = busy ? 100.0 * busy(o, us[o].last_t, t) / (t - us[o].last_t) : 0;
+        us[o].prev = us[o].util;
+        us[o].util = u > 100 ? 100 : (unsigned)(u + 0.5);
+        us[o].last_t = t;
+    } else if (us[o].last_t == 0) {
+        us[o].last_t = t;
+    }
+    unsigned v = getenv("FAKE_NVML_LAG") ? us[o].prev : us[o].util;
+    struct fake_proc *me = fake_proc_self();
+    if (me) {
+        __atomic_store_n(&me->util[o], v, __ATOMIC_RELAXED);
+        __atomic_store_n(&me->used[o], own_used(o), __ATOMIC_RELAXED);
+    }
+    return v;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, TL_NVML_PROC_UTIL_SAMPLE *s,
+                                                    unsigned int *n, unsigned long long last_seen)
+{
+    (void)last_seen;
+    struct fake_nvdev *f = dev_of(d);
+    if (!n || !f)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!s && getenv("FAKE_NVML_SPARSE") && (us[f->ord].calls++ & 1)) {
+        *n = 0; /* no new sample, as when NVML samples less often than the limiter asks */
+        return NVML_SUCCESS;
+    }
+    struct fake_other o[FAKE_PROCS_MAX * 2];
+    int no = fake_others(f->ord, o, FAKE_PROCS_MAX * 2);
+    unsigned need = 1 + (unsigned)no;
+    if (!s || *n < need) {
+        *n = need;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    unsigned long long ts = (unsigned long long)(now_s() * 1e6);
+    memset(s, 0, sizeof(*s) * need);
+    s[0].pid = fake_host_pid(getpid());
+    s[0].timeStamp = ts;
+    s[0].smUtil = own_util(f);
+    for (int i = 0; i < no; i++) {
+        s[1 + i].pid = o[i].host_pid;
+        s[1 + i].timeStamp = ts;
+        s[1 + i].smUtil = o[i].util;
+    }
+    *n = need;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t d, TL_NVML_PROCS_UTIL_INFO *info)
+{
+    struct fake_nvdev *f = dev_of(d);
+    if (!f || !info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct fake_other o[FAKE_PROCS_MAX * 2];
+    int no = fake_others(f->ord, o, FAKE_PROCS_MAX * 2);
+    unsigned need = 1 + (unsigned)no;
+    if (!info->procUtilArray || info->processSamplesCount < need) {
+        info->processSamplesCount = need;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    unsigned long long ts = (unsigned long long)(now_s() * 1e6);
+    TL_NVML_PROC_UTIL_INFO *a = info->procUtilArray;
+    memset(a, 0, sizeof(*a) * need);
+    a[0].pid = fake_host_pid(getpid());
+    a[0].timeStamp = ts;
+    a[0].smUtil = own_util(f);
+    for (int i = 0; i < no; i++) {
+        a[1 + i].pid = o[i].host_pid;
+        a[1 + i].timeStamp = ts;
+        a[1 + i].smUtil = o[i].util;
+    }
+    info->processSamplesCount = need;
+    info->lastSeenTimeStamp = ts;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, TL_NVML_UTILIZATION *u)
+{
+    struct fake_nvdev *f = dev_of(d);
+    if (!f || !u)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned sum = us[f->ord].util;
+    struct fake_other o[FAKE_PROCS_MAX * 2];
+    int no = fake_others(f->ord, o, FAKE_PROCS_MAX * 2);
+    for (int i = 0; i < no; i++)
+        sum += o[i].util;
+    const char *nb = getenv("FAKE_GPU_NEIGHBOUR");
+    if (nb && *nb == '1' && f->ord == 0)
+        sum = 100;
+    u->gpu = sum > 100 ? 100 : sum;
+    u->memory = 0;
+    return NVML_SUCCESS;
+}
+
+/* ---- process lists ---- */
+
+struct entry {
+    uint32_t pid;
+    uint64_t used;
+};
+
+/* This process while it holds a context, then the others. */
+static int procs(struct fake_nvdev *f, struct entry *e, int max)
+{
+    int n = 0;
+    struct fake_proc *me = fake_proc_self();
+    if (me)
+        __atomic_store_n(&me->used[f->ord], own_used(f->ord), __ATOMIC_RELAXED);
+    if (me || own_ctx() > 0) {
+        e[n].pid = fake_host_pid(getpid());
+        e[n++].used = own_used(f->ord);
+    }
+    struct fake_other o[FAKE_PROCS_MAX * 2];
+    int no = fake_others(f->ord, o, FAKE_PROCS_MAX * 2);
+    for (int i = 0; i < no && n < max; i++) {
+        e[n].pid = o[i].host_pid;
+        e[n++].used = o[i].used;
+    }
+    return n;
+}
+
+/* `stride`: the size of the caller's entries: pid at 0, usedGpuMemory at
+ * 8, the rest (instance ids 0xFFFFFFFF: no MIG) zero. */
+static nvmlReturn_t running(nvmlDevice_t d, unsigned int *n, void *infos, size_t stride)
+{
+    struct fake_nvdev *f = dev_of(d);
+    if (!f || !n)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (getenv("FAKE_NVML_NO_PROCLIST"))
+        return NVML_ERROR_NOT_SUPPORTED;
+    struct entry e[FAKE_PROCS_MAX * 2 + 1];
+    int ne = procs(f, e, FAKE_PROCS_MAX * 2 + 1);
+    if (*n < (unsigned)ne || (ne && !infos)) {
+        *n = (unsigned)ne;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (int i = 0; i < ne; i++) {
+        unsigned char *p = (unsigned char *)infos + (size_t)i * stride;
+        memset(p, 0, stride);
+        memcpy(p, &e[i].pid, 4);
+        memcpy(p + 8, &e[i].used, 8);
+        if (stride >= 24)
+            memset(p + 16, 0xff, 8);
+    }
+    *n = (unsigned)ne;
+    return NVML_SUCCESS;
+}
+
+static size_t v3_stride(void)
+{
+    const char *s = getenv("FAKE_NVML_V3_STRIDE");
+    return s && atoi(s) == 32 ? 32 : 24;
+}
+
+static int no_v3(void) { return getenv("FAKE_NVML_NO_V3") != NULL; }
+static int only_v1(void)
+{
+    const char *no = getenv("FAKE_NVML_NO_V3");
+    return no && *no == '2';
+}
+
+#define LISTS(kind)                                                                                 \
+    EXPORT nvmlReturn_t nvmlDeviceGet##kind##RunningProcesses_v3(nvmlDevice_t d, unsigned int *n, void *i) \
+    {                                                                                               \
+        return no_v3() ? NVML_ERROR_FUNCTION_NOT_FOUND : running(d, n, i, v3_stride());            \
+    }                                                                                               \
+    EXPORT nvmlReturn_t nvmlDeviceGet##kind##RunningProcesses_v2(nvmlDevice_t d, unsigned int *n, void *i) \
+    {                                                                                               \
+        return only_v1() ? NVML_ERROR_FUNCTION_NOT_FOUND : running(d, n, i, TL_PROCINFO_V2);       \
+    }                                                                                               \
+    EXPORT nvmlReturn_t nvmlDeviceGet##kind##RunningProcesses(nvmlDevice_t d, unsigned int *n, void *i) \
+    {                                                                                               \
+        return running(d, n, i, TL_PROCINFO_V1);                                                    \
+    }
+LISTS(Compute)
+LISTS(Graphics)
+LISTS(MPSCompute)
+
+EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t d, TL_NVML_PROC_DETAIL_LIST *l)
+{
+    struct fake_nvdev *f = dev_of(d);
+    if (!f || !l)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct entry e[FAKE_PROCS_MAX * 2 + 1];
+    int ne = procs(f, e, FAKE_PROCS_MAX * 2 + 1);
+    if (!l->procArray || l->numProcArrayEntries < (unsigned)ne) {
+        l->numProcArrayEntries = (unsigned)ne;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (int i = 0; i < ne; i++) {
+        memset(&l->procArray[i], 0, sizeof(l->procArray[i]));
+        l->procArray[i].pid = e[i].pid;
+        l->procArray[i].usedGpuMemory = e[i].used;
+        l->procArray[i].gpuInstanceId = l->procArray[i].computeInstanceId = 0xffffffffu;
+    }
+    l->numProcArrayEntries = (unsigned)ne;
+    return NVML_SUCCESS;
+}

@@ -1,0 +1,135 @@
+# run_root_tests.sh - sourced by run_tests.sh (uses its run/check/lim, $B,
+# $T, $PRE, $L). As root: the read-only limits file, processes started
+# without the environment, a restarted container.
+
+if [ "$(id -u)" != 0 ] || ! command -v unshare >/dev/null; then
+    echo "FAIL root-tests: need root and unshare (limits file at /etc/tessera, pid namespaces); CI runs as root" |
+        tee -a "$LOG"
+else
+    # An /etc for a container: ld.so.preload naming the library (it reaches
+    # processes that drop the environment) and tessera/limiter.conf.
+    # with_etc UPPER CMD...: CMD in a private mount namespace with UPPER
+    # laid over /etc.
+    with_etc() {
+        up=$1; shift
+        timeout 120 unshare -m sh -c 'mount --make-rprivate / && mount -t overlay overlay -o "lowerdir=$0:/etc" /etc && exec "$@"' \
+            "$up" "$@"
+    }
+    mketc() { # mketc DIR CONF_TEXT: an /etc overlay with the preload and this limits file
+        mkdir -p "$1/tessera"
+        echo "$PRE" | tr ' ' '\n' >"$1/ld.so.preload"
+        printf '%s' "$2" >"$1/tessera/limiter.conf"
+        chmod 644 "$1/tessera/limiter.conf"
+    }
+    # su - and sudo: a login as another user (nobody: its login shell reads
+    # only /etc/profile), so the shared state lives in a directory anyone
+    # may write, as the node agent's per-container directory is
+    ST=$T/st; mkdir -p "$ST"; chmod 1777 "$ST"
+    U0=GPU-fa4e0000-0000-4000-8000-000000000000
+    U1=GPU-fa4e0000-0000-4000-8000-000000000001
+    E=$T/etc1
+    mketc "$E" "# written by the Tessera node agent
+version=1
+state=$ST/state.file
+context_reserve=0m
+device.0.uuid=$U0
+device.0.memory=1m
+device.0.sm=0
+"
+    if ! with_etc "$E" true 2>"$T/err"; then
+        echo "FAIL limits-file: cannot lay an overlay over /etc: $(head -c 300 "$T/err")" | tee -a "$LOG"
+    else
+        # processes without the environment get the limit from the file
+        run file-env-i with_etc "$E" env -i LD_LIBRARY_PATH="$FAKE" "$B/client_sym" try $((L + 1)) oom env-i-gets-the-limit
+        run file-env-i-exact with_etc "$E" env -i LD_LIBRARY_PATH="$FAKE" "$B/client_sym" try $L ok env-i-limit-exactly-the-file
+        run file-su with_etc "$E" su - nobody -s /bin/sh -c "LD_LIBRARY_PATH=$FAKE $B/client_sym try $((L + 1)) oom su-login-gets-the-limit"
+        if command -v sudo >/dev/null; then
+            run file-sudo with_etc "$E" sudo env LD_LIBRARY_PATH="$FAKE" "$B/client_sym" try $((L + 1)) oom sudo-gets-the-limit
+        else
+            echo "FAIL sudo-gets-the-limit: sudo is not installed (.ci/run installs it)" | tee -a "$LOG"
+        fi
+        # the file is authoritative: the environment cannot raise the limit
+        # or move the shared state
+        run file-over-env with_etc "$E" env CUDA_DEVICE_MEMORY_LIMIT=1t CUDA_DEVICE_MEMORY_LIMIT_0=1t \
+            CUDA_DEVICE_SM_LIMIT=100 CUDA_DEVICE_MEMORY_SHARED_CACHE="$T/state.mine" TESSERA_CONTEXT_RESERVE=0 \
+            "$B/client_sym" try $((L + 1)) oom file-wins-over-the-environment
+        check "file-state-path-from-the-file" "$([ -e "$ST/state.file" ] && [ ! -e "$T/state.mine" ]; echo $?)"
+        # one pool: a holder with the environment and processes without it
+        cat >"$T/pool.sh" <<EOS
+$B/client_sym hold $((3 * L / 4)) $T/ready.f >/dev/null 2>&1 &
+H=\$!
+i=0; while [ ! -s $T/ready.f ] && [ \$i -lt 200 ]; do sleep 0.05; i=\$((i + 1)); done
+env -i LD_LIBRARY_PATH=$FAKE $B/client_dl try $((L / 2)) oom env-i-counted-in-the-same-pool
+su - nobody -s /bin/sh -c "LD_LIBRARY_PATH=$FAKE $B/client_dl try $((L / 4)) ok su-login-gets-the-rest"
+kill -9 \$H; wait \$H 2>/dev/null
+env -i LD_LIBRARY_PATH=$FAKE $B/client_dl try $L ok pool-whole-after-holder-gone
+EOS
+        run file-one-pool with_etc "$E" env LD_LIBRARY_PATH="$FAKE" CUDA_DEVICE_MEMORY_LIMIT=1t sh "$T/pool.sh"
+        # malformed or unreadable file: fail closed, and say where
+        for bad in "version=2" "version=1
+state=$T/state.bad
+device.0.uuid=GPU-nothex
+device.0.memory=1m
+device.0.sm=0" "version=1
+state=$T/state.bad
+device.0.uuid=$U0
+device.0.memory=1m
+device.0.sm=0
+device.0.shares=4" "version=1
+device.0.uuid=$U0
+device.0.memory=1m
+device.0.sm=0" "version=1
+state=$T/state.bad
+device.0.uuid=$U0
+device.0.memory=1024
+device.0.sm=0"; do
+            rm -rf "$T/etcbad"
+            mketc "$T/etcbad" "$bad"
+            what=$(printf '%s' "$bad" | tail -n 1)
+            run "file-malformed ($what)" with_etc "$T/etcbad" env CUDA_DEVICE_MEMORY_LIMIT=1t "$B/client_sym" malformed
+            with_etc "$T/etcbad" "$B/client_sym" malformed >/dev/null 2>"$T/err"
+            grep -q "limiter.conf" "$T/err"; check "file-malformed ($what): stderr names the file" $? "$(head -c 200 "$T/err")"
+        done
+        rm -rf "$T/etcdir"; mkdir -p "$T/etcdir/tessera/limiter.conf"; echo "$PRE" | tr ' ' '\n' >"$T/etcdir/ld.so.preload"
+        run file-unreadable with_etc "$T/etcdir" "$B/client_sym" malformed
+        # devices matched by UUID: the file lists CUDA device 1 first; NVML
+        # enumerates them the other way round; a GPU not listed is refused
+        E2=$T/etc2
+        mketc "$E2" "version=1
+state=$T/state.uuid
+context_reserve=0m
+device.0.uuid=$U1
+device.0.memory=2m
+device.0.sm=0
+device.1.uuid=$U0
+device.1.memory=1m
+device.1.sm=0
+"
+        run file-multigpu-by-uuid with_etc "$E2" env FAKE_NVML_ORDER=1,0 TESSERA_CONTEXT_RESERVE=0 "$B/client_sym" multigpu $L
+        E3=$T/etc3
+        mketc "$E3" "version=1
+state=$T/state.one
+device.0.uuid=$U0
+device.0.memory=64m
+device.0.sm=0
+"
+        run file-unlisted-gpu with_etc "$E3" "$B/client_sym" trydev 1 4096 oom gpu-not-in-the-file-refused
+        run file-listed-gpu with_etc "$E3" "$B/client_sym" trydev 0 4096 ok gpu-in-the-file-allowed
+    fi
+
+    # hole 4: a holder SIGKILLed in the old pid namespace of a container;
+    # the restarted container (a new pid namespace) gets its whole limit
+    S=$(state restart); rm -f "$T/ready"
+    unshare -p -f --kill-child=SIGKILL env CUDA_DEVICE_MEMORY_SHARED_CACHE="$S" LD_PRELOAD="$PRE" \
+        CUDA_DEVICE_MEMORY_LIMIT=$L TESSERA_CONTEXT_RESERVE=0 "$B/client_sym" hold $((3 * L / 4)) "$T/ready" >/dev/null 2>&1 &
+    U=$!
+    wait_file "$T/ready"
+    check "restart: holder in a pid namespace allocated 3/4 L" "$(grep -qx 0 "$T/ready"; echo $?)"
+    run restart-live-holder-counts unshare -p -f env CUDA_DEVICE_MEMORY_SHARED_CACHE="$S" LD_PRELOAD="$PRE" \
+        CUDA_DEVICE_MEMORY_LIMIT=$L TESSERA_CONTEXT_RESERVE=0 "$B/client_dl" try $((L / 2)) oom \
+        other-pid-namespace-live-holder-counts
+    kill -9 $U; wait $U 2>/dev/null
+    run restart-full-limit unshare -p -f env CUDA_DEVICE_MEMORY_SHARED_CACHE="$S" LD_PRELOAD="$PRE" \
+        CUDA_DEVICE_MEMORY_LIMIT=$L TESSERA_CONTEXT_RESERVE=0 "$B/client_dl" timedtry $L ok 3 \
+        restarted-container-gets-its-whole-limit
+fi

@@ -1,0 +1,144 @@
+#!/bin/sh
+# test_gpu_check.sh LIB - the logic of limiter/gpu-check.sh without a GPU:
+# it runs the script with stub `python3` and `nvidia-smi` (through its PY
+# and NVSMI variables) that answer like a machine in a given state, and
+# checks the verdicts: physical use over the limit fails, a check the
+# machine cannot run is NOT RUN (never a pass, exit status 3), the holder
+# killed is the python process itself, the launch-overhead check runs with
+# an SM limit, a share off target or a long stall fails.
+set -u
+LIB=$1
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+T=$(mktemp -d /tmp/tl-gpucheck.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+REALPY=$(command -v python3)
+pass() { echo "PASS gpu-check: $1"; }
+fail() { echo "FAIL gpu-check: $1${2:+: $2}"; }
+
+# stub nvidia-smi: STUB_NGPU GPUs of 16384 MiB; compute apps are the pids
+# the checks announced, each holding STUB_USED_MIB
+cat >"$T/nvidia-smi" <<'EOF'
+#!/bin/sh
+case "$*" in
+*--query-gpu=index*) i=0; while [ $i -lt "${STUB_NGPU:-1}" ]; do echo $i; i=$((i + 1)); done ;;
+*--query-gpu=memory.total*)
+    if [ -n "${CUDA_DEVICE_MEMORY_LIMIT:-}" ]; then echo "${CUDA_DEVICE_MEMORY_LIMIT%m}"; else echo 16384; fi ;;
+*--query-gpu=name*) echo "Stub GPU" ;;
+*--query-gpu=driver_version*) echo "535.0" ;;
+*--query-gpu=memory.free*) echo 12000 ;;
+*--query-compute-apps*)
+    # run in the nvidia-smi check's container (its state file s5), the
+    # limiter lists only that container's holder, unless told to leak
+    only=""
+    case "${CUDA_DEVICE_MEMORY_SHARED_CACHE:-}" in
+    */s5) [ -n "${STUB_SMI_UNFILTERED:-}" ] || only=$(cat "$STUB_WORK/ready-me" 2>/dev/null) ;;
+    esac
+    for f in "$STUB_WORK"/*.pids; do
+        [ -f "$f" ] || continue
+        while read -r p; do
+            [ -z "$only" ] || [ "$p" = "$only" ] || continue
+            kill -0 "$p" 2>/dev/null && echo "$p, ${STUB_USED_MIB:-1000}"
+        done <"$f"
+    done ;;
+esac
+EOF
+
+# stub python3: the scripts by name; -c for the availability probes
+cat >"$T/python3" <<EOF
+#!/bin/sh
+REALPY=$REALPY
+EOF
+cat >>"$T/python3" <<'EOF'
+L=${CUDA_DEVICE_MEMORY_LIMIT:-16384m}; L=${L%m}
+case "$1" in
+-c) case "$2" in *nccl*) [ "${STUB_NCCL:-0}" = 1 ]; exit $? ;; *) exit 0 ;; esac ;;
+-) shift; exec "$REALPY" - "$@" ;;
+esac
+script=$(basename "$1"); shift
+announce() { echo $$ >>"$GPU_CHECK_PIDS"; }
+case $script in
+meminfo.py)
+    l0=${CUDA_DEVICE_MEMORY_LIMIT_0:-${L}m}; l0=${l0%m}
+    echo "0 $((l0 * 1048576 - 300 * 1048576)) $((l0 * 1048576))"
+    [ -n "${CUDA_DEVICE_MEMORY_LIMIT_1:-}" ] && echo "1 0 $((${CUDA_DEVICE_MEMORY_LIMIT_1%m} * 1048576))"
+    ;;
+smifree.py) f=$(( (L - 1024) * 1048576 )); echo "smifree $f $((f + ${STUB_NVML_FREE_OFF_MIB:-0} * 1048576)) $((L * 1048576)) $((L * 1048576))" ;;
+fill.py) announce; sleep 0.3; echo "filled $((L - 320))" ;;
+vmm.py) announce; sleep 0.3; echo "vmm $((L - 512)) $((L - 512)) 2 2" ;;
+heap.py) announce; sleep 0.3; echo "heap 0 1 ${STUB_HEAP_KERNEL:-none}" ;;
+graph.py) announce; sleep 0.3; echo "graph 1 1" ;;
+nccl.py) announce; sleep 0.3; echo "nccl 1048576.0" ;;
+hold.py) announce; echo $$ >"$2"; exec sleep "$3" ;;
+try.py)
+    holder=$(cat "$STUB_WORK/ready4" 2>/dev/null)
+    if [ $(($1 / 1048576)) -gt $((L / 2)) ] && [ -n "$holder" ] && kill -0 "$holder" 2>/dev/null; then echo oom; else echo ok; fi ;;
+work.py)
+    # synthetic completion times (4 iterations each): 100 it/s solo, the
+    # share when limited, a stall if asked
+    dur=$1; out=$3
+    share=${CUDA_DEVICE_SM_LIMIT:+${STUB_SHARE:-30}}; share=${share:-100}
+    awk -v dur="$dur" -v r="$share" -v stall="${STUB_STALL:-0}" -v lim="${CUDA_DEVICE_SM_LIMIT:-}" 'BEGIN {
+        t = 0; while (t < dur) { t += 4 / r; if (stall && lim != "" && t > dur * 0.7 && t < dur * 0.7 + 1.5) t = dur * 0.7 + 1.5; printf "%.4f\n", t } }' >"$out" ;;
+launch.py)
+    echo "$script SM=${CUDA_DEVICE_SM_LIMIT:-none}" >>"$STUB_WORK/launch.log"
+    echo 100000 ;;
+esac
+EOF
+chmod +x "$T/nvidia-smi" "$T/python3"
+
+# run SCENARIO ENV...: gpu-check with the stubs; its output in $T/SCENARIO.out
+gc() {
+    name=$1; shift
+    W=$T/work.$name
+    mkdir -p "$W"
+    env "$@" STUB_WORK="$W" WORK="$W" KEEP_WORK=1 PY="$T/python3" NVSMI="$T/nvidia-smi" LIB="$LIB" \
+        LIMIT_MIB=4096 DURATION=4 SAMPLE_MS=50 NEIGHBOUR_WARMUP=0 bash "$HERE/gpu-check.sh" >"$T/$name.out" 2>&1
+    echo $?
+}
+verdict() { # scenario check-name-prefix -> PASS/FAIL/NOT RUN
+    grep -F "$2" "$T/work.$1/results" | head -1 | awk -F'\t' '{print $4}'
+}
+
+# 1. a machine where all is well, one GPU, no NCCL, no kernel compiler
+rc=$(gc good STUB_USED_MIB=3000)
+[ "$rc" = 3 ] && pass "one GPU, all well: exit 3 (some NOT RUN, none failed)" || fail "one GPU, all well: exit $rc" "$(grep "^FAIL" "$T/good.out")"
+for c in "nccl two-process" "two-gpus different limits" "heap backed by an in-kernel malloc"; do
+    [ "$(verdict good "$c")" = "NOT RUN" ] && pass "'$c' NOT RUN on one GPU" || fail "'$c' is $(verdict good "$c"), want NOT RUN"
+done
+for c in "mem-info total" "fill-default physical" "fill-backend:cudaMallocAsync allocated" "vmm physical" \
+         "kill-9 of the holder" "share-alone: mean" "share-vs-saturating-neighbour: longest stall" "launch-bound slowdown"; do
+    [ "$(verdict good "$c")" = PASS ] && pass "'$c' passes" || fail "'$c' is $(verdict good "$c")" "$(grep -F "$c" "$T/good.out")"
+done
+grep -q "passed, 0 failed, 3 not run" "$T/good.out" && pass "summary counts NOT RUN apart" || fail "summary" "$(tail -1 "$T/good.out")"
+# the holder killed is the python process itself, not a shell around it
+h=$(cat "$T/work.good/ready4" 2>/dev/null)
+[ -n "$h" ] && ! kill -0 "$h" 2>/dev/null && pass "kill -9 reached the holder process ($h)" || fail "holder $h still alive"
+# the launch overhead is measured with an SM limit active
+grep -q "SM=99" "$T/work.good/launch.log" && grep -q "SM=none" "$T/work.good/launch.log" &&
+    pass "launch overhead: with an SM limit and without" || fail "launch overhead runs" "$(cat "$T/work.good/launch.log")"
+
+# the nvidia-smi checks: a neighbour hidden, NVML's free = cuMemGetInfo's
+for c in "nvidia-smi in the container lists only its processes" "NVML free = cuMemGetInfo free" \
+         "NVML free in the container <= real free"; do
+    [ "$(verdict good "$c")" = PASS ] && pass "'$c' passes" || fail "'$c' is $(verdict good "$c")" "$(grep -F "$c" "$T/good.out")"
+done
+gc leak STUB_USED_MIB=3000 STUB_SMI_UNFILTERED=1 STUB_NVML_FREE_OFF_MIB=64 ONLY=smi >/dev/null
+[ "$(verdict leak "nvidia-smi in the container lists only its processes")" = FAIL ] &&
+    pass "a neighbour shown in the container: FAIL" || fail "neighbour shown: $(verdict leak "nvidia-smi in the container")"
+[ "$(verdict leak "NVML free = cuMemGetInfo free")" = FAIL ] &&
+    pass "NVML free 64 MiB above cuMemGetInfo's: FAIL" || fail "NVML free off: $(verdict leak "NVML free = cuMemGetInfo free")"
+
+# 2. physical use over the limit (what nvidia-smi on the host sees) fails
+rc=$(gc over STUB_USED_MIB=4500 ONLY=memory)
+[ "$rc" = 1 ] && [ "$(verdict over "fill-default physical")" = FAIL ] &&
+    pass "physical 4500 MiB over a 4096 MiB limit: FAIL, exit 1" || fail "physical over the limit: exit $rc, $(verdict over "fill-default physical")"
+
+# 3. two GPUs, NCCL, a kernel compiler: everything runs
+rc=$(gc full STUB_USED_MIB=3000 STUB_NGPU=2 STUB_NCCL=1 STUB_HEAP_KERNEL=ran ONLY=memory,nccl,gpus)
+[ "$rc" = 0 ] && pass "two GPUs and NCCL: all run, exit 0" || fail "two GPUs: exit $rc" "$(grep -E 'FAIL|NOT RUN' "$T/full.out" | head -3)"
+
+# 4. a share off target, and a stall, fail
+gc off STUB_USED_MIB=3000 STUB_SHARE=50 ONLY=share >/dev/null
+[ "$(verdict off "share-alone: mean")" = FAIL ] && pass "50 % for a 30 % share: FAIL" || fail "share off target: $(verdict off "share-alone: mean")"
+gc stall STUB_USED_MIB=3000 STUB_STALL=1 ONLY=share >/dev/null
+[ "$(verdict stall "share-alone: longest stall")" = FAIL ] && pass "a 1.5 s stall: FAIL" || fail "stall: $(verdict stall "share-alone: longest stall")"
