@@ -47,6 +47,52 @@ type Mode struct {
 	// show it (Pending pods of its namespace are placed by Tessera, with
 	// a node selector for the mode and its tolerations added).
 	Demo []DemoPod
+
+	// What a mode needs beyond a profile (a DRA node: its DeviceClasses,
+	// the kubelet plugin instead of the device plugin), all optional:
+
+	// Setup runs once when the lab starts, before its nodes do, when a
+	// node of the mode is in the lab: cluster objects the mode's nodes
+	// need. It must accept objects that exist already (a lab started
+	// again in its directory).
+	Setup func(ctx context.Context, client kubernetes.Interface) error
+	// Serving says whether a node of the mode serves its GPUs; `up` waits
+	// for it on every node of the mode (nil: the node agent's inventory
+	// published and a device-plugin GPU resource allocatable).
+	Serving func(ctx context.Context, client kubernetes.Interface, node *corev1.Node) bool
+	// Args are extra flags of the mode's nodes' components, by component:
+	// "runtime", "kubelet", "node-agent" (parseNodeFlags must know them).
+	Args map[string][]string
+}
+
+// setupModes runs the Setup of every mode that has a node in the lab.
+func setupModes(ctx context.Context, client kubernetes.Interface, nodes []NodeSpec) error {
+	done := map[string]bool{}
+	for _, n := range nodes {
+		if done[n.Mode] {
+			continue
+		}
+		done[n.Mode] = true
+		m, err := ModeNamed(n.Mode)
+		if err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+		if m.Setup != nil {
+			if err := m.Setup(ctx, client); err != nil {
+				return fmt.Errorf("setting up mode %s: %w", m.Name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// componentArgs are a node's component's extra flags from its mode.
+func componentArgs(n NodeSpec, component string) []string {
+	m, err := ModeNamed(n.Mode)
+	if err != nil {
+		return nil
+	}
+	return m.Args[component]
 }
 
 // DemoPod is a pod of the demo: what it runs, what it asks for and what

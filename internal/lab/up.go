@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -204,6 +205,9 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	if err := sup.start("scheduler", comp("scheduler", "--config="+schedConfig, "--secure-port=0"), nil, false); err != nil {
 		return err
 	}
+	if err := setupModes(ctx, client, cfg.Nodes); err != nil {
+		return err
+	}
 	for i, n := range cfg.Nodes {
 		dir := d.Node(n.Name)
 		if err := os.MkdirAll(filepath.Join(dir, "tmp"), 0o755); err != nil {
@@ -217,13 +221,16 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 			return err
 		}
 		common := append([]string{"--kubeconfig=" + d.Kubeconfig(), "--node=" + n.Name, "--dir=" + dir, "--lab=" + string(d)}, nodeArgs(n)...)
-		if err := sup.start("runtime/"+n.Name, comp("runtime", append(common, "--tools="+string(cfg.Tools), "--model="+n.Model, fmt.Sprintf("--gpus=%d", n.GPUs))...), nil, true); err != nil {
+		args := func(component string, own ...string) []string {
+			return comp(component, slices.Concat(common, own, componentArgs(n, component))...)
+		}
+		if err := sup.start("runtime/"+n.Name, args("runtime", "--tools="+string(cfg.Tools), "--model="+n.Model, fmt.Sprintf("--gpus=%d", n.GPUs)), nil, true); err != nil {
 			return err
 		}
-		if err := sup.start("kubelet/"+n.Name, comp("kubelet", append(common, fmt.Sprintf("--port=%d", ports[2+i]))...), []string{"TMPDIR=" + filepath.Join(dir, "tmp")}, true); err != nil {
+		if err := sup.start("kubelet/"+n.Name, args("kubelet", fmt.Sprintf("--port=%d", ports[2+i])), []string{"TMPDIR=" + filepath.Join(dir, "tmp")}, true); err != nil {
 			return err
 		}
-		if err := sup.start("node-agent/"+n.Name, comp("node-agent", append(common, "--model="+n.Model, fmt.Sprintf("--gpus=%d", n.GPUs))...), nil, false); err != nil {
+		if err := sup.start("node-agent/"+n.Name, args("node-agent", "--model="+n.Model, fmt.Sprintf("--gpus=%d", n.GPUs)), nil, false); err != nil {
 			return err
 		}
 	}
@@ -301,7 +308,7 @@ func waitReady(ctx context.Context, client kubernetes.Interface, nodes []NodeSpe
 			missing = append(missing, "webhook")
 		}
 		for _, n := range nodes {
-			if !nodeReady(ctx, client, n.Name) {
+			if !nodeReady(ctx, client, n) {
 				missing = append(missing, "node "+n.Name)
 			}
 		}
@@ -313,24 +320,39 @@ func waitReady(ctx context.Context, client kubernetes.Interface, nodes []NodeSpe
 	return err
 }
 
-func nodeReady(ctx context.Context, client kubernetes.Interface, name string) bool {
-	n, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-	if err != nil || n.Annotations[api.AnnotationInventory] == "" {
+// nodeReady: the node is Ready and serves its GPUs (its mode's Serving,
+// by default its inventory published and a device-plugin resource
+// allocatable).
+func nodeReady(ctx context.Context, client kubernetes.Interface, spec NodeSpec) bool {
+	n, err := client.CoreV1().Nodes().Get(ctx, spec.Name, metav1.GetOptions{})
+	if err != nil {
 		return false
 	}
-	// Any GPU device resource: the GPU's, its shared rename, a MIG profile's.
-	slots := int64(0)
-	for r, q := range n.Status.Allocatable {
-		if api.DefaultResourceNames.IsCountResource(string(r)) {
-			slots += q.Value()
+	if m, err := ModeNamed(spec.Mode); err == nil && m.Serving != nil {
+		if !m.Serving(ctx, client, n) {
+			return false
 		}
-	}
-	if slots == 0 {
+	} else if !servesDevicePlugin(n) {
 		return false
 	}
 	for _, c := range n.Status.Conditions {
 		if c.Type == corev1.NodeReady {
 			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// servesDevicePlugin: the node agent published the inventory and the
+// device plugin serves some GPU device resource: the GPU's, its shared
+// rename, a MIG profile's.
+func servesDevicePlugin(n *corev1.Node) bool {
+	if n.Annotations[api.AnnotationInventory] == "" {
+		return false
+	}
+	for r, q := range n.Status.Allocatable {
+		if api.DefaultResourceNames.IsCountResource(string(r)) && q.Value() > 0 {
+			return true
 		}
 	}
 	return false
