@@ -333,12 +333,12 @@ func TestModeHooks(t *testing.T) {
 	}
 	// No device-plugin resource anywhere: the fractional node is not
 	// ready; the test mode's is once its Serving says so.
-	if nodeReady(ctx, client, nodes[0]) || nodeReady(ctx, client, nodes[1]) {
+	if nodeReady(ctx, client, nodes[0], "") || nodeReady(ctx, client, nodes[1], "") {
 		t.Error("a node without GPUs served counted ready")
 	}
 	serving = true
-	if nodeReady(ctx, client, nodes[0]) || !nodeReady(ctx, client, nodes[1]) {
-		t.Errorf("with Serving true: fractional %v, test-hooks %v; want false, true", nodeReady(ctx, client, nodes[0]), nodeReady(ctx, client, nodes[1]))
+	if nodeReady(ctx, client, nodes[0], "") || !nodeReady(ctx, client, nodes[1], "") {
+		t.Errorf("with Serving true: fractional %v, test-hooks %v; want false, true", nodeReady(ctx, client, nodes[0], ""), nodeReady(ctx, client, nodes[1], ""))
 	}
 	n0, _ := client.CoreV1().Nodes().Get(ctx, nodes[0].Name, metav1.GetOptions{})
 	n0.Annotations = map[string]string{api.AnnotationInventory: "{}"}
@@ -346,7 +346,30 @@ func TestModeHooks(t *testing.T) {
 	if _, err := client.CoreV1().Nodes().Update(ctx, n0, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if !nodeReady(ctx, client, nodes[0]) {
+	if !nodeReady(ctx, client, nodes[0], "") {
 		t.Error("a node serving MIG devices through the device plugin is not ready")
+	}
+}
+
+// TestSharesAs: a node counts as ready only once its agent publishes the
+// sharing its profile gives (an agent publishes the default profile's
+// inventory until its ConfigMap cache has synced).
+func TestSharesAs(t *testing.T) {
+	inv := fixtures.Inventory("n1", 2, "A100-SXM4-40GB", 40960, 10)
+	node := fixtures.Node("n1", inv, api.DefaultResourceNames)
+	if !sharesAs(node, "") || !sharesAs(node, api.SharingShared) || sharesAs(node, api.SharingTimeSlicing) || sharesAs(node, api.SharingMIG) {
+		t.Errorf("a shared inventory: any %v, shared %v, time-slicing %v, mig %v; want true, true, false, false",
+			sharesAs(node, ""), sharesAs(node, api.SharingShared), sharesAs(node, api.SharingTimeSlicing), sharesAs(node, api.SharingMIG))
+	}
+	inv.GPUs[0].Sharing, inv.GPUs[1].Sharing = api.SharingMIG, api.SharingExclusive
+	inv.GPUs[0].MIG = api.MIG{Capable: true, Enabled: true}
+	inv.GPUs[1].MaxShares = 1
+	node = fixtures.Node("n1", inv, api.DefaultResourceNames)
+	if !sharesAs(node, api.SharingMIG) || sharesAs(node, api.SharingExclusive) {
+		t.Error("a MIG node with one GPU without MIG (exclusive) is not as its MIG profile says, or is as an exclusive profile says")
+	}
+	delete(node.Annotations, api.AnnotationInventory)
+	if sharesAs(node, api.SharingShared) {
+		t.Error("a node without inventory shares as its profile says")
 	}
 }

@@ -328,39 +328,47 @@ func nodeProfiles(user map[string]string) (map[string]string, error) {
 // ensureNodeConfigMap creates the agents' ConfigMap, or, when the user
 // gave --node-config, updates it with those profiles; otherwise a
 // ConfigMap that exists (a lab started again in its directory) is kept
-// with the user's edits.
-func ensureNodeConfigMap(ctx context.Context, client kubernetes.Interface, user map[string]string, nodes []NodeSpec) error {
+// with the user's edits. It returns how each node's GPUs are to be shared
+// by the profile and MIG layout the ConfigMap gives it (what its agent
+// publishes once it has applied them); a node whose profile does not
+// resolve is an error naming it.
+func ensureNodeConfigMap(ctx context.Context, client kubernetes.Interface, user map[string]string, nodes []NodeSpec) (map[string]api.SharingMode, error) {
 	data, err := nodeProfiles(user)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, n := range nodes {
 		if p := n.Labels[api.LabelNodeConfig]; p != "" && data[p] == "" {
-			return fmt.Errorf("node %s: profile %q is in neither the lab's profiles nor --node-config (%s)", n.Name, p, strings.Join(slices.Sorted(maps.Keys(data)), ", "))
-		}
-		if _, _, err := config.Resolve(data, n.Labels, api.DefaultResourceNames); err != nil {
-			return fmt.Errorf("node %s: %w", n.Name, err)
+			return nil, fmt.Errorf("node %s: profile %q is in neither the lab's profiles nor --node-config (%s)", n.Name, p, strings.Join(slices.Sorted(maps.Keys(data)), ", "))
 		}
 	}
 	cms := client.CoreV1().ConfigMaps(systemNamespace)
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: systemNamespace, Name: NodeConfigMap}, Data: data}
-	_, err = cms.Create(ctx, cm, metav1.CreateOptions{})
-	if apierrors.IsAlreadyExists(err) && len(user) > 0 {
-		cur, err := cms.Get(ctx, NodeConfigMap, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
+	if _, err = cms.Create(ctx, cm, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("node agent ConfigMap: %w", err)
+	}
+	cur, err := cms.Get(ctx, NodeConfigMap, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("node agent ConfigMap: %w", err)
+	}
+	if len(user) > 0 {
 		if cur.Data == nil {
 			cur.Data = map[string]string{}
 		}
 		maps.Copy(cur.Data, user)
-		_, err = cms.Update(ctx, cur, metav1.UpdateOptions{})
-		return err
+		if cur, err = cms.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+			return nil, fmt.Errorf("node agent ConfigMap: %w", err)
+		}
 	}
-	if err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("node agent ConfigMap: %w", err)
+	sharing := map[string]api.SharingMode{}
+	for _, n := range nodes {
+		_, c, err := config.Resolve(cur.Data, n.Labels, api.DefaultResourceNames)
+		if err != nil {
+			return nil, fmt.Errorf("node %s, ConfigMap %s/%s: %w", n.Name, systemNamespace, NodeConfigMap, err)
+		}
+		sharing[n.Name] = c.Sharing
 	}
-	return nil
+	return sharing, nil
 }
 
 // nodeArgs are a node's labels, taints and ConfigMap for its kubelet and

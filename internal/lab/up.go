@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/deploy"
+	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/lab/etcd"
 	"github.com/tessera-gpu/tessera/internal/scheduler"
 	"github.com/tessera-gpu/tessera/pkg/api"
@@ -185,7 +186,8 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: systemNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
-	if err := ensureNodeConfigMap(ctx, client, cfg.NodeConfig, cfg.Nodes); err != nil {
+	sharing, err := ensureNodeConfigMap(ctx, client, cfg.NodeConfig, cfg.Nodes)
+	if err != nil {
 		return err
 	}
 
@@ -236,7 +238,7 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	}
 	step("started kube-controller-manager, scheduler, webhook and %d emulated GPU nodes", len(cfg.Nodes))
 
-	if err := waitReady(ctx, client, cfg.Nodes, cfg.ReadyTimeout, func() error {
+	if err := waitReady(ctx, client, cfg.Nodes, sharing, cfg.ReadyTimeout, func() error {
 		for name, c := range sup.components() {
 			if c.Restarts >= 3 {
 				return fmt.Errorf("%s keeps exiting (%d restarts); see %s", name, c.Restarts, filepath.Join(d.Logs(), sanitize(name)+".log"))
@@ -285,7 +287,7 @@ func writeSchedulerConfig(path, kubeconfig string) (string, error) {
 // and every node is Ready with its inventory and GPU slots published.
 // crashing, polled meanwhile, ends the wait early when a component keeps
 // failing (no root, a port taken, …).
-func waitReady(ctx context.Context, client kubernetes.Interface, nodes []NodeSpec, timeout time.Duration, crashing func() error) error {
+func waitReady(ctx context.Context, client kubernetes.Interface, nodes []NodeSpec, sharing map[string]api.SharingMode, timeout time.Duration, crashing func() error) error {
 	// Half a GPU: the webhook must route it to Tessera (a dry run, so
 	// nothing is created).
 	probe := &corev1.Pod{
@@ -308,7 +310,7 @@ func waitReady(ctx context.Context, client kubernetes.Interface, nodes []NodeSpe
 			missing = append(missing, "webhook")
 		}
 		for _, n := range nodes {
-			if !nodeReady(ctx, client, n) {
+			if !nodeReady(ctx, client, n, sharing[n.Name]) {
 				missing = append(missing, "node "+n.Name)
 			}
 		}
@@ -320,10 +322,11 @@ func waitReady(ctx context.Context, client kubernetes.Interface, nodes []NodeSpe
 	return err
 }
 
-// nodeReady: the node is Ready and serves its GPUs (its mode's Serving,
-// by default its inventory published and a device-plugin resource
-// allocatable).
-func nodeReady(ctx context.Context, client kubernetes.Interface, spec NodeSpec) bool {
+// nodeReady: the node is Ready and serves its GPUs as its profile says
+// (sharing: its agent has applied it; an agent publishes an inventory
+// before its ConfigMap cache has synced) — its mode's Serving, by default
+// its inventory published and a device-plugin resource allocatable.
+func nodeReady(ctx context.Context, client kubernetes.Interface, spec NodeSpec, sharing api.SharingMode) bool {
 	n, err := client.CoreV1().Nodes().Get(ctx, spec.Name, metav1.GetOptions{})
 	if err != nil {
 		return false
@@ -332,7 +335,7 @@ func nodeReady(ctx context.Context, client kubernetes.Interface, spec NodeSpec) 
 		if !m.Serving(ctx, client, n) {
 			return false
 		}
-	} else if !servesDevicePlugin(n) {
+	} else if !servesDevicePlugin(n) || !sharesAs(n, sharing) {
 		return false
 	}
 	for _, c := range n.Status.Conditions {
@@ -356,6 +359,25 @@ func servesDevicePlugin(n *corev1.Node) bool {
 		}
 	}
 	return false
+}
+
+// sharesAs: the node's inventory shares its GPUs as its profile says (a
+// GPU without MIG on a MIG node is published exclusive); "" accepts any.
+func sharesAs(n *corev1.Node, want api.SharingMode) bool {
+	if want == "" {
+		return true
+	}
+	inv, err := kubeobj.Inventory(n)
+	if err != nil || inv == nil {
+		return false
+	}
+	for _, g := range inv.GPUs {
+		mig := want == api.SharingMIG || want == api.SharingMIGDynamic
+		if g.Sharing != want && !(mig && g.Sharing == api.SharingExclusive) {
+			return false
+		}
+	}
+	return true
 }
 
 var errTimeout = errors.New("timed out")
