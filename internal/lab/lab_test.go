@@ -333,12 +333,12 @@ func TestModeHooks(t *testing.T) {
 	}
 	// No device-plugin resource anywhere: the fractional node is not
 	// ready; the test mode's is once its Serving says so.
-	if nodeReady(ctx, client, nodes[0], "") || nodeReady(ctx, client, nodes[1], "") {
+	if nodeReady(ctx, client, nodes[0], config.Node{}) || nodeReady(ctx, client, nodes[1], config.Node{}) {
 		t.Error("a node without GPUs served counted ready")
 	}
 	serving = true
-	if nodeReady(ctx, client, nodes[0], "") || !nodeReady(ctx, client, nodes[1], "") {
-		t.Errorf("with Serving true: fractional %v, test-hooks %v; want false, true", nodeReady(ctx, client, nodes[0], ""), nodeReady(ctx, client, nodes[1], ""))
+	if nodeReady(ctx, client, nodes[0], config.Node{}) || !nodeReady(ctx, client, nodes[1], config.Node{}) {
+		t.Errorf("with Serving true: fractional %v, test-hooks %v; want false, true", nodeReady(ctx, client, nodes[0], config.Node{}), nodeReady(ctx, client, nodes[1], config.Node{}))
 	}
 	n0, _ := client.CoreV1().Nodes().Get(ctx, nodes[0].Name, metav1.GetOptions{})
 	n0.Annotations = map[string]string{api.AnnotationInventory: "{}"}
@@ -346,30 +346,74 @@ func TestModeHooks(t *testing.T) {
 	if _, err := client.CoreV1().Nodes().Update(ctx, n0, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if !nodeReady(ctx, client, nodes[0], "") {
+	if !nodeReady(ctx, client, nodes[0], config.Node{}) {
 		t.Error("a node serving MIG devices through the device plugin is not ready")
 	}
 }
 
 // TestSharesAs: a node counts as ready only once its agent publishes the
-// sharing its profile gives (an agent publishes the default profile's
-// inventory until its ConfigMap cache has synced).
+// sharing its profile gives, its MIG layout applied.
 func TestSharesAs(t *testing.T) {
-	inv := fixtures.Inventory("n1", 2, "A100-SXM4-40GB", 40960, 10)
-	node := fixtures.Node("n1", inv, api.DefaultResourceNames)
-	if !sharesAs(node, "") || !sharesAs(node, api.SharingShared) || sharesAs(node, api.SharingTimeSlicing) || sharesAs(node, api.SharingMIG) {
-		t.Errorf("a shared inventory: any %v, shared %v, time-slicing %v, mig %v; want true, true, false, false",
-			sharesAs(node, ""), sharesAs(node, api.SharingShared), sharesAs(node, api.SharingTimeSlicing), sharesAs(node, api.SharingMIG))
+	profiles, err := nodeProfiles(nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	inv.GPUs[0].Sharing, inv.GPUs[1].Sharing = api.SharingMIG, api.SharingExclusive
-	inv.GPUs[0].MIG = api.MIG{Capable: true, Enabled: true}
-	inv.GPUs[1].MaxShares = 1
-	node = fixtures.Node("n1", inv, api.DefaultResourceNames)
-	if !sharesAs(node, api.SharingMIG) || sharesAs(node, api.SharingExclusive) {
-		t.Error("a MIG node with one GPU without MIG (exclusive) is not as its MIG profile says, or is as an exclusive profile says")
+	profileOf := func(mode string) config.Node {
+		m, err := ModeNamed(mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, c, err := config.Resolve(profiles, m.spec(m.Node, m.Model, m.GPUs).Labels, api.DefaultResourceNames)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
 	}
-	delete(node.Annotations, api.AnnotationInventory)
-	if sharesAs(node, api.SharingShared) {
+	node := func(sharing ...api.SharingMode) *corev1.Node {
+		inv := fixtures.Inventory("n1", len(sharing), "A100-SXM4-40GB", 40960, 10)
+		for i, s := range sharing {
+			g := &inv.GPUs[i]
+			g.MIG.Capable, g.Sharing = true, s
+			switch s {
+			case api.SharingExclusive:
+				g.MaxShares = 1
+			case api.SharingMIG, api.SharingMIGDynamic:
+				g.MIG.Enabled = true
+			}
+		}
+		return fixtures.Node("n1", inv, api.DefaultResourceNames)
+	}
+	const (
+		shared    = api.SharingShared
+		exclusive = api.SharingExclusive
+		mig       = api.SharingMIG
+		dynamic   = api.SharingMIGDynamic
+	)
+	for _, c := range []struct {
+		mode string
+		gpus []api.SharingMode
+		want bool
+	}{
+		{"fractional", []api.SharingMode{shared, shared}, true},
+		{"time-slicing", []api.SharingMode{shared}, false}, // the default profile's, before the agent applied its own
+		{"time-slicing", []api.SharingMode{api.SharingTimeSlicing}, true},
+		{"mps", []api.SharingMode{api.SharingMPS}, true},
+		{"mig", []api.SharingMode{shared}, false},
+		{"mig", []api.SharingMode{exclusive}, false}, // all-1g.5gb not applied yet
+		{"mig", []api.SharingMode{mig}, true},
+		{"mig-dynamic", []api.SharingMode{exclusive}, false},
+		{"mig-dynamic", []api.SharingMode{dynamic}, true},
+	} {
+		if got := sharesAs(node(c.gpus...), profileOf(c.mode)); got != c.want {
+			t.Errorf("mode %s, GPUs %v: ready %v, want %v", c.mode, c.gpus, got, c.want)
+		}
+	}
+	n := node(shared)
+	if !sharesAs(n, config.Node{}) {
+		t.Error("no profile to wait for, and the node is not ready")
+	}
+	delete(n.Annotations, api.AnnotationInventory)
+	if sharesAs(n, profileOf("fractional")) {
 		t.Error("a node without inventory shares as its profile says")
 	}
 }

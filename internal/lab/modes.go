@@ -328,11 +328,10 @@ func nodeProfiles(user map[string]string) (map[string]string, error) {
 // ensureNodeConfigMap creates the agents' ConfigMap, or, when the user
 // gave --node-config, updates it with those profiles; otherwise a
 // ConfigMap that exists (a lab started again in its directory) is kept
-// with the user's edits. It returns how each node's GPUs are to be shared
-// by the profile and MIG layout the ConfigMap gives it (what its agent
-// publishes once it has applied them); a node whose profile does not
-// resolve is an error naming it.
-func ensureNodeConfigMap(ctx context.Context, client kubernetes.Interface, user map[string]string, nodes []NodeSpec) (map[string]api.SharingMode, error) {
+// with the user's edits. It returns the profile, with its MIG layout, the
+// ConfigMap gives each node (what its agent publishes once it has applied
+// it); a node whose profile does not resolve is an error naming it.
+func ensureNodeConfigMap(ctx context.Context, client kubernetes.Interface, user map[string]string, nodes []NodeSpec) (map[string]config.Node, error) {
 	data, err := nodeProfiles(user)
 	if err != nil {
 		return nil, err
@@ -360,15 +359,15 @@ func ensureNodeConfigMap(ctx context.Context, client kubernetes.Interface, user 
 			return nil, fmt.Errorf("node agent ConfigMap: %w", err)
 		}
 	}
-	sharing := map[string]api.SharingMode{}
+	out := map[string]config.Node{}
 	for _, n := range nodes {
 		_, c, err := config.Resolve(cur.Data, n.Labels, api.DefaultResourceNames)
 		if err != nil {
 			return nil, fmt.Errorf("node %s, ConfigMap %s/%s: %w", n.Name, systemNamespace, NodeConfigMap, err)
 		}
-		sharing[n.Name] = c.Sharing
+		out[n.Name] = c
 	}
-	return sharing, nil
+	return out, nil
 }
 
 // nodeArgs are a node's labels, taints and ConfigMap for its kubelet and

@@ -26,6 +26,7 @@ import (
 	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/lab/etcd"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/config"
 	"github.com/tessera-gpu/tessera/internal/scheduler"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -186,7 +187,7 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: systemNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
-	sharing, err := ensureNodeConfigMap(ctx, client, cfg.NodeConfig, cfg.Nodes)
+	profiles, err := ensureNodeConfigMap(ctx, client, cfg.NodeConfig, cfg.Nodes)
 	if err != nil {
 		return err
 	}
@@ -238,7 +239,7 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	}
 	step("started kube-controller-manager, scheduler, webhook and %d emulated GPU nodes", len(cfg.Nodes))
 
-	if err := waitReady(ctx, client, cfg.Nodes, sharing, cfg.ReadyTimeout, func() error {
+	if err := waitReady(ctx, client, cfg.Nodes, profiles, cfg.ReadyTimeout, func() error {
 		for name, c := range sup.components() {
 			if c.Restarts >= 3 {
 				return fmt.Errorf("%s keeps exiting (%d restarts); see %s", name, c.Restarts, filepath.Join(d.Logs(), sanitize(name)+".log"))
@@ -287,7 +288,7 @@ func writeSchedulerConfig(path, kubeconfig string) (string, error) {
 // and every node is Ready with its inventory and GPU slots published.
 // crashing, polled meanwhile, ends the wait early when a component keeps
 // failing (no root, a port taken, …).
-func waitReady(ctx context.Context, client kubernetes.Interface, nodes []NodeSpec, sharing map[string]api.SharingMode, timeout time.Duration, crashing func() error) error {
+func waitReady(ctx context.Context, client kubernetes.Interface, nodes []NodeSpec, profiles map[string]config.Node, timeout time.Duration, crashing func() error) error {
 	// Half a GPU: the webhook must route it to Tessera (a dry run, so
 	// nothing is created).
 	probe := &corev1.Pod{
@@ -310,7 +311,7 @@ func waitReady(ctx context.Context, client kubernetes.Interface, nodes []NodeSpe
 			missing = append(missing, "webhook")
 		}
 		for _, n := range nodes {
-			if !nodeReady(ctx, client, n, sharing[n.Name]) {
+			if !nodeReady(ctx, client, n, profiles[n.Name]) {
 				missing = append(missing, "node "+n.Name)
 			}
 		}
@@ -326,7 +327,7 @@ func waitReady(ctx context.Context, client kubernetes.Interface, nodes []NodeSpe
 // (sharing: its agent has applied it; an agent publishes an inventory
 // before its ConfigMap cache has synced) — its mode's Serving, by default
 // its inventory published and a device-plugin resource allocatable.
-func nodeReady(ctx context.Context, client kubernetes.Interface, spec NodeSpec, sharing api.SharingMode) bool {
+func nodeReady(ctx context.Context, client kubernetes.Interface, spec NodeSpec, profile config.Node) bool {
 	n, err := client.CoreV1().Nodes().Get(ctx, spec.Name, metav1.GetOptions{})
 	if err != nil {
 		return false
@@ -335,7 +336,7 @@ func nodeReady(ctx context.Context, client kubernetes.Interface, spec NodeSpec, 
 		if !m.Serving(ctx, client, n) {
 			return false
 		}
-	} else if !servesDevicePlugin(n) || !sharesAs(n, sharing) {
+	} else if !servesDevicePlugin(n) || !sharesAs(n, profile) {
 		return false
 	}
 	for _, c := range n.Status.Conditions {
@@ -361,10 +362,10 @@ func servesDevicePlugin(n *corev1.Node) bool {
 	return false
 }
 
-// sharesAs: the node's inventory shares its GPUs as its profile says (a
-// GPU without MIG on a MIG node is published exclusive); "" accepts any.
-func sharesAs(n *corev1.Node, want api.SharingMode) bool {
-	if want == "" {
+// sharesAs: the node's inventory shares its GPUs as the profile says
+// (a zero profile accepts any).
+func sharesAs(n *corev1.Node, profile config.Node) bool {
+	if profile.Sharing == "" {
 		return true
 	}
 	inv, err := kubeobj.Inventory(n)
@@ -372,12 +373,38 @@ func sharesAs(n *corev1.Node, want api.SharingMode) bool {
 		return false
 	}
 	for _, g := range inv.GPUs {
-		mig := want == api.SharingMIG || want == api.SharingMIGDynamic
-		if g.Sharing != want && !(mig && g.Sharing == api.SharingExclusive) {
+		if !gpuSharesAs(g, profile) {
 			return false
 		}
 	}
 	return true
+}
+
+// gpuSharesAs: the GPU is shared as the profile says once applied. On a
+// MIG node a GPU without MIG is published exclusive: a GPU that is not
+// MIG-capable always, and one whose MIG mode a static layout turns off or
+// leaves alone.
+func gpuSharesAs(g api.GPU, profile config.Node) bool {
+	switch profile.Sharing {
+	case api.SharingMIGDynamic:
+		return g.Sharing == api.SharingMIGDynamic || !g.MIG.Capable && g.Sharing == api.SharingExclusive
+	case api.SharingMIG:
+		either := g.Sharing == api.SharingMIG || g.Sharing == api.SharingExclusive
+		l := profile.Layout
+		if l == nil || len(l.Entries) == 0 || !g.MIG.Capable {
+			return either
+		}
+		for _, e := range l.Entries {
+			if e.Devices != nil || len(e.DeviceFilter) > 0 || e.MIGEnabled != l.Entries[0].MIGEnabled {
+				return either // per GPU: which entry applies needs the PCI ID
+			}
+		}
+		if l.Entries[0].MIGEnabled {
+			return g.Sharing == api.SharingMIG
+		}
+		return g.Sharing == api.SharingExclusive
+	}
+	return g.Sharing == profile.Sharing
 }
 
 var errTimeout = errors.New("timed out")
