@@ -19,15 +19,16 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 # tessera-lab carries a whole control plane; without DWARF it links in a
 # third of the time (12 s -> 4 s here) and is 140 MB instead of 190 MB.
 LAB_LDFLAGS     := -s -w
-INTEGRATION     := ./internal/nodeagent/... ./test/integration/...
+INTEGRATION     := ./internal/nodeagent/... ./cmd/kubectl-tessera/... ./test/integration/...
 
 .PHONY: help build test test-go test-limiter test-integration test-alone lint fuzz bench bench-scheduler-ci bench-scheduler demo lab simulate clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
 
-build: ## build bin/tessera, bin/tessera-lab (and the limiter library)
+build: ## build bin/tessera, bin/tessera-lab, bin/kubectl-tessera (and the limiter library)
 	$(GO) build -o bin/tessera ./cmd/tessera
+	$(GO) build -o bin/kubectl-tessera ./cmd/kubectl-tessera
 	$(GO) build -ldflags "$(LAB_LDFLAGS)" -o bin/tessera-lab ./cmd/tessera-lab
 ifneq ($(LIMITER),)
 	$(MAKE) -C limiter
