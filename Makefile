@@ -19,7 +19,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 # tessera-lab carries a whole control plane; without DWARF it links in a
 # third of the time (12 s -> 4 s here) and is 140 MB instead of 190 MB.
 LAB_LDFLAGS     := -s -w
-INTEGRATION     := ./internal/nodeagent/... ./cmd/kubectl-tessera/... ./test/integration/...
+INTEGRATION     := ./internal/nodeagent/... ./cmd/kubectl-tessera/... ./charts/... ./test/integration/...
 
 .PHONY: help build test test-go test-limiter test-integration test-alone lint fuzz bench bench-scheduler-ci bench-scheduler demo lab simulate clean
 
