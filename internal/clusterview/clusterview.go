@@ -80,8 +80,13 @@ type DeviceReport struct {
 
 // NodeReport is one node's GPUs.
 type NodeReport struct {
-	Name string      `json:"name"`
-	GPUs []GPUReport `json:"gpus"`
+	Name string `json:"name"`
+	// Mode is a caller's name for the node's kind (tessera-lab: its lab
+	// mode), printed by Print; "" when none.
+	Mode string `json:"-"`
+	// Labels are the Node's labels.
+	Labels map[string]string `json:"-"`
+	GPUs   []GPUReport       `json:"gpus"`
 }
 
 // GPUReport is one GPU's allocation.
@@ -101,6 +106,10 @@ type GPUReport struct {
 	// a MIG mode.
 	MIGDevices []string `json:"migDevices,omitempty"`
 	Pods       []string `json:"pods,omitempty"`
+	// InUseMiB is what the processes on the GPU hold, when a caller knows
+	// it (tessera-lab reads its emulated GPUs); -1 when unknown.
+	InUseMiB  int64 `json:"-"`
+	Processes int   `json:"-"`
 }
 
 // PendingPod is a GPU pod the scheduler has not placed.
@@ -122,8 +131,10 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Report, error) 
 	c := placement.NewCluster()
 	r := &Report{cluster: c, objs: map[string]*corev1.Pod{}}
 	var unreadable []error
+	labels := map[string]map[string]string{}
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
+		labels[n.Name] = n.Labels
 		inv, err := kubeobj.Inventory(n)
 		if err != nil {
 			unreadable = append(unreadable, err)
@@ -193,7 +204,7 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Report, error) 
 	})
 	r.Invariant = errors.Join(append(errs, c.Check())...)
 	for _, n := range c.Nodes() {
-		nr := NodeReport{Name: n.Name}
+		nr := NodeReport{Name: n.Name, Labels: labels[n.Name]}
 		for _, g := range n.GPUs {
 			ps := podsOn[g.UUID]
 			sort.Strings(ps)
@@ -201,6 +212,7 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Report, error) 
 				Index: g.Index, UUID: g.UUID, Model: g.Model, Healthy: g.Healthy, Sharing: string(g.Sharing),
 				MemoryMiB: g.MemoryMiB, UsedMiB: g.Used.MemoryMiB, Cores: g.Used.Cores,
 				Shares: g.Used.Shares, MaxShares: g.MaxShares, Exclusive: g.Used.Exclusive > 0, Pods: ps,
+				InUseMiB: -1,
 			}
 			if g.MIG != nil {
 				for _, in := range g.MIG.Instances() {
@@ -279,12 +291,27 @@ func (r *Report) Packing() Packing {
 	return k
 }
 
-// Print writes the allocation table, the packing figures and the pending
-// pods.
+// Print writes the allocation table (with the nodes' Mode, and the memory
+// in use where known), the packing figures and the pending pods: what
+// `tessera-lab status` prints.
 func (r *Report) Print(w io.Writer) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tGPU\tMODEL\tMEMORY (MiB)\tCORES\tSHARES\tPODS")
+	usage := false
 	for _, n := range r.Nodes {
+		for _, g := range n.GPUs {
+			usage = usage || g.InUseMiB >= 0
+		}
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	if usage {
+		fmt.Fprintln(tw, "NODE\tMODE\tGPU\tMODEL\tMEMORY (MiB)\tIN USE (MiB)\tCORES\tSHARES\tPODS")
+	} else {
+		fmt.Fprintln(tw, "NODE\tMODE\tGPU\tMODEL\tMEMORY (MiB)\tCORES\tSHARES\tPODS")
+	}
+	for _, n := range r.Nodes {
+		mode := n.Mode
+		if mode == "" {
+			mode = "-"
+		}
 		for _, g := range n.GPUs {
 			mem := fmt.Sprintf("%d/%d", g.UsedMiB, g.MemoryMiB)
 			shares := fmt.Sprintf("%d/%d", g.Shares, g.MaxShares)
@@ -295,7 +322,14 @@ func (r *Report) Print(w io.Writer) error {
 			if !g.Healthy {
 				model += " (unhealthy)"
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d%%\t%s\t%s\n", n.Name, g.Index, model, mem, g.Cores, shares, podList(g.Pods))
+			inUse := ""
+			if usage {
+				inUse = "-\t"
+				if g.InUseMiB >= 0 {
+					inUse = fmt.Sprintf("%d (%d proc)\t", g.InUseMiB, g.Processes)
+				}
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s%d%%\t%s\t%s\n", n.Name, mode, g.Index, model, mem, inUse, g.Cores, shares, podList(g.Pods))
 		}
 	}
 	if err := tw.Flush(); err != nil {
