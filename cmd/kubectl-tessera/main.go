@@ -8,8 +8,6 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"io"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -128,14 +126,4 @@ func (o *options) collect(ctx context.Context) (*clusterview.Report, error) {
 		ctx = context.Background()
 	}
 	return clusterview.Collect(ctx, client)
-}
-
-// run runs the plugin with args, for tests.
-func run(ctx context.Context, args []string, out, errOut io.Writer) error {
-	cmd := newCommand(genericiooptions.IOStreams{Out: out, ErrOut: errOut})
-	cmd.SetArgs(args)
-	if err := cmd.ExecuteContext(ctx); err != nil {
-		return fmt.Errorf("kubectl-tessera %v: %w", args, err)
-	}
-	return nil
 }

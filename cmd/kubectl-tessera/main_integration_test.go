@@ -6,12 +6,16 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/tessera-gpu/tessera/internal/testenv"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
@@ -129,4 +133,14 @@ func TestGolden(t *testing.T) {
 	if err := run(ctx, []string{"nodes", kc, "-o", "jsonpath={.x}"}, &out, &errOut); err == nil {
 		t.Error("-o jsonpath accepted")
 	}
+}
+
+// run runs the plugin with args.
+func run(ctx context.Context, args []string, out, errOut io.Writer) error {
+	cmd := newCommand(genericiooptions.IOStreams{Out: out, ErrOut: errOut})
+	cmd.SetArgs(args)
+	if err := cmd.ExecuteContext(ctx); err != nil {
+		return fmt.Errorf("kubectl-tessera %v: %w", args, err)
+	}
+	return nil
 }
