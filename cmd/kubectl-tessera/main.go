@@ -7,10 +7,17 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"io"
+	"net/http"
 	"os"
+	"strconv"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/client-go/kubernetes"
@@ -101,8 +108,97 @@ func newCommand(streams genericiooptions.IOStreams) *cobra.Command {
 			return w.Print(o.streams.Out)
 		},
 	}
-	root.AddCommand(nodes, pods, why)
+	var agentNS, agentSelector string
+	var agentPort int
+	var metricsURLs []string
+	top := &cobra.Command{
+		Use:   "top",
+		Short: "Per GPU container: GPU memory used vs its limit and SM use vs its share, from the node agents' metrics",
+		Long: "Per GPU container: GPU memory used vs its limit and SM use vs its share, from the node agents' metrics, " +
+			"read through the API server's pod proxy (--agent-namespace, --agent-selector, --agent-port) or from --metrics-url.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := clusterview.CheckOutput(o.output); err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			var rows []clusterview.TopRow
+			add := func(body io.Reader, from string) error {
+				r, err := clusterview.ParseTop(body)
+				if err != nil {
+					return fmt.Errorf("%s: %w", from, err)
+				}
+				rows = append(rows, r...)
+				return nil
+			}
+			if len(metricsURLs) > 0 {
+				for _, u := range metricsURLs {
+					req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+					if err != nil {
+						return err
+					}
+					resp, err := http.DefaultClient.Do(req)
+					if err != nil {
+						return err
+					}
+					err = add(resp.Body, u)
+					resp.Body.Close()
+					if err != nil {
+						return err
+					}
+				}
+			} else {
+				client, err := o.client()
+				if err != nil {
+					return err
+				}
+				agents, err := client.CoreV1().Pods(agentNS).List(ctx, metav1.ListOptions{LabelSelector: agentSelector})
+				if err != nil {
+					return err
+				}
+				if len(agents.Items) == 0 {
+					return fmt.Errorf("no node agent pods in namespace %s with labels %s (--agent-namespace, --agent-selector)", agentNS, agentSelector)
+				}
+				for _, a := range agents.Items {
+					if a.Status.Phase != corev1.PodRunning {
+						fmt.Fprintf(o.streams.ErrOut, "node agent %s on %s is %s; its node is left out\n", a.Name, a.Spec.NodeName, a.Status.Phase)
+						continue
+					}
+					b, err := client.CoreV1().Pods(agentNS).ProxyGet("http", a.Name, strconv.Itoa(agentPort), "metrics", nil).DoRaw(ctx)
+					if err != nil {
+						fmt.Fprintf(o.streams.ErrOut, "node agent %s on %s: %v; its node is left out\n", a.Name, a.Spec.NodeName, err)
+						continue
+					}
+					if err := add(bytes.NewReader(b), a.Name); err != nil {
+						return err
+					}
+				}
+			}
+			ns := ""
+			if !o.allNamespaces {
+				var err error
+				if ns, err = o.namespace(); err != nil {
+					return err
+				}
+			}
+			return clusterview.PrintTop(o.streams.Out, rows, ns, o.output)
+		},
+	}
+	top.Flags().BoolVarP(&o.allNamespaces, "all-namespaces", "A", false, "containers of every namespace")
+	top.Flags().StringVar(&agentNS, "agent-namespace", "tessera-system", "namespace of the node agent pods")
+	top.Flags().StringVar(&agentSelector, "agent-selector", "app=tessera-node-agent", "label selector of the node agent pods")
+	top.Flags().IntVar(&agentPort, "agent-port", 9402, "the node agents' metrics port")
+	top.Flags().StringArrayVar(&metricsURLs, "metrics-url", nil, "read these node agent /metrics URLs instead (repeatable)")
+	root.AddCommand(nodes, pods, why, top)
 	return root
+}
+
+func (o *options) client() (kubernetes.Interface, error) {
+	cfg, err := o.flags.ToRESTConfig()
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(cfg)
 }
 
 func (o *options) namespace() (string, error) {

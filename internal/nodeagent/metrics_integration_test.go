@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2/ktesting"
 
+	"github.com/tessera-gpu/tessera/internal/clusterview"
 	"github.com/tessera-gpu/tessera/internal/limiterstate"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
@@ -265,6 +266,33 @@ func TestMetricsAndLabels(t *testing.T) {
 	// whole, multi ×2 GPUs.
 	if got := len(fams["tessera_container_memory_limit_bytes"].GetMetric()); got != 6 {
 		t.Errorf("%d tessera_container_memory_limit_bytes series, want 6", got)
+	}
+
+	// `kubectl tessera top` reads these series (clusterview.ParseTop).
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := clusterview.ParseTop(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var top strings.Builder
+	if err := clusterview.PrintTop(&top, rows, "ml", ""); err != nil {
+		t.Fatal(err)
+	}
+	wantTop := []string{
+		"NAMESPACE  POD     CONTAINER  NODE         GPU  MEMORY USED/LIMIT (MiB)  MEMORY %  SM USE/SHARE",
+		"ml         frac-a  app0       gpu-metrics  0    3072/10240               30%       21%/30%",
+		"ml         frac-a  app1       gpu-metrics  0    0/2048                   0%        0%/10%",
+		"ml         frac-b  app0       gpu-metrics  0    0/5120                   0%        0%/20%",
+		"ml         multi   app0       gpu-metrics  2    0/4096                   0%        0%/25%",
+		"ml         multi   app0       gpu-metrics  3    0/4096                   0%        0%/25%",
+		"ml         whole   app0       gpu-metrics  1    0/40960                  0%        0%/100%",
+	}
+	if got := strings.TrimSpace(top.String()); got != strings.Join(wantTop, "\n") {
+		t.Errorf("kubectl tessera top:\n%s\nwant\n%s", got, strings.Join(wantTop, "\n"))
 	}
 
 	// GFD labels on the Node.
