@@ -25,7 +25,6 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
-	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
 	"github.com/tessera-gpu/tessera/internal/placement/policies"
@@ -72,16 +71,16 @@ var (
 	_ fwk.BindPlugin       = (*Plugin)(nil)
 )
 
-// New is the plugin factory for app.WithPlugin. Its arguments are an
-// api.ClusterConfig (resourcePrefix, nodePolicy, gpuPolicy,
-// placementPolicy), all optional.
+// New is the plugin factory for app.WithPlugin. Its arguments are a
+// TesseraArgs (internal/scheduler/config; resourcePrefix, nodePolicy,
+// gpuPolicy, placementPolicy, all optional), decoded strictly: an unknown
+// key or value is an error that names it.
 func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
-	var cfg api.ClusterConfig
-	if obj != nil {
-		if err := frameworkruntime.DecodeInto(obj, &cfg); err != nil {
-			return nil, fmt.Errorf("%s plugin arguments: %w", Name, err)
-		}
+	args, err := decodeArgs(obj)
+	if err != nil {
+		return nil, err
 	}
+	cfg := args.ClusterConfig()
 	p, err := newPlugin(cfg)
 	if err != nil {
 		return nil, err
