@@ -79,6 +79,9 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 		obs.Observe(cr)
 		p.st.mu.Unlock()
 	}
+	// The pod's own scorer (placement.Prepare): its shape and the policy's
+	// current snapshot, fixed for the cycle, lock-free in Filter and Score.
+	pol = placement.Prepare(cr, pol)
 	p.st.mu.RLock()
 	scores := make([]float64, len(p.st.slot))
 	p.st.mu.RUnlock()
