@@ -17,6 +17,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/internal/scheduler"
@@ -128,51 +130,66 @@ func replay(b *testing.B, trace *sim.Trace, policy string, seed int64, percentag
 	if err := os.WriteFile(path, raw, 0o600); err != nil {
 		b.Fatal(err)
 	}
-	// Every pod is watched until it is bound or found unschedulable. An
-	// unschedulable pod is deleted at once: nothing departs, so it could
-	// never fit later, and its retries would only slow the replay down
-	// (the simulator drops it for good as well).
-	w, err := cp.Client.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer w.Stop()
-	zero := int64(0)
+	// An informer follows every pod until it is bound or found
+	// unschedulable. An unschedulable pod is deleted at once: nothing
+	// departs, so it could never fit later, and its retries would only
+	// slow the replay down (the simulator drops it for good as well).
+	var mu sync.Mutex
 	decided := map[string]bool{}
 	var bound, unschedulable int
 	var alloc int64
-	watched := make(chan error, 1)
+	var badName string
+	allDecided := make(chan struct{})
+	toDelete := make(chan string, len(order))
+	handle := func(obj any) {
+		p, ok := obj.(*corev1.Pod)
+		if !ok {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if decided[p.Name] {
+			return
+		}
+		var k int
+		if _, err := fmt.Sscanf(p.Name, "a%06d", &k); err != nil || k >= len(order) {
+			badName = p.Name
+			return
+		}
+		switch {
+		case p.Spec.NodeName != "":
+			bound++
+			alloc += sim.PlacedMilli(trace.Pods[order[k]])
+		case isUnschedulable(p):
+			unschedulable++
+			toDelete <- p.Name
+		default:
+			return
+		}
+		decided[p.Name] = true
+		if len(decided) == len(order) {
+			close(allDecided)
+		}
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(cp.Client, 0, informers.WithNamespace(ns))
+	if _, err := factory.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    handle,
+		UpdateFunc: func(_, obj any) { handle(obj) },
+	}); err != nil {
+		b.Fatal(err)
+	}
+	stopInformer := make(chan struct{})
+	defer close(stopInformer)
+	factory.Start(stopInformer)
+	zero := int64(0)
+	deleted := make(chan error, 1)
 	go func() {
-		for ev := range w.ResultChan() {
-			p, ok := ev.Object.(*corev1.Pod)
-			if !ok || decided[p.Name] {
-				continue
-			}
-			var k int
-			if _, err := fmt.Sscanf(p.Name, "a%06d", &k); err != nil || k >= len(order) {
-				watched <- fmt.Errorf("unexpected pod %s", p.Name)
-				return
-			}
-			switch {
-			case p.Spec.NodeName != "":
-				bound++
-				alloc += sim.PlacedMilli(trace.Pods[order[k]])
-			case isUnschedulable(p):
-				unschedulable++
-				if err := cp.Client.CoreV1().Pods(ns).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
-					watched <- err
-					return
-				}
-			default:
-				continue
-			}
-			decided[p.Name] = true
-			if len(decided) == len(order) {
-				watched <- nil
+		for name := range toDelete {
+			if err := cp.Client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+				deleted <- err
 				return
 			}
 		}
-		watched <- fmt.Errorf("the watch ended with %d of %d pods decided", len(decided), len(order))
 	}()
 
 	// Every pod exists before the scheduler starts: its informers list
@@ -198,12 +215,16 @@ func replay(b *testing.B, trace *sim.Trace, policy string, seed int64, percentag
 	}()
 
 	select {
-	case err := <-watched:
-		if err != nil {
-			b.Fatal(err)
-		}
+	case <-allDecided:
+	case err := <-deleted:
+		b.Fatal(err)
 	case <-time.After(30 * time.Minute):
 		b.Fatalf("after 30 minutes not every pod is bound or unschedulable")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if badName != "" {
+		b.Fatalf("unexpected pod %s", badName)
 	}
 	elapsed := time.Since(start)
 	b.StopTimer()
