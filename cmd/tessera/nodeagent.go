@@ -46,6 +46,7 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.StringVar(&def.StateRoot, "state-root", def.StateRoot, "host directory of the per-container limiter state")
 	fs.StringVar(&def.StateContainer, "state-container-path", def.StateContainer, "where containers see their state directory")
 	mpsControl := fs.String("mps-control", "nvidia-cuda-mps-control", "NVIDIA's MPS control program, run per GPU on nodes in mps mode")
+	metricsAddr := fs.String("metrics-address", ":9402", `where Prometheus metrics are served ("host:port"; "" turns them off; docs/operations.md)`)
 	mpsRoot := fs.String("mps-root", mps.DefaultRoot, "host directory of the MPS daemons' pipe and log directories (a profile's flags.mpsRoot wins)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: tessera node-agent [flags]\n\nDiscovers GPUs through NVML, publishes the node's inventory, watches GPU health and serves the kubelet device plugin.\n\nFlags:\n")
@@ -105,6 +106,7 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		PodResourcesSocket: *podRes,
 		MPSControl:         []string{*mpsControl},
 		MPSRoot:            *mpsRoot,
+		MetricsAddress:     *metricsAddr,
 	}, logger)
 	if err != nil {
 		return err
