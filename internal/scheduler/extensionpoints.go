@@ -74,11 +74,15 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 		return nil, fwk.NewStatus(fwk.Skip)
 	}
 	pol := placement.PolicyFor(cr, p.policy)
-	if obs, ok := pol.(placement.Observer); ok {
+	// A pod is observed at its first attempt only (firstAttempt).
+	if obs, ok := pol.(placement.Observer); ok && p.firstAttempt(pod.UID) {
 		p.st.mu.Lock()
 		obs.Observe(cr)
 		p.st.mu.Unlock()
 	}
+	// The pod's own scorer (placement.Prepare): its shape and the policy's
+	// current snapshot, fixed for the cycle, lock-free in Filter and Score.
+	pol = placement.Prepare(cr, pol)
 	p.st.mu.RLock()
 	scores := make([]float64, len(p.st.slot))
 	p.st.mu.RUnlock()
@@ -215,7 +219,15 @@ func (p *Plugin) Score(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, 
 
 func (p *Plugin) ScoreExtensions() fwk.ScoreExtensions { return p }
 
-// NormalizeScore maps the raw scores linearly onto [0, MaxNodeScore].
+// NormalizeScore maps the raw scores linearly onto [0, MaxNodeScore]
+// without changing the policy's choice: exactly one node, the policy's
+// best, gets MaxNodeScore, every other node at most MaxNodeScore-1. The
+// linear map alone would give every node within 1 % of the best range the
+// same 100, and kube-scheduler would pick one of them at random. Among
+// nodes with exactly the best raw score, the first in the plugin's node
+// order (the order the nodes were first seen) wins, as the placement
+// core's Search and so `tessera simulate` break ties (first node in the
+// cluster's order): first fit among equals.
 func (p *Plugin) NormalizeScore(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, scores fwk.NodeScoreList) *fwk.Status {
 	if len(scores) == 0 {
 		return nil
@@ -224,12 +236,32 @@ func (p *Plugin) NormalizeScore(ctx context.Context, cs fwk.CycleState, pod *cor
 	for _, s := range scores {
 		lo, hi = min(lo, s.Score), max(hi, s.Score)
 	}
+	best, bestSlot := -1, math.MaxInt
+	p.st.mu.RLock()
+	for i, s := range scores {
+		if s.Score != hi {
+			continue
+		}
+		slot, ok := p.st.slot[s.Name]
+		if !ok {
+			slot = math.MaxInt - 1 // unknown to the plugin: after the known ones
+		}
+		if best < 0 || slot < bestSlot {
+			best, bestSlot = i, slot
+		}
+	}
+	p.st.mu.RUnlock()
 	for i := range scores {
-		if hi == lo {
+		if i == best {
 			scores[i].Score = fwk.MaxScore
 			continue
 		}
-		scores[i].Score = int64(float64(scores[i].Score-lo) / float64(hi-lo) * float64(fwk.MaxScore))
+		if hi == lo {
+			scores[i].Score = fwk.MaxScore - 1
+			continue
+		}
+		v := int64(float64(scores[i].Score-lo) / float64(hi-lo) * float64(fwk.MaxScore))
+		scores[i].Score = min(v, fwk.MaxScore-1)
 	}
 	return nil
 }

@@ -21,11 +21,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
-	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
 	"github.com/tessera-gpu/tessera/internal/placement/policies"
@@ -59,6 +59,14 @@ type Plugin struct {
 
 	bindOnce  sync.Once
 	bindsSelf bool // set once by recordInBinding
+
+	// observed holds the UIDs of the unbound pods the policy has observed
+	// (placement.Observer), so that a pod retried after it fit nowhere is
+	// learned once: the workload a policy learns is the pods that arrive,
+	// not the scheduling attempts. Entries go when the pod is bound or
+	// deleted.
+	obsMu    sync.Mutex
+	observed map[types.UID]struct{}
 }
 
 var (
@@ -72,16 +80,16 @@ var (
 	_ fwk.BindPlugin       = (*Plugin)(nil)
 )
 
-// New is the plugin factory for app.WithPlugin. Its arguments are an
-// api.ClusterConfig (resourcePrefix, nodePolicy, gpuPolicy,
-// placementPolicy), all optional.
+// New is the plugin factory for app.WithPlugin. Its arguments are a
+// TesseraArgs (internal/scheduler/config; resourcePrefix, nodePolicy,
+// gpuPolicy, placementPolicy, all optional), decoded strictly: an unknown
+// key or value is an error that names it.
 func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
-	var cfg api.ClusterConfig
-	if obj != nil {
-		if err := frameworkruntime.DecodeInto(obj, &cfg); err != nil {
-			return nil, fmt.Errorf("%s plugin arguments: %w", Name, err)
-		}
+	args, err := decodeArgs(obj)
+	if err != nil {
+		return nil, err
 	}
+	cfg := args.ClusterConfig()
 	p, err := newPlugin(cfg)
 	if err != nil {
 		return nil, err
@@ -110,6 +118,13 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 		AddFunc:    func(obj any) { p.onPod(logger, obj) },
 		UpdateFunc: func(_, obj any) { p.onPod(logger, obj) },
 		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				if pod, ok := t.Obj.(*corev1.Pod); ok {
+					p.forget(pod.UID)
+				}
+			} else if pod, ok := obj.(*corev1.Pod); ok {
+				p.forget(pod.UID)
+			}
 			if p.st.deletePod(obj) {
 				p.requeue(logger)
 			}
@@ -139,7 +154,7 @@ func newPlugin(cfg api.ClusterConfig) (*Plugin, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s plugin arguments: %w", Name, err)
 	}
-	p := &Plugin{names: names, policy: pol, st: st, waiting: map[string]*corev1.Pod{}}
+	p := &Plugin{names: names, policy: pol, st: st, waiting: map[string]*corev1.Pod{}, observed: map[types.UID]struct{}{}}
 	p.scratchs.New = func() any { return new(scratch) }
 	return p, nil
 }
@@ -158,9 +173,35 @@ func (p *Plugin) onNode(logger klog.Logger, obj any) {
 }
 
 func (p *Plugin) onPod(logger klog.Logger, obj any) {
-	if pod, ok := obj.(*corev1.Pod); ok && p.st.observePod(logger, pod) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	if pod.Spec.NodeName != "" {
+		p.forget(pod.UID)
+	}
+	if p.st.observePod(logger, pod) {
 		p.requeue(logger)
 	}
+}
+
+// firstAttempt reports whether the pod has not been observed yet, and
+// notes it as observed.
+func (p *Plugin) firstAttempt(uid types.UID) bool {
+	p.obsMu.Lock()
+	defer p.obsMu.Unlock()
+	if _, seen := p.observed[uid]; seen {
+		return false
+	}
+	p.observed[uid] = struct{}{}
+	return true
+}
+
+// forget drops a bound or deleted pod from the observed set.
+func (p *Plugin) forget(uid types.UID) {
+	p.obsMu.Lock()
+	delete(p.observed, uid)
+	p.obsMu.Unlock()
 }
 
 // requeue moves the GPU pods this plugin last found unschedulable back to

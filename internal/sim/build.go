@@ -42,6 +42,20 @@ func BuildCluster(rows []NodeRow) (*placement.Cluster, error) {
 }
 
 func buildNode(r NodeRow) (*placement.Node, error) {
+	inv := NodeInventory(r)
+	n, err := placement.NewNode(r.Name, r.CPUMilli, r.MemMiB, inv)
+	if err != nil {
+		return nil, err
+	}
+	// CPU-only nodes still need a model for frag accounting; keep it.
+	n.Labels = map[string]string{"model": r.Model}
+	return n, nil
+}
+
+// NodeInventory is the GPU inventory the simulator gives a node of the
+// trace (what the scheduler reads from the node's inventory annotation
+// when the trace is replayed through it).
+func NodeInventory(r NodeRow) *api.NodeInventory {
 	mem, ok := modelMemoryMiB[r.Model]
 	if !ok {
 		mem = defaultMemoryMiB
@@ -62,13 +76,7 @@ func buildNode(r NodeRow) (*placement.Node, error) {
 			MaxShares: simMaxShares,
 		})
 	}
-	n, err := placement.NewNode(r.Name, r.CPUMilli, r.MemMiB, inv)
-	if err != nil {
-		return nil, err
-	}
-	// CPU-only nodes still need a model for frag accounting; keep it.
-	n.Labels = map[string]string{"model": r.Model}
-	return n, nil
+	return inv
 }
 
 // SharePercent is the per-GPU share, in percent, that a GPU-sharing task
@@ -106,9 +114,9 @@ func SpecModels(spec string) []string {
 	return out
 }
 
-// placedMilli is the GPU a placed request holds, in thousandths, as the
+// PlacedMilli is the GPU a placed request holds, in thousandths, as the
 // core charges it (shares rounded up to whole percent).
-func placedMilli(p PodRow) int64 {
+func PlacedMilli(p PodRow) int64 {
 	if p.NumGPU == 1 && p.GPUMilli < 1000 {
 		return int64(SharePercent(p.GPUMilli)) * 10
 	}

@@ -162,7 +162,7 @@ func RunWith(ctx context.Context, t *Trace, policy string, mk func(*placement.Cl
 			if _, err := c.Assign(cr, p); err != nil {
 				return nil, fmt.Errorf("pod %s: %w", row.Name, err)
 			}
-			alloc += placedMilli(row)
+			alloc += PlacedMilli(row)
 		} else {
 			cv.Dropped++
 			if row.NumGPU > 1 && arrived <= cv.Capacity {

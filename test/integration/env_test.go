@@ -100,13 +100,20 @@ func (e *env) startWebhook() {
 // writeSchedulerConfig is deploy/scheduler/config.yaml, the shipped
 // configuration, pointed at the test's API server without leader election.
 // A modest client rate keeps a 500-pod run a few seconds long, so a
-// scheduler killed "in the middle" really is.
+// scheduler killed "in the middle" really is. Its placementPolicy is
+// api.DefaultPlacementPolicy (binpack), the policy expectPlacement
+// re-derives every placement with: the shipped policy learns the workload
+// online from every pod it sees, which a placement-by-placement check
+// cannot replay. (TestEveryPolicyStarts runs every policy through this
+// configuration; BenchmarkReplay compares the shipped one with the
+// simulator.)
 func (e *env) writeSchedulerConfig() string {
 	return e.schedulerConfig("scheduler.yaml", nil)
 }
 
-// schedulerConfig writes that configuration, changed by mutate (if not
-// nil), to a file of the given name and returns its path.
+// schedulerConfig writes that configuration (placementPolicy binpack, see
+// writeSchedulerConfig), changed by mutate (if not nil), to a file of
+// the given name and returns its path.
 func (e *env) schedulerConfig(name string, mutate func(cfg map[string]any)) string {
 	t := e.t
 	t.Helper()
@@ -114,15 +121,22 @@ func (e *env) schedulerConfig(name string, mutate func(cfg map[string]any)) stri
 	if err != nil {
 		t.Fatal(err)
 	}
+	var cfg map[string]any
+	if err := yaml.Unmarshal(out, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	for _, prof := range cfg["profiles"].([]any) {
+		for _, pc := range prof.(map[string]any)["pluginConfig"].([]any) {
+			if pc := pc.(map[string]any); pc["name"] == scheduler.Name {
+				pc["args"].(map[string]any)["placementPolicy"] = api.DefaultPlacementPolicy
+			}
+		}
+	}
 	if mutate != nil {
-		var cfg map[string]any
-		if err := yaml.Unmarshal(out, &cfg); err != nil {
-			t.Fatal(err)
-		}
 		mutate(cfg)
-		if out, err = yaml.Marshal(cfg); err != nil {
-			t.Fatal(err)
-		}
+	}
+	if out, err = yaml.Marshal(cfg); err != nil {
+		t.Fatal(err)
 	}
 	path := filepath.Join(t.TempDir(), name)
 	if err := os.WriteFile(path, out, 0o600); err != nil {
