@@ -71,7 +71,9 @@ func Devices(gpus []GPU, sys System) []resourceapi.Device {
 
 func device(g GPU, sys System) resourceapi.Device {
 	str := func(s string) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{StringValue: ptr.To(s)} }
-	ver := func(s string) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{VersionValue: ptr.To(s)} }
+	ver := func(s string) resourceapi.DeviceAttribute {
+		return resourceapi.DeviceAttribute{VersionValue: ptr.To(s)}
+	}
 	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 		api.AttrType:        str(api.AttrTypeGPU),
 		api.AttrUUID:        str(g.UUID),
