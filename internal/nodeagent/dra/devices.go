@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
@@ -210,4 +211,72 @@ func taintValue(reason string) string {
 		v = "unhealthy"
 	}
 	return v
+}
+
+// Architecture names NVML's architecture as NVIDIA's tools print it; ""
+// when unknown.
+func Architecture(a nvml.DeviceArchitecture) string {
+	switch a {
+	case nvml.DEVICE_ARCH_KEPLER:
+		return "Kepler"
+	case nvml.DEVICE_ARCH_MAXWELL:
+		return "Maxwell"
+	case nvml.DEVICE_ARCH_PASCAL:
+		return "Pascal"
+	case nvml.DEVICE_ARCH_VOLTA:
+		return "Volta"
+	case nvml.DEVICE_ARCH_TURING:
+		return "Turing"
+	case nvml.DEVICE_ARCH_AMPERE:
+		return "Ampere"
+	case nvml.DEVICE_ARCH_ADA:
+		return "Ada Lovelace"
+	case nvml.DEVICE_ARCH_HOPPER:
+		return "Hopper"
+	case nvml.DEVICE_ARCH_BLACKWELL:
+		return "Blackwell"
+	case nvml.DEVICE_ARCH_RUBIN:
+		return "Rubin"
+	}
+	return ""
+}
+
+// Brand names NVML's brand; "" when unknown.
+func Brand(b nvml.BrandType) string {
+	names := map[nvml.BrandType]string{
+		nvml.BRAND_QUADRO: "Quadro", nvml.BRAND_TESLA: "Tesla", nvml.BRAND_NVS: "NVS", nvml.BRAND_GRID: "Grid",
+		nvml.BRAND_GEFORCE: "GeForce", nvml.BRAND_TITAN: "Titan", nvml.BRAND_NVIDIA_VAPPS: "NvidiaVApps",
+		nvml.BRAND_NVIDIA_VPC: "NvidiaVPC", nvml.BRAND_NVIDIA_VCS: "NvidiaVCS", nvml.BRAND_NVIDIA_VWS: "NvidiaVWS",
+		nvml.BRAND_NVIDIA_CLOUD_GAMING: "NvidiaCloudGaming", nvml.BRAND_QUADRO_RTX: "QuadroRTX",
+		nvml.BRAND_NVIDIA_RTX: "NvidiaRTX", nvml.BRAND_NVIDIA: "Nvidia", nvml.BRAND_GEFORCE_RTX: "GeForceRTX", nvml.BRAND_TITAN_RTX: "TitanRTX",
+	}
+	return names[b]
+}
+
+// ReadGPU reads what a slice carries beyond the inventory from the GPU's
+// NVML handle (unknown values stay empty).
+func ReadGPU(g api.GPU, h nvml.Device) GPU {
+	out := GPU{GPU: g}
+	if h == nil {
+		return out
+	}
+	if a, ret := h.GetArchitecture(); ret == nvml.SUCCESS {
+		out.Architecture = Architecture(a)
+	}
+	if b, ret := h.GetBrand(); ret == nvml.SUCCESS {
+		out.Brand = Brand(b)
+	}
+	return out
+}
+
+// ReadSystem reads the driver's versions from NVML.
+func ReadSystem(lib nvml.Interface) System {
+	var s System
+	if v, ret := lib.SystemGetDriverVersion(); ret == nvml.SUCCESS {
+		s.DriverVersion = v
+	}
+	if v, ret := lib.SystemGetCudaDriverVersion(); ret == nvml.SUCCESS {
+		s.CUDAVersion = v
+	}
+	return s
 }
