@@ -17,7 +17,9 @@ import (
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
 
+	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -36,18 +38,20 @@ func testGPUs(n int, sharing api.SharingMode) []GPU {
 
 var testSystem = System{DriverVersion: "550.54.15", CUDAVersion: 12040}
 
-// The classes deploy/dra ships (their selectors; the tests of deploy/
-// check the files say the same).
-var testClasses = map[string]*resourceapi.DeviceClass{
-	api.DeviceClassGPU:       class(api.DeviceClassGPU, `device.driver == "gpu.tessera.io"`),
-	api.DeviceClassNVIDIA:    class(api.DeviceClassNVIDIA, `device.driver == "gpu.tessera.io" && device.attributes["gpu.tessera.io"].type == "gpu"`),
-	api.DeviceClassNVIDIAGPU: class(api.DeviceClassNVIDIAGPU, `device.driver == "gpu.tessera.io" && device.attributes["gpu.tessera.io"].type == "gpu"`),
-}
-
-func class(name, expr string) *resourceapi.DeviceClass {
-	return &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: expr}}}}}
-}
+// testClasses are the classes deploy/dra ships.
+var testClasses = func() map[string]*resourceapi.DeviceClass {
+	out := map[string]*resourceapi.DeviceClass{}
+	for _, doc := range [][]byte{deploy.DRADeviceClasses, deploy.DRACompatDeviceClasses} {
+		for _, part := range strings.Split(string(doc), "\n---\n") {
+			var c resourceapi.DeviceClass
+			if err := yaml.UnmarshalStrict([]byte(part), &c); err != nil {
+				panic(err)
+			}
+			out[c.Name] = &c
+		}
+	}
+	return out
+}()
 
 type classLister map[string]*resourceapi.DeviceClass
 

@@ -341,3 +341,16 @@ func (d *Driver) event(claim *resourceapi.ResourceClaim, typ, reason, msg string
 		d.opts.Recorder.Event(claim, typ, reason, msg)
 	}
 }
+
+// Registered reports whether the kubelet accepted the plugin's
+// registration.
+func (d *Driver) Registered() bool {
+	d.mu.Lock()
+	h := d.helper
+	d.mu.Unlock()
+	if h == nil {
+		return false
+	}
+	st := h.RegistrationStatus()
+	return st != nil && st.PluginRegistered
+}

@@ -357,7 +357,6 @@ func TestPrepareConsumers(t *testing.T) {
 		cl.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pod.Name, UID: pod.UID}}
 	}
 	ext := c.claim(api.DeviceClassExtendedResource, 1, nil)
-	ext.Spec.Devices.Requests[0].Exactly.DeviceClassName = api.DeviceClassGPU
 	c.allocate(ext)
 	hami := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "hami", Namespace: "default", UID: "pod-hami"},
 		Spec: corev1.PodSpec{NodeName: "node-a", Containers: []corev1.Container{{Name: "main", Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{
