@@ -33,6 +33,11 @@ type cycleState struct {
 	// (NaN: not filtered), so Score need not run the fit check again.
 	// Nodes added after PreFilter have no slot and are scored afresh.
 	scores []float64
+	// draWhy says why nodes in mode dra cannot serve the pod ("": they
+	// can, through the extended-resource mapping; dra.go) and draNodes
+	// counts those that refused it.
+	draWhy   string
+	draNodes int
 }
 
 // Clone shares the state: the parts read concurrently never change after
@@ -85,7 +90,8 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 	for i := range scores {
 		scores[i] = math.NaN()
 	}
-	cs.Write(stateKey, &cycleState{cr: cr, pol: pol, ranker: placement.RankerFor(cr, pol), total: len(nodes), scores: scores})
+	cs.Write(stateKey, &cycleState{cr: cr, pol: pol, ranker: placement.RankerFor(cr, pol), total: len(nodes), scores: scores,
+		draWhy: draUnfit(req, p.names.GPU)})
 	return nil, nil
 }
 
@@ -108,8 +114,12 @@ func (p *Plugin) Filter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod,
 		return nil
 	}
 	name := ni.Node().Name
-	sc := p.scratchs.Get().(*scratch)
 	p.st.mu.RLock()
+	if p.st.isDRA(name) {
+		p.st.mu.RUnlock()
+		return s.filterDRA()
+	}
+	sc := p.scratchs.Get().(*scratch)
 	r := p.fit(s, name, sc)
 	if r.OK() {
 		// Each node has its own slot: no lock needed on s.scores.
@@ -156,10 +166,10 @@ func (p *Plugin) PostFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.
 	p.waitMu.Lock()
 	p.waiting[kubeobj.Key(pod)] = pod
 	p.waitMu.Unlock()
-	if len(reasons) == 0 {
+	if len(reasons) == 0 && s.draNodes == 0 {
 		return nil, fwk.NewStatus(fwk.Unschedulable)
 	}
-	return nil, fwk.NewStatus(fwk.Unschedulable, "Tessera: "+placement.Summarize(max(s.total, len(reasons)), reasons))
+	return nil, fwk.NewStatus(fwk.Unschedulable, "Tessera: "+s.summary(reasons))
 }
 
 // PreScore skips scoring for pods the plugin does not place.
@@ -183,6 +193,11 @@ func (p *Plugin) Score(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, 
 	}
 	name := ni.Node().Name
 	p.st.mu.RLock()
+	if p.st.isDRA(name) {
+		// DynamicResources places the pod's GPUs there: no packing score.
+		p.st.mu.RUnlock()
+		return 0, nil
+	}
 	i, ok := p.st.slot[name]
 	var score float64
 	if ok && i < len(s.scores) && !math.IsNaN(s.scores[i]) {
@@ -248,6 +263,11 @@ func (p *Plugin) Reserve(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod
 	key := kubeobj.Key(pod)
 	p.st.mu.Lock()
 	defer p.st.mu.Unlock()
+	if p.st.isDRA(nodeName) {
+		// The extended-resource mapping's claim holds the GPUs; the
+		// pod gets no record (PreBind, Bind).
+		return s.filterDRA()
+	}
 	if r := p.fit(s, nodeName, sc); !r.OK() {
 		return fwk.NewStatus(fwk.Unschedulable, fmt.Sprintf("node %s changed since filtering: %s", nodeName, r))
 	}
@@ -285,7 +305,7 @@ func (p *Plugin) Unreserve(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 // has none when Bind carries the record: kube-scheduler then neither runs
 // PreBind nor patches the pod's nominatedNodeName before binding.
 func (p *Plugin) PreBindPreFlight(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) (*fwk.PreBindPreFlightResult, *fwk.Status) {
-	if readState(cs) == nil || p.recordInBinding(klog.FromContext(ctx)) {
+	if readState(cs) == nil || p.recordInBinding(klog.FromContext(ctx)) || p.onDRA(nodeName) {
 		return nil, fwk.NewStatus(fwk.Skip)
 	}
 	return &fwk.PreBindPreFlightResult{AllowParallel: true}, nil
@@ -297,7 +317,7 @@ func (p *Plugin) PreBindPreFlight(ctx context.Context, cs fwk.CycleState, pod *c
 func (p *Plugin) PreBind(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) *fwk.Status {
 	defer since("PreBind", time.Now())
 	s := readState(cs)
-	if s == nil {
+	if s == nil || p.onDRA(nodeName) {
 		return nil
 	}
 	rec, st := reserved(s, pod)
@@ -317,7 +337,7 @@ func (p *Plugin) PreBind(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod
 // next bind plugin (DefaultBinder).
 func (p *Plugin) Bind(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) *fwk.Status {
 	s := readState(cs)
-	if s == nil || !p.recordInBinding(klog.FromContext(ctx)) {
+	if s == nil || !p.recordInBinding(klog.FromContext(ctx)) || p.onDRA(nodeName) {
 		return fwk.NewStatus(fwk.Skip)
 	}
 	defer since("Bind", time.Now())
