@@ -23,6 +23,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
+	"github.com/tessera-gpu/tessera/internal/placement/policies"
 	"github.com/tessera-gpu/tessera/internal/podrequest"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
@@ -70,7 +71,7 @@ func expectPlacement(t *testing.T, invs map[string]*api.NodeInventory, before ma
 	if err != nil {
 		t.Fatal(err)
 	}
-	def, _ := placement.NewPolicy(api.DefaultPlacementPolicy, c, 1)
+	def, _ := policies.New(api.DefaultPlacementPolicy, c, 1)
 	pol := placement.PolicyFor(cr, def)
 	ranker := placement.RankerFor(cr, pol)
 	var s placement.Scratch
