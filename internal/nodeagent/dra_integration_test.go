@@ -24,7 +24,6 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	oci "github.com/opencontainers/runtime-spec/specs-go"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -39,7 +38,6 @@ import (
 	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
-	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/internal/hollowkubelet"
@@ -341,34 +339,27 @@ func (n *draNode) start(p *v1.Pod) (map[string]container, error) {
 		return nil, err
 	}
 	out := map[string]container{}
-	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(n.cdiDir()), cdiapi.WithAutoRefresh(false))
-	if err != nil {
-		return nil, err
-	}
 	for i := range p.Spec.Containers {
 		c := &p.Spec.Containers[i]
 		opts, err := n.cm.GetResources(context.Background(), p, c)
 		if err != nil {
 			return nil, err
 		}
-		ct := container{env: map[string]string{}, mounts: map[string]string{}}
+		ct := container{mounts: map[string]string{}}
 		for _, d := range opts.CDIDevices {
 			ct.cdi = append(ct.cdi, d.Name)
 		}
-		spec := &oci.Spec{Process: &oci.Process{}}
-		if _, err := cache.InjectDevices(spec, ct.cdi...); err != nil {
+		edits, err := hollowkubelet.ResolveCDI([]string{n.cdiDir()}, ct.cdi)
+		if err != nil {
 			return nil, fmt.Errorf("container %s: %w", c.Name, err)
 		}
-		for _, e := range spec.Process.Env {
-			k, v, _ := strings.Cut(e, "=")
-			ct.env[k] = v
-		}
-		for _, m := range spec.Mounts {
-			v := m.Source
-			if slices.Contains(m.Options, "ro") {
+		ct.env = edits.Env
+		for _, m := range edits.Mounts {
+			v := m.HostPath
+			if m.ReadOnly {
 				v += " (ro)"
 			}
-			ct.mounts[m.Destination] = v
+			ct.mounts[m.ContainerPath] = v
 		}
 		out[c.Name] = ct
 	}
