@@ -162,6 +162,7 @@ func runKubelet(ctx context.Context, args []string) error {
 		Taints:          taints,
 		RuntimeEndpoint: "unix://" + nd.criSocket(),
 		PodLogsDir:      nd.path("pod-logs"),
+		DRA:             true,
 		Serving:         hollowkubelet.Serving{CertFile: cert, KeyFile: key, ClientCAFile: Dir(f.lab).path("pki", "ca.crt")},
 	})
 	if err != nil {
@@ -229,6 +230,7 @@ func runRuntime(ctx context.Context, args []string) error {
 		DefaultEnv:     map[string]string{"PATH": containerPATH, "HOME": "/root"},
 		Prepare:        labContainer(tools, gpus),
 		PodResources:   filepath.Join(kubeletRoot, "pod-resources", "kubelet.sock"),
+		CDIDirs:        []string{nd.cdiDir()},
 		OnCreate:       record, OnUpdate: record,
 		OnRemove: func(c hollowkubelet.Container) {
 			path := filepath.Join(containers, recordName(c))
@@ -322,6 +324,7 @@ func runNodeAgent(ctx context.Context, args []string) error {
 		PluginDir:          filepath.Join(root, "device-plugins"),
 		PodResourcesSocket: filepath.Join(root, "pod-resources", "kubelet.sock"),
 		Resync:             30 * time.Second,
+		DRA:                labDRA(f.dir),
 	}, klog.Background().WithName("node-agent"))
 	if err != nil {
 		return err

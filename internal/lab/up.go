@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/deploy"
+	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/lab/etcd"
 	"github.com/tessera-gpu/tessera/internal/scheduler"
 	"github.com/tessera-gpu/tessera/pkg/api"
@@ -187,6 +188,9 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	if err := ensureNodeConfigMap(ctx, client, cfg.NodeConfig, cfg.Nodes); err != nil {
 		return err
 	}
+	if err := ensureDRA(ctx, client); err != nil {
+		return err
+	}
 
 	schedConfig, err := writeSchedulerConfig(d.path("scheduler.yaml"), d.Kubeconfig())
 	if err != nil {
@@ -318,6 +322,14 @@ func nodeReady(ctx context.Context, client kubernetes.Interface, name string) bo
 	if err != nil || n.Annotations[api.AnnotationInventory] == "" {
 		return false
 	}
+	inv, err := kubeobj.Inventory(n)
+	if err == nil && inv != nil && inv.Mode == api.ModeDRA {
+		// Its GPUs are devices of its ResourceSlice, not resources.
+		if !draReady(ctx, client, name) {
+			return false
+		}
+		return nodeConditionReady(n)
+	}
 	// Any GPU device resource: the GPU's, its shared rename, a MIG profile's.
 	slots := int64(0)
 	for r, q := range n.Status.Allocatable {
@@ -328,6 +340,10 @@ func nodeReady(ctx context.Context, client kubernetes.Interface, name string) bo
 	if slots == 0 {
 		return false
 	}
+	return nodeConditionReady(n)
+}
+
+func nodeConditionReady(n *corev1.Node) bool {
 	for _, c := range n.Status.Conditions {
 		if c.Type == corev1.NodeReady {
 			return c.Status == corev1.ConditionTrue

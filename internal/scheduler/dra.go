@@ -10,6 +10,7 @@ package scheduler
 
 import (
 	"fmt"
+	"math"
 	"strings"
 
 	fwk "k8s.io/kube-scheduler/framework"
@@ -48,6 +49,11 @@ func draUnfit(r *placement.Request, gpu string) string {
 	return fmt.Sprintf("node serves its GPUs through DRA (mode %s) and gives %s only whole GPUs through DeviceClass %s: %s; ask with a ResourceClaim for capacity memory and cores there (docs/dra.md)",
 		api.ModeDRA, gpu, api.DeviceClassExtendedResource, strings.Join(why, ", "))
 }
+
+// draScore is Score's answer for a node in mode dra: a whole-GPU pod
+// goes there only when no node Tessera places on fits it (or it selects
+// the node), so the packing of device-plugin nodes stays Tessera's.
+const draScore = math.MinInt64
 
 // isDRA reports whether the node is in mode dra; the caller holds st.mu.
 func (s *state) isDRA(node string) bool { return s.dra[node] }

@@ -82,3 +82,21 @@ func TestDRANodeWholeGPUPasses(t *testing.T) {
 		t.Errorf("selector pod on the DRA node: %v", st)
 	}
 }
+
+// A whole-GPU pod prefers the nodes Tessera places on; a DRA node ranks
+// last, and the device-plugin nodes keep their spread of scores.
+func TestDRANodeRanksLast(t *testing.T) {
+	p, _ := newTestPlugin(t, api.ClusterConfig{})
+	scores := fwk.NodeScoreList{{Name: "dra", Score: draScore}, {Name: "a", Score: 5}, {Name: "b", Score: 10}}
+	if st := p.NormalizeScore(context.Background(), nil, nil, scores); !st.IsSuccess() {
+		t.Fatal(st)
+	}
+	if scores[0].Score != 0 || scores[1].Score != 1 || scores[2].Score != fwk.MaxScore {
+		t.Errorf("normalized %+v, want dra 0, a 1, b %d", scores, fwk.MaxScore)
+	}
+	one := fwk.NodeScoreList{{Name: "dra", Score: draScore}, {Name: "a", Score: -3}}
+	_ = p.NormalizeScore(context.Background(), nil, nil, one)
+	if one[0].Score != 0 || one[1].Score != fwk.MaxScore {
+		t.Errorf("normalized %+v", one)
+	}
+}

@@ -194,9 +194,10 @@ func (p *Plugin) Score(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, 
 	name := ni.Node().Name
 	p.st.mu.RLock()
 	if p.st.isDRA(name) {
-		// DynamicResources places the pod's GPUs there: no packing score.
+		// DynamicResources places the pod's GPUs there: ranked below
+		// every node Tessera places on (NormalizeScore).
 		p.st.mu.RUnlock()
-		return 0, nil
+		return draScore, nil
 	}
 	i, ok := p.st.slot[name]
 	var score float64
@@ -235,16 +236,32 @@ func (p *Plugin) NormalizeScore(ctx context.Context, cs fwk.CycleState, pod *cor
 	if len(scores) == 0 {
 		return nil
 	}
-	lo, hi := scores[0].Score, scores[0].Score
+	lo, hi, seen, dra := int64(0), int64(0), false, false
 	for _, s := range scores {
-		lo, hi = min(lo, s.Score), max(hi, s.Score)
+		switch {
+		case s.Score == draScore:
+			dra = true
+		case !seen:
+			lo, hi, seen = s.Score, s.Score, true
+		default:
+			lo, hi = min(lo, s.Score), max(hi, s.Score)
+		}
+	}
+	// With DRA nodes among them, Tessera's nodes get [1, MaxScore] and
+	// the DRA nodes 0.
+	floor := int64(0)
+	if dra {
+		floor = 1
 	}
 	for i := range scores {
-		if hi == lo {
+		switch {
+		case scores[i].Score == draScore:
+			scores[i].Score = 0
+		case hi == lo:
 			scores[i].Score = fwk.MaxScore
-			continue
+		default:
+			scores[i].Score = floor + int64(float64(scores[i].Score-lo)/float64(hi-lo)*float64(fwk.MaxScore-floor))
 		}
-		scores[i].Score = int64(float64(scores[i].Score-lo) / float64(hi-lo) * float64(fwk.MaxScore))
 	}
 	return nil
 }
