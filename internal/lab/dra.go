@@ -11,16 +11,11 @@ package lab
 
 import (
 	"context"
-	"fmt"
 	"path/filepath"
-	"strings"
 
-	admissionv1 "k8s.io/api/admissionregistration/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/dra"
@@ -48,40 +43,10 @@ func labDRA(dir string) dra.Options {
 	}
 }
 
-// ensureDRA creates the shipped DeviceClasses and admission policy.
+// ensureDRA creates the shipped DeviceClasses, the compatibility ones
+// and the claims' admission policy.
 func ensureDRA(ctx context.Context, client kubernetes.Interface) error {
-	for _, doc := range [][]byte{deploy.DRADeviceClasses, deploy.DRACompatDeviceClasses, deploy.DRAAdmission} {
-		for _, part := range strings.Split(string(doc), "\n---\n") {
-			var meta metav1.TypeMeta
-			if err := yaml.Unmarshal([]byte(part), &meta); err != nil {
-				return fmt.Errorf("deploy/dra: %w", err)
-			}
-			var err error
-			switch meta.Kind {
-			case "DeviceClass":
-				var o resourceapi.DeviceClass
-				if err = yaml.UnmarshalStrict([]byte(part), &o); err == nil {
-					_, err = client.ResourceV1().DeviceClasses().Create(ctx, &o, metav1.CreateOptions{})
-				}
-			case "ValidatingAdmissionPolicy":
-				var o admissionv1.ValidatingAdmissionPolicy
-				if err = yaml.UnmarshalStrict([]byte(part), &o); err == nil {
-					_, err = client.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, &o, metav1.CreateOptions{})
-				}
-			case "ValidatingAdmissionPolicyBinding":
-				var o admissionv1.ValidatingAdmissionPolicyBinding
-				if err = yaml.UnmarshalStrict([]byte(part), &o); err == nil {
-					_, err = client.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, &o, metav1.CreateOptions{})
-				}
-			default:
-				err = fmt.Errorf("unexpected kind %q", meta.Kind)
-			}
-			if err != nil && !apierrors.IsAlreadyExists(err) {
-				return fmt.Errorf("deploy/dra %s: %w", meta.Kind, err)
-			}
-		}
-	}
-	return nil
+	return dra.ApplyManifests(ctx, client, deploy.DRADeviceClasses, deploy.DRACompatDeviceClasses, deploy.DRAAdmission)
 }
 
 // draReady reports whether the node in mode dra published its GPUs: its

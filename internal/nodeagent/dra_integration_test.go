@@ -37,7 +37,6 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/internal/hollowkubelet"
@@ -424,16 +423,8 @@ func setupDRA(t *testing.T) kubernetes.Interface {
 		Data: map[string]string{"default": "sharing: shared\n", "dra": "mode: dra\nsharing: shared\nsharesPerGPU: 10\n"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	for _, doc := range [][]byte{deploy.DRADeviceClasses, deploy.DRACompatDeviceClasses} {
-		for _, part := range strings.Split(string(doc), "\n---\n") {
-			var c resourceapi.DeviceClass
-			if err := yaml.UnmarshalStrict([]byte(part), &c); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := client.ResourceV1().DeviceClasses().Create(ctx, &c, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
-		}
+	if err := dra.ApplyManifests(ctx, client, deploy.DRADeviceClasses, deploy.DRACompatDeviceClasses, deploy.DRAAdmission); err != nil {
+		t.Fatal(err)
 	}
 	return client
 }
@@ -621,6 +612,58 @@ func TestDRAManager(t *testing.T) {
 		n.stop(p)
 		if l := n.leftovers(); len(l) > 0 {
 			t.Errorf("left behind: %v", l)
+		}
+	})
+
+	// The shipped admission policy refuses a request that asks cores
+	// without memory (it would hold the GPU's whole memory) and one that
+	// asks the never-consumed mirror gpu.nvidia.com/memory, in claims and
+	// templates, prioritized lists included; it admits memory + cores.
+	t.Run("admission", func(t *testing.T) {
+		const ns = "dra-admission"
+		if _, err := client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		exact := func(caps ...string) resourceapi.DeviceRequest {
+			r := resourceapi.DeviceRequest{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: api.DeviceClassNVIDIA,
+				AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
+				Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{}}}}
+			for _, c := range caps {
+				r.Exactly.Capacity.Requests[resourceapi.QualifiedName(c)] = resource.MustParse("25")
+			}
+			return r
+		}
+		spec := func(reqs ...resourceapi.DeviceRequest) resourceapi.ResourceClaimSpec {
+			return resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: reqs}}
+		}
+		claim := func(name string, s resourceapi.ResourceClaimSpec) error {
+			_, err := client.ResourceV1().ResourceClaims(ns).Create(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: s}, metav1.CreateOptions{})
+			return err
+		}
+		// The policy takes effect once the API server has compiled it.
+		testenv.WaitFor(t, "the admission policy in effect", 30*time.Second, func() bool {
+			err := claim("probe", spec(exact("cores")))
+			if err == nil {
+				_ = client.ResourceV1().ResourceClaims(ns).Delete(ctx, "probe", metav1.DeleteOptions{})
+			}
+			return err != nil
+		})
+		if err := claim("cores-only", spec(exact("cores"))); err == nil || !strings.Contains(err.Error(), "request gpu of a Tessera GPU class asks capacity cores without memory") {
+			t.Errorf("cores only: %v", err)
+		}
+		if err := claim("mirror", spec(exact("memory", "gpu.nvidia.com/memory"))); err == nil || !strings.Contains(err.Error(), "request gpu asks capacity gpu.nvidia.com/memory") {
+			t.Errorf("mirror: %v", err)
+		}
+		prio := resourceapi.DeviceRequest{Name: "any", FirstAvailable: []resourceapi.DeviceSubRequest{
+			{Name: "big", DeviceClassName: api.DeviceClassGPU, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
+				Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{"cores": resource.MustParse("50")}}},
+		}}
+		tmpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: "prio"}, Spec: resourceapi.ResourceClaimTemplateSpec{Spec: spec(prio)}}
+		if _, err := client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "request any/big of a Tessera GPU class asks capacity cores without memory") {
+			t.Errorf("template, prioritized list: %v", err)
+		}
+		if err := claim("ok", spec(exact("memory", "cores"))); err != nil {
+			t.Errorf("memory and cores refused: %v", err)
 		}
 	})
 
