@@ -22,7 +22,7 @@ func NewCommand() *cobra.Command {
 // Registry holds Tessera's plugins: the Tessera plugin and the profile's
 // NodeResourcesFit (resourcesfit.Name).
 func Registry() frameworkruntime.Registry {
-	return frameworkruntime.Registry{Name: New, resourcesfit.Name: resourcesfit.New}
+	return frameworkruntime.Registry{Name: New, resourcesfit.Name: resourcesfit.New, resourcesfit.DRAName: resourcesfit.NewDRA}
 }
 
 func withPlugins() []app.Option {
