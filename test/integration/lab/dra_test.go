@@ -37,7 +37,8 @@ const draNode = "lab-dra"
 // claims unprepared) when the test ends.
 func draNamespace(t *testing.T, ns string) {
 	t.Helper()
-	useNamespace(t, ns)
+	// Cleanups run last-registered first: the pods go (useNamespace),
+	// then the claims they no longer use.
 	t.Cleanup(func() {
 		ctx := context.Background()
 		_ = client.ResourceV1().ResourceClaims(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
@@ -46,6 +47,7 @@ func draNamespace(t *testing.T, ns string) {
 			return err == nil && len(l.Items) == 0
 		})
 	})
+	useNamespace(t, ns)
 }
 
 // draContainer is the container the node's runtime created, with the GPU
@@ -252,11 +254,12 @@ spec:
   resourceClaims: [{name: gpu, resourceClaimTemplateName: quarter}]
 `, i)
 	}
-	// One at a time, so the first four are allocated before the fifth.
-	for i, doc := range strings.Split(m, "---\n")[1:] {
+	// The template, then the pods one at a time, so the first four are
+	// allocated before the fifth.
+	for i, doc := range strings.Split(m, "---\n") {
 		apply(t, doc)
-		if i > 0 {
-			waitRunning(t, ns, fmt.Sprintf("q%d", i-1))
+		if i > 1 {
+			waitRunning(t, ns, fmt.Sprintf("q%d", i-2))
 		}
 	}
 	waitRunning(t, ns, "q4")
