@@ -13,11 +13,13 @@ import (
 	"context"
 	"path/filepath"
 
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/deploy"
+	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/dra"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -43,16 +45,21 @@ func labDRA(dir string) dra.Options {
 	}
 }
 
-// ensureDRA creates the shipped DeviceClasses, the compatibility ones
-// and the claims' admission policy.
+// ensureDRA is the dra mode's Setup: the shipped DeviceClasses, the
+// compatibility ones and the claims' admission policy.
 func ensureDRA(ctx context.Context, client kubernetes.Interface) error {
 	return dra.ApplyManifests(ctx, client, deploy.DRADeviceClasses, deploy.DRACompatDeviceClasses, deploy.DRAAdmission)
 }
 
-// draReady reports whether the node in mode dra published its GPUs: its
-// ResourceSlice of driver gpu.tessera.io has devices.
-func draReady(ctx context.Context, client kubernetes.Interface, node string) bool {
-	l, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: resourceapi.ResourceSliceSelectorNodeName + "=" + node})
+// draServing is the dra mode's Serving: the node's agent publishes
+// mode dra in its inventory and its ResourceSlice of driver
+// gpu.tessera.io has devices.
+func draServing(ctx context.Context, client kubernetes.Interface, node *corev1.Node) bool {
+	inv, err := kubeobj.Inventory(node)
+	if err != nil || inv == nil || inv.Mode != api.ModeDRA {
+		return false
+	}
+	l, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: resourceapi.ResourceSliceSelectorNodeName + "=" + node.Name})
 	if err != nil {
 		return false
 	}

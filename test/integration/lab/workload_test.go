@@ -420,13 +420,33 @@ func TestFaults(t *testing.T) {
 	// resource (OutOf<resource>). A controller would recreate the pod.
 	// Only pods created during the faults, on the disrupted nodes, may
 	// fail so; recreated, they must run.
+	// A pod the killed kubelet had admitted and started may be rejected
+	// so by the restarted one, which admits again every pod it finds: it
+	// stops the container (lab-pause exits 0 at SIGTERM) and, the pod's
+	// restart policy being Always, the kubelet reports it Succeeded; its
+	// Warning event says why.
 	disrupted := map[string]bool{"lab-gpu-02": true, "lab-gpu-03": true}
 	running, pending, failed := checkSettled(t, faultsNS, func(p *corev1.Pod) bool {
-		if !strings.HasPrefix(p.Name, "f-") || !disrupted[p.Spec.NodeName] || p.Status.Phase != corev1.PodFailed {
+		if !strings.HasPrefix(p.Name, "f-") || !disrupted[p.Spec.NodeName] {
 			return false
 		}
-		return (p.Status.Reason == "UnexpectedAdmissionError" && strings.Contains(p.Status.Message, "Allocate failed due to")) ||
-			p.Status.Reason == "OutOf"+names.GPU
+		switch p.Status.Phase {
+		case corev1.PodFailed:
+			return (p.Status.Reason == "UnexpectedAdmissionError" && strings.Contains(p.Status.Message, "Allocate failed due to")) ||
+				p.Status.Reason == "OutOf"+names.GPU
+		case corev1.PodSucceeded:
+			evs, err := client.CoreV1().Events(faultsNS).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + p.Name + ",reason=UnexpectedAdmissionError"})
+			if err != nil {
+				return false
+			}
+			for _, e := range evs.Items {
+				if e.InvolvedObject.UID == p.UID && strings.Contains(e.Message, "Allocate failed due to") {
+					p.Status.Message = "stopped by the restarted kubelet: " + e.Message
+					return true
+				}
+			}
+		}
+		return false
 	})
 	if len(failed) > 0 {
 		var again []*corev1.Pod
