@@ -97,6 +97,8 @@ type nodeFlags struct {
 	kubeconfig, node, dir, model, lab, tools string
 	gpus, port                               int
 	labels, taints, configMap                string
+	// dra runs the kubelet's DRA manager (the dra mode's nodes).
+	dra bool
 }
 
 func parseNodeFlags(name string, args []string) (*nodeFlags, error) {
@@ -113,6 +115,7 @@ func parseNodeFlags(name string, args []string) (*nodeFlags, error) {
 	fs.StringVar(&f.labels, "labels", "", "node labels k=v,…")
 	fs.StringVar(&f.taints, "taints", "", "node taints k=v:Effect,…")
 	fs.StringVar(&f.configMap, "config-map", "", "the node agent's profiles, namespace/name")
+	fs.BoolVar(&f.dra, "dra", false, "kubelet: run the kubelet's DRA manager and plugin registration")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -162,7 +165,7 @@ func runKubelet(ctx context.Context, args []string) error {
 		Taints:          taints,
 		RuntimeEndpoint: "unix://" + nd.criSocket(),
 		PodLogsDir:      nd.path("pod-logs"),
-		DRA:             true,
+		DRA:             f.dra,
 		Serving:         hollowkubelet.Serving{CertFile: cert, KeyFile: key, ClientCAFile: Dir(f.lab).path("pki", "ca.crt")},
 	})
 	if err != nil {

@@ -1,7 +1,8 @@
 package lab
 
-// DRA in the lab (docs/dra.md): every hollow kubelet runs the kubelet's
-// DRA manager and plugin registration, every node agent may serve the DRA
+// DRA in the lab (docs/dra.md): the dra mode's hollow kubelets run the
+// kubelet's DRA manager and plugin registration (--dra), every node agent
+// may serve the DRA
 // driver gpu.tessera.io (it does on nodes whose profile says mode: dra,
 // such as the dra mode's lab-dra), every node's runtime resolves CDI
 // devices from the node's CDI directory, and `up` creates Tessera's

@@ -206,6 +206,9 @@ var Modes = []Mode{
 		Summary: "DRA: GPUs as ResourceClaims of the driver gpu.tessera.io, shares as consumable capacity (memory, cores) enforced by the limiter; nvidia.com/gpu pods through the mapped DeviceClass",
 		Profile: "dra", Node: "lab-dra", Model: "A100-80GB", GPUs: 4,
 		Setup: ensureDRA, Serving: draServing,
+		// Only this mode's kubelets run the DRA manager: the other nodes'
+		// kubelets stay as they were.
+		Args: map[string][]string{"kubelet": {"--dra"}},
 		Demo: []DemoPod{
 			{
 				Name: "demo-dra-whole-gpu", Command: []string{"sh", "-c", "nvidia-smi -L && gpu-fill"},
