@@ -158,7 +158,7 @@ func (d *Driver) files(claim *resourceapi.ResourceClaim, gs []Grant, cfgs map[st
 		}
 		spec.Devices = append(spec.Devices, cdispec.Device{Name: cdiName(claim.UID, req), ContainerEdits: edits})
 	}
-	v, err := cdiapi.MinimumRequiredVersion(spec)
+	v, err := cdispec.MinimumRequiredVersion(spec)
 	if err != nil {
 		return p, fmt.Errorf("CDI spec: %w", err)
 	}
