@@ -47,6 +47,7 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.StringVar(&def.StateRoot, "state-root", def.StateRoot, "host directory of the per-container limiter state")
 	fs.StringVar(&def.StateContainer, "state-container-path", def.StateContainer, "where containers see their state directory")
 	mpsControl := fs.String("mps-control", "nvidia-cuda-mps-control", "NVIDIA's MPS control program, run per GPU on nodes in mps mode")
+	metricsAddr := fs.String("metrics-address", ":9402", `where Prometheus metrics are served ("host:port"; "" turns them off; docs/operations.md)`)
 	mpsRoot := fs.String("mps-root", mps.DefaultRoot, "host directory of the MPS daemons' pipe and log directories (a profile's flags.mpsRoot wins)")
 	draOpts := dra.DefaultOptions()
 	fs.StringVar(&draOpts.ClaimRoot, "dra-claim-root", draOpts.ClaimRoot, "mode dra: host directory of the per-claim limiter files and the driver's checkpoint")
@@ -112,6 +113,7 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		MPSControl:         []string{*mpsControl},
 		MPSRoot:            *mpsRoot,
 		DRA:                draOpts,
+		MetricsAddress:     *metricsAddr,
 	}, logger)
 	if err != nil {
 		return err

@@ -35,6 +35,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/nodeagent/dra"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/mps"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/nodelabels"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -70,6 +71,9 @@ type Options struct {
 	// PluginDataDir, RegistrarDir; dra.DefaultOptions when empty), for
 	// nodes in mode dra. The agent fills in the rest.
 	DRA dra.Options
+	// MetricsAddress is where the Prometheus metrics are served
+	// ("host:port"; empty: not served). See observe.go.
+	MetricsAddress string
 }
 
 // Agent is one node's agent.
@@ -111,6 +115,13 @@ type Agent struct {
 	synced    bool   // our cache has shown what we wrote
 	patches   int
 	configErr string // last configuration error reported
+
+	// driver, lastInv, podsForMetrics and metricsAddr feed the labels and
+	// metrics (observe.go).
+	driver         nodelabels.Driver
+	lastInv        *api.NodeInventory
+	podsForMetrics corelisters.PodLister
+	metricsAddr    string
 }
 
 // New discovers the GPUs of lib (initialised) and prepares the agent.
@@ -148,6 +159,7 @@ func New(lib nvml.Interface, client kubernetes.Interface, opts Options, logger k
 		state:   statedir.Dirs{Root: opts.Paths.StateRoot},
 		trigger: make(chan struct{}, 1),
 		plugins: map[string]*pluginRun{},
+		driver:  driverInfo(lib),
 	}
 	cmd := opts.MPSControl
 	if len(cmd) == 0 {
@@ -240,6 +252,11 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	defer a.wg.Wait()
 	defer a.stopPlugins()
+	if a.opts.MetricsAddress != "" {
+		if err := a.serveMetrics(ctx); err != nil {
+			return fmt.Errorf("metrics address %q: %w", a.opts.MetricsAddress, err)
+		}
+	}
 	defer a.stopDRA()
 	a.wg.Add(1)
 	go func() {
@@ -306,14 +323,19 @@ func (a *Agent) reconcile(ctx context.Context) {
 	a.devMu.Lock()
 	inv, offer := BuildInventory(a.devices, a.monitor.Snapshot(), cfg.NodeConfig, a.names)
 	a.devMu.Unlock()
+	a.remember(inv)
 	a.syncPlugins(cfg, offer)
 	a.syncDRA(ctx, cfg.NodeConfig, inv)
 	a.reconcileMPS(ctx, cfg, inv)
 	if node == nil {
 		return
 	}
-	if err := a.publish(ctx, node, inv); err != nil {
-		a.logger.Error(err, "Publishing the inventory failed; will retry", "node", a.opts.NodeName)
+	err = a.publish(ctx, node, inv)
+	if err == nil {
+		err = a.publishLabels(ctx, node, inv)
+	}
+	if err != nil {
+		a.logger.Error(err, "Publishing the inventory or labels failed; will retry", "node", a.opts.NodeName)
 		go func() { time.Sleep(5 * time.Second); a.poke() }()
 	}
 }

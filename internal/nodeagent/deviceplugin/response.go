@@ -9,6 +9,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/tessera-gpu/tessera/internal/atomicfile"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -82,7 +83,7 @@ func buildResponse(c api.ContainerAllocation, limited bool, stateDir string, p P
 		}
 		r.Envs[api.EnvSMLimit] = fmt.Sprint(low)
 	}
-	r.Envs[api.EnvSharedCache] = filepath.Join(p.StateContainer, "cache")
+	r.Envs[api.EnvSharedCache] = filepath.Join(p.StateContainer, statedir.LimiterStateFile)
 	r.Mounts = []*pluginapi.Mount{
 		{ContainerPath: p.LimiterContainer, HostPath: p.LimiterHost, ReadOnly: true},
 		{ContainerPath: p.StateContainer, HostPath: stateDir},

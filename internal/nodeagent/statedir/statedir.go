@@ -16,6 +16,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
+// LimiterStateFile is the name of the limiter's shared-state file
+// (internal/limiterstate) in a container's directory.
+const LimiterStateFile = "cache"
+
 // Dirs are the per-container directories under Root.
 type Dirs struct{ Root string }
 
