@@ -28,3 +28,15 @@ func SchedulerConfigFor(kubeconfig string, qps, burst int) ([]byte, error) {
 	cfg["clientConnection"] = map[string]any{"kubeconfig": kubeconfig, "qps": qps, "burst": burst}
 	return yaml.Marshal(cfg)
 }
+
+// DRA manifests (docs/dra.md): Tessera's DeviceClasses, the optional
+// compatibility classes named as the GPU guides name them, and the
+// admission policy for claims of those classes.
+var (
+	//go:embed dra/deviceclasses.yaml
+	DRADeviceClasses []byte
+	//go:embed dra/compat-deviceclasses.yaml
+	DRACompatDeviceClasses []byte
+	//go:embed dra/admission.yaml
+	DRAAdmission []byte
+)

@@ -21,6 +21,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/nodeagent/config"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/discovery"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/dra"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/mps"
 	"github.com/tessera-gpu/tessera/pkg/api"
@@ -48,8 +49,13 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	mpsControl := fs.String("mps-control", "nvidia-cuda-mps-control", "NVIDIA's MPS control program, run per GPU on nodes in mps mode")
 	metricsAddr := fs.String("metrics-address", ":9402", `where Prometheus metrics are served ("host:port"; "" turns them off; docs/operations.md)`)
 	mpsRoot := fs.String("mps-root", mps.DefaultRoot, "host directory of the MPS daemons' pipe and log directories (a profile's flags.mpsRoot wins)")
+	draOpts := dra.DefaultOptions()
+	fs.StringVar(&draOpts.ClaimRoot, "dra-claim-root", draOpts.ClaimRoot, "mode dra: host directory of the per-claim limiter files and the driver's checkpoint")
+	fs.StringVar(&draOpts.CDIDir, "cdi-dir", draOpts.CDIDir, "mode dra: directory the container runtime reads CDI specs from")
+	fs.StringVar(&draOpts.PluginDataDir, "dra-plugin-dir", draOpts.PluginDataDir, "mode dra: the kubelet plugin's directory (dra.sock)")
+	fs.StringVar(&draOpts.RegistrarDir, "plugin-registry-dir", draOpts.RegistrarDir, "mode dra: the kubelet's plugin registration directory")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: tessera node-agent [flags]\n\nDiscovers GPUs through NVML, publishes the node's inventory, watches GPU health and serves the kubelet device plugin.\n\nFlags:\n")
+		fmt.Fprintf(stderr, "Usage: tessera node-agent [flags]\n\nDiscovers GPUs through NVML, publishes the node's inventory, watches GPU health and serves the kubelet device plugin or, on nodes whose profile says mode: dra, the DRA kubelet plugin gpu.tessera.io.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args); err != nil {
@@ -106,6 +112,7 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		PodResourcesSocket: *podRes,
 		MPSControl:         []string{*mpsControl},
 		MPSRoot:            *mpsRoot,
+		DRA:                draOpts,
 		MetricsAddress:     *metricsAddr,
 	}, logger)
 	if err != nil {

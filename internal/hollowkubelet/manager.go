@@ -33,6 +33,7 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/cm"
 	"k8s.io/kubernetes/pkg/kubelet/cm/containermap"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
+	kubeletdra "k8s.io/kubernetes/pkg/kubelet/cm/dra"
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
 	"k8s.io/kubernetes/pkg/kubelet/config"
 	kubecontainer "k8s.io/kubernetes/pkg/kubelet/container"
@@ -48,6 +49,8 @@ import (
 type ContainerManager struct {
 	cm.ContainerManager
 	dm *devicemanager.ManagerImpl
+	// dra is the kubelet's DRA manager (EnableDRA; dra.go); nil: none.
+	dra *kubeletdra.Manager
 }
 
 // NewContainerManager creates the device manager on the fixed socket
@@ -62,6 +65,9 @@ func NewContainerManager() (*ContainerManager, error) {
 
 func (g *ContainerManager) Start(ctx context.Context, node *v1.Node, activePods cm.ActivePodsFunc, getNode cm.GetNodeFunc, sources config.SourcesReady, ps status.PodStatusProvider, rs internalapi.RuntimeService, lsci bool) error {
 	if err := g.ContainerManager.Start(ctx, node, activePods, getNode, sources, ps, rs, lsci); err != nil {
+		return err
+	}
+	if err := g.StartDRA(ctx, activePods, getNode, sources); err != nil {
 		return err
 	}
 	return g.StartDeviceManager(klog.FromContext(ctx), activePods, sources)
@@ -98,11 +104,17 @@ func (g *ContainerManager) GetDevicePluginResourceCapacity() (v1.ResourceList, v
 
 func (g *ContainerManager) GetResources(ctx context.Context, pod *v1.Pod, c *v1.Container) (*kubecontainer.RunContainerOptions, error) {
 	opts := &kubecontainer.RunContainerOptions{}
+	cdi, err := g.draCDIDevices(pod, c)
+	if err != nil {
+		return nil, err
+	}
+	opts.CDIDevices = cdi
 	dev, err := g.dm.GetDeviceRunContainerOptions(ctx, pod, c)
 	if err != nil || dev == nil {
 		return opts, err
 	}
 	opts.Envs, opts.Mounts, opts.Devices = dev.Envs, dev.Mounts, dev.Devices
+	opts.CDIDevices = append(opts.CDIDevices, dev.CDIDevices...)
 	return opts, nil
 }
 

@@ -59,6 +59,10 @@ type Options struct {
 	// PodLogsDir is where the kubelet places the containers' logs
 	// (default: a temporary directory).
 	PodLogsDir string
+	// DRA wires the kubelet's DRA manager (its checkpoint in RootDir)
+	// and its plugin registration (RootDir/plugins_registry), as a
+	// kubelet with DynamicResourceAllocation does.
+	DRA bool
 	// Serving is the kubelet's API: with a certificate it serves HTTPS and
 	// authenticates clients by certificates of ClientCAFile or by tokens
 	// (TokenReview), and authorizes them by SubjectAccessReview, as a
@@ -107,6 +111,11 @@ func Run(ctx context.Context, o Options) error {
 	cm, err := NewContainerManager()
 	if err != nil {
 		return err
+	}
+	if o.DRA {
+		if err := cm.EnableDRA(klog.FromContext(ctx).WithName("dra"), o.Client, o.RootDir); err != nil {
+			return err
+		}
 	}
 	f, c := kubemark.GetHollowKubeletConfig(&kubemark.HollowKubeletOptions{NodeName: o.NodeName, KubeletPort: o.Port, MaxPods: o.MaxPods, NodeLabels: o.Labels, RegisterWithTaints: o.Taints})
 	f.RootDirectory = o.RootDir

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"sort"
@@ -46,6 +47,9 @@ type Container struct {
 	// per resource (its device manager's view, from the pod-resources
 	// API).
 	Devices []Devices `json:"devices,omitempty"`
+	// CDIDevices are the CDI devices the kubelet asked for (a DRA
+	// driver's); their environment and mounts are in Env and Mounts.
+	CDIDevices []string `json:"cdiDevices,omitempty"`
 	// GPUs are the GPUs the runtime exposed to the container (Prepare).
 	GPUs []GPU `json:"gpus,omitempty"`
 	// LogPath is the container's log file (CRI format).
@@ -109,6 +113,9 @@ type RuntimeOptions struct {
 	// InitNames tells init containers apart when containers are only
 	// recorded.
 	InitNames InitNames
+	// CDIDirs are where the node's CDI specs are (a container's CDI
+	// devices are resolved there, ResolveCDI).
+	CDIDirs []string
 	// PodResources is the kubelet's pod-resources socket, from which the
 	// containers' Devices are read (none when empty).
 	PodResources string
@@ -249,6 +256,10 @@ func (r *Runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateCon
 	for _, d := range cfg.Devices {
 		c.rec.Mounts = append(c.rec.Mounts, Mount{HostPath: d.HostPath, ContainerPath: d.ContainerPath, ReadOnly: !strings.Contains(d.Permissions, "w")})
 	}
+	if err := r.applyCDI(&c.rec, cfg); err != nil {
+		_ = r.RuntimeService.RemoveContainer(ctx, id)
+		return nil, err
+	}
 	// An image of the lab has no entrypoint: the command and its
 	// arguments run as given, arguments alone run as the command, and a
 	// container naming neither runs the default.
@@ -277,6 +288,25 @@ func (r *Runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateCon
 		r.opts.OnCreate(rec)
 	}
 	return &runtimeapi.CreateContainerResponse{ContainerId: id}, nil
+}
+
+// applyCDI resolves the container's CDI devices and applies their edits,
+// as containerd and CRI-O do; a device no spec defines fails the
+// container.
+func (r *Runtime) applyCDI(c *Container, cfg *runtimeapi.ContainerConfig) error {
+	for _, d := range cfg.CDIDevices {
+		c.CDIDevices = append(c.CDIDevices, d.Name)
+	}
+	if len(c.CDIDevices) == 0 {
+		return nil
+	}
+	edits, err := ResolveCDI(r.opts.CDIDirs, c.CDIDevices)
+	if err != nil {
+		return status.Errorf(codes.FailedPrecondition, "container %s: %v", c.Name, err)
+	}
+	maps.Copy(c.Env, edits.Env)
+	c.Mounts = append(c.Mounts, edits.Mounts...)
+	return nil
 }
 
 // unsupported refuses what the runtime cannot do rather than ignore it.

@@ -97,6 +97,8 @@ type nodeFlags struct {
 	kubeconfig, node, dir, model, lab, tools string
 	gpus, port                               int
 	labels, taints, configMap                string
+	// dra runs the kubelet's DRA manager (the dra mode's nodes).
+	dra bool
 }
 
 func parseNodeFlags(name string, args []string) (*nodeFlags, error) {
@@ -113,6 +115,7 @@ func parseNodeFlags(name string, args []string) (*nodeFlags, error) {
 	fs.StringVar(&f.labels, "labels", "", "node labels k=v,…")
 	fs.StringVar(&f.taints, "taints", "", "node taints k=v:Effect,…")
 	fs.StringVar(&f.configMap, "config-map", "", "the node agent's profiles, namespace/name")
+	fs.BoolVar(&f.dra, "dra", false, "kubelet: run the kubelet's DRA manager and plugin registration")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -162,6 +165,7 @@ func runKubelet(ctx context.Context, args []string) error {
 		Taints:          taints,
 		RuntimeEndpoint: "unix://" + nd.criSocket(),
 		PodLogsDir:      nd.path("pod-logs"),
+		DRA:             f.dra,
 		Serving:         hollowkubelet.Serving{CertFile: cert, KeyFile: key, ClientCAFile: Dir(f.lab).path("pki", "ca.crt")},
 	})
 	if err != nil {
@@ -229,6 +233,7 @@ func runRuntime(ctx context.Context, args []string) error {
 		DefaultEnv:     map[string]string{"PATH": containerPATH, "HOME": "/root"},
 		Prepare:        labContainer(tools, gpus),
 		PodResources:   filepath.Join(kubeletRoot, "pod-resources", "kubelet.sock"),
+		CDIDirs:        []string{nd.cdiDir()},
 		OnCreate:       record, OnUpdate: record,
 		OnRemove: func(c hollowkubelet.Container) {
 			path := filepath.Join(containers, recordName(c))
@@ -322,6 +327,7 @@ func runNodeAgent(ctx context.Context, args []string) error {
 		PluginDir:          filepath.Join(root, "device-plugins"),
 		PodResourcesSocket: filepath.Join(root, "pod-resources", "kubelet.sock"),
 		Resync:             30 * time.Second,
+		DRA:                labDRA(f.dir),
 		MetricsAddress:     "127.0.0.1:0",
 	}, klog.Background().WithName("node-agent"))
 	if err != nil {

@@ -78,7 +78,7 @@ func TestModes(t *testing.T) {
 	}
 	// What each mode's node runs as, through the agent's own resolution
 	// (profiles, mig-parted layouts selected by label).
-	sharing := map[string]api.SharingMode{"fractional": api.SharingShared, "time-slicing": api.SharingTimeSlicing, "mps": api.SharingMPS, "mig": api.SharingMIG, "mig-dynamic": api.SharingMIGDynamic}
+	sharing := map[string]api.SharingMode{"fractional": api.SharingShared, "time-slicing": api.SharingTimeSlicing, "mps": api.SharingMPS, "mig": api.SharingMIG, "mig-dynamic": api.SharingMIGDynamic, "dra": api.SharingShared}
 	seen := map[string]bool{}
 	for _, m := range Modes {
 		if seen[m.Name] || m.Name == "" || m.Summary == "" {
@@ -95,7 +95,7 @@ func TestModes(t *testing.T) {
 		if err := validate([]NodeSpec{n}); err != nil {
 			t.Errorf("mode %s: %v", m.Name, err)
 		}
-		if _, c, err := config.Resolve(profiles, n.Labels, api.DefaultResourceNames); err != nil || c.Sharing != sharing[m.Name] {
+		if _, c, err := config.Resolve(profiles, n.Labels, api.DefaultResourceNames); err != nil || c.Sharing != sharing[m.Name] || (c.Mode == api.ModeDRA) != (m.Name == "dra") {
 			t.Errorf("mode %s: profile %s resolves to %+v, %v; want sharing %q", m.Name, m.Profile, c.NodeConfig, err, sharing[m.Name])
 		}
 		f, err := parseNodeFlags("kubelet", append([]string{"--kubeconfig=k", "--node=" + n.Name, "--dir=d"}, nodeArgs(n)...))

@@ -201,6 +201,22 @@ var Modes = []Mode{
 			},
 		},
 	},
+	{
+		Name:    "dra",
+		Summary: "DRA: GPUs as ResourceClaims of the driver gpu.tessera.io, shares as consumable capacity (memory, cores) enforced by the limiter; nvidia.com/gpu pods through the mapped DeviceClass",
+		Profile: "dra", Node: "lab-dra", Model: "A100-80GB", GPUs: 4,
+		Setup: ensureDRA, Serving: draServing,
+		// Only this mode's kubelets run the DRA manager: the other nodes'
+		// kubelets stay as they were.
+		Args: map[string][]string{"kubelet": {"--dra"}},
+		Demo: []DemoPod{
+			{
+				Name: "demo-dra-whole-gpu", Command: []string{"sh", "-c", "nvidia-smi -L && gpu-fill"},
+				Resources: map[string]string{api.DefaultResourceNames.GPU: "1"},
+				Show:      "an unchanged nvidia.com/gpu: 1 pod on a DRA node gets a whole GPU through the DeviceClass extended-resource.gpu.tessera.io (a claim the scheduler makes for it)",
+			},
+		},
+	},
 }
 
 // FractionalMode is the mode of --nodes and of node groups that name none.

@@ -32,6 +32,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/nodeagent/config"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/discovery"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/dra"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/mps"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/nodelabels"
@@ -66,6 +67,10 @@ type Options struct {
 	// MPSRoot is the host directory of the MPS daemons' pipes and logs
 	// (default mps.DefaultRoot; a profile's flags.mpsRoot wins).
 	MPSRoot string
+	// DRA are the DRA kubelet plugin's directories (ClaimRoot, CDIDir,
+	// PluginDataDir, RegistrarDir; dra.DefaultOptions when empty), for
+	// nodes in mode dra. The agent fills in the rest.
+	DRA dra.Options
 	// MetricsAddress is where the Prometheus metrics are served
 	// ("host:port"; empty: not served). See observe.go.
 	MetricsAddress string
@@ -96,6 +101,8 @@ type Agent struct {
 	wg      sync.WaitGroup
 	// recorder posts Node events (MIG layout reports); nil before Run.
 	recorder record.EventRecorder
+	// dra is the DRA kubelet plugin (nodes in mode dra).
+	dra draRun
 
 	nodes   corelisters.NodeLister
 	cms     corelisters.ConfigMapLister
@@ -163,6 +170,7 @@ func New(lib nvml.Interface, client kubernetes.Interface, opts Options, logger k
 		root = mps.DefaultRoot
 	}
 	a.mps = &mps.Manager{Command: cmd, Root: root, Logger: logger.WithName("mps")}
+	a.dra.sys = dra.ReadSystem(lib)
 	return a, nil
 }
 
@@ -249,6 +257,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			return fmt.Errorf("metrics address %q: %w", a.opts.MetricsAddress, err)
 		}
 	}
+	defer a.stopDRA()
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()
@@ -290,6 +299,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-a.monitor.Changes():
 		case <-tick.C:
 			a.collect()
+			a.collectDRA(ctx)
 		case <-mpsTick.C:
 			cfg, _ := a.config.Current()
 			skip = cfg.Sharing != api.SharingMPS
@@ -315,6 +325,7 @@ func (a *Agent) reconcile(ctx context.Context) {
 	a.devMu.Unlock()
 	a.remember(inv)
 	a.syncPlugins(cfg, offer)
+	a.syncDRA(ctx, cfg.NodeConfig, inv)
 	a.reconcileMPS(ctx, cfg, inv)
 	if node == nil {
 		return

@@ -32,6 +32,9 @@ type Offer map[string][]deviceplugin.GPU
 //
 // A GPU's health is its MIG devices' health: an XID on the parent makes
 // every MIG device and replica of it unhealthy.
+//
+// A node in mode dra offers no device-plugin resource: its DRA driver
+// publishes the inventory's GPUs as ResourceSlice devices.
 func BuildInventory(devs []discovery.Device, hs map[string]health.State, cfg api.NodeConfig, names api.ResourceNames) (*api.NodeInventory, Offer) {
 	inv := &api.NodeInventory{APIVersion: api.InventoryAPIVersion, Kind: api.InventoryKind, MemoryOvercommit: cfg.MemoryOvercommit}
 	if cfg.Sharing == api.SharingMIG {
@@ -107,6 +110,10 @@ func BuildInventory(devs []discovery.Device, hs map[string]health.State, cfg api
 			add(gpuRes, g.UUID, shares)
 		}
 		inv.GPUs = append(inv.GPUs, g)
+	}
+	if cfg.Mode == api.ModeDRA {
+		// The DRA driver serves the GPUs; no device plugin may.
+		inv.Mode, offer = api.ModeDRA, Offer{}
 	}
 	return inv, offer
 }

@@ -20,12 +20,13 @@ func NewCommand() *cobra.Command {
 }
 
 // Registry holds Tessera's plugins: the Tessera plugin and the profile's
-// NodeResourcesFit (resourcesfit.Name).
+// NodeResourcesFit (resourcesfit.Name) and DynamicResources
+// (resourcesfit.DRAName).
 // It also registers the Tessera plugin's argument types with
 // kube-scheduler's configuration loader (registerArgs).
 func Registry() frameworkruntime.Registry {
 	registerArgs()
-	return frameworkruntime.Registry{Name: New, resourcesfit.Name: resourcesfit.New}
+	return frameworkruntime.Registry{Name: New, resourcesfit.Name: resourcesfit.New, resourcesfit.DRAName: resourcesfit.NewDRA}
 }
 
 func withPlugins() []app.Option {

@@ -33,6 +33,11 @@ type cycleState struct {
 	// (NaN: not filtered), so Score need not run the fit check again.
 	// Nodes added after PreFilter have no slot and are scored afresh.
 	scores []float64
+	// draWhy says why nodes in mode dra cannot serve the pod ("": they
+	// can, through the extended-resource mapping; dra.go) and draNodes
+	// counts those that refused it.
+	draWhy   string
+	draNodes int
 }
 
 // Clone shares the state: the parts read concurrently never change after
@@ -89,7 +94,8 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 	for i := range scores {
 		scores[i] = math.NaN()
 	}
-	cs.Write(stateKey, &cycleState{cr: cr, pol: pol, ranker: placement.RankerFor(cr, pol), total: len(nodes), scores: scores})
+	cs.Write(stateKey, &cycleState{cr: cr, pol: pol, ranker: placement.RankerFor(cr, pol), total: len(nodes), scores: scores,
+		draWhy: draUnfit(req, p.names.GPU)})
 	return nil, nil
 }
 
@@ -112,8 +118,12 @@ func (p *Plugin) Filter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod,
 		return nil
 	}
 	name := ni.Node().Name
-	sc := p.scratchs.Get().(*scratch)
 	p.st.mu.RLock()
+	if p.st.isDRA(name) {
+		p.st.mu.RUnlock()
+		return s.filterDRA()
+	}
+	sc := p.scratchs.Get().(*scratch)
 	r := p.fit(s, name, sc)
 	if r.OK() {
 		// Each node has its own slot: no lock needed on s.scores.
@@ -160,10 +170,10 @@ func (p *Plugin) PostFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.
 	p.waitMu.Lock()
 	p.waiting[kubeobj.Key(pod)] = pod
 	p.waitMu.Unlock()
-	if len(reasons) == 0 {
+	if len(reasons) == 0 && s.draNodes == 0 {
 		return nil, fwk.NewStatus(fwk.Unschedulable)
 	}
-	return nil, fwk.NewStatus(fwk.Unschedulable, "Tessera: "+placement.Summarize(max(s.total, len(reasons)), reasons))
+	return nil, fwk.NewStatus(fwk.Unschedulable, "Tessera: "+s.summary(reasons))
 }
 
 // PreScore skips scoring for pods the plugin does not place.
@@ -187,6 +197,12 @@ func (p *Plugin) Score(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, 
 	}
 	name := ni.Node().Name
 	p.st.mu.RLock()
+	if p.st.isDRA(name) {
+		// DynamicResources places the pod's GPUs there: ranked below
+		// every node Tessera places on (NormalizeScore).
+		p.st.mu.RUnlock()
+		return draScore, nil
+	}
 	i, ok := p.st.slot[name]
 	var score float64
 	if ok && i < len(s.scores) && !math.IsNaN(s.scores[i]) {
@@ -227,19 +243,33 @@ func (p *Plugin) ScoreExtensions() fwk.ScoreExtensions { return p }
 // nodes with exactly the best raw score, the first in the plugin's node
 // order (the order the nodes were first seen) wins, as the placement
 // core's Search and so `tessera simulate` break ties (first node in the
-// cluster's order): first fit among equals.
+// cluster's order): first fit among equals. Nodes that serve their GPUs
+// through DRA (draScore) get 0, below every node Tessera places on.
 func (p *Plugin) NormalizeScore(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, scores fwk.NodeScoreList) *fwk.Status {
 	if len(scores) == 0 {
 		return nil
 	}
-	lo, hi := scores[0].Score, scores[0].Score
+	lo, hi, seen, dra := int64(0), int64(0), false, false
 	for _, s := range scores {
-		lo, hi = min(lo, s.Score), max(hi, s.Score)
+		switch {
+		case s.Score == draScore:
+			dra = true
+		case !seen:
+			lo, hi, seen = s.Score, s.Score, true
+		default:
+			lo, hi = min(lo, s.Score), max(hi, s.Score)
+		}
+	}
+	// With DRA nodes among them, Tessera's nodes get [1, MaxScore] and
+	// the DRA nodes 0.
+	floor := int64(0)
+	if dra {
+		floor = 1
 	}
 	best, bestSlot := -1, math.MaxInt
 	p.st.mu.RLock()
 	for i, s := range scores {
-		if s.Score != hi {
+		if !seen || s.Score == draScore || s.Score != hi {
 			continue
 		}
 		slot, ok := p.st.slot[s.Name]
@@ -252,16 +282,17 @@ func (p *Plugin) NormalizeScore(ctx context.Context, cs fwk.CycleState, pod *cor
 	}
 	p.st.mu.RUnlock()
 	for i := range scores {
-		if i == best {
+		switch {
+		case scores[i].Score == draScore:
+			scores[i].Score = 0
+		case i == best:
 			scores[i].Score = fwk.MaxScore
-			continue
-		}
-		if hi == lo {
+		case hi == lo:
 			scores[i].Score = fwk.MaxScore - 1
-			continue
+		default:
+			v := floor + int64(float64(scores[i].Score-lo)/float64(hi-lo)*float64(fwk.MaxScore-floor))
+			scores[i].Score = min(v, fwk.MaxScore-1)
 		}
-		v := int64(float64(scores[i].Score-lo) / float64(hi-lo) * float64(fwk.MaxScore))
-		scores[i].Score = min(v, fwk.MaxScore-1)
 	}
 	return nil
 }
@@ -280,6 +311,11 @@ func (p *Plugin) Reserve(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod
 	key := kubeobj.Key(pod)
 	p.st.mu.Lock()
 	defer p.st.mu.Unlock()
+	if p.st.isDRA(nodeName) {
+		// The extended-resource mapping's claim holds the GPUs; the
+		// pod gets no record (PreBind, Bind).
+		return s.filterDRA()
+	}
 	if r := p.fit(s, nodeName, sc); !r.OK() {
 		return fwk.NewStatus(fwk.Unschedulable, fmt.Sprintf("node %s changed since filtering: %s", nodeName, r))
 	}
@@ -317,7 +353,7 @@ func (p *Plugin) Unreserve(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 // has none when Bind carries the record: kube-scheduler then neither runs
 // PreBind nor patches the pod's nominatedNodeName before binding.
 func (p *Plugin) PreBindPreFlight(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) (*fwk.PreBindPreFlightResult, *fwk.Status) {
-	if readState(cs) == nil || p.recordInBinding(klog.FromContext(ctx)) {
+	if readState(cs) == nil || p.recordInBinding(klog.FromContext(ctx)) || p.onDRA(nodeName) {
 		return nil, fwk.NewStatus(fwk.Skip)
 	}
 	return &fwk.PreBindPreFlightResult{AllowParallel: true}, nil
@@ -329,7 +365,7 @@ func (p *Plugin) PreBindPreFlight(ctx context.Context, cs fwk.CycleState, pod *c
 func (p *Plugin) PreBind(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) *fwk.Status {
 	defer since("PreBind", time.Now())
 	s := readState(cs)
-	if s == nil {
+	if s == nil || p.onDRA(nodeName) {
 		return nil
 	}
 	rec, st := reserved(s, pod)
@@ -349,7 +385,7 @@ func (p *Plugin) PreBind(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod
 // next bind plugin (DefaultBinder).
 func (p *Plugin) Bind(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) *fwk.Status {
 	s := readState(cs)
-	if s == nil || !p.recordInBinding(klog.FromContext(ctx)) {
+	if s == nil || !p.recordInBinding(klog.FromContext(ctx)) || p.onDRA(nodeName) {
 		return fwk.NewStatus(fwk.Skip)
 	}
 	defer since("Bind", time.Now())

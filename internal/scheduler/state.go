@@ -33,6 +33,9 @@ type state struct {
 	// slot gives every node seen a stable dense index, so a scheduling
 	// cycle can keep per-node results in a flat slice instead of a map.
 	slot map[string]int
+	// dra holds the nodes in mode dra, which the core holds without GPUs
+	// (dra.go).
+	dra map[string]bool
 }
 
 // usageObserver is told, under the state's lock, of every node whose GPU
@@ -49,6 +52,7 @@ func newState(obs usageObserver) *state {
 		inventory: map[string]string{},
 		holders:   map[string]types.UID{},
 		slot:      map[string]int{},
+		dra:       map[string]bool{},
 	}
 }
 
@@ -68,6 +72,10 @@ func (s *state) upsertNode(logger klog.Logger, node *corev1.Node) bool {
 	if err != nil {
 		logger.Error(err, "Ignoring the node's GPU inventory", "node", klog.KObj(node))
 	}
+	dra := inv != nil && inv.Mode == api.ModeDRA
+	if dra {
+		inv = nil
+	}
 	n, err := placement.NewNode(node.Name, placement.Unlimited, placement.Unlimited, inv)
 	if err != nil {
 		logger.Error(err, "Ignoring the node's GPU inventory", "node", klog.KObj(node))
@@ -78,6 +86,11 @@ func (s *state) upsertNode(logger klog.Logger, node *corev1.Node) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.inventory[node.Name] = raw
+	if dra {
+		s.dra[node.Name] = true
+	} else {
+		delete(s.dra, node.Name)
+	}
 	if _, ok := s.slot[node.Name]; !ok {
 		s.slot[node.Name] = len(s.slot)
 	}
@@ -93,6 +106,7 @@ func (s *state) removeNode(name string) {
 		s.obs.nodeRemoved(n)
 	}
 	delete(s.inventory, name)
+	delete(s.dra, name)
 	s.cluster.RemoveNode(name)
 }
 

@@ -81,6 +81,10 @@ func isPolicyName(s string) bool {
 // offered. It becomes the Sharing, MaxShares and MemoryOvercommit of the
 // node's inventory.
 type NodeConfig struct {
+	// Mode is how the node serves its GPUs: the kubelet device plugin
+	// (ModeDevicePlugin; empty means it) or DRA ResourceClaims through the
+	// driver gpu.tessera.io (ModeDRA; docs/dra.md). Never both.
+	Mode NodeMode `json:"mode,omitempty"`
 	// SharesPerGPU is the most containers sharing one GPU (MaxShares).
 	SharesPerGPU int `json:"sharesPerGPU"`
 	// MemoryOvercommit multiplies GPU memory for placement (1.0 = none).
@@ -142,6 +146,9 @@ func (c *NodeConfig) Validate() error {
 	if !slices.Contains(NodeConfigSharingModes(), c.Sharing) {
 		return fmt.Errorf("sharing %q is not one of %s", c.Sharing, joinQuoted(NodeConfigSharingModes()))
 	}
+	if err := c.validateMode(); err != nil {
+		return err
+	}
 	if c.SharesPerGPU < 1 || c.SharesPerGPU > MaxSharesLimit {
 		return fmt.Errorf("sharesPerGPU %d outside [1, %d]", c.SharesPerGPU, MaxSharesLimit)
 	}
@@ -182,6 +189,27 @@ func (c *NodeConfig) Validate() error {
 			return fmt.Errorf("excludeGPUs[%d]: %q listed twice", i, e)
 		}
 		seen[e] = true
+	}
+	return nil
+}
+
+// validateMode checks what a DRA node supports: GPUs shared by consumable
+// capacity (shared, enforced by the limiter) or given whole (exclusive).
+// Time-slicing, MPS and MIG are the device plugin's; DRA capacities are
+// the GPUs' physical memory, so no overcommit.
+func (c *NodeConfig) validateMode() error {
+	if !c.Mode.Valid() {
+		return fmt.Errorf("mode %q is not one of %s", c.Mode, joinQuoted(NodeModes()))
+	}
+	if c.Mode != ModeDRA {
+		return nil
+	}
+	if c.Sharing != SharingShared && c.Sharing != SharingExclusive {
+		return fmt.Errorf("sharing %q with mode %q: a DRA node shares GPUs by capacity (%q) or gives them whole (%q); %s is served by the device plugin (mode %q)",
+			c.Sharing, ModeDRA, SharingShared, SharingExclusive, c.Sharing, ModeDevicePlugin)
+	}
+	if c.MemoryOvercommit != 1 {
+		return fmt.Errorf("memoryOvercommit %v with mode %q: DRA capacities are the GPUs' physical memory (must be 1)", c.MemoryOvercommit, ModeDRA)
 	}
 	return nil
 }

@@ -101,6 +101,12 @@ func TestNodeConfigValidate(t *testing.T) {
 		{"exclude negative", func(c *NodeConfig) { c.ExcludeGPUs = []string{"-1"} }, `excludeGPUs[0]: index -1 outside [0, 63]`},
 		{"exclude empty", func(c *NodeConfig) { c.ExcludeGPUs = []string{"0", ""} }, `excludeGPUs[1]: uuid is empty`},
 		{"exclude twice", func(c *NodeConfig) { c.ExcludeGPUs = []string{"GPU-a", "GPU-a"} }, `excludeGPUs[1]: "GPU-a" listed twice`},
+		{"mode", func(c *NodeConfig) { c.Mode = "cdi" }, `mode "cdi" is not one of "device-plugin" or "dra"`},
+		{"dra time-slicing", func(c *NodeConfig) { c.Mode, c.Sharing = ModeDRA, SharingTimeSlicing },
+			`sharing "time-slicing" with mode "dra": a DRA node shares GPUs by capacity ("shared") or gives them whole ("exclusive"); time-slicing is served by the device plugin (mode "device-plugin")`},
+		{"dra mig", func(c *NodeConfig) { c.Mode, c.Sharing, c.MIGStrategy = ModeDRA, SharingMIG, MIGStrategyMixed },
+			`sharing "mig" with mode "dra": a DRA node shares GPUs by capacity ("shared") or gives them whole ("exclusive"); mig is served by the device plugin (mode "device-plugin")`},
+		{"dra overcommit", func(c *NodeConfig) { c.Mode, c.MemoryOvercommit = ModeDRA, 2 }, `memoryOvercommit 2 with mode "dra": DRA capacities are the GPUs' physical memory (must be 1)`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -131,6 +137,16 @@ func TestNodeConfigMIGDefaults(t *testing.T) {
 		}
 		if c.MIGStrategy != MIGStrategyNone {
 			t.Errorf("%s: strategy %q", m, c.MIGStrategy)
+		}
+	}
+}
+
+func TestNodeConfigDRA(t *testing.T) {
+	for _, sh := range []SharingMode{SharingShared, SharingExclusive} {
+		c := NodeConfig{Mode: ModeDRA, Sharing: sh}
+		c.Defaults()
+		if err := c.Validate(); err != nil {
+			t.Errorf("mode dra, sharing %s: %v", sh, err)
 		}
 	}
 }

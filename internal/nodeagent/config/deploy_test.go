@@ -21,7 +21,7 @@ func TestShippedConfigMap(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]api.SharingMode{"default": api.SharingShared, "exclusive": api.SharingExclusive, "dense": api.SharingShared,
-		"nvidia-time-slicing": api.SharingTimeSlicing, "nvidia-mps": api.SharingMPS, "nvidia-mig": api.SharingMIG, "mig-dynamic": api.SharingMIGDynamic}
+		"nvidia-time-slicing": api.SharingTimeSlicing, "nvidia-mps": api.SharingMPS, "nvidia-mig": api.SharingMIG, "mig-dynamic": api.SharingMIGDynamic, "dra": api.SharingShared}
 	if len(cm.Data) != len(want)+1 {
 		t.Errorf("profiles %v", cm.Data)
 	}
@@ -40,6 +40,9 @@ func TestShippedConfigMap(t *testing.T) {
 		}
 		if c.Sharing != mode {
 			t.Errorf("profile %s: sharing %s, want %s", name, c.Sharing, mode)
+		}
+		if (c.Mode == api.ModeDRA) != (name == "dra") {
+			t.Errorf("profile %s: mode %q", name, c.Mode)
 		}
 	}
 	s := NewStore(api.DefaultResourceNames)

@@ -48,8 +48,24 @@ type fitPlugin interface {
 // PreFilter is NodeResourcesFit's own.
 type resourcesFit struct {
 	fitPlugin
+	stripper
+}
+
+// stripper takes the ignored resources out of a pod.
+type stripper struct {
 	ignored      map[corev1.ResourceName]bool
 	ignoredGroup map[string]bool
+}
+
+func newStripper(names, groups []string) stripper {
+	s := stripper{ignored: map[corev1.ResourceName]bool{}, ignoredGroup: map[string]bool{}}
+	for _, n := range names {
+		s.ignored[corev1.ResourceName(n)] = true
+	}
+	for _, g := range groups {
+		s.ignoredGroup[g] = true
+	}
+	return s
 }
 
 var (
@@ -85,14 +101,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	if !ok {
 		return nil, fmt.Errorf("%s: NodeResourcesFit no longer implements the extension points it wraps", Name)
 	}
-	r := &resourcesFit{fitPlugin: f, ignored: map[corev1.ResourceName]bool{}, ignoredGroup: map[string]bool{}}
-	for _, n := range args.IgnoredResources {
-		r.ignored[corev1.ResourceName(n)] = true
-	}
-	for _, g := range args.IgnoredResourceGroups {
-		r.ignoredGroup[g] = true
-	}
-	return r, nil
+	return &resourcesFit{fitPlugin: f, stripper: newStripper(args.IgnoredResources, args.IgnoredResourceGroups)}, nil
 }
 
 func (r *resourcesFit) Name() string { return Name }
@@ -102,7 +111,7 @@ func (r *resourcesFit) PreFilter(ctx context.Context, cs fwk.CycleState, pod *co
 	return r.fitPlugin.PreFilter(ctx, cs, r.withoutIgnored(pod), nodes)
 }
 
-func (r *resourcesFit) isIgnored(name corev1.ResourceName) bool {
+func (r *stripper) isIgnored(name corev1.ResourceName) bool {
 	if r.ignored[name] {
 		return true
 	}
@@ -114,7 +123,7 @@ func (r *resourcesFit) isIgnored(name corev1.ResourceName) bool {
 // resource, else a copy whose containers' and pod-level requests and
 // limits lack them (the original is shared with the informer's cache and
 // must not change).
-func (r *resourcesFit) withoutIgnored(pod *corev1.Pod) *corev1.Pod {
+func (r *stripper) withoutIgnored(pod *corev1.Pod) *corev1.Pod {
 	if !r.requestsIgnored(pod) {
 		return pod
 	}
@@ -128,7 +137,7 @@ func (r *resourcesFit) withoutIgnored(pod *corev1.Pod) *corev1.Pod {
 	return &cp
 }
 
-func (r *resourcesFit) requestsIgnored(pod *corev1.Pod) bool {
+func (r *stripper) requestsIgnored(pod *corev1.Pod) bool {
 	has := func(rr corev1.ResourceRequirements) bool {
 		for n := range rr.Requests {
 			if r.isIgnored(n) {
@@ -152,7 +161,7 @@ func (r *resourcesFit) requestsIgnored(pod *corev1.Pod) bool {
 	return pod.Spec.Resources != nil && has(*pod.Spec.Resources)
 }
 
-func (r *resourcesFit) containersWithout(cs []corev1.Container) []corev1.Container {
+func (r *stripper) containersWithout(cs []corev1.Container) []corev1.Container {
 	if cs == nil {
 		return nil
 	}
@@ -164,7 +173,7 @@ func (r *resourcesFit) containersWithout(cs []corev1.Container) []corev1.Contain
 	return out
 }
 
-func (r *resourcesFit) requirementsWithout(rr corev1.ResourceRequirements) corev1.ResourceRequirements {
+func (r *stripper) requirementsWithout(rr corev1.ResourceRequirements) corev1.ResourceRequirements {
 	filter := func(l corev1.ResourceList) corev1.ResourceList {
 		if l == nil {
 			return nil

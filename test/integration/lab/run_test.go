@@ -378,6 +378,9 @@ func TestNodeModes(t *testing.T) {
 		// A MIG mode's pod is given a MIG device: a GPU of its own to
 		// the driver, named as NVML names MIG devices.
 		want := `GPU 0: NVIDIA A100-SXM4-40GB \(UUID: GPU-`
+		if mode == "dra" {
+			want = `GPU 0: NVIDIA A100-SXM4-80GB \(UUID: GPU-` // lab-dra's GPUs
+		}
 		if strings.HasPrefix(mode, "mig") {
 			want = `GPU 0: NVIDIA A100-SXM4-40GB MIG [1-7]g\.[0-9]+gb \(UUID: MIG-`
 		}
