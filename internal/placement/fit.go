@@ -351,12 +351,7 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 }
 
 // cores is the compute share granted: whole GPUs get 100%.
-func cores(c Container) int {
-	if c.Exclusive() {
-		return 100
-	}
-	return c.Cores
-}
+func cores(c Container) int { return c.ask().CoresGranted() }
 
 // builtinRank scores a GPU for the binpack and spread GPU policies: the
 // fraction of the GPU in use after the share is added (higher = fuller).
