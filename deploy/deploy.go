@@ -15,6 +15,13 @@ import (
 //go:embed scheduler/config.yaml
 var SchedulerConfig []byte
 
+// AdmissionPolicy is admission/policy.yaml: the ValidatingAdmissionPolicies
+// (and bindings) that let only the scheduler write allocation records and
+// only the node agents write inventories.
+//
+//go:embed admission/policy.yaml
+var AdmissionPolicy []byte
+
 // SchedulerConfigFor is SchedulerConfig for a single replica that reaches
 // its API server through kubeconfig at the given client rate, without
 // leader election: how the emulated cluster and the integration tests run
