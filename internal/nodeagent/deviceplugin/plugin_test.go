@@ -18,6 +18,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/tessera-gpu/tessera/internal/limiterconf"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
@@ -201,14 +202,27 @@ func TestAllocateShared(t *testing.T) {
 	if fmt.Sprint(main.Envs) != fmt.Sprint(want) {
 		t.Errorf("main envs\n got %v\nwant %v", main.Envs, want)
 	}
-	stateDir := filepath.Join(e.paths.StateRoot, "uid-a", "main")
-	if len(main.Mounts) != 3 || main.Mounts[0].HostPath != e.paths.LimiterHost || !main.Mounts[0].ReadOnly ||
+	stateDir := filepath.Join(e.paths.StateRoot, "uid-a", "main", "state")
+	limits := filepath.Join(e.paths.StateRoot, "uid-a", "main", "limiter.conf")
+	if len(main.Mounts) != 4 || main.Mounts[0].HostPath != e.paths.LimiterHost || !main.Mounts[0].ReadOnly ||
 		main.Mounts[1].HostPath != stateDir || main.Mounts[1].ReadOnly ||
-		main.Mounts[2].ContainerPath != "/etc/ld.so.preload" || !main.Mounts[2].ReadOnly {
+		main.Mounts[2].ContainerPath != "/etc/ld.so.preload" || !main.Mounts[2].ReadOnly ||
+		main.Mounts[3].ContainerPath != limiterconf.Path || main.Mounts[3].HostPath != limits || !main.Mounts[3].ReadOnly {
 		t.Errorf("mounts %v", main.Mounts)
 	}
-	if fi, err := os.Stat(stateDir); err != nil || fi.Mode().Perm() != 0o777 {
+	if fi, err := os.Stat(stateDir); err != nil || fi.Mode().Perm() != 0o777 || fi.Mode()&os.ModeSticky == 0 {
 		t.Errorf("state dir: %v %v", fi, err)
+	}
+	// The limits file holds the record's limits, which the limiter takes
+	// over any environment variable.
+	b, err := os.ReadFile(limits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := limiterconf.Parse(b)
+	if err != nil || len(cfg.Devices) != 2 || cfg.Devices[0].UUID != uuid(2) || cfg.Devices[0].MemoryMiB != 10240 || cfg.Devices[0].SMPercent != 30 ||
+		cfg.Devices[1].MemoryMiB != 8192 || cfg.StatePath != "/tessera/state/cache" {
+		t.Errorf("limits file %+v %v:\n%s", cfg, err, b)
 	}
 	// The kubelet was steered to slots of the recorded GPUs.
 	if ids := out["main/ids"].Envs["ids"]; !strings.Contains(ids, uuid(2)+"::") || !strings.Contains(ids, uuid(3)+"::") {
@@ -229,11 +243,11 @@ func TestAllocateShared(t *testing.T) {
 }
 
 func TestPerDeviceCores(t *testing.T) {
-	r := buildResponse(api.ContainerAllocation{Name: "c", Devices: []api.DeviceGrant{share(0, 100, 20), share(1, 100, 50), share(2, 100, 0)}}, true, "/d", DefaultPaths())
+	r := buildResponse(api.ContainerAllocation{Name: "c", Devices: []api.DeviceGrant{share(0, 100, 20), share(1, 100, 50), share(2, 100, 0)}}, true, containerFiles{StateDir: "/d"}, DefaultPaths(), DeviceListEnvvar)
 	if r.Envs[api.EnvSMLimit] != "20" || r.Envs["CUDA_DEVICE_SM_LIMIT_1"] != "50" || r.Envs["CUDA_DEVICE_SM_LIMIT_2"] != "0" {
 		t.Errorf("%v", r.Envs)
 	}
-	r = buildResponse(api.ContainerAllocation{Name: "c", Devices: []api.DeviceGrant{share(0, 100, 0)}}, true, "/d", DefaultPaths())
+	r = buildResponse(api.ContainerAllocation{Name: "c", Devices: []api.DeviceGrant{share(0, 100, 0)}}, true, containerFiles{StateDir: "/d"}, DefaultPaths(), DeviceListEnvvar)
 	if _, ok := r.Envs[api.EnvSMLimit]; ok {
 		t.Errorf("cores 0 set an SM limit: %v", r.Envs)
 	}
