@@ -64,7 +64,7 @@ func newGuardEnv(t *testing.T, acceptUnsigned bool) *guardEnv {
 // podAsking is a pod whose container "main" asks res and whose record
 // grants it on GPU gpu; sign signs the record as the scheduler does.
 func (g *guardEnv) podAsking(name string, res map[string]string, grant api.DeviceGrant, sign bool) *v1.Pod {
-	p := fixtures.MakePod().Namespace("ns").Name(name).UID("00000000-0000-0000-0000-0000000000" + name).Node(node).Container("main", res).Obj()
+	p := fixtures.MakePod().Namespace("ns").Name(name).UID("00000000-0000-0000-0000-0000000000"+name).Node(node).Container("main", res).Obj()
 	rec := &api.PodAllocation{Node: node, PodUID: string(p.UID), Containers: []api.ContainerAllocation{{Name: "main", Devices: []api.DeviceGrant{grant}}}}
 	if sign {
 		if err := g.signer.Sign(rec); err != nil {
