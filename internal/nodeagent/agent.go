@@ -21,15 +21,20 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/internal/nodeagent/config"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/discovery"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/reconcile"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
+	"github.com/tessera-gpu/tessera/internal/recordsig"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -52,6 +57,25 @@ type Options struct {
 	Resync time.Duration
 	// NoPlugin skips the device plugin (tests of publishing only).
 	NoPlugin bool
+	// RecordKeys locates the scheduler's published public keys: every
+	// record is checked against them before it is served. Nil: signatures
+	// are not checked (the records rest on the admission policy alone).
+	RecordKeys *recordsig.Store
+	// AcceptUnsigned serves records without a signature (while upgrading
+	// from a release whose scheduler did not sign).
+	AcceptUnsigned bool
+	// DeviceList is how GPUs are handed to the container runtime.
+	DeviceList deviceplugin.DeviceListStrategy
+	// PluginSocket, if set, is where the device plugin serves for the
+	// kubelet-facing shim (kubeletshim), which registers with the kubelet
+	// in its stead.
+	PluginSocket string
+	// Reconcile configures the host-side check of what containers hold
+	// on the GPUs against their grants; Interval < 0 disables it.
+	Reconcile reconcile.Options
+	// Metrics, if set, serves the agent's Prometheus metrics on this
+	// address (host:port).
+	Metrics string
 }
 
 // Agent is one node's agent.
@@ -69,6 +93,8 @@ type Agent struct {
 	cms     corelisters.ConfigMapLister
 	pods    corelisters.PodLister
 	trigger chan struct{}
+	events  record.EventRecorder
+	metrics *agentMetrics
 
 	mu        sync.Mutex
 	published string // last inventory we wrote on the Node
@@ -103,6 +129,7 @@ func New(lib nvml.Interface, client kubernetes.Interface, opts Options, logger k
 		config:  config.NewStore(opts.Resource),
 		state:   statedir.Dirs{Root: opts.Paths.StateRoot},
 		trigger: make(chan struct{}, 1),
+		metrics: newAgentMetrics(),
 	}
 	return a, nil
 }
@@ -183,10 +210,21 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		podResources := &deviceplugin.PodResources{Socket: a.opts.PodResourcesSocket, Resource: a.opts.Resource}
 		defer podResources.Close()
+		broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+		broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.client.CoreV1().Events("")})
+		defer broadcaster.Shutdown()
+		a.events = broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "tessera-node-agent", Host: a.opts.NodeName})
+		guard, err := a.guard(ctx, &wg)
+		if err != nil {
+			return err
+		}
 		plugin := deviceplugin.New(deviceplugin.Options{
-			Resource:  a.opts.Resource,
-			PluginDir: a.opts.PluginDir,
-			Paths:     a.opts.Paths,
+			Resource:   a.opts.Resource,
+			PluginDir:  a.opts.PluginDir,
+			Paths:      a.opts.Paths,
+			Guard:      guard,
+			DeviceList: a.opts.DeviceList,
+			Socket:     a.opts.PluginSocket,
 			Matcher: &deviceplugin.Matcher{
 				Node: a.opts.NodeName, Resource: a.opts.Resource,
 				Kubelet: podResources,
@@ -201,7 +239,24 @@ func (a *Agent) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_ = plugin.Run(ctx)
+			if err := plugin.Run(ctx); err != nil {
+				a.logger.Error(err, "Device plugin stopped")
+			}
+		}()
+		if a.opts.Reconcile.Interval >= 0 {
+			r := a.reconciler()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r.Run(ctx)
+			}()
+		}
+	}
+	if a.opts.Metrics != "" {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a.metrics.serve(ctx, a.opts.Metrics, a.logger)
 		}()
 	}
 	tick := time.NewTicker(a.opts.Resync)

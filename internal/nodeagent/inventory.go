@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/tessera-gpu/tessera/internal/gpushare"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/discovery"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
@@ -22,6 +23,10 @@ func BuildInventory(devs []discovery.Device, hs map[string]health.State, cfg api
 		if !excluded(d.GPU, cfg.ExcludeGPUs) {
 			offered[d.GPU.UUID] = true
 		}
+	}
+	overcommit, err := gpushare.Overcommit(cfg.MemoryOvercommit)
+	if err != nil {
+		overcommit = 1 // the configuration was validated; never more than asked
 	}
 	shares := cfg.SharesPerGPU
 	if cfg.Sharing == api.SharingExclusive {
@@ -42,7 +47,12 @@ func BuildInventory(devs []discovery.Device, hs map[string]health.State, cfg api
 			g.Links = nil
 		}
 		inv.GPUs = append(inv.GPUs, g)
-		plugin = append(plugin, deviceplugin.GPU{UUID: g.UUID, NUMANode: g.NUMANode, Healthy: g.Health == api.Healthy, Slots: shares})
+		plugin = append(plugin, deviceplugin.GPU{
+			UUID: g.UUID, NUMANode: g.NUMANode, Healthy: g.Health == api.Healthy, Slots: shares,
+			// NVML's figures, which the agent holds records to whatever
+			// the inventory annotation says by the time it is read.
+			MemoryMiB: d.GPU.MemoryMiB, MemoryCapMiB: gpushare.CapacityOf(d.GPU, overcommit).MemoryCap,
+		})
 	}
 	return inv, plugin
 }
