@@ -22,6 +22,18 @@ var SchedulerConfig []byte
 //go:embed admission/policy.yaml
 var AdmissionPolicy []byte
 
+// SchedulerManifest is scheduler/scheduler.yaml: the scheduler's
+// namespace, ServiceAccount, RBAC and Deployment.
+//
+//go:embed scheduler/scheduler.yaml
+var SchedulerManifest []byte
+
+// NodeAgentManifest is node-agent/node-agent.yaml: the node agent's
+// ServiceAccount, RBAC and DaemonSets.
+//
+//go:embed node-agent/node-agent.yaml
+var NodeAgentManifest []byte
+
 // SchedulerConfigFor is SchedulerConfig for a single replica that reaches
 // its API server through kubeconfig at the given client rate, without
 // leader election: how the emulated cluster and the integration tests run

@@ -52,6 +52,8 @@ func RunComponent(ctx context.Context, name string, args []string) error {
 		return runKubelet(ctx, args)
 	case "node-agent":
 		return runNodeAgent(ctx, args)
+	case "kubelet-shim":
+		return runKubeletShim(ctx, args)
 	}
 	return fmt.Errorf("unknown component %q", name)
 }
@@ -89,6 +91,7 @@ func runWebhook(ctx context.Context, args []string) error {
 type nodeFlags struct {
 	kubeconfig, node, dir, model string
 	gpus, port                   int
+	shim                         bool // the agent serves a kubelet shim
 }
 
 func parseNodeFlags(name string, args []string) (*nodeFlags, error) {
@@ -100,6 +103,7 @@ func parseNodeFlags(name string, args []string) (*nodeFlags, error) {
 	fs.StringVar(&f.model, "model", "", "GPU model")
 	fs.IntVar(&f.gpus, "gpus", 0, "GPUs")
 	fs.IntVar(&f.port, "port", 0, "kubelet port")
+	fs.BoolVar(&f.shim, "shim", false, "node agent: serve the kubelet shim's socket instead of registering")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -196,14 +200,16 @@ func runNodeAgent(ctx context.Context, args []string) error {
 	paths.LimiterHost = filepath.Join(f.dir, "limiter", "libtessera-limiter.so")
 	paths.PreloadHost = filepath.Join(f.dir, "limiter", "ld.so.preload")
 	paths.StateRoot = filepath.Join(f.dir, "limiter-state")
-	a, err := nodeagent.New(lib, client, nodeagent.Options{
+	opts := nodeagent.Options{
 		NodeName: f.node, Resource: api.DefaultResourceNames.GPU,
 		Health:             health.Options{IgnoredXIDs: health.DefaultIgnoredXIDs, RecoveryPeriod: time.Minute},
 		Paths:              paths,
 		PluginDir:          filepath.Join(root, "device-plugins"),
 		PodResourcesSocket: filepath.Join(root, "pod-resources", "kubelet.sock"),
 		Resync:             30 * time.Second,
-	}, klog.Background().WithName("node-agent"))
+	}
+	trustOptions(&opts, f)
+	a, err := nodeagent.New(lib, client, opts, klog.Background().WithName("node-agent"))
 	if err != nil {
 		return err
 	}
