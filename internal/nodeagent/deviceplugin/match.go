@@ -130,13 +130,23 @@ func (m *Matcher) nextContainer(pod *v1.Pod, kp KubeletPod) (name string, init b
 	for i, cs := range [][]v1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
 		for j := range cs {
 			c := &cs[j]
-			n, err := kubeobj.Devices(c, m.Resource)
-			if err != nil || n <= 0 || len(kp.Devices[c.Name]) > 0 || m.State.Served(pod.UID, c.Name) {
-				continue
-			}
 			// A sidecar (restartable init container) runs with the app
 			// containers and is recorded as one.
-			return c.Name, i == 0 && !kubeobj.IsSidecar(c), n, true
+			init := i == 0 && !kubeobj.IsSidecar(c)
+			n, err := kubeobj.Devices(c, m.Resource)
+			if err != nil || n <= 0 || len(kp.Devices[c.Name]) > 0 {
+				continue
+			}
+			// Served before, and the kubelet does not list its devices: an
+			// init container (the pod-resources API never lists those), or
+			// an app container whose answer the kubelet lost — it was
+			// killed after we answered and before it recorded the answer,
+			// which it does before it asks for anything else. That one is
+			// asked for again and answered again, identically.
+			if init && m.State.Served(pod.UID, c.Name) {
+				continue
+			}
+			return c.Name, init, n, true
 		}
 	}
 	return "", false, 0, false

@@ -453,3 +453,42 @@ func isInit(pod *v1.Pod, name string) bool {
 	}
 	return false
 }
+
+// TestLostAnswerAnsweredAgain: the kubelet is killed after the agent
+// answered an app container and before it recorded the answer; the
+// restarted kubelet asks for the container again and gets the same answer
+// (the fault run found the kubelet rejecting such a pod: "all served").
+// An init container's answer is never repeated: the kubelet does not list
+// init containers, so a served one is taken as recorded.
+func TestLostAnswerAnsweredAgain(t *testing.T) {
+	e := newEnv(t, api.SharingShared, 10)
+	p := pod("lost", spec{name: "init", init: true, grants: []api.DeviceGrant{share(0, 100, 10)}}, spec{name: "main", grants: []api.DeviceGrant{share(1, 2048, 20)}})
+	e.api.put(p)
+	e.kubelet.add(p)
+	alloc := func() (*pluginapi.ContainerAllocateResponse, error) {
+		r, err := e.plugin.Allocate(context.Background(), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{SlotID(uuid(1), 0)}}}})
+		if err != nil {
+			return nil, err
+		}
+		return r.ContainerResponses[0], nil
+	}
+	if _, err := alloc(); err != nil { // the init container
+		t.Fatal(err)
+	}
+	first, err := alloc() // main: answered, then the kubelet dies
+	if err != nil || first.Envs["CUDA_DEVICE_MEMORY_LIMIT_0"] != "2048m" {
+		t.Fatalf("main: %v %v", first, err)
+	}
+	again, err := alloc() // the restarted kubelet asks for main again
+	if err != nil {
+		t.Fatalf("the repeated request was refused: %v", err)
+	}
+	if fmt.Sprint(again.Envs) != fmt.Sprint(first.Envs) || fmt.Sprint(again.Mounts) != fmt.Sprint(first.Mounts) {
+		t.Errorf("answered differently:\n%v %v\n%v %v", first.Envs, first.Mounts, again.Envs, again.Mounts)
+	}
+	// Once the kubelet recorded it, nothing is waiting.
+	e.kubelet.assign(p, "main", []string{SlotID(uuid(1), 0)})
+	if _, err := alloc(); !errors.Is(err, ErrNoMatch) || !strings.Contains(err.Error(), "all served") {
+		t.Errorf("after the kubelet recorded the answer: %v", err)
+	}
+}
