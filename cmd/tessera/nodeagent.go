@@ -94,10 +94,6 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if *reconcileEvery < 0 || *tolerance < 0 || *toleranceMiB < 0 {
 		return fmt.Errorf("%w: --reconcile-interval and the breach tolerances must not be negative", errUsage)
 	}
-	every := *reconcileEvery
-	if every == 0 {
-		every = -1 // off
-	}
 	exemptNS := map[string]bool{}
 	for _, ns := range splitList(*exempt) {
 		exemptNS[ns] = true
@@ -142,7 +138,7 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		DeviceList:         strategy,
 		PluginSocket:       *pluginSocket,
 		Reconcile: reconcile.Options{
-			Interval: every, ProcRoot: *procRoot, Kill: *killOnBreach,
+			Interval: *reconcileEvery, ProcRoot: *procRoot, Kill: *killOnBreach,
 			TolerancePercent: *tolerance, ToleranceMiB: *toleranceMiB,
 			Exempt: func(ns string) bool { return exemptNS[ns] },
 		},

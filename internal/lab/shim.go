@@ -28,7 +28,7 @@ func agentSocket(nodeDir string) string { return filepath.Join(nodeDir, "agent",
 // (the mock NVML lists none).
 func trustOptions(o *nodeagent.Options, f *nodeFlags) {
 	o.RecordKeys = &recordsig.Store{}
-	o.Reconcile.Interval = -1
+	o.Reconcile.Interval = 0
 	if f.shim {
 		o.PluginSocket = agentSocket(f.dir)
 	}

@@ -71,7 +71,7 @@ type Options struct {
 	// in its stead.
 	PluginSocket string
 	// Reconcile configures the host-side check of what containers hold
-	// on the GPUs against their grants; Interval < 0 disables it.
+	// on the GPUs against their grants; it runs when Interval > 0.
 	Reconcile reconcile.Options
 	// Metrics, if set, serves the agent's Prometheus metrics on this
 	// address (host:port).
@@ -243,7 +243,7 @@ func (a *Agent) Run(ctx context.Context) error {
 				a.logger.Error(err, "Device plugin stopped")
 			}
 		}()
-		if a.opts.Reconcile.Interval >= 0 {
+		if a.opts.Reconcile.Interval > 0 {
 			r := a.reconciler()
 			wg.Add(1)
 			go func() {
