@@ -35,7 +35,8 @@ endif
 
 test: test-go test-limiter test-integration ## run every test (Go with -race, limiter with sanitizers, integration)
 
-test-go: ## Go tests with the race detector
+test-go: ## Go tests with the race detector (fetches NVIDIA's MPS control daemon first)
+	hack/fetch-mps-control.sh
 	$(GO) test -race -count=1 ./...
 
 test-limiter: ## limiter tests, then again under ASan+UBSan

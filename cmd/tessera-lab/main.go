@@ -84,15 +84,18 @@ type labFlags struct {
 	gpus   *int
 	model  *string
 	groups *string
+	// sharing adds lab.SharingNodes.
+	sharing *bool
 }
 
 func addLabFlags(fs *flag.FlagSet, defaultDir string, defaultNodes int) labFlags {
 	return labFlags{
-		dir:    fs.String("dir", defaultDir, "state directory (kubeconfig, logs, etcd data)"),
-		nodes:  fs.Int("nodes", defaultNodes, "emulated GPU nodes"),
-		gpus:   fs.Int("gpus-per-node", 8, "GPUs per node"),
-		model:  fs.String("gpu-model", "A100-40GB", "GPU model of every node: "+strings.Join(nvmltest.ModelNames(), ", ")),
-		groups: fs.String("node-groups", "", `heterogeneous nodes instead of --nodes/--gpu-model, e.g. "2xA100-40GB:8,1xH100-80GB:4"`),
+		dir:     fs.String("dir", defaultDir, "state directory (kubeconfig, logs, etcd data)"),
+		nodes:   fs.Int("nodes", defaultNodes, "emulated GPU nodes"),
+		gpus:    fs.Int("gpus-per-node", 8, "GPUs per node"),
+		model:   fs.String("gpu-model", "A100-40GB", "GPU model of every node: "+strings.Join(nvmltest.ModelNames(), ", ")),
+		groups:  fs.String("node-groups", "", `heterogeneous nodes instead of --nodes/--gpu-model, e.g. "2xA100-40GB:8,1xH100-80GB:4"`),
+		sharing: fs.Bool("sharing-nodes", true, "also start one node per sharing mode: lab-time-slicing and lab-mps (NVIDIA's guides' configs), lab-mig (A100-40GB, mig-parted all-1g.5gb, mixed strategy) and lab-mig-dynamic"),
 	}
 }
 
@@ -106,6 +109,9 @@ func (f labFlags) config(stdout io.Writer) (lab.Config, error) {
 	}
 	if err != nil {
 		return lab.Config{}, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if *f.sharing {
+		nodes = append(nodes, lab.SharingNodes()...)
 	}
 	exe, err := os.Executable()
 	if err != nil {

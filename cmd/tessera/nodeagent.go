@@ -23,6 +23,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/discovery"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/mps"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/reconcile"
 	"github.com/tessera-gpu/tessera/internal/recordsig"
 	"github.com/tessera-gpu/tessera/pkg/api"
@@ -50,7 +51,7 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	recordKeys := fs.String("record-keys", recordsig.DefaultNamespace+"/"+recordsig.DefaultPublicKeys, `ConfigMap "namespace/name" with the scheduler's public keys; every record's signature is checked against them ("" : not checked, records rest on the admission policy alone)`)
 	acceptUnsigned := fs.Bool("accept-unsigned-records", false, "serve records without a signature (only while upgrading from a release whose scheduler did not sign; docs/upgrading.md)")
 	deviceList := fs.String("device-list-strategy", string(deviceplugin.DeviceListEnvvar), "how GPUs reach the container runtime: envvar (NVIDIA_VISIBLE_DEVICES), cdi-cri (CDI devices nvidia.com/gpu=<UUID>) or volume-mounts (docs/security.md)")
-	pluginSocket := fs.String("plugin-socket", "", "serve the device plugin on this socket for the kubelet shim (tessera kubelet-shim) instead of registering with the kubelet")
+	pluginSockets := fs.String("plugin-socket-dir", "", "serve the device plugins in this directory, one socket per resource, for the kubelet shim (tessera kubelet-shim) instead of registering with the kubelet")
 	reconcileEvery := fs.Duration("reconcile-interval", 5*time.Second, "how often GPU memory per container (NVML) is compared with its grant (0: never)")
 	killOnBreach := fs.Bool("kill-on-breach", true, "SIGKILL the processes of a container that holds more GPU memory than granted, or uses a GPU it was not granted")
 	tolerance := fs.Float64("breach-tolerance-percent", 2, "GPU memory over a grant tolerated before a breach, in percent of the grant (plus --breach-tolerance-mib)")
@@ -58,6 +59,8 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	exempt := fs.String("reconcile-exempt-namespaces", "kube-system,tessera-system", "namespaces whose pods may use GPUs without a grant (monitoring, the GPU operator)")
 	procRoot := fs.String("proc", "/proc", "the host's /proc (the agent runs with hostPID: NVML reports host PIDs)")
 	metricsAddr := fs.String("metrics-address", ":9402", "serve Prometheus metrics here (\"\": off)")
+	mpsControl := fs.String("mps-control", "nvidia-cuda-mps-control", "NVIDIA's MPS control program, run per GPU on nodes in mps mode")
+	mpsRoot := fs.String("mps-root", mps.DefaultRoot, "host directory of the MPS daemons' pipe and log directories (a profile's flags.mpsRoot wins)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: tessera node-agent [flags]\n\nDiscovers GPUs through NVML, publishes the node's inventory, watches GPU health and serves the kubelet device plugin.\n\nFlags:\n")
 		fs.PrintDefaults()
@@ -112,7 +115,7 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	defer lib.Shutdown()
 	if *discoverOnly {
-		return discoverOnlyMode(lib, *profile, names.GPU, stdout)
+		return discoverOnlyMode(lib, *profile, names, stdout)
 	}
 	if *nodeName == "" {
 		return fmt.Errorf("%w: --node-name is empty and $NODE_NAME is not set", errUsage)
@@ -136,13 +139,15 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		RecordKeys:         keys,
 		AcceptUnsigned:     *acceptUnsigned,
 		DeviceList:         strategy,
-		PluginSocket:       *pluginSocket,
+		PluginSocketDir:    *pluginSockets,
 		Reconcile: reconcile.Options{
 			Interval: *reconcileEvery, ProcRoot: *procRoot, Kill: *killOnBreach,
 			TolerancePercent: *tolerance, ToleranceMiB: *toleranceMiB,
 			Exempt: func(ns string) bool { return exemptNS[ns] },
 		},
-		Metrics: *metricsAddr,
+		Metrics:    *metricsAddr,
+		MPSControl: []string{*mpsControl},
+		MPSRoot:    *mpsRoot,
 	}, logger)
 	if err != nil {
 		return err
@@ -151,7 +156,7 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 }
 
 // discoverOnlyMode prints the inventory this node would publish.
-func discoverOnlyMode(lib nvml.Interface, profilePath, resource string, stdout io.Writer) error {
+func discoverOnlyMode(lib nvml.Interface, profilePath string, names api.ResourceNames, stdout io.Writer) error {
 	res, err := discovery.Discover(lib, discovery.Options{})
 	if err != nil {
 		return err
@@ -166,11 +171,16 @@ func discoverOnlyMode(lib nvml.Interface, profilePath, resource string, stdout i
 		if err != nil {
 			return err
 		}
-		if cfg, err = config.Parse(b, resource); err != nil {
+		node, err := config.Parse(b, names)
+		if err != nil {
 			return fmt.Errorf("%s: %w", profilePath, err)
 		}
+		for _, n := range node.Notes {
+			klog.Background().Info("Profile field not used", "profile", profilePath, "note", n)
+		}
+		cfg = node.NodeConfig
 	}
-	inv, _ := nodeagent.BuildInventory(res.Devices, nil, cfg)
+	inv, _ := nodeagent.BuildInventory(res.Devices, nil, cfg, names)
 	b, err := api.EncodeInventory(inv)
 	if err != nil {
 		return err

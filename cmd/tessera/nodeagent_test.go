@@ -35,7 +35,7 @@ func TestNodeAgentUsageErrors(t *testing.T) {
 
 func TestDiscoverOnlyOutput(t *testing.T) {
 	var out bytes.Buffer
-	if err := discoverOnlyMode(nvmltest.DGXH100(), "", "nvidia.com/gpu", &out); err != nil {
+	if err := discoverOnlyMode(nvmltest.DGXH100(), "", api.DefaultResourceNames, &out); err != nil {
 		t.Fatal(err)
 	}
 	var compact bytes.Buffer
@@ -55,7 +55,7 @@ func TestDiscoverOnlyOutput(t *testing.T) {
 		t.Fatal(err)
 	}
 	out.Reset()
-	if err := discoverOnlyMode(nvmltest.DGXA100(), p, "nvidia.com/gpu", &out); err != nil {
+	if err := discoverOnlyMode(nvmltest.DGXA100(), p, api.DefaultResourceNames, &out); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), `"sharing": "time-slicing"`) || !strings.Contains(out.String(), `"maxShares": 3`) {

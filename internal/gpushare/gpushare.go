@@ -73,6 +73,21 @@ func Share(memoryMiB int64, cores int) Usage {
 	return Usage{MemoryMiB: memoryMiB, Cores: cores, Shares: 1}
 }
 
+// Replicated reports whether GPUs shared in this mode are shared by equal
+// replicas (time-slicing, MPS), as NVIDIA's plugin shares them: a
+// container that asks for a whole GPU gets one replica (ReplicaSlot).
+func Replicated(mode api.SharingMode) bool {
+	return mode == api.SharingMPS || mode == api.SharingTimeSlicing
+}
+
+// ReplicaSlot is one of replicas equal slots of a GPU with memoryMiB of
+// memory (NVIDIA's 1/N): what a container asking for a whole replicated
+// GPU is granted and charged.
+func ReplicaSlot(memoryMiB int64, replicas int) Usage {
+	n := max(replicas, 1)
+	return Share(memoryMiB/int64(n), FullCores/n)
+}
+
 // Whole is the charge of a GPU held whole, given its memory capacity.
 func Whole(memoryCap int64) Usage {
 	return Usage{MemoryMiB: memoryCap, Cores: FullCores, Shares: 1, Exclusive: 1}
@@ -83,6 +98,13 @@ func Whole(memoryCap int64) Usage {
 // full; known is false when the GPU is unknown (its node has no
 // inventory), and the grant then charges the memory it names.
 func OfGrant(d api.DeviceGrant, memoryCap int64, known bool) Usage {
+	if d.MIG != nil {
+		// A MIG device or instance: its own memory and SMs, the GPU's
+		// memory and cores untouched; it takes one of the GPU's slots
+		// (its MIG devices, or its instance limit in dynamic mode). Which
+		// memory slices it holds is the MIG geometry's (internal/mig).
+		return Usage{Shares: 1}
+	}
 	if !d.Exclusive {
 		return Share(d.MemoryMiB, d.Cores)
 	}

@@ -3,6 +3,7 @@ package hollowkubelet
 import (
 	"context"
 	"fmt"
+	v1 "k8s.io/api/core/v1"
 	"sync"
 	"time"
 
@@ -38,6 +39,8 @@ type Options struct {
 	MemoryBytes uint64
 	// Labels are set on the Node at registration.
 	Labels map[string]string
+	// Taints are set on the Node at registration.
+	Taints []v1.Taint
 	// StatusEvery is how often the node status and pods sync (default 1s).
 	StatusEvery time.Duration
 	// OnCreate, if set, sees every container the runtime is asked to create.
@@ -74,7 +77,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	f, c := kubemark.GetHollowKubeletConfig(&kubemark.HollowKubeletOptions{NodeName: o.NodeName, KubeletPort: o.Port, MaxPods: o.MaxPods, NodeLabels: o.Labels})
+	f, c := kubemark.GetHollowKubeletConfig(&kubemark.HollowKubeletOptions{NodeName: o.NodeName, KubeletPort: o.Port, MaxPods: o.MaxPods, NodeLabels: o.Labels, RegisterWithTaints: o.Taints})
 	f.RootDirectory = o.RootDir
 	c.NodeStatusUpdateFrequency.Duration = o.StatusEvery
 	c.SyncFrequency.Duration = o.StatusEvery

@@ -32,6 +32,12 @@ type Resources struct {
 	Cores         int64
 	// Set reports which of the four were present at all.
 	HasGPU, HasMemory, HasPercent, HasCores bool
+	// CountName is the resource the GPU count was read from: the GPU
+	// resource, its shared rename (nvidia.com/gpu.shared) or a MIG
+	// profile's (nvidia.com/mig-1g.5gb); empty when none was given.
+	CountName string
+	// MIGProfile is the profile of a MIG resource ("1g.5gb").
+	MIGProfile string
 }
 
 // Any reports whether the container names any GPU resource.
@@ -111,8 +117,14 @@ func gpuMilli(c *corev1.Container, name string) (milli int64, has bool, err erro
 func ReadResources(c *corev1.Container, names api.ResourceNames) (Resources, error) {
 	var r Resources
 	var err error
-	if r.GPUMilli, r.HasGPU, err = gpuMilli(c, names.GPU); err != nil {
+	if r.CountName, err = countName(c, names); err != nil {
 		return r, err
+	}
+	if r.CountName != "" {
+		if r.GPUMilli, r.HasGPU, err = gpuMilli(c, r.CountName); err != nil {
+			return r, err
+		}
+		r.MIGProfile, _ = names.MIGProfileOf(r.CountName)
 	}
 	read := func(name string, limit *resource.Quantity, what string, has *bool, v *int64) error {
 		q, ok := quantity(c, name)
@@ -133,6 +145,26 @@ func ReadResources(c *corev1.Container, names api.ResourceNames) (Resources, err
 		return r, err
 	}
 	return r, nil
+}
+
+// countName is the one device-count resource the container names (the
+// GPU resource, its shared rename or a MIG profile's); two are an error.
+func countName(c *corev1.Container, names api.ResourceNames) (string, error) {
+	found := ""
+	for _, rl := range []corev1.ResourceList{c.Resources.Limits, c.Resources.Requests} {
+		for n := range rl {
+			name := string(n)
+			if !names.IsCountResource(name) || name == found {
+				continue
+			}
+			if found != "" {
+				a, b := min(found, name), max(found, name)
+				return "", fmt.Errorf("container %q: asks for both %s and %s; a container asks for one kind of GPU device", c.Name, a, b)
+			}
+			found = name
+		}
+	}
+	return found, nil
 }
 
 // Devices is how many devices of the GPU resource gpu (e.g.
@@ -162,6 +194,16 @@ func Devices(c *corev1.Container, gpu string) (int64, error) {
 // with memory or cores is refused, and cores of 0 alone ask for nothing
 // and are refused. A count of 0 with nothing else is "no GPU".
 func Defaulted(container string, r Resources, names api.ResourceNames) (Resources, error) {
+	if r.MIGProfile != "" {
+		// A MIG device: its profile fixes memory and compute.
+		switch {
+		case r.HasMemory || r.HasPercent || r.HasCores:
+			return r, fmt.Errorf("container %q: %s together with %s, %s or %s; a MIG profile fixes memory and compute", container, r.CountName, names.Memory, names.MemoryPercentage, names.Cores)
+		case r.GPUMilli%1000 != 0:
+			return r, fmt.Errorf("container %q: %s is %s; MIG devices are whole", container, r.CountName, milliString(r.GPUMilli))
+		}
+		return r, nil
+	}
 	zero := func(name, reason string) (Resources, error) {
 		return r, &ResourceError{Container: container, Resource: name, Value: "0", Reason: reason}
 	}
@@ -191,6 +233,9 @@ func Defaulted(container string, r Resources, names api.ResourceNames) (Resource
 	}
 	if r.GPUMilli == 0 && (r.MemoryMiB > 0 || r.MemoryPercent > 0 || r.Cores > 0) {
 		r.GPUMilli, r.HasGPU = 1000, true
+	}
+	if r.HasGPU && r.CountName == "" {
+		r.CountName = names.GPU
 	}
 	if r.GPUMilli > 0 && r.MemoryMiB == 0 && r.MemoryPercent == 0 {
 		r.MemoryPercent, r.HasPercent = 100, true

@@ -38,7 +38,7 @@ func TestReadResources(t *testing.T) {
 	}
 	// The limit wins over the request; a resource with only a request
 	// counts by its request.
-	want := Resources{GPUMilli: 500, MemoryMiB: 1000, Cores: 30, HasGPU: true, HasMemory: true, HasCores: true}
+	want := Resources{GPUMilli: 500, MemoryMiB: 1000, Cores: 30, HasGPU: true, HasMemory: true, HasCores: true, CountName: names.GPU}
 	if r != want {
 		t.Errorf("got %+v, want %+v", r, want)
 	}
@@ -211,5 +211,36 @@ func TestZeroRequests(t *testing.T) {
 	}
 	if r, err := read(map[string]string{names.GPU: "1", names.Memory: "2048", names.Cores: "0"}); err != nil || r.Cores != 0 || r.MemoryMiB != 2048 {
 		t.Errorf("cores 0 with memory (no compute share): %+v, %v", r, err)
+	}
+}
+
+// TestCountResources: the shared rename and MIG profile resources count
+// devices like the GPU resource; one kind per container.
+func TestCountResources(t *testing.T) {
+	r, err := ReadResources(container(map[string]string{"nvidia.com/mig-1g.5gb": "1"}, nil), names)
+	if err != nil || r.CountName != "nvidia.com/mig-1g.5gb" || r.MIGProfile != "1g.5gb" || r.GPUMilli != 1000 {
+		t.Errorf("MIG: %+v %v", r, err)
+	}
+	if d, err := Defaulted("c", r, names); err != nil || d != r {
+		t.Errorf("a MIG request is not defaulted: %+v %v", d, err)
+	}
+	r.HasMemory, r.MemoryMiB = true, 1000
+	if _, err := Defaulted("c", r, names); err == nil || !strings.Contains(err.Error(), "a MIG profile fixes memory and compute") {
+		t.Errorf("MIG with gpumem: %v", err)
+	}
+	r, err = ReadResources(container(map[string]string{"nvidia.com/gpu.shared": "1"}, nil), names)
+	if err != nil || r.CountName != "nvidia.com/gpu.shared" || r.MIGProfile != "" {
+		t.Errorf("shared: %+v %v", r, err)
+	}
+	if d, _ := Defaulted("c", r, names); d.MemoryPercent != 100 || d.CountName != "nvidia.com/gpu.shared" {
+		t.Errorf("shared defaulted: %+v", d)
+	}
+	_, err = ReadResources(container(map[string]string{"nvidia.com/gpu": "1", "nvidia.com/mig-1g.5gb": "1"}, nil), names)
+	if err == nil || !strings.Contains(err.Error(), "asks for both nvidia.com/gpu and nvidia.com/mig-1g.5gb") {
+		t.Errorf("two kinds: %v", err)
+	}
+	pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{*container(map[string]string{"nvidia.com/mig-2g.10gb": "1"}, nil)}}}
+	if !RequestsGPU(pod, names) {
+		t.Error("a MIG pod does not request a GPU")
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -54,6 +55,8 @@ func RunComponent(ctx context.Context, name string, args []string) error {
 		return runNodeAgent(ctx, args)
 	case "kubelet-shim":
 		return runKubeletShim(ctx, args)
+	case MPSControlComponent:
+		return runMPSControl(args)
 	}
 	return fmt.Errorf("unknown component %q", name)
 }
@@ -92,6 +95,7 @@ type nodeFlags struct {
 	kubeconfig, node, dir, model string
 	gpus, port                   int
 	shim                         bool // the agent serves a kubelet shim
+	labels, taints, configMap    string
 }
 
 func parseNodeFlags(name string, args []string) (*nodeFlags, error) {
@@ -104,6 +108,9 @@ func parseNodeFlags(name string, args []string) (*nodeFlags, error) {
 	fs.IntVar(&f.gpus, "gpus", 0, "GPUs")
 	fs.IntVar(&f.port, "port", 0, "kubelet port")
 	fs.BoolVar(&f.shim, "shim", false, "node agent: serve the kubelet shim's socket instead of registering")
+	fs.StringVar(&f.labels, "labels", "", "node labels k=v,…")
+	fs.StringVar(&f.taints, "taints", "", "node taints k=v:Effect,…")
+	fs.StringVar(&f.configMap, "config-map", "", "the node agent's profiles, namespace/name")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -131,6 +138,10 @@ func runKubelet(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	labels, taints, err := nodeMeta(f)
+	if err != nil {
+		return err
+	}
 	containers := filepath.Join(f.dir, "containers")
 	if err := os.MkdirAll(containers, 0o755); err != nil {
 		return err
@@ -138,7 +149,8 @@ func runKubelet(ctx context.Context, args []string) error {
 	err = hollowkubelet.Run(ctx, hollowkubelet.Options{
 		NodeName: f.node, Client: client, RootDir: kubeletRoot, Port: f.port, MaxPods: 250,
 		Cores: 64, MemoryBytes: 512 << 30,
-		Labels: map[string]string{"tessera.io/emulated": "true"},
+		Labels: labels,
+		Taints: taints,
 		OnCreate: func(c hollowkubelet.Container) {
 			b, err := json.MarshalIndent(c, "", "  ")
 			if err == nil {
@@ -200,8 +212,16 @@ func runNodeAgent(ctx context.Context, args []string) error {
 	paths.LimiterHost = filepath.Join(f.dir, "limiter", "libtessera-limiter.so")
 	paths.PreloadHost = filepath.Join(f.dir, "limiter", "ld.so.preload")
 	paths.StateRoot = filepath.Join(f.dir, "limiter-state")
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	cmNS, cmName, _ := strings.Cut(f.configMap, "/")
 	opts := nodeagent.Options{
 		NodeName: f.node, Resource: api.DefaultResourceNames.GPU,
+		ConfigMapNamespace: cmNS, ConfigMapName: cmName,
+		MPSControl:         []string{exe, ComponentCommand, MPSControlComponent},
+		MPSRoot:            filepath.Join(f.dir, "mps"),
 		Health:             health.Options{IgnoredXIDs: health.DefaultIgnoredXIDs, RecoveryPeriod: time.Minute},
 		Paths:              paths,
 		PluginDir:          filepath.Join(root, "device-plugins"),

@@ -29,6 +29,11 @@ type NodeSpec struct {
 	Name  string `json:"name"`
 	Model string `json:"model"`
 	GPUs  int    `json:"gpus"`
+	// Labels are the Node's labels (e.g. tessera.io/node-config, which
+	// picks the node agent's profile, and nvidia.com/mig.config).
+	Labels map[string]string `json:"labels,omitempty"`
+	// Taints are the Node's taints ("key=value:Effect").
+	Taints []string `json:"taints,omitempty"`
 }
 
 // Uniform returns n nodes of gpus GPUs of one model, named lab-gpu-01…

@@ -3,8 +3,10 @@ package lab
 import (
 	"bytes"
 	"context"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/config"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"syscall"
 	"testing"
@@ -24,12 +26,12 @@ func TestParseNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []NodeSpec{{"lab-gpu-01", "A100-40GB", 8}, {"lab-gpu-02", "A100-40GB", 8}, {"lab-gpu-03", "h100-80gb", 4}}
+	want := []NodeSpec{{Name: "lab-gpu-01", Model: "A100-40GB", GPUs: 8}, {Name: "lab-gpu-02", Model: "A100-40GB", GPUs: 8}, {Name: "lab-gpu-03", Model: "h100-80gb", GPUs: 4}}
 	if len(nodes) != len(want) {
 		t.Fatalf("got %+v, want %+v", nodes, want)
 	}
 	for i := range want {
-		if nodes[i] != want[i] {
+		if !reflect.DeepEqual(nodes[i], want[i]) {
 			t.Errorf("node %d: %+v, want %+v", i, nodes[i], want[i])
 		}
 	}
@@ -195,5 +197,36 @@ func TestSupervisorRestartsAndStops(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(logs, "worker.log"))
 	if err != nil || strings.Count(string(b), "starting worker") != 2 || !strings.Contains(string(b), "signal: killed") {
 		t.Errorf("worker.log: %v\n%s", err, b)
+	}
+}
+
+// TestSharingNodes: the sharing nodes' profiles exist in the lab's
+// ConfigMap and parse, and their flags round-trip to the components.
+func TestSharingNodes(t *testing.T) {
+	for _, n := range SharingNodes() {
+		profile := n.Labels[api.LabelNodeConfig]
+		if _, ok := Profiles[profile]; !ok {
+			t.Errorf("node %s: profile %q not in the lab's ConfigMap", n.Name, profile)
+		}
+		f, err := parseNodeFlags("kubelet", append([]string{"--kubeconfig=k", "--node=" + n.Name, "--dir=d"}, nodeArgs(n)...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		labels, taints, err := nodeMeta(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if labels[api.LabelNodeConfig] != profile || labels["tessera.io/emulated"] != "true" || len(taints) != len(n.Taints) {
+			t.Errorf("node %s: labels %v taints %v", n.Name, labels, taints)
+		}
+		if f.configMap != "tessera-system/"+NodeConfigMap {
+			t.Errorf("config map %q", f.configMap)
+		}
+		if _, c, err := config.Resolve(Profiles, n.Labels, api.DefaultResourceNames); err != nil || string(c.Sharing) != strings.TrimPrefix(profile, "nvidia-") && !(profile == "mig" && c.Sharing == api.SharingMIG) {
+			t.Errorf("node %s: profile %s resolves to %+v, %v", n.Name, profile, c.NodeConfig, err)
+		}
+	}
+	if err := validate(SharingNodes()); err != nil {
+		t.Fatal(err)
 	}
 }

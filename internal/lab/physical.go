@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -24,6 +25,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/hollowkubelet"
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/limiterconf"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/discovery"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/nvmltest"
 	"github.com/tessera-gpu/tessera/pkg/api"
@@ -70,6 +72,7 @@ func CheckPhysical(ctx context.Context, client kubernetes.Interface, d Dir, node
 	}
 	r := &PhysicalReport{GPUs: map[string]*PhysicalGPU{}}
 	fail := func(format string, args ...any) { r.Errors = append(r.Errors, fmt.Errorf(format, args...)) }
+	migHolders := map[string]string{}
 	for _, n := range nodes {
 		lib, err := nvmltest.NewModel(n.Model, n.GPUs, n.Name)
 		if err != nil {
@@ -105,6 +108,16 @@ func CheckPhysical(ctx context.Context, client kubernetes.Interface, d Dir, node
 			who := fmt.Sprintf("%s/%s/%s", c.Namespace, c.Pod, c.Name)
 			checkAgainstRecord(pod, c.Name, given, fail)
 			for _, g := range given {
+				if isMIG(g.UUID) {
+					// A MIG device: its memory and SMs are the
+					// hardware's partition (checked against the record
+					// above); it may only be given once.
+					if prev := migHolders[g.UUID]; prev != "" {
+						fail("MIG device %s (node %s) given to %s and to %s", g.UUID, n.Name, prev, who)
+					}
+					migHolders[g.UUID] = who
+					continue
+				}
 				gpu := r.GPUs[g.UUID]
 				if gpu == nil || gpu.Node != n.Name {
 					fail("%s on node %s was given GPU %s, which that node does not have", who, n.Name, g.UUID)
@@ -146,6 +159,7 @@ type given struct {
 	MemoryMiB int64
 	SM        int
 	whole     bool
+	mps       bool // SM is an MPS client's thread percentage
 }
 
 // givenTo reads a container's GPUs from what its runtime was asked for:
@@ -182,9 +196,16 @@ func givenTo(c *hollowkubelet.Container) ([]given, error) {
 	}
 	var out []given
 	inFile := map[string]bool{}
+	// An MPS client's compute share is the control daemon's active thread
+	// percentage, not the limiter's (which keeps its memory accounting).
+	threads, mpsErr := strconv.Atoi(c.Env[deviceplugin.EnvMPSThreadPercentage])
 	for _, dv := range cfg.Devices {
 		inFile[dv.UUID] = true
-		out = append(out, given{UUID: dv.UUID, MemoryMiB: int64(dv.MemoryMiB), SM: dv.SMPercent, whole: dv.MemoryMiB == 0})
+		g := given{UUID: dv.UUID, MemoryMiB: int64(dv.MemoryMiB), SM: dv.SMPercent, whole: dv.MemoryMiB == 0}
+		if mpsErr == nil && g.SM == 0 {
+			g.SM, g.mps = threads, true
+		}
+		out = append(out, g)
 	}
 	for _, u := range uuids {
 		if !inFile[strings.ToLower(u)] && !inFile[u] {
@@ -213,9 +234,19 @@ func checkAgainstRecord(pod *corev1.Pod, container string, got []given, fail fun
 		}
 		for i, d := range c.Devices {
 			g := got[i]
+			if d.MIG != nil {
+				// A MIG grant: the device it names (a static layout), or
+				// the instance the agent made for it (dynamic MIG).
+				if !isMIG(g.UUID) || d.MIG.Device != "" && !strings.EqualFold(g.UUID, d.MIG.Device) {
+					fail("%s was given %s as device %d, its record grants MIG %s@%d device %q of GPU %s", who, g.UUID, i, d.MIG.Profile, d.MIG.Start, d.MIG.Device, d.UUID)
+				}
+				continue
+			}
 			if !strings.EqualFold(g.UUID, d.UUID) {
 				fail("%s was given GPU %s as device %d, its record grants %s", who, g.UUID, i, d.UUID)
-			} else if !g.whole && (g.MemoryMiB != d.MemoryMiB || g.SM != d.Cores) {
+			} else if !g.whole && (g.MemoryMiB != d.MemoryMiB || g.SM != d.Cores && !(g.mps && d.Cores == 0)) {
+				// (An MPS client granted no cores runs with one
+				// replica's threads.)
 				fail("%s was given %d MiB and %d percent on GPU %s, its record grants %d MiB and %d percent", who, g.MemoryMiB, g.SM, d.UUID, d.MemoryMiB, d.Cores)
 			} else if g.whole && !d.Exclusive {
 				fail("%s was given GPU %s without limits, its record grants a share", who, d.UUID)
@@ -253,3 +284,6 @@ func nvmlUsed(d nvml.Device) (mib int64) {
 	}
 	return mib
 }
+
+// isMIG reports a MIG device's UUID (NVML names them MIG-…).
+func isMIG(uuid string) bool { return strings.HasPrefix(uuid, "MIG-") }

@@ -16,11 +16,11 @@ import (
 	"github.com/tessera-gpu/tessera/internal/nodeagent"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/kubeletshim"
 	"github.com/tessera-gpu/tessera/internal/recordsig"
-	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
-// agentSocket is where a node's agent serves its shim.
-func agentSocket(nodeDir string) string { return filepath.Join(nodeDir, "agent", "plugin.sock") }
+// agentSockets is where a node's agent serves its shim, one socket per
+// resource.
+func agentSockets(nodeDir string) string { return filepath.Join(nodeDir, "agent") }
 
 // trustOptions sets what a lab node agent checks: the scheduler's
 // signatures, and (with --shim) serving the shim instead of the kubelet.
@@ -30,7 +30,7 @@ func trustOptions(o *nodeagent.Options, f *nodeFlags) {
 	o.RecordKeys = &recordsig.Store{}
 	o.Reconcile.Interval = 0
 	if f.shim {
-		o.PluginSocket = agentSocket(f.dir)
+		o.PluginSocketDir = agentSockets(f.dir)
 	}
 }
 
@@ -40,7 +40,7 @@ func startShim(sup *supervisor, comp func(string, ...string) []string, d Dir, no
 	if err := os.MkdirAll(filepath.Join(dir, "kubelet", "device-plugins"), 0o755); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(agentSocket(dir)), 0o755); err != nil {
+	if err := os.MkdirAll(agentSockets(dir), 0o755); err != nil {
 		return err
 	}
 	return sup.start("kubelet-shim/"+node, comp("kubelet-shim", "--dir="+dir), nil, false)
@@ -55,12 +55,7 @@ func runKubeletShim(ctx context.Context, args []string) error {
 	if *dir == "" {
 		return fmt.Errorf("kubelet-shim: --dir is required")
 	}
-	s, err := kubeletshim.New(kubeletshim.Options{
-		Resource: api.DefaultResourceNames.GPU, PluginDir: filepath.Join(*dir, "kubelet", "device-plugins"),
-		Endpoint: "tessera-shim.sock", AgentSocket: agentSocket(*dir), AgentWait: time.Minute,
-	}, klog.Background().WithName("kubelet-shim"))
-	if err != nil {
-		return err
-	}
-	return s.Run(ctx)
+	return kubeletshim.NewManager(kubeletshim.ManagerOptions{
+		PluginDir: filepath.Join(*dir, "kubelet", "device-plugins"), AgentSocketDir: agentSockets(*dir), AgentWait: time.Minute,
+	}, klog.Background().WithName("kubelet-shim")).Run(ctx)
 }

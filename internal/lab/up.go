@@ -158,6 +158,9 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 		return fmt.Errorf("identities and admission policies: %w", err)
 	}
 	step("scheduler and node agents have their own identities; admission policies in force")
+	if err := ensureNodeConfigMap(ctx, client); err != nil {
+		return err
+	}
 
 	schedConfig, err := writeSchedulerConfig(d.path("scheduler.yaml"), ids.Scheduler)
 	if err != nil {
@@ -180,14 +183,14 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 		if err := os.MkdirAll(filepath.Join(dir, "tmp"), 0o755); err != nil {
 			return err
 		}
-		common := []string{"--kubeconfig=" + d.Kubeconfig(), "--node=" + n.Name, "--dir=" + dir}
+		common := append([]string{"--kubeconfig=" + d.Kubeconfig(), "--node=" + n.Name, "--dir=" + dir}, nodeArgs(n)...)
 		if err := sup.start("kubelet/"+n.Name, comp("kubelet", append(common, fmt.Sprintf("--port=%d", ports[2+i]))...), []string{"TMPDIR=" + filepath.Join(dir, "tmp")}, true); err != nil {
 			return err
 		}
 		if err := startShim(sup, comp, d, n.Name); err != nil {
 			return err
 		}
-		agent := []string{"--kubeconfig=" + ids.NodeAgent, "--node=" + n.Name, "--dir=" + dir, "--shim"}
+		agent := append([]string{"--kubeconfig=" + ids.NodeAgent, "--node=" + n.Name, "--dir=" + dir, "--shim"}, nodeArgs(n)...)
 		if err := sup.start("node-agent/"+n.Name, comp("node-agent", append(agent, "--model="+n.Model, fmt.Sprintf("--gpus=%d", n.GPUs))...), nil, false); err != nil {
 			return err
 		}
@@ -268,8 +271,14 @@ func nodeReady(ctx context.Context, client kubernetes.Interface, name string) bo
 	if err != nil || n.Annotations[api.AnnotationInventory] == "" {
 		return false
 	}
-	slots := n.Status.Allocatable[corev1.ResourceName(api.DefaultResourceNames.GPU)]
-	if slots.Value() == 0 {
+	// Any GPU device resource: the GPU's, its shared rename, a MIG profile's.
+	slots := int64(0)
+	for r, q := range n.Status.Allocatable {
+		if api.DefaultResourceNames.IsCountResource(string(r)) {
+			slots += q.Value()
+		}
+	}
+	if slots == 0 {
 		return false
 	}
 	for _, c := range n.Status.Conditions {

@@ -79,10 +79,10 @@ func TestTablesMatchDocumentation(t *testing.T) {
 				t.Errorf("%s: profile %s missing", name, pname)
 				continue
 			}
-			got := fmt.Sprintf("%d %d %s", p.MaxInstances, p.SMs, placements(p))
-			want := fmt.Sprintf("%d %d %s", inst, sms, place)
+			got := fmt.Sprintf("%d %d %d %s", p.ID, p.MaxInstances, p.SMs, placements(p))
+			want := fmt.Sprintf("%d %d %d %s", id, inst, sms, place)
 			if got != want {
-				t.Errorf("%s %s: instances/SMs/placements %q, documented %q", name, pname, got, want)
+				t.Errorf("%s %s: ID/instances/SMs/placements %q, documented %q", name, pname, got, want)
 			}
 			if p.Media != strings.HasSuffix(pname, "+me") {
 				t.Errorf("%s %s: media %v", name, pname, p.Media)

@@ -42,6 +42,9 @@ type Profile struct {
 	Name string
 	// NVMLProfile is the nvml.GPU_INSTANCE_PROFILE_* constant.
 	NVMLProfile int
+	// ID is the profile ID NVML reports for it (GpuInstanceProfileInfo.Id,
+	// the first column of `nvidia-smi mig -lgip`).
+	ID int
 	// Compute is the number of compute slices (the "g" count).
 	Compute int
 	// MemorySlices is the number of memory slices an instance occupies:
@@ -92,7 +95,7 @@ var (
 // names and SM counts (1g, 1g+me, 1g with two memory slices, 2g, 3g, 4g,
 // 7g) and memories in MiB.
 func eightSlice(name, family string, memGB, sms int, names [7]string, smsOf [7]int, mib [7]int64) Model {
-	return Model{
+	m := Model{
 		Name: name, Family: family, MemoryGB: memGB, MemorySlices: 8, ComputeSlices: 7, SMs: sms,
 		Profiles: []Profile{
 			{Name: names[0], NVMLProfile: NVMLProfile1Slice, Compute: 1, MemorySlices: 1, Starts: starts1g, MaxInstances: 7, SMs: smsOf[0], MemoryMiB: mib[0]},
@@ -104,6 +107,10 @@ func eightSlice(name, family string, memGB, sms int, names [7]string, smsOf [7]i
 			{Name: names[6], NVMLProfile: NVMLProfile7Slice, Compute: 7, MemorySlices: 8, Starts: starts0, MaxInstances: 1, SMs: smsOf[6], MemoryMiB: mib[6]},
 		},
 	}
+	for i, id := range [7]int{19, 20, 15, 14, 9, 5, 0} {
+		m.Profiles[i].ID = id
+	}
+	return m
 }
 
 // Models are the GPU models whose MIG geometry Tessera knows. A GPU of
@@ -134,11 +141,11 @@ var Models = []Model{
 	{
 		Name: "A30-24GB", Family: "A30", MemoryGB: 24, MemorySlices: 4, ComputeSlices: 4, SMs: 56,
 		Profiles: []Profile{
-			{Name: "1g.6gb", NVMLProfile: NVMLProfile1Slice, Compute: 1, MemorySlices: 1, Starts: []int{0, 1, 2, 3}, MaxInstances: 4, SMs: 14, MemoryMiB: 5836},
-			{Name: "1g.6gb+me", NVMLProfile: NVMLProfile1SliceRev1, Compute: 1, MemorySlices: 1, Starts: []int{0, 1, 2, 3}, MaxInstances: 1, SMs: 14, MemoryMiB: 5836, Media: true},
-			{Name: "2g.12gb", NVMLProfile: NVMLProfile2Slice, Compute: 2, MemorySlices: 2, Starts: []int{0, 2}, MaxInstances: 2, SMs: 28, MemoryMiB: 11672},
-			{Name: "2g.12gb+me", NVMLProfile: NVMLProfile2SliceRev1, Compute: 2, MemorySlices: 2, Starts: []int{0, 2}, MaxInstances: 1, SMs: 28, MemoryMiB: 11672, Media: true},
-			{Name: "4g.24gb", NVMLProfile: NVMLProfile4Slice, Compute: 4, MemorySlices: 4, Starts: []int{0}, MaxInstances: 1, SMs: 56, MemoryMiB: 23344},
+			{Name: "1g.6gb", ID: 14, NVMLProfile: NVMLProfile1Slice, Compute: 1, MemorySlices: 1, Starts: []int{0, 1, 2, 3}, MaxInstances: 4, SMs: 14, MemoryMiB: 5836},
+			{Name: "1g.6gb+me", ID: 21, NVMLProfile: NVMLProfile1SliceRev1, Compute: 1, MemorySlices: 1, Starts: []int{0, 1, 2, 3}, MaxInstances: 1, SMs: 14, MemoryMiB: 5836, Media: true},
+			{Name: "2g.12gb", ID: 5, NVMLProfile: NVMLProfile2Slice, Compute: 2, MemorySlices: 2, Starts: []int{0, 2}, MaxInstances: 2, SMs: 28, MemoryMiB: 11672},
+			{Name: "2g.12gb+me", ID: 6, NVMLProfile: NVMLProfile2SliceRev1, Compute: 2, MemorySlices: 2, Starts: []int{0, 2}, MaxInstances: 1, SMs: 28, MemoryMiB: 11672, Media: true},
+			{Name: "4g.24gb", ID: 0, NVMLProfile: NVMLProfile4Slice, Compute: 4, MemorySlices: 4, Starts: []int{0}, MaxInstances: 1, SMs: 56, MemoryMiB: 23344},
 		},
 	},
 }
@@ -262,4 +269,50 @@ func (m *Model) WithMemory(mib map[string]int64) *Model {
 		}
 	}
 	return &c
+}
+
+// ProfileByNVML returns the model's profile for an nvml.GPU_INSTANCE_PROFILE_*
+// constant.
+func (m *Model) ProfileByNVML(c int) (*Profile, bool) {
+	for i := range m.Profiles {
+		if m.Profiles[i].NVMLProfile == c {
+			return &m.Profiles[i], true
+		}
+	}
+	return nil, false
+}
+
+// ProfileByID returns the model's profile with NVML's profile ID id.
+func (m *Model) ProfileByID(id int) (*Profile, bool) {
+	for i := range m.Profiles {
+		if m.Profiles[i].ID == id {
+			return &m.Profiles[i], true
+		}
+	}
+	return nil, false
+}
+
+// Full returns the profile that spans the whole GPU (7g.40gb on an A100).
+func (m *Model) Full() *Profile {
+	ps := m.bySize()
+	return ps[len(ps)-1]
+}
+
+// MaxInstances is the most instances one GPU of the model can hold at once
+// (the smallest profile's count).
+func (m *Model) MaxInstances() int {
+	n := 0
+	for _, p := range m.Profiles {
+		n = max(n, p.MaxInstances)
+	}
+	return n
+}
+
+// CorePercent is an instance of p's compute as a percentage of the whole
+// GPU's SMs, rounded down (what a MIG grant records as its cores).
+func (m *Model) CorePercent(p *Profile) int {
+	if m.SMs == 0 {
+		return 0
+	}
+	return min(100, p.SMs*100/m.SMs)
 }

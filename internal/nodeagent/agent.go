@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -32,6 +33,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/discovery"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/mps"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/reconcile"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 	"github.com/tessera-gpu/tessera/internal/recordsig"
@@ -41,7 +43,8 @@ import (
 // Options configure the agent.
 type Options struct {
 	NodeName string
-	// Resource is the GPU resource served (api.ResourceNames.GPU).
+	// Resource is the GPU resource served (api.ResourceNames.GPU); the
+	// other names (shared rename, MIG profiles) share its prefix.
 	Resource string
 	// ConfigMapNamespace and ConfigMapName locate the profiles; an empty
 	// name runs on the built-in defaults.
@@ -57,6 +60,13 @@ type Options struct {
 	Resync time.Duration
 	// NoPlugin skips the device plugin (tests of publishing only).
 	NoPlugin bool
+	// MPSControl runs nvidia-cuda-mps-control (path and leading
+	// arguments; default "nvidia-cuda-mps-control" from $PATH), for nodes
+	// in mps mode.
+	MPSControl []string
+	// MPSRoot is the host directory of the MPS daemons' pipes and logs
+	// (default mps.DefaultRoot; a profile's flags.mpsRoot wins).
+	MPSRoot string
 	// RecordKeys locates the scheduler's published public keys: every
 	// record is checked against them before it is served. Nil: signatures
 	// are not checked (the records rest on the admission policy alone).
@@ -66,10 +76,11 @@ type Options struct {
 	AcceptUnsigned bool
 	// DeviceList is how GPUs are handed to the container runtime.
 	DeviceList deviceplugin.DeviceListStrategy
-	// PluginSocket, if set, is where the device plugin serves for the
-	// kubelet-facing shim (kubeletshim), which registers with the kubelet
-	// in its stead.
-	PluginSocket string
+	// PluginSocketDir, if set, is where the device plugins serve, one
+	// socket per resource (kubeletshim.AgentSocketName), for the
+	// kubelet-facing shim, which registers with the kubelet in their
+	// stead.
+	PluginSocketDir string
 	// Reconcile configures the host-side check of what containers hold
 	// on the GPUs against their grants; it runs when Interval > 0.
 	Reconcile reconcile.Options
@@ -88,13 +99,30 @@ type Agent struct {
 	config  *config.Store
 	plugin  *deviceplugin.Plugin
 	state   statedir.Dirs
+	names   api.ResourceNames
+
+	// devMu guards devices' MIG state, changed by the reconcile loop and
+	// by Allocate (dynamic MIG).
+	devMu      sync.Mutex
+	migReports map[string]string
+	created    map[string]owner // dynamic instances: "<gpu>/<inst>" → the pod
+	mps        *mps.Manager
+	mpsErr     string
+	// plugins serve one resource each (reconcile starts and stops them).
+	plugins map[string]*pluginRun
+	runCtx  context.Context
+	wg      sync.WaitGroup
+	// recorder posts Node events (MIG layout reports); nil before Run.
+	recorder record.EventRecorder
 
 	nodes   corelisters.NodeLister
 	cms     corelisters.ConfigMapLister
 	pods    corelisters.PodLister
 	trigger chan struct{}
-	events  record.EventRecorder
 	metrics *agentMetrics
+	// guardCfg is the device plugins' checks of records (trust.go); set
+	// by Run before the first plugin starts.
+	guardCfg *deviceplugin.Guard
 
 	mu        sync.Mutex
 	published string // last inventory we wrote on the Node
@@ -112,6 +140,14 @@ func New(lib nvml.Interface, client kubernetes.Interface, opts Options, logger k
 	if opts.Resync <= 0 {
 		opts.Resync = time.Minute
 	}
+	prefix, ok := strings.CutSuffix(opts.Resource, "/gpu")
+	if !ok {
+		return nil, fmt.Errorf("resource %q is not <prefix>/gpu", opts.Resource)
+	}
+	names, err := api.NewResourceNames(prefix)
+	if err != nil {
+		return nil, err
+	}
 	res, err := discovery.Discover(lib, discovery.Options{})
 	if err != nil {
 		return nil, err
@@ -126,11 +162,22 @@ func New(lib nvml.Interface, client kubernetes.Interface, opts Options, logger k
 	a := &Agent{
 		opts: opts, client: client, logger: logger, devices: res.Devices,
 		monitor: health.New(lib, handles, opts.Health, logger.WithName("health")),
-		config:  config.NewStore(opts.Resource),
+		config:  config.NewStore(names),
+		names:   names,
 		state:   statedir.Dirs{Root: opts.Paths.StateRoot},
 		trigger: make(chan struct{}, 1),
+		plugins: map[string]*pluginRun{},
 		metrics: newAgentMetrics(),
 	}
+	cmd := opts.MPSControl
+	if len(cmd) == 0 {
+		cmd = []string{"nvidia-cuda-mps-control"}
+	}
+	root := opts.MPSRoot
+	if root == "" {
+		root = mps.DefaultRoot
+	}
+	a.mps = &mps.Manager{Command: cmd, Root: root, Logger: logger.WithName("mps")}
 	return a, nil
 }
 
@@ -173,6 +220,21 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.nodes = nodeInf.Lister()
 	a.pods = podFactory.Core().V1().Pods().Lister()
 	podInformer := podFactory.Core().V1().Pods().Informer()
+	// Pods coming, ending or going change what MIG instances and MPS
+	// limits the node needs (a poke coalesces with any pending one).
+	if _, err := podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { a.poke() },
+		UpdateFunc: func(o, n any) {
+			op, ok1 := o.(*v1.Pod)
+			np, ok2 := n.(*v1.Pod)
+			if !ok1 || !ok2 || op.Status.Phase != np.Status.Phase || (op.DeletionTimestamp == nil) != (np.DeletionTimestamp == nil) {
+				a.poke()
+			}
+		},
+		DeleteFunc: func(any) { a.poke() },
+	}); err != nil {
+		return err
+	}
 	synced := []cache.InformerSynced{nodeInf.Informer().HasSynced, podInformer.HasSynced}
 	if a.opts.ConfigMapName != "" {
 		cmFactory := informers.NewSharedInformerFactoryWithOptions(a.client, a.opts.Resync,
@@ -195,74 +257,64 @@ func (a *Agent) Run(ctx context.Context) error {
 		return ctx.Err()
 	}
 
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	wg.Add(1)
+	defer a.wg.Wait()
+	defer a.stopPlugins()
+	a.wg.Add(1)
 	go func() {
-		defer wg.Done()
+		defer a.wg.Done()
 		if err := a.monitor.Run(ctx); err != nil {
 			a.logger.Error(err, "Health monitor stopped; GPU errors will not be detected")
 		}
 	}()
+	a.runCtx = ctx
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.client.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	a.devMu.Lock()
+	a.recorder = broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "tessera-node-agent", Host: a.opts.NodeName})
+	a.devMu.Unlock()
 	if !a.opts.NoPlugin {
 		if err := a.opts.Paths.WritePreload(); err != nil {
 			return fmt.Errorf("writing %s: %w", a.opts.Paths.PreloadHost, err)
 		}
-		podResources := &deviceplugin.PodResources{Socket: a.opts.PodResourcesSocket, Resource: a.opts.Resource}
-		defer podResources.Close()
-		broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-		broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.client.CoreV1().Events("")})
-		defer broadcaster.Shutdown()
-		a.events = broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "tessera-node-agent", Host: a.opts.NodeName})
-		guard, err := a.guard(ctx, &wg)
+		guard, err := a.guard(ctx, &a.wg)
 		if err != nil {
 			return err
 		}
-		plugin := deviceplugin.New(deviceplugin.Options{
-			Resource:   a.opts.Resource,
-			PluginDir:  a.opts.PluginDir,
-			Paths:      a.opts.Paths,
-			Guard:      guard,
-			DeviceList: a.opts.DeviceList,
-			Socket:     a.opts.PluginSocket,
-			Matcher: &deviceplugin.Matcher{
-				Node: a.opts.NodeName, Resource: a.opts.Resource,
-				Kubelet: podResources,
-				Pods:    podGetter{lister: a.pods, client: a.client},
-				State:   a.state,
-			},
-		}, a.logger.WithName("deviceplugin"))
 		a.mu.Lock()
-		a.plugin = plugin
+		a.guardCfg = guard
 		a.mu.Unlock()
-		a.reconcile(ctx) // the first ListAndWatch already has the GPUs
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := plugin.Run(ctx); err != nil {
-				a.logger.Error(err, "Device plugin stopped")
-			}
-		}()
 		if a.opts.Reconcile.Interval > 0 {
 			r := a.reconciler()
-			wg.Add(1)
+			a.wg.Add(1)
 			go func() {
-				defer wg.Done()
+				defer a.wg.Done()
 				r.Run(ctx)
 			}()
 		}
 	}
 	if a.opts.Metrics != "" {
-		wg.Add(1)
+		a.wg.Add(1)
 		go func() {
-			defer wg.Done()
+			defer a.wg.Done()
 			a.metrics.serve(ctx, a.opts.Metrics, a.logger)
 		}()
 	}
+	// MPS daemons are not stopped here: a stopped agent leaves them to
+	// their clients (a DaemonSet restart ends them with the container;
+	// the next agent starts them again, docs/mig-mps.md).
 	tick := time.NewTicker(a.opts.Resync)
 	defer tick.Stop()
+	// On an MPS node the control daemons are checked (and started again
+	// when they died) at least this often.
+	mpsTick := time.NewTicker(mpsCheck)
+	defer mpsTick.Stop()
+	skip := false
 	for {
-		a.reconcile(ctx)
+		if !skip {
+			a.reconcile(ctx)
+		}
+		skip = false
 		select {
 		case <-ctx.Done():
 			return nil
@@ -270,6 +322,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-a.monitor.Changes():
 		case <-tick.C:
 			a.collect()
+		case <-mpsTick.C:
+			cfg, _ := a.config.Current()
+			skip = cfg.Sharing != api.SharingMPS
 		}
 	}
 }
@@ -286,10 +341,12 @@ func (a *Agent) reconcile(ctx context.Context) {
 		a.applyConfig(node)
 	}
 	cfg, _ := a.config.Current()
-	inv, gpus := BuildInventory(a.devices, a.monitor.Snapshot(), cfg)
-	if p := a.Plugin(); p != nil {
-		p.SetGPUs(gpus, cfg.Sharing)
-	}
+	a.reconcileMIG(cfg)
+	a.devMu.Lock()
+	inv, offer := BuildInventory(a.devices, a.monitor.Snapshot(), cfg.NodeConfig, a.names)
+	a.devMu.Unlock()
+	a.syncPlugins(cfg, offer)
+	a.reconcileMPS(ctx, cfg, inv)
 	if node == nil {
 		return
 	}
@@ -324,7 +381,13 @@ func (a *Agent) applyConfig(node *v1.Node) {
 	}
 	a.configErr = ""
 	if changed {
-		a.logger.Info("Node configuration applied", "profile", profile, "config", cur)
+		a.logger.Info("Node configuration applied", "profile", profile, "config", cur.NodeConfig, "migLayout", cur.MIGLayout)
+		for _, n := range cur.Notes {
+			a.logger.Info("Profile field accepted and not used", "profile", profile, "note", n)
+		}
+		if cur.MPSRoot != "" && a.mps != nil {
+			a.mps.Root = cur.MPSRoot
+		}
 	}
 }
 

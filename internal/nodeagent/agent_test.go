@@ -2,6 +2,11 @@ package nodeagent
 
 import (
 	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -11,9 +16,13 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/klog/v2/ktesting"
 
+	"github.com/tessera-gpu/tessera/internal/mig"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/config"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/migmgr"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/nvmltest"
+	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -145,7 +154,8 @@ func TestBuildInventoryExclude(t *testing.T) {
 	}
 	cfg := api.NodeConfig{ExcludeGPUs: []string{"0", n.Device(5).UUID}}
 	cfg.Defaults()
-	inv, gpus := BuildInventory(a.Devices(), map[string]health.State{n.Device(3).UUID: {Reason: "XID 48"}}, cfg)
+	inv, offer := BuildInventory(a.Devices(), map[string]health.State{n.Device(3).UUID: {Reason: "XID 48"}}, cfg, api.DefaultResourceNames)
+	gpus := offer["nvidia.com/gpu"]
 	if len(inv.GPUs) != 6 || len(gpus) != 6 {
 		t.Fatalf("%d GPUs", len(inv.GPUs))
 	}
@@ -165,4 +175,157 @@ func TestBuildInventoryExclude(t *testing.T) {
 			t.Errorf("slots %d", gpus[k].Slots)
 		}
 	}
+}
+
+// TestMIGInventoryHealth: an XID on a parent GPU makes its MIG devices
+// unhealthy in the inventory and in every device plugin's list (NVIDIA's
+// plugin long left them healthy, its issue #1929).
+func TestMIGInventoryHealth(t *testing.T) {
+	n, err := nvmltest.NewModel("A100-40GB", 2, "mig-health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(n, fake.NewClientset(), Options{NodeName: "x", Resource: "nvidia.com/gpu"}, ktesting.NewLogger(t, ktesting.NewConfig()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := config.ParseMIGParted([]byte("version: v1\nmig-configs:\n  all-1g.5gb:\n  - devices: all\n    mig-enabled: true\n    mig-devices: {1g.5gb: 7}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := ls["all-1g.5gb"]
+	cfg := config.Node{NodeConfig: api.NodeConfig{Sharing: api.SharingMIG}, Layout: &l}
+	cfg.Defaults()
+	a.reconcileMIG(cfg)
+	bad := n.Device(1).UUID
+	inv, offer := BuildInventory(a.Devices(), map[string]health.State{bad: {Reason: "XID 79"}}, cfg.NodeConfig, api.DefaultResourceNames)
+	if _, err := api.EncodeInventory(inv); err != nil {
+		t.Fatal(err)
+	}
+	if inv.MIGStrategy != api.MIGStrategyMixed || len(offer["nvidia.com/mig-1g.5gb"]) != 14 || len(offer["nvidia.com/gpu"]) != 0 {
+		t.Fatalf("strategy %s, offer %v", inv.MIGStrategy, offer)
+	}
+	unhealthy := map[string]bool{}
+	for _, g := range inv.GPUs {
+		if g.Sharing != api.SharingMIG || g.MaxShares != 7 || len(g.MIG.Devices) != 7 {
+			t.Errorf("GPU %s: sharing %s, %d shares, %d devices", g.UUID, g.Sharing, g.MaxShares, len(g.MIG.Devices))
+		}
+		for _, d := range g.MIG.Devices {
+			if (d.Health == api.Unhealthy) != (g.UUID == bad) || g.UUID == bad && d.HealthReason != "XID 79" {
+				t.Errorf("MIG device %s of %s: %s %q", d.UUID, g.UUID, d.Health, d.HealthReason)
+			}
+			unhealthy[d.UUID] = d.Health == api.Unhealthy
+		}
+	}
+	for _, d := range offer["nvidia.com/mig-1g.5gb"] {
+		if d.Healthy == unhealthy[d.UUID] {
+			t.Errorf("plugin device %s healthy=%v", d.UUID, d.Healthy)
+		}
+	}
+}
+
+// TestDynamicMIGAdoption: after a restart the agent keeps the instances
+// the pods' records hold and destroys the others; MIG mode is turned on.
+func TestDynamicMIGAdoption(t *testing.T) {
+	n, err := nvmltest.NewModel("A100-40GB", 1, "mig-adopt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpu := n.Device(0).UUID
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
+	cm := &v1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "cm"}, Data: map[string]string{"default": "sharing: mig-dynamic\n"}}
+	rec := &api.PodAllocation{APIVersion: api.AllocationAPIVersion, Kind: api.AllocationKind, Node: "n1", Containers: []api.ContainerAllocation{{
+		Name: "c", Devices: []api.DeviceGrant{{UUID: gpu, MemoryMiB: 19968, Cores: 38, MIG: &api.MIGGrant{Profile: "3g.20gb", Start: 4}}},
+	}}}
+	pod := fixtures.MakePod().Namespace("default").Name("held").Node("n1").Record(rec).Container("c", map[string]string{"nvidia.com/gpu": "1"}).Obj()
+	client := fake.NewClientset(node, cm, pod)
+	start := func() (*Agent, func()) {
+		a, err := New(n, client, Options{NodeName: "n1", Resource: "nvidia.com/gpu", ConfigMapNamespace: "ns", ConfigMapName: "cm",
+			Paths: deviceplugin.Paths{StateRoot: t.TempDir()}, Resync: 20 * time.Millisecond, NoPlugin: true,
+			Health: health.Options{WaitTimeout: 5 * time.Millisecond}}, ktesting.NewLogger(t, ktesting.NewConfig()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() { done <- a.Run(ctx) }()
+		return a, func() { cancel(); <-done }
+	}
+	a, stop := start()
+	eventually(t, "MIG mode on", func() bool { return len(a.MIGReports()) == 1 && strings.Contains(a.MIGReports()[gpu], "MIG mode") })
+	stop()
+	// Instances made outside the agent while it was down: the record's and
+	// an orphan.
+	devs := a.Devices()
+	for _, in := range []mig.Instance{{Profile: "3g.20gb", Start: 4}, {Profile: "1g.5gb", Start: 0}} {
+		if _, err := migmgr.Create(devs[0].Handle, devs[0].MIG, in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, stop = start()
+	defer stop()
+	eventually(t, "the orphan destroyed, the held instance kept", func() bool {
+		got := n.MIGInstances(0)
+		return len(got) == 1 && got[0] == "3g.20gb@4"
+	})
+}
+
+// TestMPSDaemonsRestarted: on an MPS node (NVIDIA's MPS guide config) the
+// agent runs a control daemon per GPU with the replicas' bound, and starts
+// one again when it dies.
+func TestMPSDaemonsRestarted(t *testing.T) {
+	t.Setenv("TESSERA_FAKE_MPS", "1")
+	t.Setenv("GORACE", "atexit_sleep_ms=0")
+	n, err := nvmltest.NewModel("A100-40GB", 2, "mps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := os.MkdirTemp("", "mps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(root)
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
+	cm := &v1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "cm"}, Data: map[string]string{
+		"default": "version: v1\nsharing:\n  mps:\n    renameByDefault: true\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 10\n",
+	}}
+	a, err := New(n, fake.NewClientset(node, cm), Options{NodeName: "n1", Resource: "nvidia.com/gpu", ConfigMapNamespace: "ns", ConfigMapName: "cm",
+		Paths: deviceplugin.Paths{StateRoot: t.TempDir()}, Resync: time.Minute, NoPlugin: true,
+		Health:     health.Options{WaitTimeout: 5 * time.Millisecond},
+		MPSControl: []string{os.Args[0]}, MPSRoot: root}, ktesting.NewLogger(t, ktesting.NewConfig()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- a.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+		_ = a.mps.Stop(context.Background())
+	}()
+	u := n.Device(1).UUID
+	eventually(t, "a daemon per GPU", func() bool { return a.mps.Starts(n.Device(0).UUID) == 1 && a.mps.Starts(u) == 1 })
+	pidFile := filepath.Join(a.mps.PipeDir(u), "control.pid")
+	var pid int
+	eventually(t, "the daemon's pid", func() bool {
+		b, err := os.ReadFile(pidFile)
+		pid, _ = strconv.Atoi(string(b))
+		return err == nil && pid > 0
+	})
+	logf := filepath.Join(a.mps.LogDir(u), "control.log")
+	eventually(t, "the replicas' bound set", func() bool {
+		b, _ := os.ReadFile(logf)
+		return strings.Contains(string(b), "Cmd:set_default_active_thread_percentage 10") && strings.Contains(string(b), "Cmd:set_default_device_pinned_mem_limit 0 4096M")
+	})
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for deadline := time.Now().Add(15 * time.Second); a.mps.Starts(u) < 2; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the killed daemon was not started again")
+		}
+	}
+	t.Logf("killed MPS daemon started again after %v", time.Since(start).Round(10*time.Millisecond))
 }

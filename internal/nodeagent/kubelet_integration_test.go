@@ -37,8 +37,8 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/hollowkubelet"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
-	"github.com/tessera-gpu/tessera/internal/nodeagent/kubeletshim"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/kubeletshim"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/nvmltest"
 	"github.com/tessera-gpu/tessera/internal/testenv"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
@@ -52,6 +52,7 @@ const (
 )
 
 func TestMain(m *testing.M) {
+	fakeMPS() // the test binary is also the fake MPS control daemon
 	if os.Getenv(mountNSEnv) == "" {
 		exe, err := os.Executable()
 		if err != nil {
@@ -263,9 +264,9 @@ func startAgent(t *testing.T, n *nvmltest.Node, client kubernetes.Interface, nod
 	return startAgentOpts(t, n, client, node, stateRoot, "")
 }
 
-// startAgentOpts starts an agent; with a socket it serves a kubelet shim
-// there instead of registering with the kubelet.
-func startAgentOpts(t *testing.T, n *nvmltest.Node, client kubernetes.Interface, node, stateRoot, socket string) *runningAgent {
+// startAgentOpts starts an agent; with a socket directory it serves a
+// kubelet shim there instead of registering with the kubelet.
+func startAgentOpts(t *testing.T, n *nvmltest.Node, client kubernetes.Interface, node, stateRoot, sockets string) *runningAgent {
 	paths := deviceplugin.DefaultPaths()
 	paths.StateRoot = stateRoot
 	paths.PreloadHost = filepath.Join(filepath.Dir(stateRoot), "ld.so.preload")
@@ -275,7 +276,7 @@ func startAgentOpts(t *testing.T, n *nvmltest.Node, client kubernetes.Interface,
 		Paths:              paths,
 		PluginDir:          pluginapi.DevicePluginPath,
 		PodResourcesSocket: deviceplugin.DefaultPodResourcesSocket,
-		PluginSocket:       socket,
+		PluginSocketDir:    sockets,
 	}, ktesting.NewLogger(t, ktesting.NewConfig(ktesting.Verbosity(2))).WithName("agent"))
 	if err != nil {
 		t.Fatal(err)
@@ -640,19 +641,17 @@ func TestDeviceManager(t *testing.T) {
 		d := newDeviceNode(t, client)
 		d.registered()
 		d.agent.stop(t)
-		sock := filepath.Join(t.TempDir(), "agent.sock")
-		shim, err := kubeletshim.New(kubeletshim.Options{Resource: gpuRes, PluginDir: pluginapi.DevicePluginPath, Endpoint: "tessera-shim.sock", AgentSocket: sock, AgentWait: 30 * time.Second},
+		sock := t.TempDir()
+		shims := kubeletshim.NewManager(kubeletshim.ManagerOptions{PluginDir: pluginapi.DevicePluginPath, AgentSocketDir: sock, AgentWait: 30 * time.Second},
 			ktesting.NewLogger(t, ktesting.NewConfig()).WithName("shim"))
-		if err != nil {
-			t.Fatal(err)
-		}
 		sctx, stopShim := context.WithCancel(ctx)
 		shimDone := make(chan struct{})
-		go func() { defer close(shimDone); _ = shim.Run(sctx) }()
+		go func() { defer close(shimDone); _ = shims.Run(sctx) }()
 		defer func() { stopShim(); <-shimDone }()
 		d.agent = startAgentOpts(t, d.nvml, client, d.name, d.stateRoot, sock)
 		testenv.WaitFor(t, "the shim registered with the agent's devices", 30*time.Second, func() bool {
-			return shim.Registrations() > 0 && d.kubelet.allocatable() == slots
+			s := shims.Shim(gpuRes)
+			return s != nil && s.Registrations() > 0 && d.kubelet.allocatable() == slots
 		})
 		a := &admitted{results: map[string]map[string]admission{}}
 		d.admitNew(a, d.pod("before", nil, [][]api.DeviceGrant{{{UUID: d.gpus[1], MemoryMiB: 1000, Cores: 10}}}))

@@ -8,7 +8,6 @@ package nodeagent
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 
 	v1 "k8s.io/api/core/v1"
@@ -19,15 +18,6 @@ import (
 	"github.com/tessera-gpu/tessera/internal/recordsig"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
-
-// names are the resource names under the agent's GPU resource's prefix.
-func (a *Agent) names() (api.ResourceNames, error) {
-	prefix, ok := strings.CutSuffix(a.opts.Resource, "/gpu")
-	if !ok {
-		return api.ResourceNames{}, fmt.Errorf("resource %q does not end in /gpu", a.opts.Resource)
-	}
-	return api.NewResourceNames(prefix)
-}
 
 // nodePods are the pods bound to this node, from the informer cache.
 func (a *Agent) nodePods() []*v1.Pod {
@@ -41,17 +31,13 @@ func (a *Agent) nodePods() []*v1.Pod {
 // guard builds the device plugin's checks; a key source, when configured,
 // is started in wg.
 func (a *Agent) guard(ctx context.Context, wg *sync.WaitGroup) (*deviceplugin.Guard, error) {
-	names, err := a.names()
-	if err != nil {
-		return nil, err
-	}
 	g := &deviceplugin.Guard{
-		Names:          names,
+		Names:          a.names,
 		AcceptUnsigned: a.opts.AcceptUnsigned,
 		NodePods:       a.nodePods,
 		Refused: func(pod *v1.Pod, reason string) {
 			a.metrics.refused.Inc()
-			a.events.Event(pod, v1.EventTypeWarning, deviceplugin.ReasonRefused, reason)
+			a.recorder.Event(pod, v1.EventTypeWarning, deviceplugin.ReasonRefused, reason)
 		},
 	}
 	if a.opts.RecordKeys != nil {
@@ -90,7 +76,7 @@ func (a *Agent) reconciler() *reconcile.Reconciler {
 		if len(b.Killed) > 0 {
 			msg += fmt.Sprintf("; killed its processes %v", b.Killed)
 		}
-		a.events.Event(b.Pod, v1.EventTypeWarning, b.Reason(), msg)
+		a.recorder.Event(b.Pod, v1.EventTypeWarning, b.Reason(), msg)
 	}
 	r.Observe = func(pod *v1.Pod, container, gpu string, usedMiB int64) {
 		a.metrics.held.WithLabelValues(pod.Namespace, pod.Name, container, gpu).Set(float64(usedMiB))

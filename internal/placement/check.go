@@ -54,6 +54,7 @@ func (c *Cluster) Check() error {
 				errs = append(errs, fmt.Errorf("node %s GPU %s: usage %+v differs from the sum of its pods' charges %+v", n.Name, g.UUID, g.Used, w))
 			}
 			errs = append(errs, checkGPU(n.Name, g)...)
+			errs = append(errs, checkMIG(n.Name, g)...)
 			if key := n.Name + "/" + g.UUID; exclusive[key] && len(holders[key]) > 1 {
 				errs = append(errs, fmt.Errorf("node %s GPU %s: held exclusively but shared by %d pods %v", n.Name, g.UUID, len(holders[key]), holders[key]))
 			}

@@ -29,6 +29,7 @@ type Cluster struct {
 // podEntry is what one pod holds: the record it was assigned with and the
 // exact per-GPU charges derived from it, so Release subtracts what Assign added.
 type podEntry struct {
+	key      string
 	node     string
 	cpu, mem int64
 	record   *api.PodAllocation
@@ -134,7 +135,7 @@ func (c *Cluster) AssignRecord(pod string, cpuMilli, memMiB int64, rec *api.PodA
 	if _, dup := c.pods[pod]; dup {
 		return fmt.Errorf("pod %s already holds an allocation", pod)
 	}
-	e := &podEntry{node: rec.Node, cpu: cpuMilli, mem: memMiB, record: rec}
+	e := &podEntry{key: pod, node: rec.Node, cpu: cpuMilli, mem: memMiB, record: rec}
 	n := c.Node(rec.Node)
 	if n != nil {
 		for _, ca := range rec.Containers {
@@ -176,6 +177,9 @@ func (c *Cluster) Release(pod string) bool {
 				n.GPUs[i].Used.sub(Usage(ch.Usage))
 			}
 		}
+		if n.hasMIG {
+			migHold(n, pod, e.record, false)
+		}
 		n.Version++
 	}
 	return true
@@ -188,6 +192,9 @@ func (c *Cluster) apply(n *Node, e *podEntry, bump bool) {
 		if i := n.GPUByUUID(ch.UUID); i >= 0 {
 			n.GPUs[i].Used.add(Usage(ch.Usage))
 		}
+	}
+	if n.hasMIG {
+		migHold(n, e.key, e.record, true)
 	}
 	if bump {
 		n.Version++

@@ -13,6 +13,8 @@ type Grant struct {
 	MemoryMiB int64
 	Cores     int
 	Exclusive bool
+	// MIG is set for a MIG device or instance (see MIGState).
+	MIG *api.MIGGrant
 }
 
 // Placement is where a pod goes on one node: for each container of the
@@ -72,6 +74,7 @@ func (p *Placement) Record(cr *Compiled) *api.PodAllocation {
 						MemoryMiB: g.MemoryMiB,
 						Cores:     g.Cores,
 						Exclusive: g.Exclusive,
+						MIG:       g.MIG,
 					})
 				}
 				rec.Containers = append(rec.Containers, ca)
@@ -100,6 +103,17 @@ type Scratch struct {
 	cand      [api.MaxGPUsPerNode]int
 	rank      [api.MaxGPUsPerNode]float64
 	set, best [api.MaxGPUsPerNode]int
+	// mig is the MIG working state, made on the first node with MIG GPUs
+	// (so fit checks of other nodes keep a small Scratch).
+	mig *migScratch
+}
+
+// migScratch is what the pod chose per GPU so far, and each candidate's
+// choice for the container being placed.
+type migScratch struct {
+	pend [api.MaxGPUsPerNode]migPending
+	ch   [api.MaxGPUsPerNode]migChoice
+	ok   [api.MaxGPUsPerNode]bool
 }
 
 // Fit checks whether the compiled request fits node n and, if it does,
@@ -124,6 +138,12 @@ func (cr *Compiled) Fit(n *Node, ranker GPURanker, s *Scratch, p *Placement) Rea
 		return reason
 	}
 	clear(s.pod[:len(n.GPUs)])
+	if n.hasMIG {
+		if s.mig == nil {
+			s.mig = &migScratch{}
+		}
+		clear(s.mig.pend[:len(n.GPUs)])
+	}
 	for k := range cr.gpu {
 		if reason := cr.placeContainer(n, k, ranker, s, p); !reason.OK() {
 			return reason
@@ -195,12 +215,27 @@ func joinSelectors(xs []string) string {
 }
 
 // demandOn is one GPU's worth of container c's demand on g, as charged.
+// (Kept within the inlining budget: callers turn a whole GPU into one
+// replica on replicated GPUs, see replicaSlot.)
 func demandOn(c Container, g *GPU) gpushare.Usage {
 	if c.Exclusive() {
 		return gpushare.Whole(g.MemoryCap)
 	}
 	return gpushare.Share(c.memoryOn(g), c.Cores)
 }
+
+// slotted reports whether a container that asks no share of its own gets
+// one equal slot (a replica) rather than the whole GPU: on GPUs shared by
+// time-slicing or MPS, as NVIDIA's plugin gives every container one
+// replica of 1/replicas.
+func slotted(c Container, g *GPU) bool { return replicated(g) && c.Exclusive() }
+
+// replicaSlot is one replica of g: an equal slot of its memory and cores
+// (NVIDIA's 1/N).
+func replicaSlot(g *GPU) gpushare.Usage { return gpushare.ReplicaSlot(g.MemoryMiB, g.MaxShares) }
+
+// replicated reports a GPU shared by replicas (time-slicing, MPS).
+func replicated(g *GPU) bool { return gpushare.Replicated(g.Sharing) }
 
 // failures are the rules a share of one GPU breaks. rules decides them
 // once: Fit takes a GPU that breaks none, and explain turns what the
@@ -307,7 +342,34 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 			continue
 		}
 		g := &n.GPUs[i]
+		if n.hasMIG {
+			s.mig.ok[i] = false
+		}
+		if g.MIG != nil || c.MIGProfile != "" {
+			if s.mig == nil {
+				continue // a MIG request on a node without MIG GPUs
+			}
+			ch, ok := cr.migFit(g, c, &s.mig.pend[i])
+			if !ok {
+				continue
+			}
+			s.mig.ch[i], s.mig.ok[i] = ch, true
+			s.cand[m] = i
+			// Binpack: the fuller GPU first; spread: the emptier.
+			s.rank[i] = float64(len(g.MIG.Instances()) + s.mig.pend[i].n)
+			if cr.gpuPol == api.GPUSpread {
+				s.rank[i] = -s.rank[i]
+			}
+			m++
+			continue
+		}
+		if c.GPUs > 1 && g.Sharing == api.SharingMPS {
+			continue // an MPS client connects to one GPU's daemon
+		}
 		d := demandOn(c, g)
+		if d.Exclusive > 0 && replicated(g) {
+			d = replicaSlot(g)
+		}
 		if s.rules(g, i, cc, d, false) != 0 {
 			continue
 		}
@@ -321,6 +383,9 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 		m++
 	}
 	if m < c.GPUs {
+		if n.hasMIG || c.MIGProfile != "" {
+			return cr.migReason(n, c, s)
+		}
 		return cr.explain(n, cc, s, m)
 	}
 	chosen := s.set[:0]
@@ -342,8 +407,27 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 	}
 	for _, i := range chosen {
 		g := &n.GPUs[i]
+		if n.hasMIG && s.mig.ok[i] {
+			ch := s.mig.ch[i]
+			s.pod[i].Take(migCharge, cc.init)
+			pp := &s.mig.pend[i]
+			if pp.n < len(pp.inst) {
+				pp.inst[pp.n], pp.dev[pp.n] = ch.inst, ch.device
+				pp.n++
+			}
+			p.grants = append(p.grants, Grant{GPU: i, MemoryMiB: ch.memoryMiB, Cores: ch.cores,
+				MIG: &api.MIGGrant{Profile: ch.inst.Profile, Start: ch.inst.Start, Device: ch.device}})
+			continue
+		}
 		d := demandOn(c, g)
+		if d.Exclusive > 0 && replicated(g) {
+			d = replicaSlot(g)
+		}
 		s.pod[i].Take(d, cc.init)
+		if slotted(c, g) {
+			p.grants = append(p.grants, Grant{GPU: i, MemoryMiB: d.MemoryMiB, Cores: d.Cores})
+			continue
+		}
 		mem := c.memoryOn(g)
 		p.grants = append(p.grants, Grant{GPU: i, MemoryMiB: mem, Cores: cores(c), Exclusive: d.Exclusive > 0})
 	}
@@ -441,13 +525,28 @@ func contains(xs []int, x int) bool {
 func (cr *Compiled) explain(n *Node, cc *compiledContainer, s *Scratch, m int) Reason {
 	c := cc.c
 	name := c.Name
-	if c.Exclusive() {
+	if c.GPUs > 1 {
+		mps := 0
+		for i := range n.GPUs {
+			if s.eligible[i] && n.GPUs[i].Sharing == api.SharingMPS {
+				mps++
+			}
+		}
+		if mps > 0 && mps+m >= c.GPUs {
+			return Reason{Kind: ReasonMPSOneGPU, Container: name, Need: int64(c.GPUs)}
+		}
+	}
+	slots := false
+	for i := range n.GPUs {
+		slots = slots || s.eligible[i] && slotted(c, &n.GPUs[i])
+	}
+	if c.Exclusive() && !slots {
 		idle, total := 0, 0
 		for i := range n.GPUs {
 			if s.eligible[i] {
 				total++
 				g := &n.GPUs[i]
-				if s.rules(g, i, cc, demandOn(c, g), true)&notIdle == 0 {
+				if s.rules(g, i, cc, demandOn(c, g), true)&notIdle == 0 { // (not slotted: see slots above)
 					idle++
 				}
 			}
@@ -465,6 +564,9 @@ func (cr *Compiled) explain(n *Node, cc *compiledContainer, s *Scratch, m int) R
 		g := &n.GPUs[i]
 		physical = max(physical, g.MemoryMiB)
 		d := demandOn(c, g)
+		if d.Exclusive > 0 && replicated(g) {
+			d = replicaSlot(g)
+		}
 		f := s.rules(g, i, cc, d, true)
 		if f&sharingMode != 0 {
 			continue

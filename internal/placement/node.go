@@ -27,6 +27,10 @@ type GPU struct {
 	MaxShares int
 	Healthy   bool
 	Sharing   api.SharingMode
+	// SMs is the GPU's SM count (0: unknown).
+	SMs int
+	// MIG is the GPU's MIG state when it is in a MIG sharing mode.
+	MIG *MIGState
 
 	// Allocated now, summed over the pods that hold this GPU.
 	Used Usage
@@ -86,6 +90,8 @@ type Node struct {
 	// Version changes whenever the node's state changes, so policies can
 	// cache per-node values.
 	Version uint64
+	// hasMIG: some GPU is in a MIG sharing mode.
+	hasMIG bool
 	// Labels are free-form node facts policies may use (for example the
 	// simulator's GPU model for CPU-only nodes). Not used by the core.
 	Labels map[string]string
@@ -158,8 +164,11 @@ func NewNode(name string, cpuMilli, memMiB int64, inv *api.NodeInventory) (*Node
 			MaxShares: c.MaxShares,
 			Healthy:   g.Health == api.Healthy,
 			Sharing:   g.Sharing,
+			SMs:       g.SMCount,
+			MIG:       newMIGState(g, inv.MIGStrategy),
 			modelID:   -1,
 		}
+		n.hasMIG = n.hasMIG || n.GPUs[i].MIG != nil
 	}
 	for i, g := range inv.GPUs {
 		for _, l := range g.Links {
@@ -185,6 +194,9 @@ func NewNode(name string, cpuMilli, memMiB int64, inv *api.NodeInventory) (*Node
 func (n *Node) Clone() *Node {
 	c := *n
 	c.GPUs = append([]GPU(nil), n.GPUs...)
+	for i := range c.GPUs {
+		c.GPUs[i].MIG = c.GPUs[i].MIG.clone()
+	}
 	c.links = append([]int16(nil), n.links...)
 	if n.links == nil {
 		c.links = nil

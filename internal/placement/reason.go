@@ -28,6 +28,8 @@ const (
 	ReasonWholeGPUs
 	ReasonGPUCount
 	ReasonNUMA
+	ReasonMIG
+	ReasonMPSOneGPU
 )
 
 var reasonNames = [...]string{
@@ -48,6 +50,8 @@ var reasonNames = [...]string{
 	ReasonWholeGPUs:         "InsufficientWholeGPUs",
 	ReasonGPUCount:          "InsufficientGPUs",
 	ReasonNUMA:              "NUMABinding",
+	ReasonMIG:               "MIGUnavailable",
+	ReasonMPSOneGPU:         "MPSOneGPU",
 }
 
 // String is the kind's stable name, for metrics labels.
@@ -133,6 +137,10 @@ func (r Reason) summary(detail bool) string {
 		return fmt.Sprintf("needs %d whole free GPUs, %d of %d free", r.Need, r.Have, r.Total)
 	case ReasonGPUCount:
 		return fmt.Sprintf("needs %d GPUs with the requested share free, %d have it", r.Need, r.Have)
+	case ReasonMPSOneGPU:
+		return fmt.Sprintf("asks %d GPUs, but an MPS client uses one GPU (it connects to one GPU's control daemon)", r.Need)
+	case ReasonMIG:
+		return "no MIG device or instance fits: " + r.Detail
 	case ReasonNUMA:
 		return fmt.Sprintf("no NUMA node has %d suitable GPUs (NUMA binding requested), at most %d", r.Need, r.Have)
 	}

@@ -45,6 +45,11 @@ type Container struct {
 	// Cores is the compute share per GPU in percent (0 = no guarantee,
 	// 100 = the whole GPU exclusively).
 	Cores int
+	// MIGProfile asks for one MIG device of this GPU-instance profile
+	// ("1g.5gb", from the resource nvidia.com/mig-1g.5gb): a static
+	// layout's device, or an instance created for the pod on a dynamic
+	// MIG GPU. GPUs is then 1 and memory and cores are the profile's.
+	MIGProfile string
 }
 
 // ask is the container's per-GPU request in gpushare's terms, which
@@ -110,6 +115,15 @@ func (c Container) validate() error {
 		return fmt.Errorf("container %q: GPU memory given both as %d MiB and as %d%%; give one", c.Name, c.MemoryMiB, c.MemoryPercent)
 	case c.GPUs == 0 && (c.MemoryMiB > 0 || c.MemoryPercent > 0 || c.Cores > 0):
 		return fmt.Errorf("container %q: GPU memory or cores requested with a GPU count of 0", c.Name)
+	case c.MIGProfile != "" && c.GPUs != 1:
+		return fmt.Errorf("container %q: %d MIG devices of %s; a container gets one MIG device (CUDA uses only the first MIG device it is given)", c.Name, c.GPUs, c.MIGProfile)
+	case c.MIGProfile != "" && (c.MemoryMiB > 0 || c.MemoryPercent > 0 || c.Cores > 0):
+		return fmt.Errorf("container %q: MIG profile %s together with GPU memory or cores; the profile fixes both", c.Name, c.MIGProfile)
+	}
+	if c.MIGProfile != "" {
+		if _, _, _, err := api.ParseMIGProfile(c.MIGProfile); err != nil {
+			return fmt.Errorf("container %q: %w", c.Name, err)
+		}
 	}
 	return nil
 }

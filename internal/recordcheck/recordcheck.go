@@ -59,14 +59,28 @@ func Asks(pod *corev1.Pod, names api.ResourceNames) ([]ContainerAsk, error) {
 	return out, nil
 }
 
+// GPU is what Match knows of a GPU: its physical memory in MiB and, when
+// it is shared by equal replicas (gpushare.Replicated: time-slicing, MPS),
+// how many (0: not replicated).
+type GPU struct {
+	MemoryMiB int64
+	Replicas  int
+}
+
+// Lookup returns what is known of a GPU, and whether anything is.
+type Lookup func(uuid string) (GPU, bool)
+
 // Match checks that rec grants the pod (UID uid, requests asks) exactly
-// what it asks. gpuMemory returns a GPU's physical memory in MiB and
-// whether it is known; with it, memory given as a percentage or as the
-// whole GPU is checked too (the node agent passes NVML's figures; the
-// scheduler, which may meet GPUs no inventory describes, passes nil and
-// checks what needs no GPU). A record that names another pod's UID does
-// not match. MIG grants are checked for their count only.
-func Match(uid types.UID, asks []ContainerAsk, rec *api.PodAllocation, gpuMemory func(uuid string) (int64, bool)) error {
+// what it asks. gpu says what is known of a GPU; with it, memory given as
+// a percentage or as the whole GPU is checked, and a whole GPU asked of a
+// replicated GPU must be one replica (gpushare.ReplicaSlot). The node
+// agent passes NVML's memory and its sharing configuration, the scheduler
+// its inventories; nil (or an unknown GPU) checks what needs no GPU, and
+// then accepts a share where a whole GPU was asked (a replica of a GPU
+// whose sharing is unknown: it grants less than was asked, never more). A
+// record that names another pod's UID does not match. MIG grants are
+// checked for their count only.
+func Match(uid types.UID, asks []ContainerAsk, rec *api.PodAllocation, gpu Lookup) error {
 	if rec.PodUID != "" && rec.PodUID != string(uid) {
 		return fmt.Errorf("the record was written for pod UID %s, this pod is %s", rec.PodUID, uid)
 	}
@@ -93,7 +107,7 @@ func Match(uid types.UID, asks []ContainerAsk, rec *api.PodAllocation, gpuMemory
 			if d.MIG != nil {
 				continue
 			}
-			if err := matchGrant(a, d, gpuMemory); err != nil {
+			if err := matchGrant(a, d, gpu); err != nil {
 				return fmt.Errorf("container %s, GPU %s: %w", describe(a.Name, a.Init), d.UUID, err)
 			}
 		}
@@ -104,13 +118,24 @@ func Match(uid types.UID, asks []ContainerAsk, rec *api.PodAllocation, gpuMemory
 	return nil
 }
 
-func matchGrant(a ContainerAsk, d api.DeviceGrant, gpuMemory func(string) (int64, bool)) error {
-	var mem int64
+func matchGrant(a ContainerAsk, d api.DeviceGrant, gpu Lookup) error {
+	var g GPU
 	known := false
-	if gpuMemory != nil {
-		mem, known = gpuMemory(d.UUID)
+	if gpu != nil {
+		g, known = gpu(d.UUID)
+		known = known && g.MemoryMiB > 0
 	}
-	want := a.Ask.Grant(d.UUID, mem)
+	want := a.Ask.Grant(d.UUID, g.MemoryMiB)
+	if want.Exclusive && known && g.Replicas > 0 {
+		slot := gpushare.ReplicaSlot(g.MemoryMiB, g.Replicas)
+		want = api.DeviceGrant{UUID: d.UUID, MemoryMiB: slot.MemoryMiB, Cores: slot.Cores}
+	}
+	if want.Exclusive && !known && !d.Exclusive {
+		if d.Cores < 1 || d.Cores > gpushare.FullCores || d.MemoryMiB < 1 {
+			return fmt.Errorf("the record grants %d MiB and %d percent of the cores as a replica of the GPU", d.MemoryMiB, d.Cores)
+		}
+		return nil
+	}
 	switch {
 	case d.Exclusive != want.Exclusive:
 		return fmt.Errorf("the record grants exclusive=%v, the request is for exclusive=%v", d.Exclusive, want.Exclusive)
@@ -130,10 +155,10 @@ func describe(name string, init bool) string {
 }
 
 // MatchPod is Match for a pod.
-func MatchPod(pod *corev1.Pod, rec *api.PodAllocation, names api.ResourceNames, gpuMemory func(uuid string) (int64, bool)) error {
+func MatchPod(pod *corev1.Pod, rec *api.PodAllocation, names api.ResourceNames, gpu Lookup) error {
 	asks, err := Asks(pod, names)
 	if err != nil {
 		return err
 	}
-	return Match(pod.UID, asks, rec, gpuMemory)
+	return Match(pod.UID, asks, rec, gpu)
 }

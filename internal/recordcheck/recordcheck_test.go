@@ -21,8 +21,13 @@ const memMiB = 40960
 // returns its record, as the scheduler writes it.
 func placed(t *testing.T, pod *corev1.Pod) *api.PodAllocation {
 	t.Helper()
+	return placedOn(t, pod, fixtures.Inventory("n1", 8, "A100", memMiB, 10))
+}
+
+func placedOn(t *testing.T, pod *corev1.Pod, inv *api.NodeInventory) *api.PodAllocation {
+	t.Helper()
 	c := placement.NewCluster()
-	n, err := placement.NewNode("n1", placement.Unlimited, placement.Unlimited, fixtures.Inventory("n1", 8, "A100", memMiB, 10))
+	n, err := placement.NewNode("n1", placement.Unlimited, placement.Unlimited, inv)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +53,7 @@ func placed(t *testing.T, pod *corev1.Pod) *api.PodAllocation {
 	return rec
 }
 
-func memory(string) (int64, bool) { return memMiB, true }
+func memory(string) (GPU, bool) { return GPU{MemoryMiB: memMiB}, true }
 
 // TestScheduledRecordsMatch: every record the placement core writes for a
 // pod matches that pod, with and without the GPUs' memory known.
@@ -118,5 +123,45 @@ func TestForgedRecordsDoNotMatch(t *testing.T) {
 		Container("c", map[string]string{names.GPU: "0.1"}).Container("d", map[string]string{names.GPU: "1"}).Obj()
 	if err := MatchPod(two, good, names, memory); err == nil || !strings.Contains(err.Error(), `"d" asks for 1 GPUs, the record grants it none`) {
 		t.Errorf("missing container: %v", err)
+	}
+}
+
+// TestReplicas: on GPUs shared by replicas (MPS, time-slicing) a container
+// asking for a whole GPU is granted one replica; the record matches when
+// the checker knows the replicas (the agent's configuration, the
+// scheduler's inventory) or nothing of the GPU, and a record granting the
+// whole GPU or a bigger slot does not.
+func TestReplicas(t *testing.T) {
+	for _, mode := range []api.SharingMode{api.SharingMPS, api.SharingTimeSlicing} {
+		inv := fixtures.Inventory("n1", 1, "A100", memMiB, 10)
+		inv.GPUs[0].Sharing = mode
+		p := fixtures.MakePod().Name("replica").UID("00000000-0000-0000-0000-000000000001").
+			Container("c", map[string]string{names.GPU: "1"}).Obj()
+		rec := placedOn(t, p, inv)
+		if d := rec.Containers[0].Devices[0]; d.Exclusive || d.MemoryMiB != memMiB/10 || d.Cores != 10 {
+			t.Fatalf("%s: the core grants %+v, want one replica of 10", mode, d)
+		}
+		replicas := func(string) (GPU, bool) { return GPU{MemoryMiB: memMiB, Replicas: 10}, true }
+		if err := MatchPod(p, rec, names, replicas); err != nil {
+			t.Errorf("%s: %v", mode, err)
+		}
+		if err := MatchPod(p, rec, names, nil); err != nil {
+			t.Errorf("%s, GPU unknown: %v", mode, err)
+		}
+		if err := MatchPod(p, rec, names, memory); err == nil || !strings.Contains(err.Error(), "exclusive=false, the request is for exclusive=true") {
+			t.Errorf("%s, GPU not replicated: %v", mode, err)
+		}
+		for name, change := range map[string]func(d *api.DeviceGrant){
+			"whole":        func(d *api.DeviceGrant) { d.Exclusive, d.Cores, d.MemoryMiB = true, 100, memMiB },
+			"bigger slot":  func(d *api.DeviceGrant) { d.MemoryMiB *= 2 },
+			"more threads": func(d *api.DeviceGrant) { d.Cores = 50 },
+		} {
+			r := *rec
+			r.Containers = []api.ContainerAllocation{{Name: "c", Devices: append([]api.DeviceGrant(nil), rec.Containers[0].Devices...)}}
+			change(&r.Containers[0].Devices[0])
+			if err := MatchPod(p, &r, names, replicas); err == nil {
+				t.Errorf("%s: a forged %s record matches", mode, name)
+			}
+		}
 	}
 }

@@ -135,7 +135,7 @@ func (s *state) observePod(logger klog.Logger, pod *corev1.Pod) bool {
 		logger.Error(nil, "Ignoring a GPU allocation record for another node", "pod", klog.KObj(pod), "recordNode", rec.Node, "node", pod.Spec.NodeName)
 		return false
 	}
-	note, err := s.trust.check(pod, rec)
+	note, err := s.trust.check(pod, rec, s.gpusOf(rec.Node))
 	if err != nil {
 		s.trust.warn(logger, pod, ReasonRecordIgnored, fmt.Sprintf("GPU allocation record not charged: %v", err))
 		return false

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-gpu/tessera/internal/gpushare"
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/recordcheck"
 	"github.com/tessera-gpu/tessera/internal/recordsig"
@@ -65,7 +66,7 @@ func (t *trust) sign(pod *corev1.Pod, rec *api.PodAllocation) error {
 // signed by a key it does not hold (its Secret lost or the key rotated out
 // too early), so that no running pod's share is forgotten; an unsigned
 // record is what the previous release wrote and is charged silently.
-func (t *trust) check(pod *corev1.Pod, rec *api.PodAllocation) (note string, err error) {
+func (t *trust) check(pod *corev1.Pod, rec *api.PodAllocation, gpus recordcheck.Lookup) (note string, err error) {
 	if t == nil {
 		return "", nil
 	}
@@ -78,10 +79,34 @@ func (t *trust) check(pod *corev1.Pod, rec *api.PodAllocation) (note string, err
 			return "", err
 		}
 	}
-	if err := recordcheck.MatchPod(pod, rec, t.names, nil); err != nil {
+	if err := recordcheck.MatchPod(pod, rec, t.names, gpus); err != nil {
 		return "", fmt.Errorf("the record does not match the pod's request: %w", err)
 	}
 	return note, nil
+}
+
+// gpusOf is what the scheduler's inventories say of a node's GPUs, for
+// recordcheck: their memory, and their replicas where the node shares
+// them by replicas.
+func (s *state) gpusOf(node string) recordcheck.Lookup {
+	return func(uuid string) (recordcheck.GPU, bool) {
+		s.mu.RLock()
+		defer s.mu.RUnlock()
+		n := s.cluster.Node(node)
+		if n == nil {
+			return recordcheck.GPU{}, false
+		}
+		i := n.GPUByUUID(uuid)
+		if i < 0 {
+			return recordcheck.GPU{}, false
+		}
+		g := &n.GPUs[i]
+		out := recordcheck.GPU{MemoryMiB: g.MemoryMiB}
+		if gpushare.Replicated(g.Sharing) {
+			out.Replicas = g.MaxShares
+		}
+		return out, true
+	}
 }
 
 // warn emits a Warning event on the pod once per pod and message.

@@ -45,8 +45,12 @@ func MatchCondition(names api.ResourceNames) string {
 	for _, n := range names.All() {
 		quoted = append(quoted, "'"+n+"'")
 	}
+	quoted = append(quoted, "'"+names.Shared(names.GPU)+"'")
 	set := "[" + strings.Join(quoted, ", ") + "]"
-	uses := fmt.Sprintf("(has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, r in %s)) || (has(c.resources.requests) && c.resources.requests.exists(r, r in %s))))", set, set)
+	// MIG device resources (mixed strategy): <prefix>/mig-<profile>.
+	migPrefix := "'" + strings.TrimSuffix(names.MIG("x"), "x") + "'"
+	match := fmt.Sprintf("r in %s || r.startsWith(%s)", set, migPrefix)
+	uses := fmt.Sprintf("(has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, %s)) || (has(c.resources.requests) && c.resources.requests.exists(r, %s))))", match, match)
 	return fmt.Sprintf("object.spec.containers.exists(c, %s) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, %s))", uses, uses)
 }
 

@@ -104,7 +104,7 @@ func (p *Admission) validateContainer(ref containerRef, largest int64) field.Err
 	c, path := ref.c, ref.path
 	var errs field.ErrorList
 	res := path.Child("resources")
-	gpuNames := p.Names.All()
+	gpuNames := p.gpuNamesOf(c)
 	asks := false
 	for _, n := range gpuNames {
 		name := corev1.ResourceName(n)
@@ -145,6 +145,25 @@ func (p *Admission) validateContainer(ref containerRef, largest int64) field.Err
 		errs = append(errs, resourceError(lim, err))
 	}
 	return errs
+}
+
+// gpuNamesOf lists the GPU resource names a container may carry: the four
+// of All and every count resource (shared rename, MIG profiles) it names.
+func (p *Admission) gpuNamesOf(c *corev1.Container) []string {
+	out := p.Names.All()
+	seen := map[string]bool{}
+	for _, n := range out {
+		seen[n] = true
+	}
+	for _, rl := range []corev1.ResourceList{c.Resources.Limits, c.Resources.Requests} {
+		for n := range rl {
+			if s := string(n); !seen[s] && p.Names.IsCountResource(s) {
+				seen[s] = true
+				out = append(out, s)
+			}
+		}
+	}
+	return out
 }
 
 // resourceError is kubeobj's error on a container's GPU resource as a
@@ -210,7 +229,11 @@ func (p *Admission) Mutate(pod *corev1.Pod) (*corev1.Pod, bool, error) {
 
 // writeResources sets the GPU entries of c's requests and limits to d.
 func (p *Admission) writeResources(c *corev1.Container, d kubeobj.Resources) bool {
-	want := map[string]int64{p.Names.GPU: d.GPUMilli / 1000}
+	count := d.CountName
+	if count == "" {
+		count = p.Names.GPU
+	}
+	want := map[string]int64{count: d.GPUMilli / 1000}
 	if d.MemoryMiB > 0 {
 		want[p.Names.Memory] = d.MemoryMiB
 	}
@@ -225,7 +248,11 @@ func (p *Admission) writeResources(c *corev1.Container, d kubeobj.Resources) boo
 		if *list == nil {
 			*list = corev1.ResourceList{}
 		}
-		for _, n := range p.Names.All() {
+		names := p.Names.All()
+		if count != p.Names.GPU {
+			names = append(names, count)
+		}
+		for _, n := range names {
 			name := corev1.ResourceName(n)
 			v, ok := want[n]
 			old, had := (*list)[name]

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"github.com/google/cel-go/cel"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -98,6 +99,8 @@ func TestMutate(t *testing.T) {
 		{"fraction", map[string]string{"nvidia.com/gpu": "0.5"}, map[string]int64{"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50, "nvidia.com/gpucores": 50}},
 		{"memory only", map[string]string{"nvidia.com/gpumem": "1000"}, map[string]int64{"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}},
 		{"count only", map[string]string{"nvidia.com/gpu": "2", "nvidia.com/gpucores": "30"}, map[string]int64{"nvidia.com/gpu": 2, "nvidia.com/gpumem-percentage": 100, "nvidia.com/gpucores": 30}},
+		{"MIG device", map[string]string{"nvidia.com/mig-1g.5gb": "1"}, map[string]int64{"nvidia.com/mig-1g.5gb": 1}},
+		{"shared rename", map[string]string{"nvidia.com/gpu.shared": "1"}, map[string]int64{"nvidia.com/gpu.shared": 1, "nvidia.com/gpumem-percentage": 100}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -267,5 +270,40 @@ func TestInventories(t *testing.T) {
 	iv.Set(broken)
 	if got := iv.Largest(); got != 0 {
 		t.Fatalf("largest with an unreadable inventory %d, want 0", got)
+	}
+}
+
+// TestMatchConditionEvaluates runs the CEL match condition, as the API
+// server would, over pods asking for each kind of GPU resource.
+func TestMatchConditionEvaluates(t *testing.T) {
+	env, err := cel.NewEnv(cel.Variable("object", cel.DynType))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ast, iss := env.Compile(MatchCondition(api.DefaultResourceNames))
+	if iss.Err() != nil {
+		t.Fatal(iss.Err())
+	}
+	prg, err := env.Program(ast)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for res, want := range map[string]bool{
+		"nvidia.com/gpu": true, "nvidia.com/gpu.shared": true, "nvidia.com/mig-1g.5gb": true,
+		"nvidia.com/gpucores": true, "cpu": false, "example.com/mig-1g.5gb": false,
+	} {
+		p := pod(map[string]string{res: "1"})
+		raw, _ := json.Marshal(p)
+		var obj map[string]any
+		if err := json.Unmarshal(raw, &obj); err != nil {
+			t.Fatal(err)
+		}
+		out, _, err := prg.Eval(map[string]any{"object": obj})
+		if err != nil {
+			t.Fatalf("%s: %v", res, err)
+		}
+		if out.Value() != want {
+			t.Errorf("pod asking %s: match %v, want %v", res, out.Value(), want)
+		}
 	}
 }

@@ -111,12 +111,28 @@ type NodeConfig struct {
 	ExcludeGPUs []string `json:"excludeGPUs,omitempty"`
 	// Sharing is how the offered GPUs may be used.
 	Sharing SharingMode `json:"sharing"`
+	// MIGStrategy is how MIG devices are offered (sharing "mig"): NVIDIA's
+	// "single" (as the GPU resource) or "mixed" (one resource per
+	// profile). Default mixed for sharing "mig", none otherwise.
+	MIGStrategy MIGStrategy `json:"migStrategy,omitempty"`
+	// MIGLayout names the mig-parted layout (a key of a mig-configs
+	// document in the same ConfigMap) a "mig" node is partitioned by; the
+	// node label nvidia.com/mig.config overrides it.
+	MIGLayout string `json:"migLayout,omitempty"`
+	// RenameShared serves the GPU resource under its shared name
+	// (ResourceNames.Shared, e.g. nvidia.com/gpu.shared), as NVIDIA's
+	// renameByDefault does (time-slicing and mps only).
+	RenameShared bool `json:"renameShared,omitempty"`
+	// FailRequestsGreaterThanOne refuses containers asking more than one
+	// device of the shared resource, as NVIDIA's option of that name does
+	// (time-slicing and mps only).
+	FailRequestsGreaterThanOne bool `json:"failRequestsGreaterThanOne,omitempty"`
 }
 
 // NodeConfigSharingModes are the sharing modes a node configuration may
 // name: the modes the node agent implements.
 func NodeConfigSharingModes() []SharingMode {
-	return []SharingMode{SharingShared, SharingExclusive, SharingTimeSlicing}
+	return []SharingMode{SharingShared, SharingExclusive, SharingTimeSlicing, SharingMPS, SharingMIG, SharingMIGDynamic}
 }
 
 // Defaults fills the unset fields of c: shared GPUs, 10 shares per GPU
@@ -134,6 +150,12 @@ func (c *NodeConfig) Defaults() {
 	if c.MemoryOvercommit == 0 {
 		c.MemoryOvercommit = 1
 	}
+	switch {
+	case c.Sharing == SharingMIG && c.MIGStrategy == "":
+		c.MIGStrategy = MIGStrategyMixed
+	case c.MIGStrategy == "":
+		c.MIGStrategy = MIGStrategyNone
+	}
 }
 
 // Validate checks a configuration after Defaults, with the limits that
@@ -147,6 +169,24 @@ func (c *NodeConfig) Validate() error {
 	}
 	if c.Sharing == SharingExclusive && c.SharesPerGPU != 1 {
 		return fmt.Errorf("sharesPerGPU %d with exclusive sharing (must be 1)", c.SharesPerGPU)
+	}
+	if c.Sharing == SharingMPS && c.SharesPerGPU > MaxMPSClients {
+		return fmt.Errorf("sharesPerGPU %d with mps sharing exceeds the %d clients MPS serves per GPU", c.SharesPerGPU, MaxMPSClients)
+	}
+	if !c.MIGStrategy.Valid() {
+		return fmt.Errorf("migStrategy %q is not one of %s", c.MIGStrategy, joinQuoted(MIGStrategies()))
+	}
+	if c.Sharing == SharingMIG && c.MIGStrategy == MIGStrategyNone {
+		return fmt.Errorf("migStrategy %q with mig sharing: MIG devices need the %q or %q strategy", c.MIGStrategy, MIGStrategySingle, MIGStrategyMixed)
+	}
+	if c.Sharing != SharingMIG && c.MIGStrategy != MIGStrategyNone {
+		return fmt.Errorf("migStrategy %q with %s sharing: a MIG strategy needs sharing %q", c.MIGStrategy, c.Sharing, SharingMIG)
+	}
+	if c.MIGLayout != "" && c.Sharing != SharingMIG {
+		return fmt.Errorf("migLayout %q with %s sharing: a MIG layout needs sharing %q", c.MIGLayout, c.Sharing, SharingMIG)
+	}
+	if (c.RenameShared || c.FailRequestsGreaterThanOne) && c.Sharing != SharingTimeSlicing && c.Sharing != SharingMPS {
+		return fmt.Errorf("renameShared or failRequestsGreaterThanOne with %s sharing: they apply to %q and %q only", c.Sharing, SharingTimeSlicing, SharingMPS)
 	}
 	if math.IsNaN(c.MemoryOvercommit) || c.MemoryOvercommit < 1 || c.MemoryOvercommit > MaxMemoryOvercommit {
 		return fmt.Errorf("memoryOvercommit %v outside [1, %v]", c.MemoryOvercommit, MaxMemoryOvercommit)

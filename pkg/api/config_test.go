@@ -85,7 +85,13 @@ func TestNodeConfigValidate(t *testing.T) {
 		mutate func(c *NodeConfig)
 		want   string
 	}{
-		{"sharing", func(c *NodeConfig) { c.Sharing = "mig" }, `sharing "mig" is not one of "shared", "exclusive" or "time-slicing"`},
+		{"sharing", func(c *NodeConfig) { c.Sharing = "vgpu" }, `sharing "vgpu" is not one of "shared", "exclusive", "time-slicing", "mps", "mig" or "mig-dynamic"`},
+		{"mig without strategy", func(c *NodeConfig) { c.Sharing = SharingMIG }, `migStrategy "none" with mig sharing: MIG devices need the "single" or "mixed" strategy`},
+		{"strategy without mig", func(c *NodeConfig) { c.MIGStrategy = MIGStrategySingle }, `migStrategy "single" with shared sharing: a MIG strategy needs sharing "mig"`},
+		{"bad strategy", func(c *NodeConfig) { c.MIGStrategy = "both" }, `migStrategy "both" is not one of "none", "single" or "mixed"`},
+		{"layout without mig", func(c *NodeConfig) { c.MIGLayout = "all-1g.5gb" }, `migLayout "all-1g.5gb" with shared sharing: a MIG layout needs sharing "mig"`},
+		{"mps clients", func(c *NodeConfig) { c.Sharing, c.SharesPerGPU = SharingMPS, 49 }, `sharesPerGPU 49 with mps sharing exceeds the 48 clients MPS serves per GPU`},
+		{"rename shared", func(c *NodeConfig) { c.RenameShared = true }, `renameShared or failRequestsGreaterThanOne with shared sharing: they apply to "time-slicing" and "mps" only`},
 		{"shares low", func(c *NodeConfig) { c.SharesPerGPU = -1 }, `sharesPerGPU -1 outside [1, 128]`},
 		{"shares high", func(c *NodeConfig) { c.SharesPerGPU = 129 }, `sharesPerGPU 129 outside [1, 128]`},
 		{"exclusive shares", func(c *NodeConfig) { c.Sharing = SharingExclusive }, `sharesPerGPU 10 with exclusive sharing (must be 1)`},
@@ -105,5 +111,26 @@ func TestNodeConfigValidate(t *testing.T) {
 				t.Errorf("error\n got %v\nwant %s", err, tt.want)
 			}
 		})
+	}
+}
+
+func TestNodeConfigMIGDefaults(t *testing.T) {
+	c := NodeConfig{Sharing: SharingMIG}
+	c.Defaults()
+	if c.MIGStrategy != MIGStrategyMixed {
+		t.Errorf("mig sharing defaults to strategy %q, want mixed", c.MIGStrategy)
+	}
+	if err := c.Validate(); err != nil {
+		t.Error(err)
+	}
+	for _, m := range []SharingMode{SharingMPS, SharingMIGDynamic, SharingTimeSlicing} {
+		c := NodeConfig{Sharing: m, RenameShared: m != SharingMIGDynamic}
+		c.Defaults()
+		if err := c.Validate(); err != nil {
+			t.Errorf("%s: %v", m, err)
+		}
+		if c.MIGStrategy != MIGStrategyNone {
+			t.Errorf("%s: strategy %q", m, c.MIGStrategy)
+		}
 	}
 }

@@ -46,9 +46,11 @@ func ParseMIGProfile(name string) (compute, memoryGB int, media bool, err error)
 const migResourcePrefix = "mig-"
 
 // MIG returns the resource name of a MIG profile under the mixed strategy
-// (e.g. "nvidia.com/mig-1g.5gb").
+// (e.g. "nvidia.com/mig-1g.5gb"). A profile with media extensions is
+// written with ".me" ("nvidia.com/mig-1g.5gb.me"): Kubernetes resource
+// names cannot hold "+".
 func (n ResourceNames) MIG(profile string) string {
-	return n.Prefix + "/" + migResourcePrefix + profile
+	return n.Prefix + "/" + migResourcePrefix + strings.Replace(profile, "+me", ".me", 1)
 }
 
 // MIGProfileOf returns the profile named by a mixed-strategy MIG resource
@@ -57,6 +59,11 @@ func (n ResourceNames) MIG(profile string) string {
 func (n ResourceNames) MIGProfileOf(name string) (string, bool) {
 	rest, ok := strings.CutPrefix(name, n.Prefix+"/"+migResourcePrefix)
 	if !ok {
+		return "", false
+	}
+	if p, ok := strings.CutSuffix(rest, ".me"); ok {
+		rest = p + "+me"
+	} else if strings.Contains(rest, "+") {
 		return "", false
 	}
 	if _, _, _, err := ParseMIGProfile(rest); err != nil {

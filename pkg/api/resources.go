@@ -69,7 +69,17 @@ func (n ResourceNames) All() []string {
 	return []string{n.GPU, n.Memory, n.MemoryPercentage, n.Cores}
 }
 
-// IsGPUResource reports whether name is one of n's resource names.
+// sharedSuffix is what NVIDIA's renameByDefault appends to a shared
+// resource's name ("nvidia.com/gpu" → "nvidia.com/gpu.shared").
+const sharedSuffix = ".shared"
+
+// Shared is the name NVIDIA's device plugin gives a resource it shares
+// under renameByDefault: name + ".shared" (nvidia.com/gpu.shared).
+func (n ResourceNames) Shared(name string) string { return name + sharedSuffix }
+
+// IsGPUResource reports whether name is one of n's resource names: the four
+// of All, the renamed shared GPU resource (Shared(GPU)) and the MIG device
+// resources of the mixed strategy (MIG).
 func (n ResourceNames) IsGPUResource(name string) bool {
 	if name == "" {
 		return false
@@ -79,7 +89,18 @@ func (n ResourceNames) IsGPUResource(name string) bool {
 			return true
 		}
 	}
-	return false
+	return n.IsCountResource(name)
+}
+
+// IsCountResource reports whether name is a resource whose value counts
+// devices the kubelet allocates from a device plugin: the GPU resource,
+// its shared rename (Shared(GPU)) or a MIG profile's resource (MIG).
+func (n ResourceNames) IsCountResource(name string) bool {
+	if name == n.GPU || name == n.Shared(n.GPU) {
+		return true
+	}
+	_, ok := n.MIGProfileOf(name)
+	return ok
 }
 
 // PseudoResources returns the names no kubelet advertises (memory, memory

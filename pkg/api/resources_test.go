@@ -79,3 +79,35 @@ func TestMustResourceNamesPanics(t *testing.T) {
 	}()
 	MustResourceNames("Bad")
 }
+
+func TestCountResources(t *testing.T) {
+	n := DefaultResourceNames
+	for name, want := range map[string]bool{
+		"nvidia.com/gpu":             true,
+		"nvidia.com/gpu.shared":      true,
+		"nvidia.com/mig-1g.5gb":      true,
+		"nvidia.com/mig-1g.5gb.me":   true,
+		"nvidia.com/mig-3g.20gb+me":  false, // not a Kubernetes resource name
+		"nvidia.com/mig-1c.3g.20gb":  false,
+		"nvidia.com/mig-":            false,
+		"nvidia.com/gpumem":          false,
+		"nvidia.com/gpu.shared.more": false,
+		"tessera.io/mig-1g.5gb":      false,
+	} {
+		if got := n.IsCountResource(name); got != want {
+			t.Errorf("IsCountResource(%q) = %v, want %v", name, got, want)
+		}
+		if got := n.IsGPUResource(name); got != (want || name == "nvidia.com/gpumem") {
+			t.Errorf("IsGPUResource(%q) = %v", name, got)
+		}
+	}
+	if got := n.MIG("1g.5gb+me"); got != "nvidia.com/mig-1g.5gb.me" {
+		t.Errorf("MIG(1g.5gb+me) = %q", got)
+	}
+	if p, ok := n.MIGProfileOf("nvidia.com/mig-1g.5gb.me"); !ok || p != "1g.5gb+me" {
+		t.Errorf("MIGProfileOf(mig-1g.5gb.me) = %q %v", p, ok)
+	}
+	if got := n.Shared(n.GPU); got != "nvidia.com/gpu.shared" {
+		t.Errorf("Shared = %q", got)
+	}
+}

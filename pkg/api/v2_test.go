@@ -274,7 +274,8 @@ func TestMIGResourceNames(t *testing.T) {
 	for name, want := range map[string]string{
 		"nvidia.com/mig-1g.5gb":    "1g.5gb",
 		"nvidia.com/mig-3g.20gb":   "3g.20gb",
-		"nvidia.com/mig-1g.5gb+me": "1g.5gb+me",
+		"nvidia.com/mig-1g.5gb.me": "1g.5gb+me",
+		"nvidia.com/mig-1g.5gb+me": "", // "+" is not allowed in a resource name
 		"nvidia.com/mig-big":       "",
 		"tessera.io/mig-1g.5gb":    "",
 		"nvidia.com/gpu":           "",

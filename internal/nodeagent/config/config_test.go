@@ -7,21 +7,21 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
-const gpu = "nvidia.com/gpu"
+var names = api.DefaultResourceNames
 
 func TestParseTessera(t *testing.T) {
-	c, err := Parse([]byte("sharesPerGPU: 4\nmemoryOvercommit: 1.5\nexcludeGPUs: [\"3\", GPU-abc]\n"), gpu)
+	c, err := Parse([]byte("sharesPerGPU: 4\nmemoryOvercommit: 1.5\nexcludeGPUs: [\"3\", GPU-abc]\n"), names)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.SharesPerGPU != 4 || c.MemoryOvercommit != 1.5 || c.Sharing != api.SharingShared || len(c.ExcludeGPUs) != 2 {
 		t.Errorf("%+v", c)
 	}
-	c, err = Parse([]byte(`{"sharing":"exclusive"}`), gpu)
+	c, err = Parse([]byte(`{"sharing":"exclusive"}`), names)
 	if err != nil || c.SharesPerGPU != 1 || c.Sharing != api.SharingExclusive {
 		t.Errorf("%+v %v", c, err)
 	}
-	c, err = Parse([]byte(""), gpu)
+	c, err = Parse([]byte(""), names)
 	if err != nil || c.SharesPerGPU != api.DefaultSharesPerGPU {
 		t.Errorf("empty profile: %+v %v", c, err)
 	}
@@ -40,14 +40,14 @@ sharing:
     - name: nvidia.com/gpu
       replicas: 4
 `
-	c, err := Parse([]byte(doc), gpu)
+	c, err := Parse([]byte(doc), names)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.Sharing != api.SharingTimeSlicing || c.SharesPerGPU != 4 || c.MemoryOvercommit != 1 {
 		t.Errorf("%+v", c)
 	}
-	c, err = Parse([]byte("version: v1\nflags:\n  migStrategy: none\n"), gpu)
+	c, err = Parse([]byte("version: v1\nflags:\n  migStrategy: none\n"), names)
 	if err != nil || c.Sharing != api.SharingExclusive {
 		t.Errorf("no sharing section: %+v %v", c, err)
 	}
@@ -58,16 +58,16 @@ func TestParseErrors(t *testing.T) {
 		{"sharesPerGPU: 500", "sharesPerGPU 500 outside [1, 128]"},
 		{"sharesPerGPU: 3\nsharing: exclusive", "sharesPerGPU 3 with exclusive sharing (must be 1)"},
 		{"memoryOvercommit: 9", "memoryOvercommit 9 outside [1, 4]"},
-		{"sharing: mps", `sharing "mps" is not one of`},
+		{"sharing: vgpu", `sharing "vgpu" is not one of`},
 		{"shares: 3", `unknown field "shares"`},
 		{"[1, 2", "not YAML or JSON"},
 		{"version: v2\nsharing:\n  timeSlicing:\n    resources: []", `version "v2" is not supported (want "v1")`},
 		{"version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 0", "replicas 0 outside [1, 128]"},
-		{"version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: example.com/gpu\n      replicas: 2", `none of them "nvidia.com/gpu"`},
+		{"version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: example.com/gpu\n      replicas: 2", `the agent serves "nvidia.com/gpu"; sharing another resource is not supported`},
 		{"version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n      devices: [0]", "only \"all\" is supported"},
 		{strings.Repeat("#", MaxProfileBytes+1), "more than the limit of 65536"},
 	} {
-		_, err := Parse([]byte(tt.doc), gpu)
+		_, err := Parse([]byte(tt.doc), names)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("Parse(%q) = %v, want %q", tt.doc, err, tt.want)
 		}
@@ -75,7 +75,7 @@ func TestParseErrors(t *testing.T) {
 }
 
 func TestStoreKeepsLastGood(t *testing.T) {
-	s := NewStore(gpu)
+	s := NewStore(names)
 	if c, _ := s.Current(); c.SharesPerGPU != api.DefaultSharesPerGPU {
 		t.Fatalf("initial %+v", c)
 	}

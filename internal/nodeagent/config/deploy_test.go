@@ -20,12 +20,20 @@ func TestShippedConfigMap(t *testing.T) {
 	if err := yaml.UnmarshalStrict(b, &cm); err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]api.SharingMode{"default": api.SharingShared, "exclusive": api.SharingExclusive, "dense": api.SharingShared, "nvidia-time-slicing": api.SharingTimeSlicing}
-	if len(cm.Data) != len(want) {
+	want := map[string]api.SharingMode{"default": api.SharingShared, "exclusive": api.SharingExclusive, "dense": api.SharingShared,
+		"nvidia-time-slicing": api.SharingTimeSlicing, "nvidia-mps": api.SharingMPS, "nvidia-mig": api.SharingMIG, "mig-dynamic": api.SharingMIGDynamic}
+	if len(cm.Data) != len(want)+1 {
 		t.Errorf("profiles %v", cm.Data)
 	}
+	if _, err := ParseMIGParted([]byte(cm.Data["mig-parted"])); err != nil {
+		t.Errorf("mig-parted: %v", err)
+	}
 	for name, mode := range want {
-		c, err := Parse([]byte(cm.Data[name]), "nvidia.com/gpu")
+		labels := map[string]string{api.LabelNodeConfig: name}
+		if mode == api.SharingMIG {
+			labels[api.LabelMIGConfig] = "all-1g.5gb"
+		}
+		_, c, err := Resolve(cm.Data, labels, api.DefaultResourceNames)
 		if err != nil {
 			t.Errorf("profile %s: %v", name, err)
 			continue
@@ -34,7 +42,7 @@ func TestShippedConfigMap(t *testing.T) {
 			t.Errorf("profile %s: sharing %s, want %s", name, c.Sharing, mode)
 		}
 	}
-	s := NewStore("nvidia.com/gpu")
+	s := NewStore(api.DefaultResourceNames)
 	if _, err := s.Update(cm.Data, map[string]string{api.LabelNodeConfig: "nvidia-time-slicing"}); err != nil {
 		t.Fatal(err)
 	}

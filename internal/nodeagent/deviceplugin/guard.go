@@ -57,20 +57,23 @@ const ReasonRefused = "TesseraAllocationRefused"
 
 // checkGrant runs every check on the container's grant; gpus are the
 // GPUs the plugin offers (NVML's, with their physical memory).
-func (p *Plugin) checkGrant(ctx context.Context, t *Target, gpus map[string]GPU) error {
+func (p *Plugin) checkGrant(ctx context.Context, t *Target, gpus map[string]GPU, mode api.SharingMode) error {
 	g := p.opts.Guard
 	if g == nil {
 		return nil
 	}
 	err := g.checkOrigin(ctx, t)
 	if err == nil {
-		err = g.checkRequest(t, gpus)
+		err = g.checkRequest(t, gpus, mode)
 	}
-	if err == nil {
+	// A MIG instance's memory and SMs are the hardware's to enforce, and
+	// the instances' geometry the MIG manager's (migmps.go): the physical
+	// and ledger checks are about shares.
+	if err == nil && !hasMIG(t.Grant) {
 		err = checkPhysical(t, gpus)
-	}
-	if err == nil {
-		err = g.checkLedger(ctx, p.opts.Matcher, t, gpus)
+		if err == nil {
+			err = g.checkLedger(ctx, p.opts.Matcher, t, gpus)
+		}
 	}
 	if err == nil {
 		return nil
@@ -80,6 +83,27 @@ func (p *Plugin) checkGrant(ctx context.Context, t *Target, gpus map[string]GPU)
 		g.Refused(t.Pod, err.Error())
 	}
 	return err
+}
+
+func hasMIG(c api.ContainerAllocation) bool {
+	for _, d := range c.Devices {
+		if d.MIG != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// shares drops a container's MIG grants.
+func shares(c api.ContainerAllocation) api.ContainerAllocation {
+	out := c
+	out.Devices = nil
+	for _, d := range c.Devices {
+		if d.MIG == nil {
+			out.Devices = append(out.Devices, d)
+		}
+	}
+	return out
 }
 
 // checkOrigin: the record was written by the scheduler for this pod.
@@ -103,18 +127,23 @@ func (g *Guard) checkOrigin(ctx context.Context, t *Target) error {
 	return fmt.Errorf("its allocation record's signature does not hold: %v", err)
 }
 
-// physicalMemory is NVML's memory of each offered GPU.
-func physicalMemory(gpus map[string]GPU) func(string) (int64, bool) {
-	return func(uuid string) (int64, bool) {
+// physical is NVML's memory of each offered GPU, and its replicas when
+// the node shares GPUs by replicas (time-slicing, MPS: one per slot).
+func physical(gpus map[string]GPU, mode api.SharingMode) recordcheck.Lookup {
+	return func(uuid string) (recordcheck.GPU, bool) {
 		g, ok := gpus[uuid]
-		return g.MemoryMiB, ok && g.MemoryMiB > 0
+		out := recordcheck.GPU{MemoryMiB: g.MemoryMiB}
+		if gpushare.Replicated(mode) {
+			out.Replicas = g.Slots
+		}
+		return out, ok && g.MemoryMiB > 0
 	}
 }
 
 // checkRequest: the record grants exactly what the pod's spec asks, with
 // percentages and whole GPUs worked out on NVML's memory.
-func (g *Guard) checkRequest(t *Target, gpus map[string]GPU) error {
-	if err := recordcheck.MatchPod(t.Pod, t.Record, g.Names, physicalMemory(gpus)); err != nil {
+func (g *Guard) checkRequest(t *Target, gpus map[string]GPU, mode api.SharingMode) error {
+	if err := recordcheck.MatchPod(t.Pod, t.Record, g.Names, physical(gpus, mode)); err != nil {
 		return fmt.Errorf("its allocation record does not match its request: %v", err)
 	}
 	return nil
@@ -154,6 +183,9 @@ func (g *Guard) checkLedger(ctx context.Context, m *Matcher, t *Target, gpus map
 	// Per pod, the containers it was served, as a record.
 	perPod := map[types.UID]*api.PodAllocation{}
 	add := func(uid types.UID, c api.ContainerAllocation) {
+		if c = shares(c); len(c.Devices) == 0 {
+			return
+		}
 		r := perPod[uid]
 		if r == nil {
 			r = &api.PodAllocation{}

@@ -83,7 +83,13 @@ type Plugin struct {
 	mu      sync.Mutex
 	gpus    []GPU
 	mode    api.SharingMode
+	pol     Policy        // MIG and MPS answers (migmps.go)
 	changed chan struct{} // closed and replaced on every change
+	// gen counts the lists; sent is, per open ListAndWatch stream, the
+	// last list it sent (Withdraw waits for them).
+	gen  uint64
+	sent map[int]uint64
+	next int
 
 	// allocMu makes each Allocate's checks and ledger entry one step, so
 	// two answers never both fit into the same room.
@@ -114,12 +120,49 @@ func (p *Plugin) SetGPUs(gpus []GPU, mode api.SharingMode) {
 		return
 	}
 	p.gpus, p.mode = gpus, mode
+	p.gen++
 	close(p.changed)
 	p.changed = make(chan struct{})
 }
 
+// Withdraw offers no devices any more and waits (up to timeout) until
+// every open ListAndWatch stream has sent the empty list. A resource the
+// node stops offering is withdrawn before its plugin stops: a kubelet
+// shim in front of the plugin (which keeps the last list through agent
+// restarts) then reports it gone, as the kubelet would have seen it go
+// without the shim.
+func (p *Plugin) Withdraw(timeout time.Duration) {
+	p.SetGPUs(nil, p.sharing())
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		p.mu.Lock()
+		done := true
+		for _, g := range p.sent {
+			done = done && g >= p.gen
+		}
+		p.mu.Unlock()
+		if done {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	p.logger.Info("Withdrawn resource: a ListAndWatch stream did not take the empty list in time", "timeout", timeout)
+}
+
+func (p *Plugin) sharing() api.SharingMode {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.mode
+}
+
 // devices renders the slot list.
 func (p *Plugin) devices() ([]*pluginapi.Device, <-chan struct{}) {
+	devs, _, changed := p.list()
+	return devs, changed
+}
+
+// list is devices with the list's generation.
+func (p *Plugin) list() ([]*pluginapi.Device, uint64, <-chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var out []*pluginapi.Device
@@ -136,7 +179,7 @@ func (p *Plugin) devices() ([]*pluginapi.Device, <-chan struct{}) {
 			out = append(out, &pluginapi.Device{ID: SlotID(g.UUID, k), Health: health, Topology: topo})
 		}
 	}
-	return out, p.changed
+	return out, p.gen, p.changed
 }
 
 // offered is one consistent view of the GPUs and their sharing mode.
@@ -157,11 +200,27 @@ func (p *Plugin) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*plu
 
 // ListAndWatch sends the slot list now and after every change.
 func (p *Plugin) ListAndWatch(_ *pluginapi.Empty, s grpc.ServerStreamingServer[pluginapi.ListAndWatchResponse]) error {
+	p.mu.Lock()
+	if p.sent == nil {
+		p.sent = map[int]uint64{}
+	}
+	id := p.next
+	p.next++
+	p.sent[id] = 0
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		delete(p.sent, id)
+		p.mu.Unlock()
+	}()
 	for {
-		devs, changed := p.devices()
+		devs, gen, changed := p.list()
 		if err := s.Send(&pluginapi.ListAndWatchResponse{Devices: devs}); err != nil {
 			return err
 		}
+		p.mu.Lock()
+		p.sent[id] = gen
+		p.mu.Unlock()
 		select {
 		case <-changed:
 		case <-s.Context().Done():
@@ -262,8 +321,18 @@ func (p *Plugin) allocate(ctx context.Context, n int) (*pluginapi.ContainerAlloc
 	if err != nil {
 		return nil, err
 	}
-	ref := kubeobj.Key(t.Pod)
 	gpus, mode := p.offered()
+	// The node's own checks of the record (guard.go) come first, for
+	// every kind of grant; the ledger check and entry are one step.
+	p.allocMu.Lock()
+	defer p.allocMu.Unlock()
+	if err := p.checkGrant(ctx, t, gpus, mode); err != nil {
+		return nil, err
+	}
+	if r, handled, err := p.before(ctx, t, n); handled {
+		return r, err
+	}
+	ref := kubeobj.Key(t.Pod)
 	for _, d := range t.Grant.Devices {
 		g, ok := gpus[d.UUID]
 		switch {
@@ -273,30 +342,29 @@ func (p *Plugin) allocate(ctx context.Context, n int) (*pluginapi.ContainerAlloc
 			return nil, fmt.Errorf("%w: pod %s container %s: GPU %s of its allocation record is unhealthy", ErrNoMatch, ref, t.Container, d.UUID)
 		}
 	}
-	p.allocMu.Lock()
-	defer p.allocMu.Unlock()
-	if err := p.checkGrant(ctx, t, gpus); err != nil {
-		return nil, err
-	}
 	limited := needsLimiter(t.Grant, mode)
-	files, err := p.prepare(t, limited)
+	files, err := p.prepare(t, limited, mode)
 	if err != nil {
 		return nil, fmt.Errorf("pod %s container %s: %w", ref, t.Container, err)
 	}
 	p.logger.Info("Allocated", "pod", klog.KObj(t.Pod), "container", t.Container, "devices", t.Grant.Devices)
-	return buildResponse(t.Grant, limited, files, p.opts.Paths, p.opts.DeviceList), nil
+	r := buildResponse(t.Grant, limited, files, p.opts.Paths, p.opts.DeviceList)
+	if err := p.after(r, t, mode); err != nil {
+		return nil, err
+	}
+	return r, nil
 }
 
 // prepare creates the container's directory (the record that it was
 // served), its limits file when the limiter applies, and its ledger entry.
-func (p *Plugin) prepare(t *Target, limited bool) (containerFiles, error) {
+func (p *Plugin) prepare(t *Target, limited bool, mode api.SharingMode) (containerFiles, error) {
 	st := p.opts.Matcher.State
 	if _, err := p.opts.Matcher.MarkServed(t.Pod.UID, t.Container); err != nil {
 		return containerFiles{}, err
 	}
 	files := containerFiles{StateDir: st.StateDir(t.Pod.UID, t.Container)}
 	if limited {
-		b, err := limitsFile(t.Grant, p.opts.Paths)
+		b, err := limitsFile(t.Grant, p.opts.Paths, mode)
 		if err != nil {
 			return containerFiles{}, err
 		}
@@ -322,6 +390,12 @@ func (p *Plugin) PreStartContainer(context.Context, *pluginapi.PreStartContainer
 
 // socketName is the plugin's socket file in PluginDir.
 func (p *Plugin) socketName() string {
+	if _, name, _ := strings.Cut(p.opts.Resource, "/"); name != "gpu" {
+		// MIG profiles and renamed resources: short, so the socket path
+		// stays within a unix socket's 107 bytes in deep plugin
+		// directories (the lab's).
+		return "t-" + strings.NewReplacer(".", "-", "+", "-").Replace(name) + ".sock"
+	}
 	return "tessera-" + strings.NewReplacer("/", "-", ".", "-").Replace(p.opts.Resource) + ".sock"
 }
 

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/limiterconf"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
+	"github.com/tessera-gpu/tessera/internal/testenv"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -490,5 +492,48 @@ func TestLostAnswerAnsweredAgain(t *testing.T) {
 	e.kubelet.assign(p, "main", []string{SlotID(uuid(1), 0)})
 	if _, err := alloc(); !errors.Is(err, ErrNoMatch) || !strings.Contains(err.Error(), "all served") {
 		t.Errorf("after the kubelet recorded the answer: %v", err)
+	}
+}
+
+// sendRecorder is a ListAndWatch stream that takes a while to send.
+type sendRecorder struct {
+	grpc.ServerStream
+	ctx   context.Context
+	mu    sync.Mutex
+	lists [][]*pluginapi.Device
+}
+
+func (s *sendRecorder) Context() context.Context { return s.ctx }
+
+func (s *sendRecorder) Send(r *pluginapi.ListAndWatchResponse) error {
+	time.Sleep(50 * time.Millisecond)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lists = append(s.lists, r.Devices)
+	return nil
+}
+
+func (s *sendRecorder) last() ([]*pluginapi.Device, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.lists) == 0 {
+		return nil, 0
+	}
+	return s.lists[len(s.lists)-1], len(s.lists)
+}
+
+// TestWithdraw: a withdrawn resource's open streams have sent the empty
+// list when Withdraw returns (a kubelet shim keeps the last list it got).
+func TestWithdraw(t *testing.T) {
+	e := newEnv(t, api.SharingShared, 2)
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &sendRecorder{ctx: ctx}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = e.plugin.ListAndWatch(&pluginapi.Empty{}, s) }()
+	defer func() { cancel(); <-done }()
+	testenv.WaitFor(t, "the first list sent", 10*time.Second, func() bool { _, n := s.last(); return n > 0 })
+	e.plugin.Withdraw(5 * time.Second)
+	if devs, n := s.last(); len(devs) != 0 || n != 2 {
+		t.Errorf("after Withdraw the stream sent %d lists, the last %v; want the empty list last", n, devs)
 	}
 }

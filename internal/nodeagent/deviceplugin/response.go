@@ -94,14 +94,20 @@ type containerFiles struct {
 
 // limitsFile is the limiter's read-only limits file for a grant: the
 // limits the limiter enforces whatever the container's environment says.
-func limitsFile(c api.ContainerAllocation, p Paths) ([]byte, error) {
+// Under MPS the daemon partitions the SMs, so the limiter keeps only its
+// memory accounting (no compute share in the file).
+func limitsFile(c api.ContainerAllocation, p Paths, mode api.SharingMode) ([]byte, error) {
 	cfg := limiterconf.Config{StatePath: filepath.Join(p.StateContainer, "cache")}
 	for _, d := range c.Devices {
 		mem := uint64(d.MemoryMiB)
 		if d.Exclusive {
 			mem = 0 // a whole GPU: no memory limit on it
 		}
-		cfg.Devices = append(cfg.Devices, limiterconf.Device{UUID: d.UUID, MemoryMiB: mem, SMPercent: d.Cores})
+		sm := d.Cores
+		if mode == api.SharingMPS {
+			sm = 0
+		}
+		cfg.Devices = append(cfg.Devices, limiterconf.Device{UUID: d.UUID, MemoryMiB: mem, SMPercent: sm})
 	}
 	return limiterconf.Encode(cfg)
 }
@@ -167,11 +173,11 @@ func buildResponse(c api.ContainerAllocation, limited bool, f containerFiles, p 
 	return r
 }
 
-// needsLimiter reports whether a grant gets the limiter: only shared
-// grants on a node in shared mode; exclusive whole GPUs and time-slicing
-// run unlimited.
+// needsLimiter reports whether a grant gets the limiter: shared grants on
+// a node in shared mode, and MPS clients (for its memory accounting);
+// exclusive whole GPUs and time-slicing run unlimited.
 func needsLimiter(c api.ContainerAllocation, mode api.SharingMode) bool {
-	if mode != api.SharingShared {
+	if mode != api.SharingShared && mode != api.SharingMPS {
 		return false
 	}
 	for _, d := range c.Devices {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/tessera-gpu/tessera/internal/mig"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -23,6 +24,15 @@ type Device struct {
 	// sharing fields are left for the caller.
 	GPU    api.GPU
 	Handle nvml.Device
+	// PCIDeviceID is NVML's PCI device ID (device << 16 | vendor, e.g.
+	// 0x20B010DE), what mig-parted's device-filter matches.
+	PCIDeviceID uint32
+	// MIG is the model's MIG geometry (nil: not MIG capable, or a model
+	// Tessera has no table for) and MIGDevices the MIG devices found.
+	MIG        *mig.Model
+	MIGDevices []MIGDevice
+	// MIGPending reports a MIG mode change waiting for a GPU reset.
+	MIGPending bool
 }
 
 // Result is what Discover found.
@@ -66,7 +76,19 @@ func Discover(lib nvml.Interface, opts Options) (*Result, error) {
 			res.Skipped = append(res.Skipped, fmt.Errorf("GPU %d: %w", i, err))
 			continue
 		}
-		res.Devices = append(res.Devices, Device{GPU: g, Handle: h})
+		d := Device{GPU: g, Handle: h}
+		if pci, ret := h.GetPciInfo(); ret == nvml.SUCCESS {
+			d.PCIDeviceID = pci.PciDeviceId
+		}
+		if g.MIG.Capable {
+			if m, ok := mig.ModelFor(g.Model, g.MemoryMiB); ok {
+				d.MIG = m
+			}
+			if err := d.RefreshMIG(); err != nil {
+				res.Skipped = append(res.Skipped, fmt.Errorf("GPU %d (%s): MIG devices: %w", i, g.UUID, err))
+			}
+		}
+		res.Devices = append(res.Devices, d)
 	}
 	links(res.Devices)
 	return res, nil
@@ -107,6 +129,26 @@ func readGPU(h nvml.Device, pos int, opts Options) (api.GPU, error) {
 	}
 	g.SMCount = smCount(h, g.Model)
 	return g, nil
+}
+
+// RefreshMIG re-reads the GPU's MIG mode and MIG devices (they change
+// when layouts are applied and, in dynamic mode, per pod).
+func (d *Device) RefreshMIG() error {
+	if !d.GPU.MIG.Capable {
+		return nil
+	}
+	enabled, pending, devs, mib, err := ReadMIG(d.Handle, d.MIG)
+	d.GPU.MIG.Enabled, d.MIGPending = enabled, pending
+	d.MIGDevices = devs
+	d.GPU.MIG.Devices = nil
+	for _, m := range devs {
+		d.GPU.MIG.Devices = append(d.GPU.MIG.Devices, m.MIGDevice)
+	}
+	d.GPU.MIG.ProfileMemoryMiB = nil
+	if enabled && len(mib) > 0 {
+		d.GPU.MIG.ProfileMemoryMiB = mib
+	}
+	return err
 }
 
 // smCount asks NVML for the multiprocessor count (nvmlDeviceGetAttributes;

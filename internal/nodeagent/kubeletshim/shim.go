@@ -94,7 +94,7 @@ func New(opts Options, logger klog.Logger) (*Shim, error) {
 		opts.CheckInterval = time.Second
 	}
 	if opts.Endpoint == "" {
-		opts.Endpoint = "tessera-shim.sock"
+		opts.Endpoint = endpointName(opts.Resource)
 	}
 	// Reconnect to a restarted agent within tens of milliseconds, not
 	// gRPC's default of a second growing to two minutes.

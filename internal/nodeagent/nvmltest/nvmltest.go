@@ -20,6 +20,9 @@ import (
 type Node struct {
 	*server.Server
 	Events *EventQueue
+
+	migMu sync.Mutex
+	mig   map[int]*migGPU // by device position; see mig.go
 }
 
 // Wiring says how the GPUs of a mock node are connected.
@@ -102,6 +105,7 @@ func Complete(s *server.Server, w Wiring) *Node {
 	s.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) {
 		return n.Events.set, nvml.SUCCESS
 	}
+	n.emulateMIG()
 	return n
 }
 

@@ -1,0 +1,13 @@
+//go:build !integration
+
+package nodeagent
+
+import (
+	"os"
+	"testing"
+)
+
+func TestMain(m *testing.M) {
+	fakeMPS()
+	os.Exit(m.Run())
+}
