@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tessera-gpu/tessera/internal/placement"
 	"github.com/tessera-gpu/tessera/internal/placement/policies"
 	"github.com/tessera-gpu/tessera/internal/sim"
 )
@@ -18,7 +17,7 @@ import (
 func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	policyList := fs.String("policy", strings.Join(policies.Names(), ","), "comma-separated placement policies")
+	policyList := fs.String("policy", strings.Join(policies.Compared(), ","), "comma-separated placement policies")
 	seedSpec := fs.String("seeds", "10", `seeds: a count N (seeds 1..N), a range "1-10" or a list "1,2,3"`)
 	format := fs.String("format", "table", "output format: table, csv or json")
 	nodesPath := fs.String("nodes", "", "node list CSV (default: the bundled openb node list)")
@@ -27,6 +26,9 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	parallel := fs.Int("parallel", runtime.GOMAXPROCS(0), "runs in parallel")
 	variant := fs.String("variant", "", "replace the pods by a generated mix: gpushareN, multigpuN, gpuspecN or cpuN (e.g. gpushare40)")
 	variantSeed := fs.Int64("variant-seed", 1, "seed of the variant generator")
+	grid := fs.Bool("grid", false, "run the generator's grid of mixes ("+strings.Join(sim.GridMixes, ",")+") instead of one trace; default policies fgd,tessera")
+	gridMixes := fs.String("grid-mixes", strings.Join(sim.GridMixes, ","), "with --grid: the mixes")
+	gridSeeds := fs.String("grid-seeds", "3", "with --grid: generator seeds (same syntax as --seeds)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: tessera simulate [flags]\n\nReplays an openb trace through the placement core and reports unallocated GPU %%.\n\nFlags:\n")
 		fs.PrintDefaults()
@@ -34,6 +36,8 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	switch *format {
 	case "table", "csv", "json":
 	default:
@@ -46,6 +50,9 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return fmt.Errorf("%w: --seeds: %v", errUsage, err)
 	}
+	if *grid && !set["policy"] {
+		*policyList = policies.NameFGD + "," + policies.NameTessera
+	}
 	pols, err := parsePolicies(*policyList)
 	if err != nil {
 		return fmt.Errorf("%w: --policy: %v", errUsage, err)
@@ -53,6 +60,17 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	tr, err := sim.LoadTrace(*nodesPath, *podsPath)
 	if err != nil {
 		return err
+	}
+	if *grid {
+		if set["variant"] || set["variant-seed"] {
+			return fmt.Errorf("%w: --grid runs its own mixes; --variant and --variant-seed do not apply", errUsage)
+		}
+		return runGrid(ctx, tr, pols, seeds, *gridMixes, *gridSeeds, *parallel, *format, stdout, stderr)
+	}
+	for _, f := range []string{"grid-mixes", "grid-seeds"} {
+		if set[f] {
+			return fmt.Errorf("%w: --%s applies only with --grid", errUsage, f)
+		}
 	}
 	if *variant != "" {
 		if tr.Pods, err = sim.Variant(tr, *variant, *variantSeed); err != nil {
@@ -93,6 +111,45 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	return nil
 }
 
+// runGrid runs the policies over the generator's grid of mixes and prints
+// one line per mix (table), or the summaries as JSON; CSV has one row per
+// mix, policy and checkpoint.
+func runGrid(ctx context.Context, tr *sim.Trace, pols []string, seeds []int64, mixList, genSeeds string, parallel int, format string, stdout, stderr io.Writer) error {
+	var mixes []string
+	for _, m := range strings.Split(mixList, ",") {
+		if m = strings.TrimSpace(m); m == "" {
+			continue
+		}
+		if _, _, err := sim.ParseVariant(m); err != nil {
+			return fmt.Errorf("%w: --grid-mixes: %v", errUsage, err)
+		}
+		mixes = append(mixes, m)
+	}
+	if len(mixes) == 0 {
+		return fmt.Errorf("%w: --grid-mixes: no mix given", errUsage)
+	}
+	gs, err := sim.ParseSeeds(genSeeds)
+	if err != nil {
+		return fmt.Errorf("%w: --grid-seeds: %v", errUsage, err)
+	}
+	start := time.Now()
+	g := &sim.Grid{Trace: tr, Mixes: mixes, GeneratorSeeds: gs, Seeds: seeds, Policies: pols, Parallel: parallel}
+	rows, err := g.Run(ctx)
+	if err != nil {
+		return err
+	}
+	switch format {
+	case "table":
+		err = sim.WriteGridTable(stdout, rows, len(gs)*len(seeds))
+		fmt.Fprintf(stderr, "%d runs in %.1fs\n", len(mixes)*len(gs)*len(seeds)*len(pols), time.Since(start).Seconds())
+	case "csv":
+		err = sim.WriteGridCSV(stdout, rows)
+	case "json":
+		err = sim.WriteGridJSON(stdout, rows, gs, seeds)
+	}
+	return err
+}
+
 func writePlot(path string, rs []sim.PolicyResult, fl *sim.FloorResult, title string) error {
 	f, err := os.Create(path)
 	if err != nil {
@@ -107,7 +164,7 @@ func writePlot(path string, rs []sim.PolicyResult, fl *sim.FloorResult, title st
 
 func parsePolicies(s string) ([]string, error) {
 	known := map[string]bool{}
-	for _, n := range placement.PolicyNames() {
+	for _, n := range policies.Names() {
 		known[n] = true
 	}
 	var out []string
@@ -117,7 +174,7 @@ func parsePolicies(s string) ([]string, error) {
 			continue
 		}
 		if !known[p] {
-			return nil, fmt.Errorf("unknown policy %q (known: %s)", p, strings.Join(placement.PolicyNames(), ", "))
+			return nil, fmt.Errorf("unknown policy %q (known: %s)", p, strings.Join(policies.Names(), ", "))
 		}
 		out = append(out, p)
 	}

@@ -72,8 +72,33 @@ func (p *Problem) AddRow(terms []Term, sense Sense, rhs float64) error {
 	return nil
 }
 
+// Rows is the number of rows added so far (the next row's index).
+func (p *Problem) Rows() int { return len(p.rows) }
+
 // Solve returns the minimum and a solution that attains it.
 func (p *Problem) Solve() (float64, []float64, error) {
+	sol, err := p.SolveDual()
+	if err != nil {
+		return 0, nil, err
+	}
+	return sol.Value, sol.X, nil
+}
+
+// Solution is an optimum of a Problem.
+type Solution struct {
+	// Value is the minimum; X a point that attains it.
+	Value float64
+	X     []float64
+	// Dual[i] is the price of row i: how much the minimum grows per
+	// unit its right-hand side grows (≥ 0 for a binding GE row, ≤ 0 for
+	// a binding LE row, 0 for a slack one). Where the optimum is
+	// degenerate several price vectors are optimal; Dual is the one of
+	// the final basis.
+	Dual []float64
+}
+
+// SolveDual is Solve with the rows' dual prices.
+func (p *Problem) SolveDual() (*Solution, error) {
 	n := len(p.obj)
 	m := len(p.rows)
 	slacks := 0
@@ -92,6 +117,7 @@ func (p *Problem) Solve() (float64, []float64, error) {
 		t[i] = make([]float64, cols+1)
 	}
 	basis := make([]int, m)
+	negated := make([]bool, m)
 	s := n
 	for i, r := range p.rows {
 		a := t[i+1]
@@ -111,6 +137,7 @@ func (p *Problem) Solve() (float64, []float64, error) {
 			for j := range a {
 				a[j] = -a[j]
 			}
+			negated[i] = true
 		}
 		a[art+i] = 1
 		basis[i] = art + i
@@ -126,14 +153,14 @@ func (p *Problem) Solve() (float64, []float64, error) {
 		}
 	}
 	if err := tb.run(); err != nil {
-		return 0, nil, err
+		return nil, err
 	}
 	scale := 1.0
 	for i := 1; i <= m; i++ {
 		scale = math.Max(scale, math.Abs(t[i][rhs]))
 	}
 	if -t[0][rhs] > 1e-7*scale {
-		return 0, nil, ErrInfeasible
+		return nil, ErrInfeasible
 	}
 	// Drive the artificials left in the basis (at zero) out; a row
 	// where no real column can replace one is redundant and stays inert.
@@ -162,7 +189,7 @@ func (p *Problem) Solve() (float64, []float64, error) {
 		}
 	}
 	if err := tb.run(); err != nil {
-		return 0, nil, err
+		return nil, err
 	}
 	x := make([]float64, n)
 	for i, b := range basis {
@@ -170,7 +197,17 @@ func (p *Problem) Solve() (float64, []float64, error) {
 			x[b] = t[i+1][rhs]
 		}
 	}
-	return -t[0][rhs], x, nil
+	// Row i's artificial column started as the unit vector, so its
+	// reduced cost is minus the dual price of the row as stored (negated
+	// where the right-hand side was).
+	dual := make([]float64, m)
+	for i := range dual {
+		dual[i] = -t[0][art+i]
+		if negated[i] {
+			dual[i] = -dual[i]
+		}
+	}
+	return &Solution{Value: -t[0][rhs], X: x, Dual: dual}, nil
 }
 
 type tableau struct {

@@ -106,3 +106,56 @@ func mustRow(t *testing.T, p *Problem, ts []Term, s Sense, rhs float64) {
 		t.Fatal(err)
 	}
 }
+
+// Dual prices: the rate at which the minimum moves with each right-hand
+// side, checked against a perturbed re-solve and known values.
+func TestDualPrices(t *testing.T) {
+	build := func(b1, b2, b3 float64) *Problem {
+		// min 2x + 3y + 4z, x + y ≥ b1, y + z ≥ b2, x + z ≤ b3 (slack),
+		// with a negative right-hand side written as −x − y ≤ −b1 style.
+		var p Problem
+		x, y, z := p.NewVar(2), p.NewVar(3), p.NewVar(4)
+		mustRow(t, &p, terms(float64(x), -1, float64(y), -1), LE, -b1)
+		mustRow(t, &p, terms(float64(y), 1, float64(z), 1), GE, b2)
+		mustRow(t, &p, terms(float64(x), 1, float64(z), 1), LE, b3)
+		return &p
+	}
+	sol, err := build(2, 3, 100).SolveDual()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Optimum y = 3, x = 0 (cost 9): raising b2 costs 3 (more y); the
+	// first row −x − y ≤ −2 does not bind; the third row is slack.
+	if !near(sol.Value, 9) || !near(sol.Dual[0], 0) || !near(sol.Dual[1], 3) || !near(sol.Dual[2], 0) {
+		t.Fatalf("value %v duals %v, want 9 and [0 3 0]", sol.Value, sol.Dual)
+	}
+	for i, d := range []struct{ b1, b2, b3 float64 }{{2.1, 3, 100}, {2, 3.1, 100}, {2, 3, 100.1}} {
+		v, _, err := build(d.b1, d.b2, d.b3).Solve()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The first row is written negated: its price is per unit of −b1.
+		step := 0.1
+		if i == 0 {
+			step = -0.1
+		}
+		if got := (v - sol.Value) / step; !near(got, sol.Dual[i]) {
+			t.Errorf("row %d: re-solve moves the minimum by %v per unit, dual says %v", i, got, sol.Dual[i])
+		}
+	}
+	// An equality row with a negative right-hand side: min x, x − y = −1,
+	// y ≤ 5 → x = 0, y = 1; raising the rhs to −0.9 lowers y, not x: 0.
+	// min y instead: y = x + 1 ≥ 1, dual of the equality is −1.
+	var p Problem
+	x, y := p.NewVar(0), p.NewVar(1)
+	mustRow(t, &p, terms(float64(x), 1, float64(y), -1), EQ, -1)
+	mustRow(t, &p, terms(float64(y), 1), LE, 5)
+	sol, err = p.SolveDual()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !near(sol.Value, 1) || !near(sol.Dual[0], -1) || !near(sol.Dual[1], 0) {
+		t.Fatalf("value %v duals %v, want 1 and [-1 0]", sol.Value, sol.Dual)
+	}
+	_ = x
+}

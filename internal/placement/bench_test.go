@@ -3,9 +3,7 @@ package placement
 import (
 	"fmt"
 	"math/rand"
-	"sort"
 	"testing"
-	"time"
 
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -64,34 +62,6 @@ func benchRequests() []*Request {
 		{Pod: "h100", Containers: []Container{share("main", 20000, 50)}, IncludeModels: []string{"H100"}},
 		{Pod: "sidecar", Containers: []Container{share("a", 4096, 20), share("b", 2048, 10)}, InitContainers: []Container{share("init", 8192, 20)}},
 	}
-}
-
-// BenchmarkSchedulePod chooses a placement for one pod on 5,000 nodes × 8
-// GPUs holding 20,000 allocations (without assigning it, so every
-// iteration sees the same cluster). It reports the median and p99 latency.
-//
-//	go test -run '^$' -bench SchedulePod -benchtime 200x ./internal/placement/
-func BenchmarkSchedulePod(b *testing.B) {
-	c := bigCluster(b, 5000, 20000)
-	var compiled []*Compiled
-	for _, r := range benchRequests() {
-		compiled = append(compiled, mustCompile(b, c, r))
-	}
-	sr := NewSearch(c)
-	times := make([]time.Duration, 0, b.N)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		start := time.Now()
-		if sr.Best(compiled[i%len(compiled)], Binpack{}) == nil {
-			b.Fatalf("no placement: %s", sr.Explain())
-		}
-		times = append(times, time.Since(start))
-	}
-	b.StopTimer()
-	sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
-	b.ReportMetric(float64(times[len(times)/2].Microseconds())/1000, "ms-median")
-	b.ReportMetric(float64(times[len(times)*99/100].Microseconds())/1000, "ms-p99")
 }
 
 // BenchmarkFitNode is the per-node check kube-scheduler's Filter runs.

@@ -1,10 +1,6 @@
 package placement
 
 import (
-	"fmt"
-	"sort"
-	"sync"
-
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -24,57 +20,37 @@ type Policy interface {
 
 // Observer is implemented by policies that learn from the workload (for
 // example its popular shapes). The simulator and the scheduler call
-// Observe once per arriving pod, before placing it.
+// Observe once per arriving pod, before placing it, one call at a time
+// and never while the pod's nodes are being scored; what it learns is
+// published to scoring atomically.
 type Observer interface {
 	Observe(cr *Compiled)
 }
 
-// Factory makes a policy for a cluster. Policies with state (a random
-// source, a workload estimate) get a fresh instance per run.
-type Factory func(c *Cluster, seed int64) Policy
-
-var (
-	registryMu sync.RWMutex
-	registry   = map[string]Factory{}
-)
-
-// Register makes a policy available by name. Policies register themselves
-// from init functions; registering a name twice panics (a programming error).
-func Register(name string, f Factory) {
-	registryMu.Lock()
-	defer registryMu.Unlock()
-	if _, dup := registry[name]; dup {
-		panic("placement: policy " + name + " registered twice")
-	}
-	registry[name] = f
+// PodPolicy is implemented by policies that prepare per-pod state once per
+// scheduling cycle (the pod's shape, the snapshot of what the policy has
+// learned). ForPod returns the policy that scores that pod: its ScoreNode
+// (and RankGPU, if the policy ranks GPUs) serve cr only, take no lock and
+// are safe to call from many goroutines at once, for the rest of the
+// pod's cycle. Callers use it through Prepare, after Observe.
+//
+// A PodPolicy's own ScoreNode and RankGPU give the same results without
+// preparation (they prepare the pod on the fly, reusing what Observe
+// prepared for it), only at a higher cost per call.
+type PodPolicy interface {
+	ForPod(cr *Compiled) Policy
 }
 
-// NewPolicy returns a fresh instance of the named policy.
-func NewPolicy(name string, c *Cluster, seed int64) (Policy, error) {
-	registryMu.RLock()
-	f, ok := registry[name]
-	registryMu.RUnlock()
-	if !ok {
-		return nil, fmt.Errorf("unknown placement policy %q (known: %v)", name, PolicyNames())
+// Prepare returns the policy that scores cr under pol: pol.ForPod(cr) if
+// pol prepares per pod, else pol. The simulator's Search calls it once
+// per pod; the scheduler calls it in PreFilter (after Observe) and keeps
+// the result in the pod's CycleState for Filter and Score, with
+// RankerFor(cr, prepared) as the GPU ranker.
+func Prepare(cr *Compiled, pol Policy) Policy {
+	if pp, ok := pol.(PodPolicy); ok {
+		return pp.ForPod(cr)
 	}
-	return f(c, seed), nil
-}
-
-// PolicyNames lists the registered policies, sorted.
-func PolicyNames() []string {
-	registryMu.RLock()
-	defer registryMu.RUnlock()
-	names := make([]string, 0, len(registry))
-	for n := range registry {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
-
-func init() {
-	Register(string(api.NodeBinpack), func(*Cluster, int64) Policy { return Binpack{} })
-	Register(string(api.NodeSpread), func(*Cluster, int64) Policy { return Spread{} })
+	return pol
 }
 
 // Binpack prefers the node that is fullest after placement, so that whole

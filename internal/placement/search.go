@@ -27,11 +27,11 @@ func RankerFor(cr *Compiled, pol Policy) GPURanker {
 }
 
 // Best returns the highest-scoring placement of the request under def (or
-// the pod's own node policy), or nil if no node fits; Explain then says
-// why. Ties go to the node added first. The placement is valid until the
+// the pod's own node policy, Prepared for the pod), or nil if no node
+// fits; Explain then says why. Ties go to the node added first. The placement is valid until the
 // next call.
 func (sr *Search) Best(cr *Compiled, def Policy) *Placement {
-	pol := PolicyFor(cr, def)
+	pol := Prepare(cr, PolicyFor(cr, def))
 	ranker := RankerFor(cr, pol)
 	sr.reasons = sr.reasons[:0]
 	sr.feasible = 0

@@ -28,6 +28,7 @@ import (
 	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
+	"github.com/tessera-gpu/tessera/internal/placement/policies"
 	"github.com/tessera-gpu/tessera/internal/recordsig"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -149,7 +150,7 @@ func newPlugin(cfg api.ClusterConfig) (*Plugin, error) {
 	}
 	st := newState(gpuGauges{})
 	st.cluster.DefaultGPUPolicy = cfg.GPUPolicy
-	pol, err := placement.NewPolicy(cfg.PlacementPolicy, st.cluster, 1)
+	pol, err := policies.New(cfg.PlacementPolicy, st.cluster, 1)
 	if err != nil {
 		return nil, fmt.Errorf("%s plugin arguments: %w", Name, err)
 	}

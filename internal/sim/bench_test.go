@@ -27,7 +27,7 @@ func benchDecision(b *testing.B, policy string) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	pol, err := placement.NewPolicy(policy, c, 1)
+	pol, err := policies.New(policy, c, 1)
 	if err != nil {
 		b.Fatal(err)
 	}

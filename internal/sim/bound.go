@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/tessera-gpu/tessera/internal/lp"
 )
@@ -26,6 +27,10 @@ type Floor struct {
 	// AllShares holds for a run that places every share that arrives
 	// by 100% (the sliver waste of the best packing of those shares).
 	AllShares float64 `json:"allShares"`
+	// NeverRefuse holds for a run that drops a task only when it fits
+	// nowhere, as the methodology does (see neverRefuse): once a task is
+	// dropped, every later task needing at least as much is dropped too.
+	NeverRefuse float64 `json:"neverRefuse"`
 }
 
 // Floor computes the floors for one seed's arrivals (see Floor).
@@ -36,6 +41,7 @@ func (t *Trace) Floor(seed int64) (Floor, error) {
 	}
 	var counts shareCounts
 	var arrived int64
+	var tasks []nrTask
 	for _, i := range t.Arrivals(seed, Inflation) {
 		p := t.Pods[i]
 		g := p.GPURequestMilli()
@@ -43,9 +49,15 @@ func (t *Trace) Floor(seed int64) (Floor, error) {
 			break
 		}
 		arrived += g
+		if p.NumGPU == 0 {
+			continue
+		}
+		task := nrTask{need: p.NumGPU, cpu: p.CPUMilli, mem: p.MemMiB, spec: sortedModels(p.Spec)}
 		if p.NumGPU == 1 && p.GPUMilli < 1000 {
 			counts[SharePercent(p.GPUMilli)]++
+			task.share, task.need = true, SharePercent(p.GPUMilli)
 		}
+		tasks = append(tasks, task)
 	}
 	// Arrivals short of 100% are unallocated whatever happens.
 	short := float64(capacity-arrived) / 10 // in % of one GPU
@@ -62,7 +74,20 @@ func (t *Trace) Floor(seed int64) (Floor, error) {
 	}
 	// The LP's rounding noise must not put the floor below what is certain.
 	anyPolicy = math.Max(anyPolicy, short)
-	return Floor{Seed: seed, AnyPolicy: pct(anyPolicy), AllShares: pct(math.Max(waste, short))}, nil
+	never, err := neverRefuse(tasks, int(capacity/1000), short)
+	if err != nil {
+		return Floor{}, fmt.Errorf("seed %d: never-refuse floor: %w", seed, err)
+	}
+	// A never-refusing run is one policy among all.
+	never = math.Max(never, anyPolicy)
+	return Floor{Seed: seed, AnyPolicy: pct(anyPolicy), AllShares: pct(math.Max(waste, short)), NeverRefuse: pct(never)}, nil
+}
+
+// sortedModels is a gpu_spec's models, sorted; nil for none.
+func sortedModels(spec string) []string {
+	m := SpecModels(spec)
+	slices.Sort(m)
+	return m
 }
 
 // shareCounts[s] is the number of shares of s% of a GPU.
@@ -76,76 +101,14 @@ func (c *shareCounts) volume() int64 {
 	return v
 }
 
-// arcFlow is the arc-flow model of packing shares into GPUs (Valério de
-// Carvalho): one GPU is a path from 0 to 100 whose arcs are shares or one
-// idle percent. The flow out of 0 counts GPUs; the LP relaxation of this
-// model is as strong as Gilmore and Gomory's. Share arcs start only where
-// a GPU can get to by stacking larger shares first, which removes
-// symmetric packings without losing any.
-type arcFlow struct {
-	p    lp.Problem
-	gpus int           // the flow out of position 0
-	arcs map[int][]int // share size → its arc variables
-}
-
-// arcFlow builds the model; gpuCost is the objective's weight on GPUs.
-func (c *shareCounts) arcFlow(gpuCost float64) (*arcFlow, error) {
-	m := &arcFlow{arcs: map[int][]int{}}
-	in := make([][]lp.Term, 101)
-	out := make([][]lp.Term, 101)
-	addArc := func(from, to, v int) {
-		out[from] = append(out[from], lp.Term{Var: v, Coeff: 1})
-		in[to] = append(in[to], lp.Term{Var: v, Coeff: 1})
+// arcFlow is the arc-flow model (lp.ArcFlow) of packing the shares into
+// GPUs of 100%; gpuCost is the objective's weight on GPUs.
+func (c *shareCounts) arcFlow(gpuCost float64) (*lp.ArcFlow, error) {
+	counts := make([]float64, len(c))
+	for s, n := range c {
+		counts[s] = float64(n)
 	}
-	reach := make([]bool, 101) // positions reachable with larger shares
-	reach[0] = true
-	for s := 100; s >= 1; s-- {
-		n := c[s]
-		if n == 0 {
-			continue
-		}
-		next := append([]bool(nil), reach...)
-		frontier := reach
-		for k := 0; k < n && k < 100/s; k++ {
-			moved := make([]bool, 101)
-			for d := 0; d+s <= 100; d++ {
-				if !frontier[d] {
-					continue
-				}
-				v := m.p.NewVar(0)
-				addArc(d, d+s, v)
-				m.arcs[s] = append(m.arcs[s], v)
-				moved[d+s], next[d+s] = true, true
-			}
-			frontier = moved
-		}
-		reach = next
-	}
-	for d := 0; d < 100; d++ {
-		addArc(d, d+1, m.p.NewVar(0))
-	}
-	m.gpus = m.p.NewVar(gpuCost)
-	if err := m.p.AddRow(append(out[0], lp.Term{Var: m.gpus, Coeff: -1}), lp.EQ, 0); err != nil {
-		return nil, err
-	}
-	for d := 1; d < 100; d++ {
-		row := append([]lp.Term(nil), in[d]...)
-		for _, t := range out[d] {
-			row = append(row, lp.Term{Var: t.Var, Coeff: -1})
-		}
-		if err := m.p.AddRow(row, lp.EQ, 0); err != nil {
-			return nil, err
-		}
-	}
-	return m, nil
-}
-
-func (m *arcFlow) demand(s int, extra ...lp.Term) []lp.Term {
-	row := append([]lp.Term(nil), extra...)
-	for _, v := range m.arcs[s] {
-		row = append(row, lp.Term{Var: v, Coeff: 1})
-	}
-	return row
+	return lp.NewArcFlow(100, counts, gpuCost)
 }
 
 // minGPUs is a lower bound on the GPUs that hold all the shares: the LP
@@ -166,12 +129,12 @@ func (c *shareCounts) packingLP() (float64, error) {
 	}
 	for s, n := range c {
 		if n > 0 {
-			if err := m.p.AddRow(m.demand(s), lp.GE, float64(n)); err != nil {
+			if err := m.AddRow(m.Demand(s), lp.GE, float64(n)); err != nil {
 				return 0, err
 			}
 		}
 	}
-	v, _, err := m.p.Solve()
+	v, _, err := m.Solve()
 	if err != nil {
 		return 0, fmt.Errorf("packing %d shares: %w", c.total(), err)
 	}
@@ -191,24 +154,24 @@ func (c *shareCounts) minUnallocated(short float64) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	u := m.p.NewVar(1)
-	waste := []lp.Term{{Var: u, Coeff: 1}, {Var: m.gpus, Coeff: -100}}
+	u := m.NewVar(1)
+	waste := []lp.Term{{Var: u, Coeff: 1}, {Var: m.Bins, Coeff: -100}}
 	dropped := []lp.Term{{Var: u, Coeff: 1}}
 	for s, n := range c {
 		if n == 0 {
 			continue
 		}
-		y := m.p.NewVar(0) // shares of size s dropped
+		y := m.NewVar(0) // shares of size s dropped
 		rows := []struct {
 			terms []lp.Term
 			sense lp.Sense
 			rhs   float64
 		}{
-			{m.demand(s, lp.Term{Var: y, Coeff: 1}), lp.GE, float64(n)},
+			{m.Demand(s, lp.Term{Var: y, Coeff: 1}), lp.GE, float64(n)},
 			{[]lp.Term{{Var: y, Coeff: 1}}, lp.LE, float64(n)},
 		}
 		for _, r := range rows {
-			if err := m.p.AddRow(r.terms, r.sense, r.rhs); err != nil {
+			if err := m.AddRow(r.terms, r.sense, r.rhs); err != nil {
 				return 0, err
 			}
 		}
@@ -216,13 +179,13 @@ func (c *shareCounts) minUnallocated(short float64) (float64, error) {
 		dropped = append(dropped, lp.Term{Var: y, Coeff: -float64(s)})
 	}
 	// u ≥ 100·gpus − (volume − Σ s·y)  and  u ≥ Σ s·y + short.
-	if err := m.p.AddRow(waste, lp.GE, -float64(c.volume())); err != nil {
+	if err := m.AddRow(waste, lp.GE, -float64(c.volume())); err != nil {
 		return 0, err
 	}
-	if err := m.p.AddRow(dropped, lp.GE, short); err != nil {
+	if err := m.AddRow(dropped, lp.GE, short); err != nil {
 		return 0, err
 	}
-	v, _, err := m.p.Solve()
+	v, _, err := m.Solve()
 	if err != nil {
 		return 0, fmt.Errorf("packing %d shares with drops: %w", c.total(), err)
 	}

@@ -173,8 +173,8 @@ func TestFloorsHoldForEveryPolicy(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if fl.AnyPolicy > fl.AllShares+1e-9 {
-			t.Fatalf("trace %d: floor for any policy %.3f above the all-shares floor %.3f", seed, fl.AnyPolicy, fl.AllShares)
+		if fl.AnyPolicy > fl.AllShares+1e-9 || fl.AnyPolicy > fl.NeverRefuse+1e-9 {
+			t.Fatalf("trace %d: floor for any policy %.3f above the all-shares floor %.3f or the never-refuse one %.3f", seed, fl.AnyPolicy, fl.AllShares, fl.NeverRefuse)
 		}
 		withAll := 0
 		for _, pol := range []string{"random", "dotproduct", "gpuclustering", "gpupacking", "bestfit", "fgd", "tessera"} {
@@ -186,6 +186,10 @@ func TestFloorsHoldForEveryPolicy(t *testing.T) {
 			if got < fl.AnyPolicy-1e-9 {
 				t.Errorf("trace %d, %s: %.3f%% unallocated, below the floor %.3f%%", seed, pol, got, fl.AnyPolicy)
 			}
+			// Every policy here drops a task only when it fits nowhere.
+			if got < fl.NeverRefuse-1e-9 {
+				t.Errorf("trace %d, %s: %.3f%% unallocated, below the never-refuse floor %.3f%%", seed, pol, got, fl.NeverRefuse)
+			}
 			if sharesDroppedBy100(tr, cv) == 0 {
 				withAll++
 				if got < fl.AllShares-1e-9 {
@@ -193,7 +197,7 @@ func TestFloorsHoldForEveryPolicy(t *testing.T) {
 				}
 			}
 		}
-		t.Logf("trace %d: floors %.2f%% / %.2f%%; %d policies placed every share", seed, fl.AnyPolicy, fl.AllShares, withAll)
+		t.Logf("trace %d: floors %.2f%% / %.2f%% / %.2f%%; %d policies placed every share", seed, fl.AnyPolicy, fl.NeverRefuse, fl.AllShares, withAll)
 		placedAll += withAll
 	}
 	if placedAll == 0 {
@@ -225,4 +229,122 @@ func bundledTrace(tb testing.TB) *Trace {
 		tb.Fatal(err)
 	}
 	return tr
+}
+
+// The never-refuse floor against the exact optimum of its model, found by
+// trying every set of dropped tasks on small random instances: never
+// above it, never below the floor for any policy; and on an instance
+// where only the order of arrivals forbids the cheap drop, strictly above
+// the floor for any policy.
+func TestNeverRefuseFloor(t *testing.T) {
+	// Three GPUs: a 38% share first, two 81% shares and a whole GPU,
+	// each needing more CPU than the one before. No two shares share a
+	// GPU, so one GPU's worth must go. Any policy drops the 38% share
+	// (38% of a GPU unallocated), but a policy that never refuses would
+	// then have to drop everything after it; its best is to drop the
+	// whole GPU at the end (100%). The LP relaxation of the model drops a
+	// quarter of every task (each covers a GPU; 300% of volume, 4 GPUs
+	// of cover): 75%.
+	tasks := []nrTask{
+		{share: true, need: 38, cpu: 1},
+		{share: true, need: 81, cpu: 2},
+		{share: true, need: 81, cpu: 2},
+		{need: 1, cpu: 3},
+	}
+	got, err := neverRefuse(tasks, 3, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if math.Abs(got-75) > 1e-4 {
+		t.Errorf("never-refuse floor %v%% of a GPU, want the LP relaxation's 75", got)
+	}
+	if exact := exactNeverRefuse(t, tasks, 3, 0); exact != 100 {
+		t.Errorf("exact optimum %v, want 100", exact)
+	}
+	rng := rand.New(rand.NewPCG(9, 9))
+	sizes := []int{81, 65, 47, 32, 23, 16}
+	for trial := 0; trial < 60; trial++ {
+		var tasks []nrTask
+		var counts shareCounts
+		gpus := 2 + rng.IntN(3)
+		vol := 0.0
+		for len(tasks) < 11 {
+			task := nrTask{cpu: int64(rng.IntN(4)), mem: int64(rng.IntN(3))}
+			if rng.IntN(3) == 0 {
+				task.need = 1 + rng.IntN(2)
+			} else {
+				task.share, task.need = true, sizes[rng.IntN(len(sizes))]
+			}
+			if rng.IntN(6) == 0 {
+				task.spec = []string{"A10"}
+			}
+			if vol+task.volume() > float64(100*gpus) {
+				break
+			}
+			vol += task.volume()
+			if task.share {
+				counts[task.need]++
+			}
+			tasks = append(tasks, task)
+		}
+		short := float64(100*gpus) - vol
+		got, err := neverRefuse(tasks, gpus, short)
+		if err != nil {
+			t.Fatal(err)
+		}
+		exact := exactNeverRefuse(t, tasks, gpus, short)
+		anyPolicy, err := counts.minUnallocated(short)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got > exact+1e-6 || got < anyPolicy-1e-6 && got < short-1e-6 {
+			t.Fatalf("trial %d: never-refuse floor %v, exact %v, any policy %v (tasks %+v, %d GPUs)", trial, got, exact, anyPolicy, tasks, gpus)
+		}
+	}
+}
+
+// exactNeverRefuse tries every set of dropped tasks that is closed under
+// nrTask.blocks and leaves a packable rest (shares by the arc-flow LP, plus
+// whole GPUs, within gpus), and returns the least GPU dropped plus short.
+func exactNeverRefuse(t *testing.T, tasks []nrTask, gpus int, short float64) float64 {
+	t.Helper()
+	best := math.Inf(1)
+	lps := map[shareCounts]float64{} // many sets leave the same shares
+	for mask := 0; mask < 1<<len(tasks); mask++ {
+		closed := true
+		for i := range tasks {
+			for j := i + 1; j < len(tasks) && closed; j++ {
+				if mask&(1<<i) != 0 && mask&(1<<j) == 0 && tasks[i].blocks(&tasks[j]) {
+					closed = false
+				}
+			}
+		}
+		if !closed {
+			continue
+		}
+		var counts shareCounts
+		whole, dropped := 0, 0.0
+		for i, task := range tasks {
+			switch {
+			case mask&(1<<i) != 0:
+				dropped += task.volume()
+			case task.share:
+				counts[task.need]++
+			default:
+				whole += task.need
+			}
+		}
+		bins, ok := lps[counts]
+		if !ok {
+			var err error
+			if bins, err = counts.packingLP(); err != nil {
+				t.Fatal(err)
+			}
+			lps[counts] = bins
+		}
+		if bins+float64(whole) <= float64(gpus)+1e-9 {
+			best = math.Min(best, dropped+short)
+		}
+	}
+	return best
 }

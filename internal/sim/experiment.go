@@ -44,6 +44,9 @@ type PolicyResult struct {
 	// Fragmentation is FGD's cluster fragmentation at arrived = 100%, as
 	// % of GPU capacity.
 	Fragmentation Stat `json:"fragmentation"`
+	// MultiDropped is the number of multi-GPU tasks dropped by arrived =
+	// 100%.
+	MultiDropped Stat `json:"multiGPUDropped"`
 	// Curve is the mean unallocated GPU % at arrived = 0, 1, …, 130%.
 	Curve  []float64 `json:"curve"`
 	Curves []*Curve  `json:"-"`
@@ -117,11 +120,12 @@ func summarise(name string, cs []*Curve) PolicyResult {
 		}
 		r.Unallocated = append(r.Unallocated, statOf(xs))
 	}
-	var fr []float64
+	var fr, md []float64
 	for _, c := range cs {
 		fr = append(fr, c.FragAt100*100/float64(c.Capacity))
+		md = append(md, float64(c.MultiDropped100))
 	}
-	r.Fragmentation = statOf(fr)
+	r.Fragmentation, r.MultiDropped = statOf(fr), statOf(md)
 	for x := 0; x <= 130; x++ {
 		var sum float64
 		for _, c := range cs {
@@ -134,9 +138,10 @@ func summarise(name string, cs []*Curve) PolicyResult {
 
 // FloorResult is the floors of every seed (see Floor) and their summary.
 type FloorResult struct {
-	Seeds     []Floor `json:"seeds"`
-	AnyPolicy Stat    `json:"anyPolicy"`
-	AllShares Stat    `json:"allShares"`
+	Seeds       []Floor `json:"seeds"`
+	AnyPolicy   Stat    `json:"anyPolicy"`
+	AllShares   Stat    `json:"allShares"`
+	NeverRefuse Stat    `json:"neverRefuse"`
 }
 
 // Floors computes the floors of the experiment's seeds, Parallel at a
@@ -158,10 +163,10 @@ func (e *Experiment) Floors() (*FloorResult, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	var anyP, all []float64
+	var anyP, all, never []float64
 	for _, f := range fr.Seeds {
-		anyP, all = append(anyP, f.AnyPolicy), append(all, f.AllShares)
+		anyP, all, never = append(anyP, f.AnyPolicy), append(all, f.AllShares), append(never, f.NeverRefuse)
 	}
-	fr.AnyPolicy, fr.AllShares = statOf(anyP), statOf(all)
+	fr.AnyPolicy, fr.AllShares, fr.NeverRefuse = statOf(anyP), statOf(all), statOf(never)
 	return fr, nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -19,14 +20,14 @@ func WriteTable(w io.Writer, rs []PolicyResult, fl *FloorResult, seeds int) erro
 	for _, x := range Checkpoints {
 		hdr = append(hdr, fmt.Sprintf("%g%%", x))
 	}
-	hdr = append(hdr, "frag@100%")
+	hdr = append(hdr, "frag@100%", "multi-GPU drops@100%")
 	fmt.Fprintln(tw, strings.Join(hdr, "\t"))
 	for _, r := range rs {
 		row := []string{r.Policy}
 		for _, s := range r.Unallocated {
 			row = append(row, fmtStat(s))
 		}
-		row = append(row, fmtStat(r.Fragmentation))
+		row = append(row, fmtStat(r.Fragmentation), fmt.Sprintf("%.1f ± %.1f", r.MultiDropped.Mean, r.MultiDropped.SD))
 		fmt.Fprintln(tw, strings.Join(row, "\t"))
 	}
 	if err := tw.Flush(); err != nil {
@@ -35,11 +36,47 @@ func WriteTable(w io.Writer, rs []PolicyResult, fl *FloorResult, seeds int) erro
 	if fl == nil {
 		return nil
 	}
-	_, err := fmt.Fprintf(w, "\nfloor at arrived = 100%% (no policy can leave less unallocated; LP bound on packing the\narrived GPU shares, ignoring CPU, memory, GPU models and node boundaries):\n"+
+	if _, err := fmt.Fprintf(w, "\nfloor at arrived = 100%% (no policy can leave less unallocated; LP bounds on packing the\narrived GPU shares, ignoring CPU, memory, GPU models and node boundaries except as noted):\n"+
 		"  any policy, even one that chooses which shares to drop   %s\n"+
+		"  a policy that drops a task only when it fits nowhere     %s\n"+
+		"    (then every later task needing as much CPU, memory and GPU is dropped too)\n"+
 		"  a run that places every share that arrives               %s\n",
-		fmtStat(fl.AnyPolicy), fmtStat(fl.AllShares))
-	return err
+		fmtStat(fl.AnyPolicy), fmtStat(fl.NeverRefuse), fmtStat(fl.AllShares)); err != nil {
+		return err
+	}
+	for _, pair := range [][2]string{{"fgd", "tessera"}} {
+		base, ours := find(rs, pair[0]), find(rs, pair[1])
+		if base == nil || ours == nil {
+			continue
+		}
+		if g := GapClosed(base, ours, fl); !math.IsNaN(g) {
+			if _, err := fmt.Fprintf(w, "\n%s closes %.0f%% of the gap between %s and the never-refuse floor at arrived = 100%%\n", pair[1], g, pair[0]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func find(rs []PolicyResult, name string) *PolicyResult {
+	for i := range rs {
+		if rs[i].Policy == name {
+			return &rs[i]
+		}
+	}
+	return nil
+}
+
+// GapClosed is the share (%) of the gap between base's mean unallocated
+// GPU at arrived = 100% and the never-refuse floor that ours closes; NaN
+// when there is no gap.
+func GapClosed(base, ours *PolicyResult, fl *FloorResult) float64 {
+	i := checkpointIndex(100)
+	gap := base.Unallocated[i].Mean - fl.NeverRefuse.Mean
+	if gap <= 0 {
+		return math.NaN()
+	}
+	return 100 * (base.Unallocated[i].Mean - ours.Unallocated[i].Mean) / gap
 }
 
 func fmtStat(s Stat) string { return fmt.Sprintf("%.2f ± %.2f", s.Mean, s.SD) }
@@ -50,17 +87,34 @@ func WriteCSV(w io.Writer, rs []PolicyResult) error {
 	if err := cw.Write([]string{"policy", "arrived_pct", "unallocated_mean", "unallocated_sd", "frag100_mean", "frag100_sd"}); err != nil {
 		return err
 	}
+	if err := writeRows(cw, nil, rs, func(r *PolicyResult) []float64 {
+		return []float64{r.Fragmentation.Mean, r.Fragmentation.SD}
+	}); err != nil {
+		return err
+	}
+	cw.Flush()
+	return cw.Error()
+}
+
+// writeRows writes one CSV row per policy result and checkpoint: lead,
+// the policy, the checkpoint, the mean and sd unallocated there, then
+// tail's values.
+func writeRows(cw *csv.Writer, lead []string, rs []PolicyResult, tail func(*PolicyResult) []float64) error {
 	f := func(x float64) string { return strconv.FormatFloat(x, 'f', 4, 64) }
-	for _, r := range rs {
+	for k := range rs {
+		r := &rs[k]
 		for i, x := range Checkpoints {
 			s := r.Unallocated[i]
-			if err := cw.Write([]string{r.Policy, f(x), f(s.Mean), f(s.SD), f(r.Fragmentation.Mean), f(r.Fragmentation.SD)}); err != nil {
+			row := append(append([]string(nil), lead...), r.Policy, f(x), f(s.Mean), f(s.SD))
+			for _, v := range tail(r) {
+				row = append(row, f(v))
+			}
+			if err := cw.Write(row); err != nil {
 				return err
 			}
 		}
 	}
-	cw.Flush()
-	return cw.Error()
+	return nil
 }
 
 // WriteJSON writes the results with the checkpoints and the floors.

@@ -85,6 +85,9 @@ type Curve struct {
 	// reach 100% of capacity.
 	FragAt100 float64
 	Dropped   int
+	// MultiDropped100 counts the multi-GPU tasks (2 GPUs or more)
+	// dropped by arrived = 100%.
+	MultiDropped100 int
 }
 
 // Unallocated is the unallocated GPU % at the last arrival that keeps the
@@ -99,7 +102,7 @@ func (c *Curve) Unallocated(pct float64) float64 {
 	return 100 - float64(alloc)*100/float64(c.Capacity)
 }
 
-// Run places the arrivals of one seed with one registered policy.
+// Run places the arrivals of one seed with one policy of policies.All.
 func Run(t *Trace, policy string, seed int64) (*Curve, error) {
 	return RunContext(context.Background(), t, policy, seed)
 }
@@ -107,12 +110,12 @@ func Run(t *Trace, policy string, seed int64) (*Curve, error) {
 // RunContext is Run, stopping early with ctx's error when ctx is done.
 func RunContext(ctx context.Context, t *Trace, policy string, seed int64) (*Curve, error) {
 	return RunWith(ctx, t, policy, func(c *placement.Cluster, seed int64) (placement.Policy, error) {
-		return placement.NewPolicy(policy, c, seed)
+		return policies.New(policy, c, seed)
 	}, seed)
 }
 
 // RunWith is RunContext with a policy made by mk (for experiments with
-// unregistered settings).
+// settings that policies.All does not list).
 func RunWith(ctx context.Context, t *Trace, policy string, mk func(*placement.Cluster, int64) (placement.Policy, error), seed int64) (*Curve, error) {
 	if t.CapacityMilli() == 0 {
 		return nil, fmt.Errorf("the node list has no GPUs; unallocated GPU %% is undefined")
@@ -162,6 +165,9 @@ func RunWith(ctx context.Context, t *Trace, policy string, mk func(*placement.Cl
 			alloc += placedMilli(row)
 		} else {
 			cv.Dropped++
+			if row.NumGPU > 1 && arrived <= cv.Capacity {
+				cv.MultiDropped100++
+			}
 		}
 		cv.Arrived[k], cv.Allocated[k] = arrived, alloc
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -117,6 +118,81 @@ func TestArrivedCountsDroppedPods(t *testing.T) {
 	}
 	if got := cv.Unallocated(0); got != 100 {
 		t.Errorf("Unallocated(0) = %v, want 100", got)
+	}
+}
+
+// Multi-GPU tasks dropped by arrived = 100% are counted (a 3-GPU task
+// fits no 2-GPU node), its clones arriving later are not.
+func TestMultiGPUDropsCounted(t *testing.T) {
+	tr := smallTrace(t, 9)
+	for i := range tr.Pods {
+		if tr.Pods[i].NumGPU > 0 {
+			tr.Pods[i].NumGPU, tr.Pods[i].GPUMilli = 1, 50
+		}
+	}
+	tr.Pods[0].NumGPU, tr.Pods[0].GPUMilli = 3, 1000
+	counted := 0
+	for seed := int64(1); seed <= 5; seed++ {
+		cv, err := Run(tr, "tessera", seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := 0
+		var arrived int64
+		for _, i := range tr.Arrivals(seed, Inflation) {
+			arrived += tr.Pods[i].GPURequestMilli()
+			if i == 0 && arrived <= tr.CapacityMilli() {
+				want++
+			}
+		}
+		if cv.MultiDropped100 != want {
+			t.Errorf("seed %d: %d multi-GPU drops by 100%%, want %d", seed, cv.MultiDropped100, want)
+		}
+		counted += want
+	}
+	if counted == 0 {
+		t.Fatal("no seed has a multi-GPU drop by 100%: the test checks nothing")
+	}
+}
+
+// The grid summarises each mix over generator seeds × run seeds: its
+// means are those of the runs themselves.
+func TestGrid(t *testing.T) {
+	tr := smallTrace(t, 60)
+	g := &Grid{Trace: tr, Mixes: []string{"gpushare50", "cpu200"}, GeneratorSeeds: []int64{1, 2}, Seeds: []int64{1, 2}, Policies: []string{"fgd", "tessera"}, Parallel: 2}
+	rows, err := g.Run(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 2 || rows[1].Mix != "cpu200" || len(rows[1].Results) != 2 {
+		t.Fatalf("rows %+v", rows)
+	}
+	var sum float64
+	for _, vs := range g.GeneratorSeeds {
+		pods, err := Variant(tr, "cpu200", vs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range g.Seeds {
+			cv, err := Run(&Trace{Nodes: tr.Nodes, Pods: pods}, "tessera", s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sum += cv.Unallocated(100)
+		}
+	}
+	if got, want := rows[1].Results[1].Unallocated[checkpointIndex(100)].Mean, sum/4; math.Abs(got-want) > 1e-9 {
+		t.Errorf("cpu200, tessera: mean %v at 100%%, want %v (the four runs)", got, want)
+	}
+	var table, csv, js bytes.Buffer
+	if err := WriteGridTable(&table, rows, 4); err != nil || !strings.Contains(table.String(), "tessera leaves less unallocated than fgd at arrived = 100% on") {
+		t.Errorf("table: %v\n%s", err, table.String())
+	}
+	if err := WriteGridCSV(&csv, rows); err != nil || strings.Count(csv.String(), "\n") != 1+2*2*len(Checkpoints) {
+		t.Errorf("CSV: %v\n%s", err, csv.String())
+	}
+	if err := WriteGridJSON(&js, rows, g.GeneratorSeeds, g.Seeds); err != nil || !json.Valid(js.Bytes()) {
+		t.Errorf("JSON: %v", err)
 	}
 }
 

@@ -63,7 +63,7 @@ func WriteSVG(w io.Writer, rs []PolicyResult, fl *FloorResult, title string) err
 			y     float64
 			dash  string
 			label string
-		}{{fl.AnyPolicy.Mean, "", "floor, any policy"}, {fl.AllShares.Mean, ` stroke-dasharray="3 2"`, "floor, all shares"}} {
+		}{{fl.AnyPolicy.Mean, "", "floor, any policy"}, {fl.NeverRefuse.Mean, ` stroke-dasharray="6 2"`, "floor, never refuse"}, {fl.AllShares.Mean, ` stroke-dasharray="3 2"`, "floor, all shares"}} {
 			fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="black" stroke-width="2"%s/>`+"\n", px(97), py(f.y), px(103), py(f.y), f.dash)
 			y := ly + 18*i
 			fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black" stroke-width="2"%s/>`+"\n", width-right+12, y-4, width-right+32, y-4, f.dash)

@@ -52,7 +52,28 @@ func LoadTrace(nodesPath, podsPath string) (*Trace, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Trace{Nodes: nodes, Pods: pods}, nil
+	t := &Trace{Nodes: nodes, Pods: pods}
+	if err := t.checkModels(); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// checkModels refuses a pod list that constrains GPU models when the node
+// list names none (a node list without the model column): every such task
+// would be dropped for a reason that is not in the trace.
+func (t *Trace) checkModels() error {
+	for _, n := range t.Nodes {
+		if n.Model != "" {
+			return nil
+		}
+	}
+	for _, p := range t.Pods {
+		if p.Spec != "" {
+			return fmt.Errorf("pod %s has gpu_spec %q but no node has a model (the node list has no model column)", p.Name, p.Spec)
+		}
+	}
+	return nil
 }
 
 func loadRows[T any](path, bundled string, parse func(io.Reader, string) ([]T, error)) ([]T, error) {
@@ -82,6 +103,9 @@ type table struct {
 	rec  []string
 }
 
+// newTable reads the header. Every required column must be there;
+// optional columns may be absent (then has reports false and the caller
+// reads no constraint from them).
 func newTable(r io.Reader, name string, required []string) (*table, error) {
 	cr := csv.NewReader(r)
 	cr.FieldsPerRecord = -1
@@ -104,6 +128,9 @@ func newTable(r io.Reader, name string, required []string) (*table, error) {
 	}
 	return t, nil
 }
+
+// has reports whether the file has column c.
+func (t *table) has(c string) bool { _, ok := t.col[c]; return ok }
 
 // next advances to the next record; it returns false at the end.
 func (t *table) next() (bool, error) {
@@ -199,9 +226,11 @@ func rows[T any](t *table, parse func() (T, error)) ([]T, error) {
 	}
 }
 
-// ParseNodes parses a node list; name is used in error messages.
+// ParseNodes parses a node list; name is used in error messages. The
+// columns sn, cpu_milli, memory_mib and gpu are required; model is
+// optional (without it no node has a model, and tasks may not name one).
 func ParseNodes(r io.Reader, name string) ([]NodeRow, error) {
-	t, err := newTable(r, name, []string{"sn", "cpu_milli", "memory_mib", "gpu", "model"})
+	t, err := newTable(r, name, []string{"sn", "cpu_milli", "memory_mib", "gpu"})
 	if err != nil {
 		return nil, err
 	}
@@ -223,6 +252,9 @@ func ParseNodes(r io.Reader, name string) ([]NodeRow, error) {
 			return n, err
 		}
 		n.GPUs = int(g)
+		if !t.has("model") {
+			return n, nil
+		}
 		if n.Model, err = t.str("model"); err != nil {
 			return n, err
 		}
@@ -240,9 +272,12 @@ func ParseNodes(r io.Reader, name string) ([]NodeRow, error) {
 	return out, nil
 }
 
-// ParsePods parses a pod list; name is used in error messages.
+// ParsePods parses a pod list; name is used in error messages. The
+// columns name, cpu_milli, memory_mib, num_gpu and gpu_milli are required
+// (some published openb variants have only these); gpu_spec is optional
+// (absent: no task is limited to a model); qos and the times are not read.
 func ParsePods(r io.Reader, name string) ([]PodRow, error) {
-	t, err := newTable(r, name, []string{"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec"})
+	t, err := newTable(r, name, []string{"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"})
 	if err != nil {
 		return nil, err
 	}
@@ -275,8 +310,10 @@ func ParsePods(r io.Reader, name string) ([]PodRow, error) {
 		case p.NumGPU > 1 && p.GPUMilli != 1000:
 			return p, t.errf("num_gpu %d with gpu_milli %d; multi-GPU tasks take whole GPUs (1000)", p.NumGPU, p.GPUMilli)
 		}
-		if p.Spec, err = t.str("gpu_spec"); err != nil {
-			return p, err
+		if t.has("gpu_spec") {
+			if p.Spec, err = t.str("gpu_spec"); err != nil {
+				return p, err
+			}
 		}
 		return p, nil
 	})

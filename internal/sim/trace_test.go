@@ -2,6 +2,8 @@ package sim
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -76,5 +78,69 @@ func TestParseSeeds(t *testing.T) {
 		if _, err := ParseSeeds(bad); err == nil {
 			t.Errorf("%q: no error", bad)
 		}
+	}
+}
+
+// Some published openb variant pod lists carry only the five columns the
+// method needs: they load, and an absent gpu_spec means no model
+// constraint. Columns may come in any order.
+func TestParsePodsWithOnlyTheNeededColumns(t *testing.T) {
+	pods, err := ParsePods(strings.NewReader("gpu_milli,num_gpu,name,cpu_milli,memory_mib\n"+
+		"1000,2,p1,8000,16384\n500,1,p2,4000,8192\n0,0,p3,2000,1024\n"), "pods.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []PodRow{
+		{Name: "p1", CPUMilli: 8000, MemMiB: 16384, NumGPU: 2, GPUMilli: 1000},
+		{Name: "p2", CPUMilli: 4000, MemMiB: 8192, NumGPU: 1, GPUMilli: 500},
+		{Name: "p3", CPUMilli: 2000, MemMiB: 1024},
+	}
+	if fmt.Sprint(pods) != fmt.Sprint(want) {
+		t.Errorf("pods %+v, want %+v", pods, want)
+	}
+	if r := Request(pods[1], "k"); r.IncludeModels != nil {
+		t.Errorf("no gpu_spec column: IncludeModels %v, want none", r.IncludeModels)
+	}
+	// A required column is still required, and the error lists them.
+	_, err = ParsePods(strings.NewReader("name,cpu_milli,memory_mib,num_gpu\np1,1,1,0\n"), "pods.csv")
+	if err == nil || !strings.Contains(err.Error(), `pods.csv:1: missing column "gpu_milli" (want name,cpu_milli,memory_mib,num_gpu,gpu_milli)`) {
+		t.Errorf("missing gpu_milli: error %v", err)
+	}
+}
+
+// A node list without the model column loads (no node has a model); a pod
+// list that names models with it is refused, naming the pod.
+func TestLoadTraceWithoutModels(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	nodes := write("nodes.csv", "sn,cpu_milli,memory_mib,gpu\na,32000,65536,2\nb,32000,65536,2\n")
+	pods := write("pods.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1024,1,500\np2,1000,1024,1,1000\np3,1000,1024,0,0\n")
+	tr, err := LoadTrace(nodes, pods)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Nodes[0].Model != "" || tr.Nodes[0].GPUs != 2 {
+		t.Errorf("node %+v, want 2 GPUs and no model", tr.Nodes[0])
+	}
+	cv, err := Run(tr, "tessera", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Up to arrived = 100% every task fits (a 500m share, a whole GPU,
+	// CPU-only tasks on four GPUs): nothing dropped, without models.
+	for k := range cv.Arrived {
+		if cv.Arrived[k] <= cv.Capacity && cv.Allocated[k] != cv.Arrived[k] {
+			t.Fatalf("arrival %d: %dm allocated of %dm arrived, want all", k, cv.Allocated[k], cv.Arrived[k])
+		}
+	}
+	spec := write("spec.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\np1,1000,1024,1,500,T4\n")
+	if _, err := LoadTrace(nodes, spec); err == nil || !strings.Contains(err.Error(), `pod p1 has gpu_spec "T4" but no node has a model`) {
+		t.Errorf("gpu_spec without node models: error %v", err)
 	}
 }

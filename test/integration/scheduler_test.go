@@ -23,6 +23,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
+	"github.com/tessera-gpu/tessera/internal/placement/policies"
 	"github.com/tessera-gpu/tessera/internal/podrequest"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
@@ -70,7 +71,7 @@ func expectPlacement(t *testing.T, invs map[string]*api.NodeInventory, before ma
 	if err != nil {
 		t.Fatal(err)
 	}
-	def, _ := placement.NewPolicy(api.DefaultPlacementPolicy, c, 1)
+	def, _ := policies.New(api.DefaultPlacementPolicy, c, 1)
 	pol := placement.PolicyFor(cr, def)
 	ranker := placement.RankerFor(cr, pol)
 	var s placement.Scratch
@@ -99,10 +100,13 @@ func expectPlacement(t *testing.T, invs map[string]*api.NodeInventory, before ma
 	if got.PodUID != string(pod.UID) || got.Signature == "" {
 		t.Errorf("pod %s: record names pod %q, signature %q", pod.Name, got.PodUID, got.Signature)
 	}
+	// The record on the pod is written at the lowest version that
+	// expresses it; the core's record names the current one.
 	bare := *got
+	bare.APIVersion = want.APIVersion
 	bare.PodUID, bare.Signature = "", ""
 	if !reflect.DeepEqual(want, &bare) {
-		t.Errorf("pod %s on %s got GPUs\n%+v\nthe core chooses\n%+v", pod.Name, got.Node, got.Containers, want.Containers)
+		t.Errorf("pod %s on %s got\n%+v\nthe core chooses\n%+v", pod.Name, got.Node, *got, *want)
 	}
 }
 

@@ -7,24 +7,6 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
-func init() {
-	placement.Register(NameRandom, func(_ *placement.Cluster, seed int64) placement.Policy {
-		return &Random{base: base{seed: seed}}
-	})
-	placement.Register(NameBestFit, func(_ *placement.Cluster, seed int64) placement.Policy {
-		return &BestFit{base: base{seed: seed}}
-	})
-	placement.Register(NameDotProduct, func(_ *placement.Cluster, seed int64) placement.Policy {
-		return &DotProduct{base: base{seed: seed}}
-	})
-	placement.Register(NameGPUPacking, func(_ *placement.Cluster, seed int64) placement.Policy {
-		return &GPUPacking{base: base{seed: seed}}
-	})
-	placement.Register(NameGPUClustering, func(c *placement.Cluster, seed int64) placement.Policy {
-		return newGPUClustering(c, seed)
-	})
-}
-
 // base carries what random choices need: the run's seed and the arrival
 // number of the pod being placed (advanced by Observe).
 type base struct {
@@ -68,10 +50,36 @@ func (r *Random) ScoreNode(_ *placement.Compiled, p *placement.Placement) float6
 }
 
 func (r *Random) RankGPU(_ *placement.Compiled, n *placement.Node, i int, _, demand placement.Usage) float64 {
+	return randomGPU(r.seed, r.seq.Load(), n, i, demand)
+}
+
+// ForPod fixes the pod's arrival number, so its draws do not change if
+// the next pod is observed while it is being scored.
+func (r *Random) ForPod(*placement.Compiled) placement.Policy {
+	return &randomPod{seed: r.seed, seq: r.seq.Load()}
+}
+
+func randomGPU(seed int64, seq uint64, n *placement.Node, i int, demand placement.Usage) float64 {
 	if demand.Exclusive > 0 {
 		return -float64(i)
 	}
-	return r.tie(n, i)
+	return tieBreak(seed, seq, n.Name, i)
+}
+
+// randomPod is Random prepared for one pod.
+type randomPod struct {
+	seed int64
+	seq  uint64
+}
+
+func (*randomPod) Name() string { return NameRandom }
+
+func (r *randomPod) ScoreNode(_ *placement.Compiled, p *placement.Placement) float64 {
+	return tieBreak(r.seed, r.seq, p.Node.Name, -1)
+}
+
+func (r *randomPod) RankGPU(_ *placement.Compiled, n *placement.Node, i int, _, demand placement.Usage) float64 {
+	return randomGPU(r.seed, r.seq, n, i, demand)
 }
 
 // BestFit prefers the node with the least CPU and GPU left after placement,
@@ -193,4 +201,9 @@ var (
 	_ placement.GPURanker = (*GPUPacking)(nil)
 	_ placement.GPURanker = (*GPUClustering)(nil)
 	_ placement.GPURanker = (*FGD)(nil)
+	_ placement.GPURanker = (*randomPod)(nil)
+	_ placement.GPURanker = (*podScorer)(nil)
+	_ placement.PodPolicy = (*Random)(nil)
+	_ placement.PodPolicy = (*FGD)(nil)
+	_ placement.PodPolicy = (*Tessera)(nil)
 )

@@ -2,7 +2,6 @@ package policies
 
 import (
 	"strconv"
-	"sync"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
 )
@@ -15,18 +14,11 @@ type GPUClustering struct {
 	base
 	bestFitGPUs
 	c     *placement.Cluster
-	mu    sync.Mutex
-	kinds map[*placement.Node]*nodeKinds
-}
-
-// nodeKinds counts the GPU pods of each kind on a node at one version.
-type nodeKinds struct {
-	version uint64
-	count   map[string]int
+	kinds nodeTable[map[string]int] // per node version, without a lock
 }
 
 func newGPUClustering(c *placement.Cluster, seed int64) *GPUClustering {
-	return &GPUClustering{base: base{seed: seed}, c: c, kinds: map[*placement.Node]*nodeKinds{}}
+	return &GPUClustering{base: base{seed: seed}, c: c}
 }
 
 func (*GPUClustering) Name() string { return NameGPUClustering }
@@ -67,34 +59,26 @@ func kindOf(gpus int, share bool) string {
 // kindsOf counts the kinds of GPU pods on n from the cluster's allocation
 // records, cached until the node changes.
 func (g *GPUClustering) kindsOf(n *placement.Node) map[string]int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	k := g.kinds[n]
-	if k != nil && k.version == n.Version {
-		return k.count
-	}
-	if len(g.kinds) >= maxCachedNodes {
-		clear(g.kinds) // drop nodes replaced or removed since
-	}
-	k = &nodeKinds{version: n.Version, count: map[string]int{}}
-	for _, pod := range g.c.PodsOn(n.Name) {
-		rec := g.c.Allocation(pod)
-		devs, excl := 0, 0
-		for _, ca := range rec.Containers {
-			for _, d := range ca.Devices {
-				devs++
-				if d.Exclusive {
-					excl++
+	return *g.kinds.get(n, 0, func(kinds *map[string]int) {
+		count := map[string]int{}
+		for _, pod := range g.c.PodsOn(n.Name) {
+			rec := g.c.Allocation(pod)
+			devs, excl := 0, 0
+			for _, ca := range rec.Containers {
+				for _, d := range ca.Devices {
+					devs++
+					if d.Exclusive {
+						excl++
+					}
 				}
 			}
+			switch {
+			case excl > 0:
+				count[kindOf(excl, false)]++
+			case devs > 0:
+				count[kindOf(1, true)]++
+			}
 		}
-		switch {
-		case excl > 0:
-			k.count[kindOf(excl, false)]++
-		case devs > 0:
-			k.count[kindOf(1, true)]++
-		}
-	}
-	g.kinds[n] = k
-	return k.count
+		*kinds = count
+	})
 }

@@ -1,7 +1,8 @@
 // Package policies holds the fragmentation-aware placement policies and the
 // baselines they are compared with (Random-fit, Dot-product, GPU
 // Clustering, GPU Packing, Best-fit and FGD as in the simulator of Weng et
-// al., ATC '23), all as placement.Policy implementations registered by name.
+// al., ATC '23), all as placement.Policy implementations; All lists them with the
+// placement core's binpack and spread.
 //
 // The baselines keep the original simulator's semantics where they matter
 // for results: integer scores, ties broken uniformly at random (as
@@ -16,7 +17,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/placement"
 )
 
-// Policy names as registered.
+// Policy names (Entry.Name in All).
 const (
 	NameRandom        = "random"
 	NameDotProduct    = "dotproduct"
@@ -26,11 +27,6 @@ const (
 	NameFGD           = "fgd"
 	NameTessera       = "tessera"
 )
-
-// Names lists the seven compared policies in report order.
-func Names() []string {
-	return []string{NameRandom, NameDotProduct, NameGPUClustering, NameGPUPacking, NameBestFit, NameFGD, NameTessera}
-}
 
 // Scales of the original simulator (open-gpu-share MaxSpec*): they
 // normalise CPU and GPU amounts in the Best-fit and Dot-product scores.
@@ -84,6 +80,9 @@ func FreeMilli(g *placement.GPU) int64 {
 		return 0
 	}
 	c := int64(g.FreeCores()) * 10
+	if g.FreeMemory()*milli >= c*g.MemoryCap {
+		return max(0, c) // memory is not the shorter: no division
+	}
 	m := g.FreeMemory() * milli / g.MemoryCap
 	return max(0, min(c, m))
 }

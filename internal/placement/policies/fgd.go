@@ -3,16 +3,11 @@ package policies
 import (
 	"math"
 	"sync"
+	"sync/atomic"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
-
-func init() {
-	placement.Register(NameFGD, func(_ *placement.Cluster, seed int64) placement.Policy {
-		return NewFGD(seed)
-	})
-}
 
 // FGD is fragmentation gradient descent (Weng et al., ATC '23): it places a
 // pod where the node's expected fragmentation against the target workload
@@ -21,52 +16,72 @@ func init() {
 // thousandths of a GPU and ties between GPUs go to the lowest index; ties
 // between nodes go to the first node (Search.Best), which is what
 // reproduces the published results.
+//
+// Scoring takes no lock, so kube-scheduler may score many nodes at once:
+// what the policy learned is an immutable snapshot (the target workload's
+// model) published with an atomic pointer by Observe; per-pod work (the
+// pod's shape) is done once by ForPod; per-node values are cached in a
+// lock-free table (nodeCache) until the node or the snapshot changes.
 type FGD struct {
 	base
-	mu    sync.Mutex
-	model *fragModel
-	gen   int
-	learn *learner // nil once a target was set
-	// cur is the shape of the pod observed last (normally the one being
-	// placed), curID its number: a cache of ShapeOf(curCR).
-	cur   Shape
-	curID int
-	curCR *placement.Compiled
-	ids   map[Shape]int
-	nodes map[*placement.Node]*fgdNode
-	// scores turns a node's fragmentation change into its score,
-	// gpuScores ranks a share's GPUs within the node (nil: scores).
-	scores    fgdScorer
-	gpuScores fgdScorer
-	// newModel builds the fragmentation model for a workload's tasks.
+	name string
+	snap atomic.Pointer[snapshot]
+	// learnMu serialises Observe's learning; scoring never takes it.
+	learnMu sync.Mutex
+	learn   *learner // nil once a target was set
+	// newModel builds the fragmentation model of a workload's tasks.
 	newModel func([]Shape) *fragModel
-	// last is the entry looked up last: Fit ranks a node's GPUs and then
-	// ScoreNode scores it, all for the same node and shape.
-	last     *fgdEntry
-	lastNode *placement.Node
-	lastVer  uint64
-	lastID   int
+	// scoring turns fragmentation changes into scores.
+	scoring scoring
+	ids     shapeIDs
+	cache   keyedTables[fgdEntry]
+	// last is the pod Observe prepared last (normally the one being
+	// placed), so a caller that scores through the FGD itself rather than
+	// through ForPod does not prepare the pod again for every node.
+	last atomic.Pointer[podScorer]
 }
 
-// maxCachedNodes bounds the node cache: nodes replaced by UpsertNode or
-// removed leave stale entries, so a long-running scheduler starts afresh.
-const maxCachedNodes = 1 << 16
-
-// fgdNode caches a node's scores per pod shape (by shape number) until the
-// node changes.
-type fgdNode struct {
-	version uint64
-	gen     int
-	byShape []*fgdEntry
+// snapshot is what the policy has learned, immutable once published.
+type snapshot struct {
+	gen   uint64
+	model *fragModel
 }
 
+// scoring is how a policy of the FGD family scores: node turns a node's
+// fragmentation change (Δ, thousandths of a GPU) into its score, gpu ranks
+// a share's GPUs by the change there. With priced set (tessera), a share's
+// node score also pays for the packing loss of the GPU it goes to.
+type scoring struct {
+	node, gpu func(delta float64) float64
+	// perGPU also caches, for a share, the node's score with the share
+	// on each GPU (tessera), so the node is scored at the GPU Fit chose
+	// (and its packing loss added) rather than at the best by gpu.
+	perGPU bool
+	// lossWeight is what a share's node score loses per GPU of packing
+	// loss (pricing.loss) on the GPU it goes to; 0 disables.
+	lossWeight float64
+	// multiCPUFit breaks ties for a multi-GPU task towards the node it
+	// leaves the least CPU on.
+	multiCPUFit bool
+	// rankByLoss ranks a share's GPUs within a node by packing loss,
+	// then best fit, instead of by gpu (tessera with pricing).
+	rankByLoss bool
+}
+
+// fgdEntry is what the cache keeps for a pod shape on a node state: the
+// node's score and, for a share, the rank of each GPU (−Inf where the
+// share does not fit) and, with scoring.perGPU, the node's score with the
+// share on each GPU.
 type fgdEntry struct {
-	node float64
-	gpu  [api.MaxGPUsPerNode]float64
+	node   float64
+	gpu    []float64
+	nodeAt []float64
+	// small holds gpu and nodeAt for nodes of up to smallGPUs GPUs, so an
+	// entry is one allocation (one cache miss fewer per lookup).
+	small [2 * smallGPUs]float64
 }
 
-// fgdScorer turns a fragmentation change into a score.
-type fgdScorer func(delta float64) float64
+const smallGPUs = 8
 
 // fgdQuantised is the original's integer score.
 func fgdQuantised(delta float64) float64 {
@@ -76,132 +91,231 @@ func fgdQuantised(delta float64) float64 {
 // NewFGD returns an FGD policy that learns its target workload from the
 // pods it observes until SetTarget gives it one.
 func NewFGD(seed int64) *FGD {
-	return &FGD{base: base{seed: seed}, learn: newLearner(), scores: fgdQuantised,
-		ids: map[Shape]int{}, nodes: map[*placement.Node]*fgdNode{},
-		newModel: func(t []Shape) *fragModel { return newFragModel(PopularShapes(t, 0.95), false) }}
+	return newFGD(NameFGD, seed, scoring{node: fgdQuantised, gpu: fgdQuantised},
+		func(t []Shape) *fragModel { return newFragModel(PopularShapes(t, 0.95), false) })
 }
 
-func (*FGD) Name() string { return NameFGD }
+func newFGD(name string, seed int64, sc scoring, newModel func([]Shape) *fragModel) *FGD {
+	f := &FGD{base: base{seed: seed}, name: name, learn: newLearner(), newModel: newModel, scoring: sc}
+	f.snap.Store(&snapshot{})
+	return f
+}
+
+func (f *FGD) Name() string { return f.name }
 
 // SetTarget fixes the target workload: the popular shapes of tasks.
 func (f *FGD) SetTarget(tasks []Shape) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.learnMu.Lock()
+	defer f.learnMu.Unlock()
 	f.learn = nil
-	f.model = f.newModel(tasks)
-	f.gen++
-	f.last = nil
+	f.publish(f.newModel(tasks))
 }
 
-// Observe notes the pod about to be placed (caching its shape) and,
-// without a fixed target, learns the workload.
+// publish makes a model the one scoring uses. Called with learnMu held.
+func (f *FGD) publish(m *fragModel) {
+	f.snap.Store(&snapshot{gen: f.snap.Load().gen + 1, model: m})
+	f.last.Store(nil)
+}
+
+// Observe notes the pod about to be placed and, without a fixed target,
+// learns the workload; a new model is built and published at 1, 2, 4, …
+// observations and then every 1024 (see learner), not while scoring.
 func (f *FGD) Observe(cr *placement.Compiled) {
 	f.base.Observe(cr)
 	s := ShapeOf(cr)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.cur, f.curCR = keyShape(s), cr
-	f.curID = f.shapeID(f.cur)
-	f.last = nil
+	f.learnMu.Lock()
 	if f.learn != nil && f.learn.add(s) {
-		f.model = f.newModel(f.learn.seen)
-		f.gen++
+		f.publish(f.newModel(f.learn.seen))
 	}
+	f.learnMu.Unlock()
+	f.last.Store(f.prepare(cr, s))
+}
+
+// ForPod returns the scorer of one pod (placement.PodPolicy): its shape
+// and the current snapshot, fixed for the pod's scheduling cycle, safe for
+// concurrent use.
+func (f *FGD) ForPod(cr *placement.Compiled) placement.Policy { return f.scorer(cr) }
+
+func (f *FGD) prepare(cr *placement.Compiled, s Shape) *podScorer {
+	key := keyShape(s)
+	ps := &podScorer{f: f, cr: cr, snap: f.snap.Load(), shape: key, table: f.cache.table(f.ids.id(key))}
+	if pr := ps.snap.model.pricedBy(f.scoring); pr != nil && key.Share() {
+		// The share's packing loss on a GPU with g% free, for every g.
+		ps.pct = sharePercent(key.GPUMilli)
+		ps.loss = new([101]float64)
+		for g := ps.pct; g <= 100; g++ {
+			ps.loss[g] = pr.loss(g, ps.pct)
+		}
+		ps.rankByLoss = f.scoring.rankByLoss
+	}
+	ps.perGPU = f.scoring.perGPU && key.Share()
+	gpuContainers := 0
+	for _, c := range cr.Req.InitContainers {
+		if c.GPUs > 0 {
+			gpuContainers++
+		}
+	}
+	for _, c := range cr.Req.Containers {
+		if c.GPUs > 0 {
+			gpuContainers++
+		}
+	}
+	ps.single = gpuContainers == 1
+	return ps
+}
+
+// scorer is the prepared scorer of cr: the one Observe made if it is for
+// cr, else a fresh one.
+func (f *FGD) scorer(cr *placement.Compiled) *podScorer {
+	if ps := f.last.Load(); ps != nil && ps.cr == cr && ps.snap == f.snap.Load() {
+		return ps
+	}
+	return f.prepare(cr, ShapeOf(cr))
+}
+
+func (f *FGD) ScoreNode(cr *placement.Compiled, p *placement.Placement) float64 {
+	return f.scorer(cr).ScoreNode(cr, p)
+}
+
+func (f *FGD) RankGPU(cr *placement.Compiled, n *placement.Node, i int, pending, demand placement.Usage) float64 {
+	return f.scorer(cr).RankGPU(cr, n, i, pending, demand)
 }
 
 // keyShape drops what FGD ignores (memory) so cache keys collide.
 func keyShape(s Shape) Shape { s.MemMiB = 0; return s }
 
-// shapeID numbers shapes for the per-node caches. Called with mu held.
-func (f *FGD) shapeID(s Shape) int {
-	id, ok := f.ids[s]
-	if !ok {
-		id = len(f.ids)
-		f.ids[s] = id
-	}
-	return id
+// podScorer scores one pod against one snapshot of an FGD-family policy.
+type podScorer struct {
+	f     *FGD
+	cr    *placement.Compiled
+	snap  *snapshot
+	shape Shape // keyShape of the pod's shape
+	table *nodeTable[fgdEntry]
+	// loss[g] is a share's packing loss on a GPU with g% free (pct ≤ g),
+	// when the policy prices shares; nil otherwise.
+	loss *[101]float64
+	pct  int
+	// rankByLoss: rank the share's GPUs by loss (scoring.rankByLoss,
+	// priced); perGPU: score the node at the GPU Fit chose; single: the
+	// pod has one GPU container, so Fit's one grant names that GPU.
+	rankByLoss, perGPU, single bool
 }
 
-func (f *FGD) ScoreNode(cr *placement.Compiled, p *placement.Placement) float64 {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, id := f.shapeFor(cr)
-	if e := f.entry(p.Node, id, s); e != nil {
+func (ps *podScorer) Name() string { return ps.f.name }
+
+// own returns ps if it serves cr, else a scorer for cr (a caller that
+// passes another pod than the one prepared).
+func (ps *podScorer) own(cr *placement.Compiled) *podScorer {
+	if cr == ps.cr {
+		return ps
+	}
+	return ps.f.prepare(cr, ShapeOf(cr))
+}
+
+// entry returns the cached scores of the pod's shape on n.
+func (ps *podScorer) entry(n *placement.Node) *fgdEntry {
+	m := ps.snap.model
+	if m == nil {
+		return nil
+	}
+	return ps.table.get(n, ps.snap.gen, func(e *fgdEntry) { fragScores(m, n, ps.shape, ps.f.scoring, e) })
+}
+
+func (ps *podScorer) ScoreNode(cr *placement.Compiled, p *placement.Placement) float64 {
+	ps = ps.own(cr)
+	v := ps.scoreNode(p)
+	if ps.f.scoring.multiCPUFit && ps.shape.NumGPU > 1 {
+		// Less than one point of the integer score: it only breaks ties.
+		// Nodes whose CPU is not counted (placement.Unlimited) all tie.
+		left := min(max(0, p.Node.FreeCPU()-ps.shape.CPUMilli), cpuTieCap)
+		v -= 1e-4 * float64(left) / cpuTieCap
+	}
+	return v
+}
+
+// cpuTieCap bounds the CPU (millicores) multiCPUFit tells apart.
+const cpuTieCap = 1 << 20
+
+func (ps *podScorer) scoreNode(p *placement.Placement) float64 {
+	e := ps.entry(p.Node)
+	if e == nil {
+		return 0
+	}
+	if !ps.perGPU {
 		return e.node
 	}
-	return 0
+	// Tessera: the score of the GPU Fit chose, less its packing loss.
+	gi := -1
+	if ps.single {
+		if g := p.Grants(0); len(g) == 1 {
+			gi = g[0].GPU
+		}
+	} else {
+		for i := range p.Node.GPUs {
+			if p.Charge(i) != (placement.Usage{}) {
+				if gi >= 0 {
+					return e.node // several GPUs (several containers): unpriced
+				}
+				gi = i
+			}
+		}
+	}
+	if gi < 0 || math.IsInf(e.gpu[gi], 0) {
+		return e.node
+	}
+	score := e.nodeAt[gi]
+	if ps.loss != nil {
+		if g := freePercent(FreeMilli(&p.Node.GPUs[gi])); g >= ps.pct {
+			score -= ps.f.scoring.lossWeight * ps.loss[g]
+		}
+	}
+	return score
 }
 
-func (f *FGD) RankGPU(cr *placement.Compiled, n *placement.Node, i int, pending, demand placement.Usage) float64 {
+func (ps *podScorer) RankGPU(cr *placement.Compiled, n *placement.Node, i int, pending, demand placement.Usage) float64 {
 	if demand.Exclusive > 0 || pending != (placement.Usage{}) {
 		return bestGPU(n, i, demand)
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, id := f.shapeFor(cr)
-	// The per-GPU scores are for a single-share pod; a pod with several
+	ps = ps.own(cr)
+	// The per-GPU values are for a single-share pod; a pod with several
 	// sharing containers is ranked best-fit.
-	if !s.Share() || int64(demand.Cores)*10 != s.GPUMilli {
+	if !ps.shape.Share() || int64(demand.Cores)*10 != ps.shape.GPUMilli {
 		return bestGPU(n, i, demand)
 	}
-	if e := f.entry(n, id, s); e != nil {
-		return e.gpu[i]
+	if ps.rankByLoss {
+		// Tessera: the GPU where the share loses least, then the one it
+		// fills best (lowest index on ties). GPU-local: no cache lookup.
+		g := freePercent(FreeMilli(&n.GPUs[i]))
+		if g < ps.pct {
+			return bestGPU(n, i, demand)
+		}
+		return -(lossRank*ps.loss[g] + float64(g-ps.pct))
 	}
-	return bestGPU(n, i, demand)
+	e := ps.entry(n)
+	if e == nil {
+		return bestGPU(n, i, demand)
+	}
+	return e.gpu[i]
 }
 
-// shapeFor returns the cache key and number of cr's shape, without
-// recomputing it for the pod last observed. Called with mu held.
-func (f *FGD) shapeFor(cr *placement.Compiled) (Shape, int) {
-	if cr == f.curCR {
-		return f.cur, f.curID
-	}
-	s := keyShape(ShapeOf(cr))
-	return s, f.shapeID(s)
-}
+// lossRank puts any packing loss (at least about 1e-3 of a GPU) before
+// the room left (at most 100%) in a share's GPU rank.
+const lossRank = 1e6
 
-// entry returns the cached scores of placing shape s (number id) on n.
-// Called with mu held.
-func (f *FGD) entry(n *placement.Node, id int, s Shape) *fgdEntry {
-	if f.model == nil {
+// pricedBy returns the prices a share's placement pays for under sc, or
+// nil.
+func (m *fragModel) pricedBy(sc scoring) *pricing {
+	if m == nil || sc.lossWeight <= 0 {
 		return nil
 	}
-	if f.last != nil && f.lastNode == n && f.lastVer == n.Version && f.lastID == id {
-		return f.last
-	}
-	c := f.nodes[n]
-	if c == nil {
-		if len(f.nodes) >= maxCachedNodes {
-			clear(f.nodes)
-		}
-		c = &fgdNode{}
-		f.nodes[n] = c
-	}
-	if c.version != n.Version || c.gen != f.gen {
-		c.version, c.gen = n.Version, f.gen
-		clear(c.byShape)
-	}
-	if id >= len(c.byShape) {
-		c.byShape = append(c.byShape, make([]*fgdEntry, id+1-len(c.byShape))...)
-	}
-	e := c.byShape[id]
-	if e == nil {
-		e = &fgdEntry{}
-		gs := f.gpuScores
-		if gs == nil {
-			gs = f.scores
-		}
-		fragScores(f.model, n, s, f.scores, gs, e)
-		c.byShape[id] = e
-	}
-	f.last, f.lastNode, f.lastVer, f.lastID = e, n, n.Version, id
-	return e
+	return m.prices
 }
 
-// fragScores fills e with the scores of placing s on n: per GPU for a
-// share (gpuScore; −Inf where it does not fit) and for the node (score; for
-// a share, that of its best GPU).
-func fragScores(m *fragModel, n *placement.Node, s Shape, score, gpuScore fgdScorer, e *fgdEntry) {
+// fragScores computes the cache entry of placing s on n: for a share, per
+// GPU its rank by sc.gpu (−Inf where it does not fit) and with sc.perGPU
+// the node's score with the share there; and the node's score (for a
+// share, with it on its best GPU by sc.gpu).
+func fragScores(m *fragModel, n *placement.Node, s Shape, sc scoring, e *fgdEntry) {
 	var buf [api.MaxGPUsPerNode]int64
 	free := nodeFree(n, &buf)
 	access := m.accessFor(nodeModel(n))
@@ -209,6 +323,14 @@ func fragScores(m *fragModel, n *placement.Node, s Shape, score, gpuScore fgdSco
 	cpu, mem := n.FreeCPU()-s.CPUMilli, n.FreeMem()-s.MemMiB
 	switch {
 	case s.Share():
+		vals := e.small[:]
+		if len(free) > smallGPUs {
+			vals = make([]float64, 2*len(free))
+		}
+		e.gpu = vals[:len(free):len(free)]
+		if sc.perGPU {
+			e.nodeAt = vals[len(free) : 2*len(free)]
+		}
 		e.node = math.Inf(-1)
 		best := math.Inf(-1)
 		for i := range free {
@@ -219,9 +341,13 @@ func fragScores(m *fragModel, n *placement.Node, s Shape, score, gpuScore fgdSco
 			free[i] -= s.GPUMilli
 			d := m.frag(access, cpu, mem, free) - before
 			free[i] += s.GPUMilli
-			e.gpu[i] = gpuScore(d)
-			if e.gpu[i] > best {
-				best, e.node = e.gpu[i], score(d)
+			g := sc.gpu(d)
+			e.gpu[i] = g
+			if sc.perGPU {
+				e.nodeAt[i] = sc.node(d)
+			}
+			if g > best {
+				best, e.node = g, sc.node(d)
 			}
 		}
 	case s.NumGPU > 0:
@@ -232,9 +358,9 @@ func fragScores(m *fragModel, n *placement.Node, s Shape, score, gpuScore fgdSco
 				need--
 			}
 		}
-		e.node = score(m.frag(access, cpu, mem, free) - before)
+		e.node = sc.node(m.frag(access, cpu, mem, free) - before)
 	default:
-		e.node = score(m.frag(access, cpu, mem, free) - before)
+		e.node = sc.node(m.frag(access, cpu, mem, free) - before)
 	}
 }
 

@@ -3,6 +3,7 @@ package policies
 import (
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
@@ -153,7 +154,7 @@ func TestFGDChoosesGPUAndScores(t *testing.T) {
 	// 300 → 700 (the whole-GPU shape no longer fits; Δ = +400, score 40).
 	n := node(t, 64000, 0, "T4", 1000, 300)
 	var e fgdEntry
-	fragScores(newFragModel(twoShapes, false), n, Shape{CPUMilli: 1000, NumGPU: 1, GPUMilli: 200}, fgdQuantised, fgdQuantised, &e)
+	fragScores(newFragModel(twoShapes, false), n, Shape{CPUMilli: 1000, NumGPU: 1, GPUMilli: 200}, scoring{node: fgdQuantised, gpu: fgdQuantised}, &e)
 	if e.gpu[0] != 40 || e.gpu[1] != 54 || e.node != 54 {
 		t.Errorf("scores gpu0 %v gpu1 %v node %v, want 40, 54, 54", e.gpu[0], e.gpu[1], e.node)
 	}
@@ -198,16 +199,32 @@ func TestPopularShapes(t *testing.T) {
 	}
 }
 
-func TestRegistered(t *testing.T) {
+// Every listed policy is made by name and calls itself by it; the
+// compared ones and the core's are all listed; an unknown name is refused
+// with the list.
+func TestAllPolicies(t *testing.T) {
 	c := placement.NewCluster()
+	seen := map[string]bool{}
 	for _, name := range Names() {
-		p, err := placement.NewPolicy(name, c, 1)
+		if seen[name] {
+			t.Errorf("policy %s listed twice", name)
+		}
+		seen[name] = true
+		p, err := New(name, c, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if p.Name() != name {
 			t.Errorf("policy %s calls itself %s", name, p.Name())
 		}
+	}
+	for _, name := range append(Compared(), string(api.NodeBinpack), string(api.NodeSpread)) {
+		if !seen[name] {
+			t.Errorf("policy %s is not in All", name)
+		}
+	}
+	if _, err := New("fdg", c, 1); err == nil || !strings.Contains(err.Error(), `"fdg"`) || !strings.Contains(err.Error(), "tessera") {
+		t.Errorf("unknown policy: error %v, want it to name the policy and list the known ones", err)
 	}
 }
 

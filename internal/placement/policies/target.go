@@ -2,6 +2,7 @@ package policies
 
 import (
 	"sort"
+	"sync"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
 	"github.com/tessera-gpu/tessera/pkg/api"
@@ -81,22 +82,25 @@ func shapeLess(a, b Shape) bool {
 
 // fragModel evaluates FGD's fragmentation of node states against a target
 // workload. It is immutable once built, except for the per-model access
-// table, which is filled under the owner's lock.
+// table, which is filled on first use without a lock (sync.Map).
 type fragModel struct {
 	cpuOnly float64 // total weight of CPU-only shapes
 	gpu     []WeightedShape
-	access  map[string][]bool // node model -> may gpu[j] use it
-	useMem  bool              // also require memory for a shape to fit
+	access  sync.Map // node model (string) → []bool: may gpu[j] use it
+	useMem  bool     // also require memory for a shape to fit
 	// multi weighs the multi-copy measure (fragMulti) against FGD's
 	// single-copy one: 0 is FGD's, 1 is fragMulti alone (tessera).
 	multi float64
 	// wholeOne keeps FGD's single-copy test for whole-GPU shapes in
 	// fragMulti (copies are counted for shares only).
 	wholeOne bool
+	// prices values GPU room at the target's share prices (tessera); nil
+	// when placements are not priced.
+	prices *pricing
 }
 
 func newFragModel(target []WeightedShape, useMem bool) *fragModel {
-	m := &fragModel{access: map[string][]bool{}, useMem: useMem}
+	m := &fragModel{useMem: useMem}
 	for _, w := range target {
 		if w.NumGPU == 0 || w.GPUMilli == 0 {
 			m.cpuOnly += w.Weight
@@ -108,14 +112,14 @@ func newFragModel(target []WeightedShape, useMem bool) *fragModel {
 }
 
 func (m *fragModel) accessFor(model string) []bool {
-	if a, ok := m.access[model]; ok {
-		return a
+	if a, ok := m.access.Load(model); ok {
+		return a.([]bool)
 	}
 	a := make([]bool, len(m.gpu))
 	for j, w := range m.gpu {
 		a[j] = modelAllowed(w.Spec, model)
 	}
-	m.access[model] = a
+	m.access.Store(model, a) // racing stores are equal
 	return a
 }
 

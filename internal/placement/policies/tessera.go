@@ -6,12 +6,6 @@ import (
 	"github.com/tessera-gpu/tessera/internal/placement"
 )
 
-func init() {
-	placement.Register(NameTessera, func(c *placement.Cluster, seed int64) placement.Policy {
-		return NewTessera(c, seed, DefaultTesseraParams())
-	})
-}
-
 // TesseraParams tune the tessera policy.
 type TesseraParams struct {
 	// Multi weighs the multi-copy fragmentation measure (fragMulti)
@@ -38,14 +32,30 @@ type TesseraParams struct {
 	// GPUs it may use)^Scarcity, so scarce models are kept for the tasks
 	// that need them. 0 disables.
 	Scarcity float64
-	// UseTarget takes the trace's workload from the simulator instead of
-	// learning it from observed pods (what a scheduler has to do).
+	// UseTarget takes the trace's workload from the simulator
+	// (TargetSetter) instead of learning it online from the pods it
+	// observes, as a scheduler has to. Off by default: the results in
+	// docs/simulation.md are for the policy learning online.
 	UseTarget bool
+	// LossWeight is what a share's node score (FGD's 0..100 scale) loses
+	// per GPU of packing loss (pricing) on the GPU it goes to; 0 leaves
+	// placements unpriced.
+	LossWeight float64
+	// RankByLoss (with LossWeight) ranks a share's GPUs within a node by
+	// packing loss, then by the room left (best fit), instead of by the
+	// exact fragmentation change: as good (docs/simulation.md) and it
+	// needs no per-node lookup for every GPU.
+	RankByLoss bool
+	// MultiCPUFit breaks ties between nodes for a multi-GPU task towards
+	// the node it leaves the least CPU on, so the nodes with the most
+	// CPU stay free for the tasks that need it.
+	MultiCPUFit bool
 }
 
 // DefaultTesseraParams are the values documented in docs/simulation.md.
 func DefaultTesseraParams() TesseraParams {
-	return TesseraParams{Multi: 1, WholeOne: true, Sigmoid: true, Cover: 1, Scarcity: 1, UseTarget: true}
+	return TesseraParams{Multi: 1, WholeOne: true, Sigmoid: true, Cover: 1, Scarcity: 1,
+		LossWeight: 1000, RankByLoss: true, MultiCPUFit: true}
 }
 
 // Tessera is our fragmentation-aware policy. It shares FGD's machinery
@@ -54,8 +64,11 @@ func DefaultTesseraParams() TesseraParams {
 // fragmentation counts how many copies the node can still take given its
 // GPU room and CPU (FGD asks only whether one fits); the target covers
 // every shape seen and weighs model-constrained shapes by how scarce their
-// models are; GPUs within a node are ranked by the exact change. Without a
-// target from the simulator it learns the workload from arrivals.
+// models are; GPUs within a node are ranked by the exact change; a share's
+// node score pays for the packing loss of the GPU it would go to (pricing:
+// room left that the workload's best packing cannot fill as well); and a
+// multi-GPU task breaks ties towards the node it leaves the least CPU on.
+// It learns the workload online from the pods it observes.
 type Tessera struct {
 	*FGD
 	p TesseraParams
@@ -64,23 +77,26 @@ type Tessera struct {
 // NewTessera returns a tessera policy for cluster c (whose GPU models weigh
 // constrained shapes; c may be nil).
 func NewTessera(c *placement.Cluster, seed int64, p TesseraParams) *Tessera {
-	f := NewFGD(seed)
-	t := &Tessera{FGD: f, p: p}
 	cover := p.Cover
 	if cover == 0 {
 		cover = 0.95
 	}
-	f.newModel = func(tasks []Shape) *fragModel {
+	newModel := func(tasks []Shape) *fragModel {
 		target := PopularShapes(tasks, cover)
 		if p.Scarcity > 0 && c != nil {
 			weighByScarcity(target, c, p.Scarcity)
 		}
 		m := newFragModel(target, p.Memory)
+		if p.LossWeight > 0 {
+			m.prices = newPricing(target)
+		}
 		m.multi = p.Multi
 		m.wholeOne = p.WholeOne
 		return m
 	}
-	f.scores = func(delta float64) float64 {
+	sc := scoring{perGPU: true, lossWeight: p.LossWeight, multiCPUFit: p.MultiCPUFit, rankByLoss: p.RankByLoss}
+	sc.gpu = func(delta float64) float64 { return -delta / milli }
+	sc.node = func(delta float64) float64 {
 		v := -delta / milli
 		if p.Quantum > 0 {
 			v = math.Floor(v/p.Quantum) * p.Quantum
@@ -92,13 +108,10 @@ func NewTessera(c *placement.Cluster, seed int64, p TesseraParams) *Tessera {
 		if scale == 0 {
 			scale = 1000
 		}
-		f.scores = func(delta float64) float64 { return float64(int64(sigmoid(-delta/scale) * 100)) }
+		sc.node = func(delta float64) float64 { return float64(int64(sigmoid(-delta/scale) * 100)) }
 	}
-	f.gpuScores = func(delta float64) float64 { return -delta / milli }
-	return t
+	return &Tessera{FGD: newFGD(NameTessera, seed, sc, newModel), p: p}
 }
-
-func (*Tessera) Name() string { return NameTessera }
 
 // SetTarget takes the trace's workload only when configured to.
 func (t *Tessera) SetTarget(tasks []Shape) {
