@@ -16,22 +16,36 @@ LIMITER         := $(wildcard limiter/Makefile)
 # flags, so they stay Go's defaults apart from the warning.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
+# The Kubernetes components report the pinned release (kubectl refuses the
+# placeholder version otherwise): the flags of internal/version's
+# KubernetesLDFlags, from go.mod's k8s.io/kubernetes.
+K8S_VERSION     ?= $(shell $(GO) list -m -f '{{.Version}}' k8s.io/kubernetes 2>/dev/null)
+K8S_SEMVER      := $(subst ., ,$(patsubst v%,%,$(K8S_VERSION)))
+K8S_LDFLAGS     := -X k8s.io/component-base/version.gitVersion=$(K8S_VERSION) \
+                   -X k8s.io/component-base/version.gitMajor=$(word 1,$(K8S_SEMVER)) \
+                   -X k8s.io/component-base/version.gitMinor=$(word 2,$(K8S_SEMVER)) \
+                   -X k8s.io/component-base/version.gitTreeState=clean
 # tessera-lab carries a whole control plane; without DWARF it links in a
 # third of the time (12 s -> 4 s here) and is 140 MB instead of 190 MB.
-LAB_LDFLAGS     := -s -w
+LAB_LDFLAGS     := -s -w $(K8S_LDFLAGS)
+# What the lab's containers run besides Go (tessera-lab --tools).
+LAB_TOOLS       ?= bin/lab-tools
 INTEGRATION     := ./internal/nodeagent/... ./test/integration/...
 
-.PHONY: help build test test-go test-limiter test-integration test-alone lint fuzz bench bench-scheduler-ci bench-scheduler demo lab simulate clean
+.PHONY: help build lab-tools test test-go test-limiter test-integration test-alone lint fuzz bench bench-scheduler-ci bench-scheduler demo lab simulate clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
 
-build: ## build bin/tessera, bin/tessera-lab (and the limiter library)
-	$(GO) build -o bin/tessera ./cmd/tessera
+build: lab-tools ## build bin/tessera, bin/tessera-lab and its tools (and the limiter library)
+	$(GO) build -ldflags "$(K8S_LDFLAGS)" -o bin/tessera ./cmd/tessera
 	$(GO) build -ldflags "$(LAB_LDFLAGS)" -o bin/tessera-lab ./cmd/tessera-lab
-ifneq ($(LIMITER),)
+
+lab-tools: ## the lab containers' tools into bin/lab-tools: tessera-lab-init, the limiter, the fake GPU driver, nvidia-smi, gpu-fill (gcc)
+	$(GO) build -o $(LAB_TOOLS)/tessera-lab-init ./cmd/tessera-lab/init
 	$(MAKE) -C limiter
-endif
+	install -m 755 limiter/build/libtessera-limiter.so $(LAB_TOOLS)/libtessera-limiter.so
+	$(MAKE) -C fakegpu B=$(abspath $(LAB_TOOLS))
 
 test: test-go test-limiter test-integration ## run every test (Go with -race, limiter with sanitizers, integration)
 
@@ -76,19 +90,20 @@ bench-scheduler-ci: ## scheduler_perf, 100 nodes (about 40 s)
 bench-scheduler: ## scheduler_perf, 5,000 nodes x 8 GPUs, 10,000 pods per scheduler (see docs/benchmarks.md)
 	$(GO) test -tags integration -count=1 -run '^$$' -bench BenchmarkPerfScheduling -benchtime=1x -timeout=80m ./test/integration/schedulerperf/ -data-items-dir=$(CURDIR)/bench-results
 
-demo: ## start the emulated GPU cluster, apply examples/, print the allocation, stop (no cluster, no GPU; root)
+demo: lab-tools ## start the emulated GPU cluster, run the demo workloads, show the enforcement, stop (no cluster, no GPU; root)
 	$(GO) build -ldflags "$(LAB_LDFLAGS)" -o bin/tessera-lab ./cmd/tessera-lab
-	bin/tessera-lab demo
+	bin/tessera-lab demo --tools $(LAB_TOOLS)
 
-lab: ## start the emulated GPU cluster and keep it running (tessera-lab up; Ctrl-C stops it)
+lab: lab-tools ## start the emulated GPU cluster and keep it running (tessera-lab up; Ctrl-C stops it)
 	$(GO) build -ldflags "$(LAB_LDFLAGS)" -o bin/tessera-lab ./cmd/tessera-lab
-	bin/tessera-lab up $(LAB_FLAGS)
+	bin/tessera-lab up --tools $(LAB_TOOLS) $(LAB_FLAGS)
 
 simulate: ## replay the bundled openb trace through every placement policy
 	$(GO) run ./cmd/tessera simulate --plot simulation.svg
 
 clean: ## remove build outputs
 	rm -rf bin
+	$(MAKE) -C fakegpu clean
 ifneq ($(LIMITER),)
 	$(MAKE) -C limiter clean
 endif

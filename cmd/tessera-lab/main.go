@@ -15,6 +15,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sort"
 	"strings"
 	"syscall"
@@ -45,17 +46,29 @@ func main() {
 const usageText = `tessera-lab: an emulated GPU cluster with Tessera, on this machine, with no GPU.
 
 Usage:
-  tessera-lab up      [--nodes N] [--gpus-per-node K] [--gpu-model MODEL] [--node-groups SPEC] [--dir DIR]
-                      start the cluster and keep it running until Ctrl-C
-  tessera-lab status  [--dir DIR]   per node and GPU: model, memory and cores allocated, pods
-  tessera-lab demo    [flags of up] start a cluster (default 2xA100-40GB:8,1xH100-80GB:8),
-                      apply examples/, print the allocation, stop
+  tessera-lab up      [--nodes N] [--gpus-per-node K] [--gpu-model MODEL] [--node-groups SPEC]
+                      [--sharing-nodes=false] [--node-config FILE] [--tools DIR] [--dir DIR]
+                      start the cluster and keep it running until Ctrl-C: N fractional nodes
+                      (default 1) and one node of every other mode
+  tessera-lab status  [--dir DIR]   per node and GPU: mode, model, memory and cores allocated,
+                      memory in use, pods
+  tessera-lab demo    [flags of up] start a cluster (default 1xA100-40GB:8,1xH100-80GB:8 and one
+                      node of every other mode), apply examples/, run the demo workloads, show
+                      what the limiter and the shared GPUs enforce, stop
   tessera-lab down    [--dir DIR]   stop the cluster and remove its state directory
 
+--node-groups: COUNTxMODEL:GPUS[@MODE],… e.g. 2xA100-40GB:8,1xH100-80GB:4@time-slicing
+Modes: %s
 GPU models: %s
 `
 
-func usage(w io.Writer) { fmt.Fprintf(w, usageText, strings.Join(nvmltest.ModelNames(), ", ")) }
+func usage(w io.Writer) {
+	var modes []string
+	for _, m := range lab.Modes {
+		modes = append(modes, m.Name+" ("+m.Summary+")")
+	}
+	fmt.Fprintf(w, usageText, strings.Join(modes, "; "), strings.Join(nvmltest.ModelNames(), ", "))
+}
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
@@ -84,18 +97,22 @@ type labFlags struct {
 	gpus   *int
 	model  *string
 	groups *string
+	tools  *string
 	// sharing adds lab.SharingNodes.
-	sharing *bool
+	sharing    *bool
+	nodeConfig *string
 }
 
 func addLabFlags(fs *flag.FlagSet, defaultDir string, defaultNodes int) labFlags {
 	return labFlags{
-		dir:     fs.String("dir", defaultDir, "state directory (kubeconfig, logs, etcd data)"),
-		nodes:   fs.Int("nodes", defaultNodes, "emulated GPU nodes"),
-		gpus:    fs.Int("gpus-per-node", 8, "GPUs per node"),
-		model:   fs.String("gpu-model", "A100-40GB", "GPU model of every node: "+strings.Join(nvmltest.ModelNames(), ", ")),
-		groups:  fs.String("node-groups", "", `heterogeneous nodes instead of --nodes/--gpu-model, e.g. "2xA100-40GB:8,1xH100-80GB:4"`),
-		sharing: fs.Bool("sharing-nodes", true, "also start one node per sharing mode: lab-time-slicing and lab-mps (NVIDIA's guides' configs), lab-mig (A100-40GB, mig-parted all-1g.5gb, mixed strategy) and lab-mig-dynamic"),
+		dir:        fs.String("dir", defaultDir, "state directory (kubeconfig, logs, etcd data)"),
+		nodes:      fs.Int("nodes", defaultNodes, "emulated GPU nodes"),
+		gpus:       fs.Int("gpus-per-node", 8, "GPUs per node"),
+		model:      fs.String("gpu-model", "A100-40GB", "GPU model of every node: "+strings.Join(nvmltest.ModelNames(), ", ")),
+		groups:     fs.String("node-groups", "", `heterogeneous nodes instead of --nodes/--gpu-model, e.g. "2xA100-40GB:8,1xH100-80GB:4"`),
+		tools:      fs.String("tools", lab.DefaultTools(), "the containers' tools (make lab-tools builds them)"),
+		sharing:    fs.Bool("sharing-nodes", true, "also start one node of every other mode: "+modeList()),
+		nodeConfig: fs.String("node-config", "", "a ConfigMap manifest of node agent profiles (as deploy/node-agent/configmap.yaml) added to the lab's; label a node tessera.io/node-config=PROFILE to use one"),
 	}
 }
 
@@ -113,11 +130,33 @@ func (f labFlags) config(stdout io.Writer) (lab.Config, error) {
 	if *f.sharing {
 		nodes = append(nodes, lab.SharingNodes()...)
 	}
+	if err := lab.Validate(nodes); err != nil {
+		return lab.Config{}, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	var profiles map[string]string
+	if *f.nodeConfig != "" {
+		if profiles, err = lab.ReadNodeConfig(*f.nodeConfig); err != nil {
+			return lab.Config{}, fmt.Errorf("%w: %v", errUsage, err)
+		}
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		return lab.Config{}, err
 	}
-	return lab.Config{Dir: lab.Dir(*f.dir), Nodes: nodes, Exe: exe, Out: stdout}, nil
+	tools, err := filepath.Abs(*f.tools)
+	if err != nil {
+		return lab.Config{}, err
+	}
+	return lab.Config{Dir: lab.Dir(*f.dir), Nodes: nodes, Exe: exe, Tools: lab.Tools(tools), NodeConfig: profiles, Out: stdout}, nil
+}
+
+// modeList names the modes besides the fractional one, with their nodes.
+func modeList() string {
+	var out []string
+	for _, m := range lab.Modes[1:] {
+		out = append(out, fmt.Sprintf("%s (%s, %dx%s)", m.Name, m.Node, m.GPUs, m.Model))
+	}
+	return strings.Join(out, ", ")
 }
 
 func parse(fs *flag.FlagSet, args []string) error { return cli.ParseFlags(fs, args) }
@@ -125,7 +164,7 @@ func parse(fs *flag.FlagSet, args []string) error { return cli.ParseFlags(fs, ar
 func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("up", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	f := addLabFlags(fs, lab.DefaultDir(), 2)
+	f := addLabFlags(fs, lab.DefaultDir(), 1)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -135,16 +174,18 @@ func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	quietKlog()
 	return lab.Up(ctx, cfg, func(st *lab.State, _ kubernetes.Interface) {
+		fmt.Fprintf(stdout, "\nTessera lab is up: %d emulated GPU nodes. Press Ctrl-C to stop it.\n\n", len(st.Nodes))
+		for _, n := range st.Nodes {
+			fmt.Fprintf(stdout, "  %-20s %-13s %dx %s\n", n.Name, n.Mode, n.GPUs, n.Model)
+		}
 		fmt.Fprintf(stdout, `
-Tessera lab is up: %d emulated GPU nodes. Press Ctrl-C to stop it.
-
   export KUBECONFIG=%s
-  kubectl get nodes
+  kubectl get nodes -L %s
   kubectl apply -f examples/
   tessera-lab status%s
 
 Logs: %s
-`, len(st.Nodes), st.Kubeconfig, dirFlag(*f.dir), cfg.Dir.Logs())
+`, st.Kubeconfig, lab.LabelMode, dirFlag(*f.dir), cfg.Dir.Logs())
 	})
 }
 
@@ -170,7 +211,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		uniform = uniform || fl.Name == "nodes" || fl.Name == "gpu-model" || fl.Name == "gpus-per-node"
 	})
 	if *f.groups == "" && !uniform {
-		*f.groups = "2xA100-40GB:8,1xH100-80GB:8"
+		*f.groups = "1xA100-40GB:8,1xH100-80GB:8"
 	}
 	if *f.dir == "" {
 		tmp, err := os.MkdirTemp("", "tessera-lab-demo-")
@@ -224,6 +265,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	r.AddUsage(d)
 	fmt.Fprintf(stdout, "lab %s: API server %s, up %s\n", d, st.APIServer, time.Since(st.Started).Round(time.Second))
 	for _, name := range sortedKeys(st.Components) {
 		if c := st.Components[name]; c.Restarts > 0 {

@@ -3,18 +3,24 @@ package hollowkubelet
 import (
 	"context"
 	"fmt"
-	v1 "k8s.io/api/core/v1"
+	"os"
+	"strings"
 	"sync"
 	"time"
 
 	cadvisorapi "github.com/google/cadvisor/info/v1"
 	"go.opentelemetry.io/otel/trace/noop"
+	"golang.org/x/sys/unix"
+	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	clientset "k8s.io/client-go/kubernetes"
 	remote "k8s.io/cri-client/pkg"
 	fakeremote "k8s.io/cri-client/pkg/fake"
+	"k8s.io/klog/v2"
+	kubeletapp "k8s.io/kubernetes/cmd/kubelet/app"
+	kubeletconfig "k8s.io/kubernetes/pkg/kubelet/apis/config"
 	cadvisortest "k8s.io/kubernetes/pkg/kubelet/cadvisor/testing"
 	"k8s.io/kubernetes/pkg/kubemark"
 
@@ -43,8 +49,28 @@ type Options struct {
 	Taints []v1.Taint
 	// StatusEvery is how often the node status and pods sync (default 1s).
 	StatusEvery time.Duration
-	// OnCreate, if set, sees every container the runtime is asked to create.
+	// RuntimeEndpoint is the CRI endpoint of the container runtime
+	// (a Runtime served by another process, "unix:///path"). Empty: an
+	// in-process Runtime that records containers without running them.
+	RuntimeEndpoint string
+	// OnCreate, if set, sees every container the in-process runtime is
+	// asked to create.
 	OnCreate func(Container)
+	// PodLogsDir is where the kubelet places the containers' logs
+	// (default: a temporary directory).
+	PodLogsDir string
+	// Serving is the kubelet's API: with a certificate it serves HTTPS and
+	// authenticates clients by certificates of ClientCAFile or by tokens
+	// (TokenReview), and authorizes them by SubjectAccessReview, as a
+	// kubelet of a production cluster does; `kubectl logs` then works
+	// through an API server given a client certificate of that CA.
+	// Without one it serves plain HTTP to anyone.
+	Serving Serving
+}
+
+// Serving is the kubelet's serving certificate and the CA of its clients.
+type Serving struct {
+	CertFile, KeyFile, ClientCAFile string
 }
 
 // Run starts the fake runtime and the hollow kubelet. A hollow kubelet
@@ -57,21 +83,26 @@ func Run(ctx context.Context, o Options) error {
 	if o.StatusEvery == 0 {
 		o.StatusEvery = time.Second
 	}
-	endpoint, err := fakeremote.GenerateEndpoint()
-	if err != nil {
-		return err
-	}
-	fakeRuntime := fakeremote.NewFakeRemoteRuntime()
-	if err := fakeRuntime.Start(endpoint); err != nil {
-		return fmt.Errorf("fake container runtime: %w", err)
+	endpoint := o.RuntimeEndpoint
+	if endpoint == "" {
+		var err error
+		if endpoint, err = fakeremote.GenerateEndpoint(); err != nil {
+			return err
+		}
+		rt := NewRuntime(RuntimeOptions{InitNames: initNamesFrom(o.Client), OnCreate: o.OnCreate, Logger: klog.FromContext(ctx)})
+		serving := make(chan error, 1)
+		go func() { serving <- rt.Serve(ctx, endpoint) }()
+		if err := waitForSocket(endpoint, serving); err != nil {
+			return fmt.Errorf("container runtime: %w", err)
+		}
 	}
 	rs, err := remote.NewRemoteRuntimeService(ctx, endpoint, 15*time.Second, noop.NewTracerProvider(), false)
 	if err != nil {
 		return err
 	}
-	runtime := &recordingRuntime{
-		RuntimeService: rs, fake: fakeRuntime.RuntimeService, onCreate: o.OnCreate,
-		initOf: initNamesFrom(o.Client), byID: map[string]Container{},
+	is, err := remote.NewRemoteImageService(ctx, endpoint, 15*time.Second, noop.NewTracerProvider(), false)
+	if err != nil {
+		return err
 	}
 	cm, err := NewContainerManager()
 	if err != nil {
@@ -79,6 +110,13 @@ func Run(ctx context.Context, o Options) error {
 	}
 	f, c := kubemark.GetHollowKubeletConfig(&kubemark.HollowKubeletOptions{NodeName: o.NodeName, KubeletPort: o.Port, MaxPods: o.MaxPods, NodeLabels: o.Labels, RegisterWithTaints: o.Taints})
 	f.RootDirectory = o.RootDir
+	// Dead containers go at the next collection, as with a kubelet's
+	// defaults (kubemark keeps them a minute).
+	f.MinimumGCAge.Duration = 0
+	c.ContainerRuntimeEndpoint = endpoint
+	if o.PodLogsDir != "" {
+		c.PodLogsDir = o.PodLogsDir
+	}
 	c.NodeStatusUpdateFrequency.Duration = o.StatusEvery
 	c.SyncFrequency.Duration = o.StatusEvery
 	// The fake image service "pulls" instantly; a restarted kubelet pulls
@@ -87,9 +125,53 @@ func Run(ctx context.Context, o Options) error {
 	c.RegistryPullQPS, c.RegistryBurst = 0, 0
 	c.SerializeImagePulls = false
 	cadvisor := &machine{Fake: cadvisortest.Fake{NodeName: o.NodeName}, cores: o.Cores, memory: o.MemoryBytes}
-	hk := kubemark.NewHollowKubelet(f, c, o.Client, o.Client, cadvisor, fakeRuntime.ImageService, runtime, cm)
+	hk := kubemark.NewHollowKubelet(f, c, o.Client, o.Client, cadvisor, is, rs, cm)
+	if o.Serving.CertFile != "" {
+		if err := secure(ctx, hk, o); err != nil {
+			return err
+		}
+	}
 	go hk.Run(ctx)
 	return nil
+}
+
+// secure sets up the kubelet's HTTPS serving, authentication and
+// authorization from its configuration, as the kubelet's own command does.
+func secure(ctx context.Context, hk *kubemark.HollowKubelet, o Options) error {
+	c := hk.KubeletConfiguration
+	c.TLSCertFile, c.TLSPrivateKeyFile = o.Serving.CertFile, o.Serving.KeyFile
+	c.Authentication.X509.ClientCAFile = o.Serving.ClientCAFile
+	c.Authentication.Webhook.Enabled = true
+	c.Authentication.Anonymous.Enabled = false
+	c.Authorization.Mode = kubeletconfig.KubeletAuthorizationModeWebhook
+	tlsOpts, err := kubeletapp.InitializeTLS(ctx, hk.KubeletFlags, c)
+	if err != nil {
+		return fmt.Errorf("kubelet TLS: %w", err)
+	}
+	auth, runCAReload, err := kubeletapp.BuildAuth(types.NodeName(o.NodeName), o.Client, *c)
+	if err != nil {
+		return fmt.Errorf("kubelet authentication: %w", err)
+	}
+	runCAReload(ctx.Done())
+	hk.KubeletDeps.TLSOptions, hk.KubeletDeps.Auth = tlsOpts, auth
+	return nil
+}
+
+// waitForSocket waits until a runtime serves on a unix endpoint.
+func waitForSocket(endpoint string, serving <-chan error) error {
+	path := strings.TrimPrefix(endpoint, "unix://")
+	for range 500 {
+		select {
+		case err := <-serving:
+			return fmt.Errorf("stopped: %w", err)
+		default:
+		}
+		if _, err := os.Stat(path); err == nil {
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return fmt.Errorf("not serving on %s after 5s", endpoint)
 }
 
 // machine is the fake cAdvisor with a configurable machine size.
@@ -109,6 +191,26 @@ func (m *machine) MachineInfo() (*cadvisorapi.MachineInfo, error) {
 	}
 	if m.memory > 0 {
 		info.MemoryCapacity = m.memory
+	}
+	return info, nil
+}
+
+// VersionInfo is the host's kernel and OS, which the node reports.
+func (m *machine) VersionInfo() (*cadvisorapi.VersionInfo, error) {
+	info, err := m.Fake.VersionInfo()
+	if err != nil {
+		return nil, err
+	}
+	var u unix.Utsname
+	if unix.Uname(&u) == nil {
+		info.KernelVersion = unix.ByteSliceToString(u.Release[:])
+	}
+	if b, err := os.ReadFile("/etc/os-release"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "PRETTY_NAME="); ok {
+				info.ContainerOsVersion = strings.Trim(v, `"`)
+			}
+		}
 	}
 	return info, nil
 }

@@ -3,6 +3,7 @@ package lab
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/atomicfile"
 	"github.com/tessera-gpu/tessera/internal/hollowkubelet"
+	"github.com/tessera-gpu/tessera/internal/lab/fakegpu"
 	"github.com/tessera-gpu/tessera/internal/nodeagent"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
@@ -51,6 +53,8 @@ func RunComponent(ctx context.Context, name string, args []string) error {
 		return runWebhook(ctx, args)
 	case "kubelet":
 		return runKubelet(ctx, args)
+	case "runtime":
+		return runRuntime(ctx, args)
 	case "node-agent":
 		return runNodeAgent(ctx, args)
 	case "kubelet-shim":
@@ -90,12 +94,12 @@ func runWebhook(ctx context.Context, args []string) error {
 	})
 }
 
-// nodeFlags are the flags of the two per-node components.
+// nodeFlags are the flags of the per-node components.
 type nodeFlags struct {
-	kubeconfig, node, dir, model string
-	gpus, port                   int
-	shim                         bool // the agent serves a kubelet shim
-	labels, taints, configMap    string
+	kubeconfig, node, dir, model, lab, tools string
+	gpus, port                               int
+	shim                                     bool // the agent serves a kubelet shim
+	labels, taints, configMap                string
 }
 
 func parseNodeFlags(name string, args []string) (*nodeFlags, error) {
@@ -108,6 +112,8 @@ func parseNodeFlags(name string, args []string) (*nodeFlags, error) {
 	fs.IntVar(&f.gpus, "gpus", 0, "GPUs")
 	fs.IntVar(&f.port, "port", 0, "kubelet port")
 	fs.BoolVar(&f.shim, "shim", false, "node agent: serve the kubelet shim's socket instead of registering")
+	fs.StringVar(&f.lab, "lab", "", "the lab's state directory")
+	fs.StringVar(&f.tools, "tools", "", "the lab's container tools")
 	fs.StringVar(&f.labels, "labels", "", "node labels k=v,…")
 	fs.StringVar(&f.taints, "taints", "", "node taints k=v:Effect,…")
 	fs.StringVar(&f.configMap, "config-map", "", "the node agent's profiles, namespace/name")
@@ -130,36 +136,37 @@ func runKubelet(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	root := filepath.Join(f.dir, "kubelet")
-	if err := mountKubeletRoot(root); err != nil {
+	if err := mountKubeletRoot(filepath.Join(f.dir, "kubelet")); err != nil {
 		return err
 	}
 	client, err := clientFrom(f.kubeconfig)
 	if err != nil {
 		return err
 	}
+	nd := nodeDir(f.dir)
+	// The runtime (its own component) may not serve yet.
+	if err := waitUntil(ctx, time.Minute, func(context.Context) (bool, error) {
+		_, err := os.Stat(nd.criSocket())
+		return err == nil, nil
+	}); err != nil {
+		return fmt.Errorf("container runtime not serving on %s: %w", nd.criSocket(), err)
+	}
 	labels, taints, err := nodeMeta(f)
 	if err != nil {
 		return err
 	}
-	containers := filepath.Join(f.dir, "containers")
-	if err := os.MkdirAll(containers, 0o755); err != nil {
-		return err
+	cert, key, err := kubeletServing(Dir(f.lab).path("pki"), nd.path("pki"), f.node)
+	if err != nil {
+		return fmt.Errorf("kubelet serving certificate: %w", err)
 	}
 	err = hollowkubelet.Run(ctx, hollowkubelet.Options{
 		NodeName: f.node, Client: client, RootDir: kubeletRoot, Port: f.port, MaxPods: 250,
 		Cores: 64, MemoryBytes: 512 << 30,
-		Labels: labels,
-		Taints: taints,
-		OnCreate: func(c hollowkubelet.Container) {
-			b, err := json.MarshalIndent(c, "", "  ")
-			if err == nil {
-				err = atomicfile.Write(filepath.Join(containers, c.Namespace+"_"+c.Pod+"_"+c.Name+".json"), b, 0o644)
-			}
-			if err != nil {
-				klog.FromContext(ctx).Error(err, "Recording a container", "pod", c.Namespace+"/"+c.Pod, "container", c.Name)
-			}
-		},
+		Labels:          labels,
+		Taints:          taints,
+		RuntimeEndpoint: "unix://" + nd.criSocket(),
+		PodLogsDir:      nd.path("pod-logs"),
+		Serving:         hollowkubelet.Serving{CertFile: cert, KeyFile: key, ClientCAFile: Dir(f.lab).path("pki", "ca.crt")},
 	})
 	if err != nil {
 		return err
@@ -167,6 +174,95 @@ func runKubelet(ctx context.Context, args []string) error {
 	<-ctx.Done()
 	return nil
 }
+
+// runRuntime is a node's container runtime: it serves the kubelet's CRI
+// on the node's socket and runs the containers as processes (package
+// hollowkubelet), in the node's mount namespace, so the kubelet's mounts
+// resolve. It outlives a restart of the kubelet, as containerd does.
+func runRuntime(ctx context.Context, args []string) error {
+	f, err := parseNodeFlags("runtime", args)
+	if err != nil {
+		return err
+	}
+	if err := mountKubeletRoot(filepath.Join(f.dir, "kubelet")); err != nil {
+		return err
+	}
+	tools := Tools(f.tools)
+	if err := tools.Check(); err != nil {
+		return err
+	}
+	nd := nodeDir(f.dir)
+	logger := klog.FromContext(ctx).WithName("runtime")
+	containers := nd.path("containers")
+	for _, d := range []string{containers, nd.path("run"), nd.path("pod-logs")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	// What the previous runtime left: its containers died with it.
+	if err := os.RemoveAll(nd.path("run")); err != nil {
+		return err
+	}
+	gpus, err := newNodeGPUs(nd.path("gpus"), f.node, f.model, f.gpus)
+	if err != nil {
+		return err
+	}
+	client, err := clientFrom(f.kubeconfig)
+	if err != nil {
+		return err
+	}
+	gpus.mig = migFromInventory(client, f.node, 30*time.Second)
+	driver, err := gpus.files.ListenDriver()
+	if err != nil {
+		return err
+	}
+	driverErr := make(chan error, 1)
+	go func() { driverErr <- fakegpu.ServeDriver(ctx, driver) }()
+	record := func(c hollowkubelet.Container) {
+		b, err := json.MarshalIndent(c, "", "  ")
+		if err == nil {
+			err = atomicfile.Write(filepath.Join(containers, recordName(c)), b, 0o644)
+		}
+		if err != nil {
+			logger.Error(err, "Recording a container", "pod", c.Namespace+"/"+c.Pod, "container", c.Name)
+		}
+	}
+	rt := hollowkubelet.NewRuntime(hollowkubelet.RuntimeOptions{
+		Init: tools.Init(), RunDir: nd.path("run"), Hide: []string{f.lab},
+		DefaultCommand: []string{containerTools + "/lab-pause"},
+		DefaultEnv:     map[string]string{"PATH": containerPATH, "HOME": "/root"},
+		Prepare:        labContainer(tools, gpus),
+		PodResources:   filepath.Join(kubeletRoot, "pod-resources", "kubelet.sock"),
+		OnCreate:       record, OnUpdate: record,
+		OnRemove: func(c hollowkubelet.Container) {
+			path := filepath.Join(containers, recordName(c))
+			if cur, err := readContainer(path); err == nil && cur.ID == c.ID {
+				_ = os.Remove(path)
+			}
+		},
+		Logger: logger,
+	})
+	err = rt.Serve(ctx, "unix://"+nd.criSocket())
+	select {
+	case derr := <-driverErr:
+		return errors.Join(err, derr)
+	default:
+		return err
+	}
+}
+
+// recordName is the file of a container's record: the latest container
+// of that name in that pod.
+func recordName(c hollowkubelet.Container) string {
+	return c.Namespace + "_" + c.Pod + "_" + c.Name + ".json"
+}
+
+// containerTools is where a container finds the lab's tools (Tools.Bin),
+// first on its PATH.
+const containerTools = "/usr/local/tessera-lab/bin"
+
+// containerPATH is the PATH of a container that sets none (an image's).
+const containerPATH = containerTools + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // mountKubeletRoot makes root the kubelet's /var/lib/kubelet inside this
 // process's private mount namespace (the supervisor starts the kubelet
@@ -203,13 +299,16 @@ func runNodeAgent(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	// The node's NVML sees what the containers' processes do on its GPUs
+	// (their state files, which the node's runtime creates).
+	lib.UseUsage(&fakegpu.Node{Dir: nodeDir(f.dir).path("gpus")})
 	client, err := clientFrom(f.kubeconfig)
 	if err != nil {
 		return err
 	}
 	root := filepath.Join(f.dir, "kubelet")
 	paths := deviceplugin.DefaultPaths()
-	paths.LimiterHost = filepath.Join(f.dir, "limiter", "libtessera-limiter.so")
+	paths.LimiterHost = nodeDir(f.dir).limiter()
 	paths.PreloadHost = filepath.Join(f.dir, "limiter", "ld.so.preload")
 	paths.StateRoot = filepath.Join(f.dir, "limiter-state")
 	exe, err := os.Executable()

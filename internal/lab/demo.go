@@ -23,7 +23,8 @@ import (
 // Demo starts the lab, applies the example workloads with kubectl, waits
 // until every pod runs or is pending with the scheduler's reason, prints
 // the allocation table, the packing figures and what one shared
-// container was given, and stops the lab.
+// container was given, then runs each mode's demo workloads (gpu-fill)
+// and prints what they saw and what the GPUs held, and stops the lab.
 func Demo(ctx context.Context, cfg Config) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -67,7 +68,7 @@ func runDemo(ctx context.Context, cfg Config, client kubernetes.Interface, out i
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "\nwhat the fake runtime was asked to create for default/fractional-explicit (container infer):\n")
+	fmt.Fprintf(out, "\nwhat default/fractional-explicit's container infer got from the device plugin (and runs with):\n")
 	keys := make([]string, 0, len(c.Env))
 	for k := range c.Env {
 		if strings.HasPrefix(k, "CUDA_") || strings.HasPrefix(k, "NVIDIA_") || strings.HasPrefix(k, "TESSERA_") {
@@ -79,12 +80,14 @@ func runDemo(ctx context.Context, cfg Config, client kubernetes.Interface, out i
 		fmt.Fprintf(out, "  env   %s=%s\n", k, c.Env[k])
 	}
 	for _, m := range c.Mounts {
-		fmt.Fprintf(out, "  mount %s -> %s\n", m.HostPath, m.ContainerPath)
+		if !strings.HasPrefix(m.HostPath, "/var/lib/kubelet/") {
+			fmt.Fprintf(out, "  mount %s -> %s\n", m.HostPath, m.ContainerPath)
+		}
 	}
 	if r.Invariant != nil {
 		return fmt.Errorf("invariant broken: %w", r.Invariant)
 	}
-	return nil
+	return runWorkloads(ctx, cfg.Dir, client, out)
 }
 
 // WriteExamples writes the example manifests into dir.

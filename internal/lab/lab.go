@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/tessera-gpu/tessera/internal/atomicfile"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/nvmltest"
 )
@@ -29,41 +31,72 @@ type NodeSpec struct {
 	Name  string `json:"name"`
 	Model string `json:"model"`
 	GPUs  int    `json:"gpus"`
+	// Mode is the node's mode (Modes).
+	Mode string `json:"mode"`
 	// Labels are the Node's labels (e.g. tessera.io/node-config, which
 	// picks the node agent's profile, and nvidia.com/mig.config).
 	Labels map[string]string `json:"labels,omitempty"`
-	// Taints are the Node's taints ("key=value:Effect").
-	Taints []string `json:"taints,omitempty"`
+	// Taints are the Node's taints.
+	Taints []corev1.Taint `json:"taints,omitempty"`
 }
 
-// Uniform returns n nodes of gpus GPUs of one model, named lab-gpu-01…
+// Uniform returns n fractional nodes of gpus GPUs of one model, named
+// lab-gpu-01…
 func Uniform(n, gpus int, model string) ([]NodeSpec, error) {
 	if n < 1 || n > 64 {
 		return nil, fmt.Errorf("--nodes %d: want 1 to 64", n)
 	}
+	m, err := ModeNamed(FractionalMode)
+	if err != nil {
+		return nil, err
+	}
 	var out []NodeSpec
 	for i := range n {
-		out = append(out, NodeSpec{Name: fmt.Sprintf("lab-gpu-%02d", i+1), Model: model, GPUs: gpus})
+		out = append(out, m.spec(fmt.Sprintf("lab-gpu-%02d", i+1), model, gpus))
 	}
 	return out, validate(out)
 }
 
-var groupRE = regexp.MustCompile(`^(\d+)x([A-Za-z0-9-]+):(\d+)$`)
+var groupRE = regexp.MustCompile(`^(\d+)x([A-Za-z0-9-]+):(\d+)(?:@([a-z0-9-]+))?$`)
+
+// Validate checks a list of nodes as Up will start them.
+func Validate(nodes []NodeSpec) error {
+	if len(nodes) == 0 || len(nodes) > 64 {
+		return fmt.Errorf("%d nodes, want 1 to 64", len(nodes))
+	}
+	return validate(nodes)
+}
 
 // ParseNodes reads a heterogeneous node list such as
-// "2xA100-40GB:8,1xH100-80GB:4" (count x model : GPUs per node).
+// "2xA100-40GB:8,1xH100-80GB:4@time-slicing" (count x model : GPUs per
+// node, and the nodes' mode when not fractional). Fractional nodes are
+// named lab-gpu-01…, the others lab-<mode>-01….
 func ParseNodes(s string) ([]NodeSpec, error) {
 	var out []NodeSpec
+	perMode := map[string]int{}
 	for _, part := range strings.Split(s, ",") {
 		part = strings.TrimSpace(part)
 		m := groupRE.FindStringSubmatch(part)
 		if m == nil {
-			return nil, fmt.Errorf("--node-groups entry %q: want COUNTxMODEL:GPUS, e.g. 2xA100-40GB:8", part)
+			return nil, fmt.Errorf("--node-groups entry %q: want COUNTxMODEL:GPUS[@MODE], e.g. 2xA100-40GB:8 or 1xA100-40GB:1@time-slicing", part)
 		}
 		count, _ := strconv.Atoi(m[1])
 		gpus, _ := strconv.Atoi(m[3])
+		modeName := m[4]
+		if modeName == "" {
+			modeName = FractionalMode
+		}
+		mode, err := ModeNamed(modeName)
+		if err != nil {
+			return nil, fmt.Errorf("--node-groups entry %q: %w", part, err)
+		}
+		prefix := "lab-" + mode.Name
+		if mode.Name == FractionalMode {
+			prefix = "lab-gpu"
+		}
 		for range count {
-			out = append(out, NodeSpec{Name: fmt.Sprintf("lab-gpu-%02d", len(out)+1), Model: m[2], GPUs: gpus})
+			perMode[mode.Name]++
+			out = append(out, mode.spec(fmt.Sprintf("%s-%02d", prefix, perMode[mode.Name]), m[2], gpus))
 		}
 	}
 	if len(out) == 0 || len(out) > 64 {
@@ -73,9 +106,14 @@ func ParseNodes(s string) ([]NodeSpec, error) {
 }
 
 // validate builds each node's mock once, so a bad model or GPU count is
-// reported before anything starts.
+// reported before anything starts, and checks that names are unique.
 func validate(nodes []NodeSpec) error {
+	seen := map[string]bool{}
 	for _, n := range nodes {
+		if seen[n.Name] {
+			return fmt.Errorf("node %s given twice", n.Name)
+		}
+		seen[n.Name] = true
 		if _, err := nvmltest.NewModel(n.Model, n.GPUs, n.Name); err != nil {
 			return fmt.Errorf("node %s: %w", n.Name, err)
 		}
@@ -112,8 +150,19 @@ func (d Dir) Logs() string { return d.path("logs") }
 func (d Dir) Node(name string) string { return d.path("nodes", name) }
 
 // Containers holds one JSON file (hollowkubelet.Container) per container
-// created on the node.
+// of the node's runtime.
 func (d Dir) Containers(node string) string { return d.path("nodes", node, "containers") }
+
+// nodeDir is one node's directory and the layout inside it.
+type nodeDir string
+
+func (n nodeDir) path(p ...string) string { return filepath.Join(append([]string{string(n)}, p...)...) }
+
+// criSocket is where the node's container runtime serves the kubelet.
+func (n nodeDir) criSocket() string { return n.path("cri.sock") }
+
+// limiter is the limiter library the node's agent mounts into containers.
+func (n nodeDir) limiter() string { return n.path("limiter", "libtessera-limiter.so") }
 
 // State is what a running lab publishes in lab.json for status, down and
 // tests.

@@ -3,7 +3,6 @@ package lab
 import (
 	"bytes"
 	"context"
-	"github.com/tessera-gpu/tessera/internal/nodeagent/config"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -17,31 +16,40 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/klog/v2/ktesting"
 
+	"github.com/tessera-gpu/tessera/internal/nodeagent/config"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 func TestParseNodes(t *testing.T) {
-	nodes, err := ParseNodes("2xA100-40GB:8, 1xh100-80gb:4")
+	nodes, err := ParseNodes("2xA100-40GB:8, 1xh100-80gb:4,1xA100-40GB:1@time-slicing")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []NodeSpec{{Name: "lab-gpu-01", Model: "A100-40GB", GPUs: 8}, {Name: "lab-gpu-02", Model: "A100-40GB", GPUs: 8}, {Name: "lab-gpu-03", Model: "h100-80gb", GPUs: 4}}
-	if len(nodes) != len(want) {
-		t.Fatalf("got %+v, want %+v", nodes, want)
+	type want struct{ name, model, mode string }
+	wants := []want{{"lab-gpu-01", "A100-40GB", "fractional"}, {"lab-gpu-02", "A100-40GB", "fractional"}, {"lab-gpu-03", "h100-80gb", "fractional"}, {"lab-time-slicing-01", "A100-40GB", "time-slicing"}}
+	if len(nodes) != len(wants) {
+		t.Fatalf("got %+v, want %+v", nodes, wants)
 	}
-	for i := range want {
-		if !reflect.DeepEqual(nodes[i], want[i]) {
-			t.Errorf("node %d: %+v, want %+v", i, nodes[i], want[i])
+	for i, w := range wants {
+		n := nodes[i]
+		if n.Name != w.name || n.Model != w.model || n.Mode != w.mode || n.Labels[LabelMode] != w.mode {
+			t.Errorf("node %d: %+v, want %+v", i, n, w)
+		}
+		m, _ := ModeNamed(w.mode)
+		if n.Labels[api.LabelNodeConfig] != m.Profile || len(n.Taints) != len(m.Taints) {
+			t.Errorf("node %s: labels %v, taints %v; want the %s profile and its taints", n.Name, n.Labels, n.Taints, w.mode)
 		}
 	}
 	for in, msg := range map[string]string{
-		"2xA100-40GB":     `entry "2xA100-40GB": want COUNTxMODEL:GPUS`,
-		"1xV100:8":        `node lab-gpu-01: unknown GPU model "V100"`,
-		"1xA100-40GB:0":   "0 GPUs per node: want 1 to 16",
-		"65xA100-40GB:8":  "65 nodes, want 1 to 64",
-		"0xA100-40GB:8":   "0 nodes, want 1 to 64",
-		"1xA100-40GB:8,,": `entry "": want COUNTxMODEL:GPUS`,
+		"2xA100-40GB":           `entry "2xA100-40GB": want COUNTxMODEL:GPUS[@MODE]`,
+		"1xV100:8":              `node lab-gpu-01: unknown GPU model "V100"`,
+		"1xA100-40GB:0":         "0 GPUs per node: want 1 to 16",
+		"65xA100-40GB:8":        "65 nodes, want 1 to 64",
+		"0xA100-40GB:8":         "0 nodes, want 1 to 64",
+		"1xA100-40GB:8,,":       `entry "": want COUNTxMODEL:GPUS`,
+		"1xA100-40GB:8@warp":    `no node mode "warp" (the lab's modes: fractional, time-slicing`,
+		"1xA100-40GB:8@MPS-ish": `want COUNTxMODEL:GPUS[@MODE]`,
 	} {
 		if _, err := ParseNodes(in); err == nil || !strings.Contains(err.Error(), msg) {
 			t.Errorf("ParseNodes(%q) = %v, want an error containing %q", in, err, msg)
@@ -50,8 +58,91 @@ func TestParseNodes(t *testing.T) {
 	if _, err := Uniform(0, 8, "A100-40GB"); err == nil || !strings.Contains(err.Error(), "--nodes 0") {
 		t.Errorf("Uniform(0): %v", err)
 	}
-	if nodes, err := Uniform(3, 2, "H200-141GB"); err != nil || len(nodes) != 3 || nodes[2].Name != "lab-gpu-03" {
+	if nodes, err := Uniform(3, 2, "H200-141GB"); err != nil || len(nodes) != 3 || nodes[2].Name != "lab-gpu-03" || nodes[2].Mode != FractionalMode {
 		t.Errorf("Uniform(3) = %+v, %v", nodes, err)
+	}
+	if err := Validate(append(SharingNodes(), SharingNodes()...)); err == nil || !strings.Contains(err.Error(), "given twice") {
+		t.Errorf("Validate of a node given twice: %v", err)
+	}
+}
+
+// TestModes: every mode's profile is one the lab offers and parses, its
+// node and demo pods are well formed, and a node's labels and taints
+// reach its kubelet through the component flags.
+func TestModes(t *testing.T) {
+	profiles, err := nodeProfiles(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What each mode's node runs as, through the agent's own resolution
+	// (profiles, mig-parted layouts selected by label).
+	sharing := map[string]api.SharingMode{"fractional": api.SharingShared, "time-slicing": api.SharingTimeSlicing, "mps": api.SharingMPS, "mig": api.SharingMIG, "mig-dynamic": api.SharingMIGDynamic}
+	seen := map[string]bool{}
+	for _, m := range Modes {
+		if seen[m.Name] || m.Name == "" || m.Summary == "" {
+			t.Errorf("mode %+v: unnamed, undescribed or twice", m)
+		}
+		seen[m.Name] = true
+		if _, ok := profiles[m.Profile]; !ok {
+			t.Errorf("mode %s: profile %q is not one of the lab's", m.Name, m.Profile)
+		}
+		if len(m.Demo) == 0 {
+			t.Errorf("mode %s: no demo pod", m.Name)
+		}
+		n := m.spec(m.Node, m.Model, m.GPUs)
+		if err := validate([]NodeSpec{n}); err != nil {
+			t.Errorf("mode %s: %v", m.Name, err)
+		}
+		if _, c, err := config.Resolve(profiles, n.Labels, api.DefaultResourceNames); err != nil || c.Sharing != sharing[m.Name] {
+			t.Errorf("mode %s: profile %s resolves to %+v, %v; want sharing %q", m.Name, m.Profile, c.NodeConfig, err, sharing[m.Name])
+		}
+		f, err := parseNodeFlags("kubelet", append([]string{"--kubeconfig=k", "--node=" + n.Name, "--dir=d"}, nodeArgs(n)...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		labels, taints, err := nodeMeta(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if labels[api.LabelNodeConfig] != m.Profile || labels[LabelMode] != m.Name || labels["tessera.io/emulated"] != "true" || len(taints) != len(m.Taints) || len(m.Taints) > 0 && !reflect.DeepEqual(taints, m.Taints) {
+			t.Errorf("mode %s: labels %v taints %v", m.Name, labels, taints)
+		}
+		if f.configMap != systemNamespace+"/"+NodeConfigMap {
+			t.Errorf("config map %q", f.configMap)
+		}
+	}
+	if FractionalMode != "fractional" || len(SharingNodes()) != len(Modes)-1 {
+		t.Errorf("fractional mode %q, %d sharing nodes for %d modes", FractionalMode, len(SharingNodes()), len(Modes))
+	}
+}
+
+func TestReadNodeConfig(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := write("good.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\ndata:\n  dense: |\n    sharing: shared\n    sharesPerGPU: 32\n")
+	p, err := ReadNodeConfig(good)
+	if err != nil || !strings.Contains(p["dense"], "sharesPerGPU: 32") {
+		t.Fatalf("ReadNodeConfig = %v, %v", p, err)
+	}
+	all, err := nodeProfiles(p)
+	if err != nil || all["dense"] != p["dense"] || all["default"] == "" || all["nvidia-time-slicing"] == "" {
+		t.Errorf("profiles %v, %v: want the user's, the lab's and the shipped ones", all, err)
+	}
+	for body, msg := range map[string]string{
+		"apiVersion: v1\nkind: Secret\nmetadata: {name: x}\n":                                                                  `kind "Secret", want a ConfigMap`,
+		"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n":                                                               "has no data",
+		"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\ndata:\n  bad: |\n    sharing: shared\n    sharesPerGPU: 1000\n": `key "bad": sharesPerGPU 1000 outside [1, `,
+		"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\nspec: {}\n":                                                     "not a ConfigMap manifest",
+	} {
+		if _, err := ReadNodeConfig(write("bad.yaml", body)); err == nil || !strings.Contains(err.Error(), msg) {
+			t.Errorf("ReadNodeConfig(%q) = %v, want an error containing %q", body, err, msg)
+		}
 	}
 }
 
@@ -197,36 +288,5 @@ func TestSupervisorRestartsAndStops(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(logs, "worker.log"))
 	if err != nil || strings.Count(string(b), "starting worker") != 2 || !strings.Contains(string(b), "signal: killed") {
 		t.Errorf("worker.log: %v\n%s", err, b)
-	}
-}
-
-// TestSharingNodes: the sharing nodes' profiles exist in the lab's
-// ConfigMap and parse, and their flags round-trip to the components.
-func TestSharingNodes(t *testing.T) {
-	for _, n := range SharingNodes() {
-		profile := n.Labels[api.LabelNodeConfig]
-		if _, ok := Profiles[profile]; !ok {
-			t.Errorf("node %s: profile %q not in the lab's ConfigMap", n.Name, profile)
-		}
-		f, err := parseNodeFlags("kubelet", append([]string{"--kubeconfig=k", "--node=" + n.Name, "--dir=d"}, nodeArgs(n)...))
-		if err != nil {
-			t.Fatal(err)
-		}
-		labels, taints, err := nodeMeta(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if labels[api.LabelNodeConfig] != profile || labels["tessera.io/emulated"] != "true" || len(taints) != len(n.Taints) {
-			t.Errorf("node %s: labels %v taints %v", n.Name, labels, taints)
-		}
-		if f.configMap != "tessera-system/"+NodeConfigMap {
-			t.Errorf("config map %q", f.configMap)
-		}
-		if _, c, err := config.Resolve(Profiles, n.Labels, api.DefaultResourceNames); err != nil || string(c.Sharing) != strings.TrimPrefix(profile, "nvidia-") && !(profile == "mig" && c.Sharing == api.SharingMIG) {
-			t.Errorf("node %s: profile %s resolves to %+v, %v", n.Name, profile, c.NodeConfig, err)
-		}
-	}
-	if err := validate(SharingNodes()); err != nil {
-		t.Fatal(err)
 	}
 }

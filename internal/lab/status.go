@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
+	"github.com/tessera-gpu/tessera/internal/lab/fakegpu"
 	"github.com/tessera-gpu/tessera/internal/placement"
 	"github.com/tessera-gpu/tessera/internal/scheduler"
 	"github.com/tessera-gpu/tessera/pkg/api"
@@ -37,6 +38,8 @@ type Report struct {
 // NodeReport is one node's GPUs.
 type NodeReport struct {
 	Name string
+	// Mode is the lab mode of the node (LabelMode), "" when not a lab node.
+	Mode string
 	GPUs []GPUReport
 }
 
@@ -50,6 +53,10 @@ type GPUReport struct {
 	MaxShares          int
 	Exclusive          bool
 	Pods               []string
+	// InUseMiB is what the processes on the GPU hold, from its state
+	// file (AddUsage): -1 when unknown.
+	InUseMiB  int64
+	Processes int
 }
 
 // PendingPod is a GPU pod the scheduler has not placed.
@@ -69,9 +76,11 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Report, error) 
 	}
 	c := placement.NewCluster()
 	r := &Report{}
+	modes := map[string]string{}
 	var unreadable []error
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
+		modes[n.Name] = n.Labels[LabelMode]
 		inv, err := kubeobj.Inventory(n)
 		if err != nil {
 			unreadable = append(unreadable, err)
@@ -126,7 +135,7 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Report, error) 
 	}
 	r.Invariant = errors.Join(append(errs, c.Check())...)
 	for _, n := range c.Nodes() {
-		nr := NodeReport{Name: n.Name}
+		nr := NodeReport{Name: n.Name, Mode: modes[n.Name]}
 		for _, g := range n.GPUs {
 			ps := podsOn[g.UUID]
 			sort.Strings(ps)
@@ -134,6 +143,7 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Report, error) 
 				Index: g.Index, UUID: g.UUID, Model: g.Model, Healthy: g.Healthy,
 				MemoryMiB: g.MemoryMiB, UsedMiB: g.Used.MemoryMiB, Cores: g.Used.Cores,
 				Shares: g.Used.Shares, MaxShares: g.MaxShares, Exclusive: g.Used.Exclusive > 0, Pods: ps,
+				InUseMiB: -1,
 			})
 		}
 		r.Nodes = append(r.Nodes, nr)
@@ -150,6 +160,24 @@ func unschedulableReason(p *corev1.Pod) string {
 		}
 	}
 	return "not scheduled yet"
+}
+
+// AddUsage reads what the processes hold on each GPU of the lab's nodes
+// (the GPUs' state files, which the nodes' NVML reads too).
+func (r *Report) AddUsage(d Dir) {
+	for i := range r.Nodes {
+		n := &r.Nodes[i]
+		files := &fakegpu.Node{Dir: nodeDir(d.Node(n.Name)).path("gpus")}
+		for j := range n.GPUs {
+			g := &n.GPUs[j]
+			if _, procs, err := fakegpu.Read(files.File(g.UUID)); err == nil {
+				g.InUseMiB, g.Processes = 0, len(procs)
+				for _, p := range procs {
+					g.InUseMiB += int64(p.UsedBytes >> 20)
+				}
+			}
+		}
+	}
 }
 
 // Packing is the cluster-wide figures of a report.
@@ -189,9 +217,23 @@ func (r *Report) Packing() Packing {
 // Print writes the allocation table, the packing figures and the pending
 // pods.
 func (r *Report) Print(w io.Writer) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tGPU\tMODEL\tMEMORY (MiB)\tCORES\tSHARES\tPODS")
+	usage := false
 	for _, n := range r.Nodes {
+		for _, g := range n.GPUs {
+			usage = usage || g.InUseMiB >= 0
+		}
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	if usage {
+		fmt.Fprintln(tw, "NODE\tMODE\tGPU\tMODEL\tMEMORY (MiB)\tIN USE (MiB)\tCORES\tSHARES\tPODS")
+	} else {
+		fmt.Fprintln(tw, "NODE\tMODE\tGPU\tMODEL\tMEMORY (MiB)\tCORES\tSHARES\tPODS")
+	}
+	for _, n := range r.Nodes {
+		mode := n.Mode
+		if mode == "" {
+			mode = "-"
+		}
 		for _, g := range n.GPUs {
 			mem := fmt.Sprintf("%d/%d", g.UsedMiB, g.MemoryMiB)
 			shares := fmt.Sprintf("%d/%d", g.Shares, g.MaxShares)
@@ -202,7 +244,14 @@ func (r *Report) Print(w io.Writer) error {
 			if !g.Healthy {
 				model += " (unhealthy)"
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d%%\t%s\t%s\n", n.Name, g.Index, model, mem, g.Cores, shares, podList(g.Pods))
+			inUse := ""
+			if usage {
+				inUse = "-\t"
+				if g.InUseMiB >= 0 {
+					inUse = fmt.Sprintf("%d (%d proc)\t", g.InUseMiB, g.Processes)
+				}
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s%d%%\t%s\t%s\n", n.Name, mode, g.Index, model, mem, inUse, g.Cores, shares, podList(g.Pods))
 		}
 	}
 	if err := tw.Flush(); err != nil {

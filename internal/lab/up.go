@@ -18,7 +18,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	k8sversion "k8s.io/component-base/version"
 	"k8s.io/klog/v2"
+	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/internal/lab/etcd"
@@ -29,12 +31,19 @@ import (
 // systemNamespace holds Tessera's own objects (scheduler lease, webhook CA).
 const systemNamespace = "tessera-system"
 
-// controllers are the kube-controller-manager controllers a user's
-// Deployments, Jobs and CronJobs need, and the collectors behind them.
+// controllers are the kube-controller-manager controllers the lab runs:
+// what a user's Deployments, StatefulSets, DaemonSets, Jobs and CronJobs
+// need and the collectors behind them; the resource-quota controller (a
+// ResourceQuota shows usage, and the API server admits pods against it);
+// the resource-claim controller (claims from a pod's ResourceClaimTemplates,
+// for DRA). Not run: the node lifecycle (no node ever goes NotReady from
+// the control plane's side), service accounts and their tokens (pods get
+// none), endpoints (containers have no network), volumes and certificates.
 var controllers = []string{
-	"deployment-controller", "replicaset-controller", "job-controller", "cronjob-controller",
+	"deployment-controller", "replicaset-controller", "statefulset-controller", "daemonset-controller",
+	"job-controller", "cronjob-controller", "ttl-after-finished-controller",
 	"garbage-collector-controller", "namespace-controller", "pod-garbage-collector-controller",
-	"ttl-after-finished-controller",
+	"resourcequota-controller", "resourceclaim-controller",
 }
 
 // Config is what `tessera-lab up` starts.
@@ -43,6 +52,11 @@ type Config struct {
 	Nodes []NodeSpec
 	// Exe is the tessera-lab binary the components run from.
 	Exe string
+	// Tools are the containers' tools (default: DefaultTools).
+	Tools Tools
+	// NodeConfig are node agent profiles to add to the lab's (the data of
+	// the --node-config ConfigMap; ReadNodeConfig).
+	NodeConfig map[string]string
 	// Out receives progress lines.
 	Out io.Writer
 	// ReadyTimeout bounds the wait for every component (default 3m).
@@ -61,6 +75,18 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	}
 	if cfg.ReadyTimeout == 0 {
 		cfg.ReadyTimeout = 3 * time.Minute
+	}
+	if cfg.Tools == "" {
+		cfg.Tools = Tools(DefaultTools())
+	}
+	if !filepath.IsAbs(string(cfg.Tools)) {
+		return fmt.Errorf("tools directory %q: want an absolute path", cfg.Tools)
+	}
+	if err := cfg.Tools.Check(); err != nil {
+		return err
+	}
+	if v := k8sversion.Get().GitVersion; strings.HasPrefix(v, "v0.0.0") {
+		fmt.Fprintf(out, "warning: tessera-lab was built without the Kubernetes version (it reports %q): kubectl version and clients that check the server's version fail; build it with `make lab` (the flags of internal/version.KubernetesLDFlags)\n", v)
 	}
 	if old, err := d.ReadState(); err == nil && old.Alive() {
 		return fmt.Errorf("a lab already runs in %s (pid %d); stop it with `tessera-lab down --dir %s` or pick another --dir", d, old.PID, d)
@@ -132,6 +158,11 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 		// has nothing to mount it with), and no controller lifts the
 		// not-ready taint a new Node would get.
 		"--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+		// kubectl logs: the kubelets authenticate the API server by this
+		// certificate; it verifies theirs with the lab CA.
+		"--kubelet-client-certificate="+p.file("kubelet-client.crt"), "--kubelet-client-key="+p.file("kubelet-client.key"),
+		"--kubelet-certificate-authority="+p.file("ca.crt"),
+		"--kubelet-preferred-address-types=InternalIP,Hostname",
 		"--profiling=false",
 	), nil, false); err != nil {
 		return err
@@ -158,7 +189,7 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 		return fmt.Errorf("identities and admission policies: %w", err)
 	}
 	step("scheduler and node agents have their own identities; admission policies in force")
-	if err := ensureNodeConfigMap(ctx, client); err != nil {
+	if err := ensureNodeConfigMap(ctx, client, cfg.NodeConfig, cfg.Nodes); err != nil {
 		return err
 	}
 
@@ -183,7 +214,17 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 		if err := os.MkdirAll(filepath.Join(dir, "tmp"), 0o755); err != nil {
 			return err
 		}
-		common := append([]string{"--kubeconfig=" + d.Kubeconfig(), "--node=" + n.Name, "--dir=" + dir}, nodeArgs(n)...)
+		if err := installLimiter(cfg.Tools, nodeDir(dir).limiter()); err != nil {
+			return fmt.Errorf("node %s: installing the limiter: %w", n.Name, err)
+		}
+		// The GPUs' state files, before the node's agent reads them.
+		if _, err := newNodeGPUs(nodeDir(dir).path("gpus"), n.Name, n.Model, n.GPUs); err != nil {
+			return err
+		}
+		common := append([]string{"--kubeconfig=" + d.Kubeconfig(), "--node=" + n.Name, "--dir=" + dir, "--lab=" + string(d)}, nodeArgs(n)...)
+		if err := sup.start("runtime/"+n.Name, comp("runtime", append(common, "--tools="+string(cfg.Tools), "--model="+n.Model, fmt.Sprintf("--gpus=%d", n.GPUs))...), nil, true); err != nil {
+			return err
+		}
 		if err := sup.start("kubelet/"+n.Name, comp("kubelet", append(common, fmt.Sprintf("--port=%d", ports[2+i]))...), []string{"TMPDIR=" + filepath.Join(dir, "tmp")}, true); err != nil {
 			return err
 		}
@@ -217,11 +258,26 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	return nil
 }
 
+// DefaultScheduler is the profile that places the pods Tessera does not
+// (CPU-only pods, DaemonSets, DRA claims), as a cluster's kube-scheduler does.
+const DefaultScheduler = corev1.DefaultSchedulerName
+
 // writeSchedulerConfig writes the shipped scheduler configuration pointed
-// at the lab.
+// at the lab, with kube-scheduler's default profile beside Tessera's: one
+// scheduler, one cache, so the two never place pods on the same free
+// resources at once.
 func writeSchedulerConfig(path, kubeconfig string) (string, error) {
 	out, err := deploy.SchedulerConfigFor(kubeconfig, 200, 400)
 	if err != nil {
+		return "", err
+	}
+	var cfg map[string]any
+	if err := yaml.Unmarshal(out, &cfg); err != nil {
+		return "", err
+	}
+	profiles, _ := cfg["profiles"].([]any)
+	cfg["profiles"] = append(profiles, map[string]any{"schedulerName": DefaultScheduler})
+	if out, err = yaml.Marshal(cfg); err != nil {
 		return "", err
 	}
 	return path, os.WriteFile(path, out, 0o644)

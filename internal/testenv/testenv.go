@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -35,6 +36,7 @@ import (
 	apiservertesting "k8s.io/kubernetes/cmd/kube-apiserver/app/testing"
 
 	"github.com/tessera-gpu/tessera/internal/lab/etcd"
+	"github.com/tessera-gpu/tessera/internal/version"
 )
 
 // ControlPlane is a running etcd + kube-apiserver.
@@ -203,7 +205,55 @@ func BuildEtcd(dir string) (string, error) {
 // BuildKubectl builds kubectl from the pinned module (./kubectlbin, no
 // cgo, like the released kubectl) into dir and returns its path.
 func BuildKubectl(dir string) (string, error) {
-	return Build(dir, "kubectl", "./internal/testenv/kubectlbin", "CGO_ENABLED=0")
+	return BuildWith(dir, "kubectl", "./internal/testenv/kubectlbin", KubernetesBuildFlags(), "CGO_ENABLED=0")
+}
+
+// Make runs make with args in the directory dir of the repository ("" for
+// its root), as the Makefiles build what is not Go (the lab's tools, the
+// fake GPU); it needs make and gcc.
+func Make(dir string, args ...string) error {
+	root, err := repoRoot()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command("make", append([]string{"-s", "-C", filepath.Join(root, dir)}, args...)...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("make -C %s %s: %v\n%s", dir, strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// KubernetesVersion is the k8s.io/kubernetes version go.mod pins (`go
+// list -m`, as the Makefile reads it; a test binary does not carry its
+// dependencies' versions).
+func KubernetesVersion() (string, error) {
+	root, err := repoRoot()
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.Command("go", "list", "-m", "-f", "{{.Version}}", "k8s.io/kubernetes")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("go list -m k8s.io/kubernetes: %w", err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// KubernetesBuildFlags are the `go build` flags that make a binary's
+// Kubernetes components (kubectl, the lab's control plane) report the
+// pinned Kubernetes version (version.KubernetesLDFlags), as the Makefile
+// builds them; none when the version cannot be read.
+func KubernetesBuildFlags() []string {
+	v, err := KubernetesVersion()
+	if err != nil {
+		return nil
+	}
+	flags, err := version.KubernetesLDFlags(v)
+	if err != nil {
+		return nil
+	}
+	return []string{"-ldflags", strings.Join(flags, " ")}
 }
 
 func repoRoot() (string, error) {
@@ -248,12 +298,17 @@ func WaitFor(t testing.TB, what string, timeout time.Duration, cond func() bool)
 // added to the go command's environment. The build cache makes every
 // build after the first quick.
 func Build(dir, name, pkg string, env ...string) (string, error) {
+	return BuildWith(dir, name, pkg, nil, env...)
+}
+
+// BuildWith is Build with flags for `go build` (e.g. -ldflags).
+func BuildWith(dir, name, pkg string, flags []string, env ...string) (string, error) {
 	root, err := repoRoot()
 	if err != nil {
 		return "", err
 	}
 	out := filepath.Join(dir, name)
-	cmd := exec.Command("go", "build", "-o", out, pkg)
+	cmd := exec.Command("go", append(append([]string{"build", "-o", out}, flags...), pkg)...)
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), env...)
 	if msg, err := cmd.CombinedOutput(); err != nil {

@@ -231,7 +231,7 @@ done
 # moment (both appear between both before/after lists): told apart by
 # usedGpuMemory against what each has accounted
 for c in a b; do
-    env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state hpc$c)" LD_PRELOAD="$PRE" $HP FAKE_NVML_PROCS="$T/procs1" \
+    env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state hpc$c)" LD_PRELOAD="$PRE" $HP FAKE_GPU_STATE_DIR="$T/procs1" \
         FAKE_CTX_RENDEZVOUS=2 CUDA_DEVICE_MEMORY_LIMIT=1g TESSERA_CONTEXT_RESERVE=0 \
         "$B/client_sym" hostpid 2 $([ $c = a ] && echo $((64 * L)) || echo $((512 * L))) >/dev/null 2>"$T/hp.$c" &
     eval "P$c=\$!"
@@ -242,21 +242,21 @@ hpcheck hostpid-concurrent-a "$T/hp.a" "usedGpuMemory"
 hpcheck hostpid-concurrent-b "$T/hp.b" "usedGpuMemory"
 # the same with nothing to compare (no memory limit): resolved by
 # intersecting the candidates over time once the other process has gone
-env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state hpi)" LD_PRELOAD="$PRE" $HP FAKE_NVML_PROCS="$T/procs2" \
+env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state hpi)" LD_PRELOAD="$PRE" $HP FAKE_GPU_STATE_DIR="$T/procs2" \
     FAKE_CTX_RENDEZVOUS=2 "$B/client_sym" hostpid 0.5 0 >/dev/null 2>"$T/hp.a" &
 Pa=$!
-env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state hpi)" LD_PRELOAD="$PRE" $HP FAKE_NVML_PROCS="$T/procs2" \
+env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state hpi)" LD_PRELOAD="$PRE" $HP FAKE_GPU_STATE_DIR="$T/procs2" \
     FAKE_CTX_RENDEZVOUS=2 "$B/client_dl" hostpid 2.5 0 >/dev/null 2>"$T/hp.b" &
 Pb=$!
 wait $Pa; wait $Pb
 hpcheck hostpid-intersection "$T/hp.b" "intersected"
 # two processes of one container, one after the other: each resolves its own
 # host pid (and publishes it in its slot, where the other excludes it)
-env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state hps)" LD_PRELOAD="$PRE" $HP FAKE_NVML_PROCS="$T/procs3" \
+env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state hps)" LD_PRELOAD="$PRE" $HP FAKE_GPU_STATE_DIR="$T/procs3" \
     "$B/client_sym" hostpid 1.5 0 >/dev/null 2>"$T/hp.a" &
 Pa=$!
 sleep 0.5
-env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state hps)" LD_PRELOAD="$PRE" $HP FAKE_NVML_PROCS="$T/procs3" \
+env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state hps)" LD_PRELOAD="$PRE" $HP FAKE_GPU_STATE_DIR="$T/procs3" \
     "$B/client_dl" hostpid 0.4 0 >/dev/null 2>"$T/hp.b"
 wait $Pa
 hpcheck hostpid-container-first "$T/hp.a"
@@ -265,7 +265,7 @@ hpcheck hostpid-container-second "$T/hp.b"
 # a 50 % neighbour): together they stay at the container's share (real
 # time: two processes do not share a simulated clock; loose bounds)
 PC="CUDA_DEVICE_MEMORY_SHARED_CACHE=$(state pc) CUDA_DEVICE_SM_LIMIT=30 FAKE_BLOCK_US=10 \
-    FAKE_NVML_PID_OFFSET=$OFF FAKE_NVML_NEIGHBOURS=3999000:50 FAKE_NVML_PROCS=$T/procs4 PACE_SHARED=1"
+    FAKE_NVML_PID_OFFSET=$OFF FAKE_NVML_NEIGHBOURS=3999000:50 FAKE_GPU_STATE_DIR=$T/procs4 PACE_SHARED=1"
 env LD_PRELOAD="$PRE" $PC "$B/client_sym" pace 30 4 >"$T/pc.a" 2>/dev/null &
 Pa=$!
 sleep 0.3

@@ -3,9 +3,10 @@
 // Package lab_test drives the emulated cluster (cmd/tessera-lab) as a
 // user would: the binary is built, `tessera-lab up` runs as a process, and
 // the tests use a kubectl built from the pinned module, the lab's
-// kubeconfig and what the hollow kubelets' fake runtimes recorded. One
-// lab (4 nodes x 8 A100-40GB) serves every test of the package; each test
-// works in its own namespace and leaves no pods behind, so any test
+// kubeconfig, what the nodes' runtimes record and the GPUs' shared state.
+// One lab (4 fractional nodes x 8 A100-40GB, one node of each other mode,
+// and the profiles of nodeConfig) serves every test of the package; each
+// test works in its own namespace and leaves no pods behind, so any test
 // passes alone (go test -run TestFaults) or after the others.
 package lab_test
 
@@ -44,16 +45,31 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	defer os.RemoveAll(tmp)
-	if labBin, err = testenv.Build(tmp, "tessera-lab", "./cmd/tessera-lab"); err == nil {
-		kubectlBin, err = testenv.BuildKubectl(tmp)
+	defer func() {
+		if os.Getenv("KEEP_LAB") == "" {
+			os.RemoveAll(tmp)
+		}
+	}()
+	built := time.Now()
+	tools := filepath.Join(tmp, "tools")
+	if labBin, err = testenv.BuildWith(tmp, "tessera-lab", "./cmd/tessera-lab", testenv.KubernetesBuildFlags()); err == nil {
+		if kubectlBin, err = testenv.BuildKubectl(tmp); err == nil {
+			err = testenv.Make("", "lab-tools", "LAB_TOOLS="+tools)
+		}
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	fmt.Printf("tessera-lab, kubectl and the lab's tools built in %v\n", time.Since(built).Round(100*time.Millisecond))
+	nodeConfig := filepath.Join(tmp, "node-config.yaml")
+	if err := os.WriteFile(nodeConfig, []byte(nodeConfigYAML), 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	dir = lab.Dir(filepath.Join(tmp, "lab"))
-	up := exec.Command(labBin, "up", "--dir", string(dir), "--nodes", "4", "--gpus-per-node", "8", "--gpu-model", "A100-40GB")
+	up := exec.Command(labBin, "up", "--dir", string(dir), "--nodes", "4", "--gpus-per-node", "8", "--gpu-model", "A100-40GB",
+		"--tools", tools, "--node-config", nodeConfig)
 	var out bytes.Buffer
 	up.Stdout, up.Stderr = &out, &out
 	// A killed test run takes its lab down with it.
@@ -108,6 +124,18 @@ func run(m *testing.M) int {
 	}
 	return code
 }
+
+// nodeConfigYAML is the lab's --node-config: a profile a test switches a
+// node to.
+const nodeConfigYAML = `apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: test-profiles
+data:
+  test-dense: |
+    sharing: shared
+    sharesPerGPU: 20
+`
 
 // dumpLogs prints the tail of every component's log after a failure.
 func dumpLogs() {

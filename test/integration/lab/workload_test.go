@@ -151,6 +151,31 @@ func checkContainer(t *testing.T, p *corev1.Pod, c api.ContainerAllocation) *hol
 	if v := got.Env[api.EnvVisibleDevices]; v != strings.Join(uuids, ",") {
 		t.Errorf("%s/%s: %s=%q, want %q", p.Name, c.Name, api.EnvVisibleDevices, v, strings.Join(uuids, ","))
 	}
+	// The GPUs the runtime exposed, in the record's order, and the
+	// kubelet's devices (app containers: the pod-resources API does not
+	// list init containers).
+	var exposed []string
+	for _, g := range got.GPUs {
+		exposed = append(exposed, g.UUID)
+	}
+	if strings.Join(exposed, ",") != strings.Join(uuids, ",") {
+		t.Errorf("%s/%s: GPUs exposed %v, want %v", p.Name, c.Name, exposed, uuids)
+	}
+	isInit := false
+	for _, ic := range p.Spec.InitContainers {
+		isInit = isInit || ic.Name == c.Name
+	}
+	if !isInit {
+		ids := 0
+		for _, d := range got.Devices {
+			if d.Resource == names.GPU {
+				ids += len(d.IDs)
+			}
+		}
+		if ids != len(c.Devices) {
+			t.Errorf("%s/%s: the kubelet's devices %+v, want %d of %s", p.Name, c.Name, got.Devices, len(c.Devices), names.GPU)
+		}
+	}
 	preload, limits := false, false
 	for _, m := range got.Mounts {
 		preload = preload || m.ContainerPath == "/etc/ld.so.preload" && m.ReadOnly
@@ -344,6 +369,20 @@ func TestFaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The containers of lab-gpu-03 before its kubelet dies: they must
+	// keep running (the node's runtime outlives the kubelet, as
+	// containerd does) and be adopted by the restarted kubelet.
+	running03 := map[string]*hollowkubelet.Container{}
+	for name, p := range kept {
+		if p.Spec.NodeName != "lab-gpu-03" {
+			continue
+		}
+		c, err := lab.ContainerIn(dir, p.Spec.NodeName, p.Namespace, p.Name, "c")
+		if err != nil || c.PID == 0 || !lab.ProcessAlive(c.PID) {
+			t.Fatalf("pod %s on lab-gpu-03: container %+v, %v; want it running", name, c, err)
+		}
+		running03[name] = c
+	}
 	var pods []*corev1.Pod
 	for i := range n {
 		pods = append(pods, fractionalPod(faultsNS, fmt.Sprintf("f-%03d", i), shapes[i%len(shapes)]))
@@ -375,24 +414,28 @@ func TestFaults(t *testing.T) {
 		}
 		return true
 	})
-	// Every running pod of the restarted kubelet's node gets its
-	// containers created again, from the device manager's checkpoint.
-	testenv.WaitFor(t, "lab-gpu-03's containers re-created after its kubelet restart", 3*time.Minute, func() bool {
-		l, err := client.CoreV1().Pods(faultsNS).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false
-		}
-		for _, p := range l.Items {
-			if p.Spec.NodeName != "lab-gpu-03" || p.Status.Phase != corev1.PodRunning {
-				continue
-			}
-			c, err := lab.ContainerIn(dir, p.Spec.NodeName, p.Namespace, p.Name, "c")
-			if err != nil || c.Created.Before(killedAt) {
+	// The restarted kubelet adopts the containers that ran on: the same
+	// container, the same process.
+	testenv.WaitFor(t, "lab-gpu-03's pods running again after its kubelet restart", 3*time.Minute, func() bool {
+		for name := range running03 {
+			p, err := client.CoreV1().Pods(faultsNS).Get(ctx, name, metav1.GetOptions{})
+			if err != nil || p.Status.Phase != corev1.PodRunning || !podReady(p) {
 				return false
 			}
 		}
 		return true
 	})
+	for name, before := range running03 {
+		now, err := lab.ContainerIn(dir, "lab-gpu-03", faultsNS, name, "c")
+		if err != nil {
+			t.Errorf("pod %s: %v", name, err)
+			continue
+		}
+		if now.ID != before.ID || now.PID != before.PID || !lab.ProcessAlive(now.PID) {
+			t.Errorf("pod %s: container %s (pid %d) became %s (pid %d, alive %v) across the kubelet's restart; want it kept running",
+				name, before.ID, before.PID, now.ID, now.PID, lab.ProcessAlive(now.PID))
+		}
+	}
 	// No pod may fail: checkSettled accepts Running (with the record in
 	// its containers) and Pending (with a reason) only. A pod bound
 	// without a record fails the test in record().
@@ -414,4 +457,13 @@ func TestFaults(t *testing.T) {
 	ph := checkPhysical(t)
 	t.Logf("after killing %s while %d pods arrived: %d pods running, %d pending, 0 rejected by the kubelet; %d of %d earlier pods kept their allocation; %d running containers checked against NVML's GPUs",
 		strings.Join(victims, ", "), n, running, pending, len(kept)-lost, len(kept), ph.Containers)
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }

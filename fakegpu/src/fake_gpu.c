@@ -6,7 +6,11 @@
  * Work runs in order: an item enqueued at t starts at max(t, end of the
  * previous item) and ends `solo` GPU seconds later, or twice that with
  * FAKE_GPU_NEIGHBOUR=1 (a saturating neighbour on device 0 time-slices the
- * GPU: each gets half). Completion times are fixed when work is enqueued,
+ * GPU: each gets half), or (k + 1) times that while k other processes have
+ * work queued on the GPU (its state file; always in the emulated cluster,
+ * with FAKE_GPU_TIMESLICE=1 in tests). Each item is published in the
+ * process's slot of the GPU's state file (GPU time, end of the queue), from
+ * which the other processes and the node read its utilisation. Completion times are fixed when work is enqueued,
  * so nothing needs to run in the background: "now" decides what has
  * finished. FAKE_QUEUE_DEPTH bounds the pending items (default unlimited,
  * 1024 when simulated); a launch into a full queue waits for the oldest.
@@ -22,7 +26,7 @@
 #include <math.h>
 
 static pthread_mutex_t gmu = PTHREAD_MUTEX_INITIALIZER;
-static int cfg_read, sim, depth, neighbour;
+static int cfg_read, sim, depth, neighbour, timeslice;
 static double call_s, block_s, graph_s;
 
 static void gpu_cfg(void)
@@ -30,9 +34,13 @@ static void gpu_cfg(void)
     if (cfg_read)
         return;
     const char *v;
+    fake_devs_init();
     sim = (v = getenv("FAKE_SIM")) && *v == '1';
     depth = (v = getenv("FAKE_QUEUE_DEPTH")) ? atoi(v) : sim ? 1024 : 0;
     neighbour = (v = getenv("FAKE_GPU_NEIGHBOUR")) && *v == '1';
+    /* processes sharing a GPU share its time: always in the emulated
+     * cluster, on request in tests */
+    timeslice = fake_devs.lab[0] || ((v = getenv("FAKE_GPU_TIMESLICE")) && *v == '1');
     call_s = ((v = getenv("FAKE_SIM_CALL_US")) ? atof(v) : 5.0) * 1e-6;
     block_s = ((v = getenv("FAKE_BLOCK_US")) ? atof(v) : 10.0) * 1e-6;
     graph_s = ((v = getenv("FAKE_GRAPH_US")) ? atof(v) : 100.0) * 1e-6;
@@ -177,16 +185,26 @@ void fake_gpu_enqueue(int dev, double solo)
         }
     }
     double now = fake_now();
+    /* real time: the other processes with work queued on the GPU take
+     * their turns (time-slicing), each item lasts that much longer */
+    int others = !sim && timeslice ? fake_others_busy(dev, fake_mono_ns()) : 0;
     pthread_mutex_lock(&gmu);
     double start = tail[dev] > now ? tail[dev] : now;
-    double d = solo * (neighbour && dev == 0 ? 2.0 : 1.0);
+    double d = solo * (neighbour && dev == 0 ? 2.0 : 1.0) * (1 + others);
     struct run *r = &runs[dev][nruns[dev] % LOG];
     r->start = start;
     r->end = start + d;
     r->solo = solo;
     nruns[dev]++;
     tail[dev] = r->end;
+    double end = r->end;
     pthread_mutex_unlock(&gmu);
+    struct fake_slot *me = sim ? NULL : fake_slot_self(dev);
+    if (me) { /* for the other processes' NVML and the node's */
+        __atomic_store_n(&me->rate_ppm, (uint32_t)(d > 0 ? 1e6 * solo / d : 1e6), __ATOMIC_RELAXED);
+        __atomic_store_n(&me->tail_ns, (uint64_t)(end * 1e9), __ATOMIC_RELAXED);
+        __atomic_add_fetch(&me->busy_ns, (uint64_t)(solo * 1e9), __ATOMIC_RELAXED);
+    }
 }
 
 double fake_gpu_marker(int dev)

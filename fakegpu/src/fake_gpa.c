@@ -12,7 +12,7 @@
  */
 #include "fake.h"
 
-#include "../../src/tl_procaddr.h"
+#include "tl_procaddr.h"
 
 #define ENTRY(ret, name, args) {#name, (void *)name},
 static const struct {

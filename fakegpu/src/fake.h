@@ -19,7 +19,7 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 
-#include "../fake_api.h"
+#include "fake_api.h"
 #include "fake_common.h"
 
 #define FAKE_EXPORT __attribute__((visibility("default")))

@@ -1,20 +1,24 @@
 /*
- * fake_nvml.c - a stand-in libnvidia-ml.so.1 for CI, over the same fake
- * GPUs as the fake libcuda (fake_common.h: FAKE_GPUS or FAKE_GPU_COUNT x
+ * fake_nvml.c - a stand-in libnvidia-ml.so.1 for the limiter's tests and
+ * the emulated cluster, over the same fake GPUs as the fake libcuda
+ * (fake_common.h: the lab's state files, or FAKE_GPUS or FAKE_GPU_COUNT x
  * FAKE_GPU_MEM; NVML enumeration order FAKE_NVML_ORDER). NVML names
- * processes by host pid (FAKE_NVML_PID_OFFSET).
+ * processes by host pid (fake_self_host_pid).
  *
  * What it reports, per GPU:
+ *   name         the model in the GPU's state file, else "Tessera Fake GPU N"
  *   memory       total = the GPU's size; used = what this process holds
  *                through the fake libcuda (when loaded) plus what the other
- *                processes of the shared table and the neighbours hold
- *   processes    this process while it holds a context, the table's other
- *                processes and (GPU 0) FAKE_NVML_NEIGHBOURS, each with its
- *                usedGpuMemory; the same list for graphics and MPS queries
+ *                processes of the GPU's state file and the neighbours hold
+ *   processes    this process while it holds a context, the other live
+ *                processes of the state file and (GPU 0)
+ *                FAKE_NVML_NEIGHBOURS, each with its usedGpuMemory; the same
+ *                list for graphics and MPS queries
  *   utilisation  per process: this process's share of GPU time since the
  *                last query, from the fake GPU's execution log (fake_gpu.c;
- *                simulated time when FAKE_SIM=1), the others' from the table
- *                and the neighbours; device: their sum, or 100 % with
+ *                simulated time when FAKE_SIM=1), the others' from the GPU
+ *                time they publish in the state file, the neighbours'
+ *                fixed; device: their sum, or 100 % with
  *                FAKE_GPU_NEIGHBOUR=1 (a saturating neighbour on GPU 0)
  *
  * Failure knobs: FAKE_NVML_FAIL=1 (nvmlInit fails), FAKE_NVML_MEM_FAIL=1
@@ -28,7 +32,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 
-#include "../fake_api.h"
+#include "fake_api.h"
 #include "fake_common.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -154,7 +158,11 @@ EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *s, unsigned int n)
     struct fake_nvdev *f = dev_of(d);
     if (!f || !s || !n)
         return NVML_ERROR_INVALID_ARGUMENT;
-    snprintf(s, n, "Tessera Fake GPU %d", f->ord);
+    const fake_gpu *g = fake_gpu_of(f->ord);
+    if (g->name[0])
+        snprintf(s, n, "%s", g->name);
+    else
+        snprintf(s, n, "Tessera Fake GPU %d", f->ord);
     return NVML_SUCCESS;
 }
 
@@ -215,13 +223,39 @@ static unsigned own_util(struct fake_nvdev *f)
     } else if (us[o].last_t == 0) {
         us[o].last_t = t;
     }
-    unsigned v = getenv("FAKE_NVML_LAG") ? us[o].prev : us[o].util;
-    struct fake_proc *me = fake_proc_self();
-    if (me) {
-        __atomic_store_n(&me->util[o], v, __ATOMIC_RELAXED);
-        __atomic_store_n(&me->used[o], own_used(o), __ATOMIC_RELAXED);
+    return getenv("FAKE_NVML_LAG") ? us[o].prev : us[o].util;
+}
+
+/* The other processes of a GPU, with each one's utilisation since the
+ * last query (from the GPU time it published). */
+static struct {
+    uint64_t start_ns, done_ns, t_ns;
+    unsigned util;
+} seen[FAKE_MAXDEV][FAKE_STATE_SLOTS];
+
+static int others(int ord, struct fake_other *o, int max)
+{
+    int n = fake_others(ord, o, max);
+    uint64_t now = fake_mono_ns();
+    for (int i = 0; i < n; i++) {
+        if (o[i].slot < 0)
+            continue; /* a neighbour: fixed */
+        __typeof__(&seen[0][0]) p = &seen[ord][o[i].slot];
+        uint64_t done = fake_other_done(&o[i], now);
+        if (p->start_ns != o[i].start_ns) { /* a process new to us: busy now or not */
+            p->start_ns = o[i].start_ns;
+            p->done_ns = done;
+            p->t_ns = now;
+            p->util = o[i].tail_ns > now ? (o[i].rate_ppm ? o[i].rate_ppm : 1000000u) / 10000u : 0;
+        } else if (now - p->t_ns > 20000000ull) {
+            double u = 100.0 * (double)(done - p->done_ns) / (double)(now - p->t_ns);
+            p->util = u > 100 ? 100 : (unsigned)(u + 0.5);
+            p->done_ns = done;
+            p->t_ns = now;
+        }
+        o[i].util = p->util;
     }
-    return v;
+    return n;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, TL_NVML_PROC_UTIL_SAMPLE *s,
@@ -235,8 +269,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, TL_NVML_PROC
         *n = 0; /* no new sample, as when NVML samples less often than the limiter asks */
         return NVML_SUCCESS;
     }
-    struct fake_other o[FAKE_PROCS_MAX * 2];
-    int no = fake_others(f->ord, o, FAKE_PROCS_MAX * 2);
+    struct fake_other o[FAKE_OTHERS_MAX];
+    int no = others(f->ord, o, FAKE_OTHERS_MAX);
     unsigned need = 1 + (unsigned)no;
     if (!s || *n < need) {
         *n = need;
@@ -244,7 +278,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, TL_NVML_PROC
     }
     unsigned long long ts = (unsigned long long)(now_s() * 1e6);
     memset(s, 0, sizeof(*s) * need);
-    s[0].pid = fake_host_pid(getpid());
+    s[0].pid = fake_self_host_pid();
     s[0].timeStamp = ts;
     s[0].smUtil = own_util(f);
     for (int i = 0; i < no; i++) {
@@ -261,8 +295,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t d, TL_NVM
     struct fake_nvdev *f = dev_of(d);
     if (!f || !info)
         return NVML_ERROR_INVALID_ARGUMENT;
-    struct fake_other o[FAKE_PROCS_MAX * 2];
-    int no = fake_others(f->ord, o, FAKE_PROCS_MAX * 2);
+    struct fake_other o[FAKE_OTHERS_MAX];
+    int no = others(f->ord, o, FAKE_OTHERS_MAX);
     unsigned need = 1 + (unsigned)no;
     if (!info->procUtilArray || info->processSamplesCount < need) {
         info->processSamplesCount = need;
@@ -271,7 +305,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t d, TL_NVM
     unsigned long long ts = (unsigned long long)(now_s() * 1e6);
     TL_NVML_PROC_UTIL_INFO *a = info->procUtilArray;
     memset(a, 0, sizeof(*a) * need);
-    a[0].pid = fake_host_pid(getpid());
+    a[0].pid = fake_self_host_pid();
     a[0].timeStamp = ts;
     a[0].smUtil = own_util(f);
     for (int i = 0; i < no; i++) {
@@ -290,8 +324,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, TL_NVML_UTILIZ
     if (!f || !u)
         return NVML_ERROR_INVALID_ARGUMENT;
     unsigned sum = us[f->ord].util;
-    struct fake_other o[FAKE_PROCS_MAX * 2];
-    int no = fake_others(f->ord, o, FAKE_PROCS_MAX * 2);
+    struct fake_other o[FAKE_OTHERS_MAX];
+    int no = others(f->ord, o, FAKE_OTHERS_MAX);
     for (int i = 0; i < no; i++)
         sum += o[i].util;
     const char *nb = getenv("FAKE_GPU_NEIGHBOUR");
@@ -313,15 +347,13 @@ struct entry {
 static int procs(struct fake_nvdev *f, struct entry *e, int max)
 {
     int n = 0;
-    struct fake_proc *me = fake_proc_self();
-    if (me)
-        __atomic_store_n(&me->used[f->ord], own_used(f->ord), __ATOMIC_RELAXED);
+    struct fake_slot *me = fake_slot_self(f->ord);
     if (me || own_ctx() > 0) {
-        e[n].pid = fake_host_pid(getpid());
+        e[n].pid = fake_self_host_pid();
         e[n++].used = own_used(f->ord);
     }
-    struct fake_other o[FAKE_PROCS_MAX * 2];
-    int no = fake_others(f->ord, o, FAKE_PROCS_MAX * 2);
+    struct fake_other o[FAKE_OTHERS_MAX];
+    int no = fake_others(f->ord, o, FAKE_OTHERS_MAX);
     for (int i = 0; i < no && n < max; i++) {
         e[n].pid = o[i].host_pid;
         e[n++].used = o[i].used;
@@ -338,8 +370,8 @@ static nvmlReturn_t running(nvmlDevice_t d, unsigned int *n, void *infos, size_t
         return NVML_ERROR_INVALID_ARGUMENT;
     if (getenv("FAKE_NVML_NO_PROCLIST"))
         return NVML_ERROR_NOT_SUPPORTED;
-    struct entry e[FAKE_PROCS_MAX * 2 + 1];
-    int ne = procs(f, e, FAKE_PROCS_MAX * 2 + 1);
+    struct entry e[FAKE_OTHERS_MAX + 1];
+    int ne = procs(f, e, FAKE_OTHERS_MAX + 1);
     if (*n < (unsigned)ne || (ne && !infos)) {
         *n = (unsigned)ne;
         return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -391,8 +423,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t d, TL_NVM
     struct fake_nvdev *f = dev_of(d);
     if (!f || !l)
         return NVML_ERROR_INVALID_ARGUMENT;
-    struct entry e[FAKE_PROCS_MAX * 2 + 1];
-    int ne = procs(f, e, FAKE_PROCS_MAX * 2 + 1);
+    struct entry e[FAKE_OTHERS_MAX + 1];
+    int ne = procs(f, e, FAKE_OTHERS_MAX + 1);
     if (!l->procArray || l->numProcArrayEntries < (unsigned)ne) {
         l->numProcArrayEntries = (unsigned)ne;
         return NVML_ERROR_INSUFFICIENT_SIZE;

@@ -50,24 +50,29 @@ FAKE_EXPORT unsigned long long fake_used_bytes(int dev)
 
 static void publish(int dev)
 {
-    struct fake_proc *me = fake_proc_self();
+    struct fake_slot *me = fake_slot_self(dev);
     if (me)
-        __atomic_store_n(&me->used[dev], used[dev], __ATOMIC_RELAXED);
+        __atomic_store_n(&me->used, used[dev], __ATOMIC_RELAXED);
 }
 
+/* With fake_mu held. A GPU's memory is what every process on it shares:
+ * with a state file, the check and the take happen under its lock. */
 int fake_mem_take(int dev, unsigned long long n)
 {
     const fake_gpu *g = fake_gpu_of(dev);
     if (!g)
         return -1;
+    fake_state_lock(dev);
     unsigned long long others = fake_others_used(dev), held = used[dev] + others;
-    if (held > g->mem || n > g->mem - held)
-        return -1;
-    used[dev] += n;
-    if (dev == 0 && used[0] > fake_peak_used)
-        fake_peak_used = used[0];
-    publish(dev);
-    return 0;
+    int ok = held <= g->mem && n <= g->mem - held;
+    if (ok) {
+        used[dev] += n;
+        if (dev == 0 && used[0] > fake_peak_used)
+            fake_peak_used = used[0];
+        publish(dev);
+    }
+    fake_state_unlock(dev);
+    return ok ? 0 : -1;
 }
 
 void fake_mem_give(int dev, unsigned long long n)
@@ -76,6 +81,18 @@ void fake_mem_give(int dev, unsigned long long n)
         return;
     used[dev] = used[dev] >= n ? used[dev] - n : 0;
     publish(dev);
+}
+
+/* Take this process's slot on dev's state file (a context there). */
+static void proc_register(int dev)
+{
+    pthread_mutex_lock(&fake_mu);
+    unsigned long long u = used[dev];
+    pthread_mutex_unlock(&fake_mu);
+    fake_state_register(dev, u);
+    pthread_mutex_lock(&fake_mu);
+    publish(dev); /* what changed meanwhile */
+    pthread_mutex_unlock(&fake_mu);
 }
 
 static unsigned long long env_size(const char *n)
@@ -135,7 +152,11 @@ FAKE_EXPORT CUresult cuDeviceGetName(char *s, int len, CUdevice d)
     NEED_INIT();
     if (!s || len <= 0 || !valid_dev(d))
         return CUDA_ERROR_INVALID_VALUE;
-    snprintf(s, (size_t)len, "Tessera Fake GPU %d", d);
+    const fake_gpu *g = fake_gpu_of(d);
+    if (g->name[0])
+        snprintf(s, (size_t)len, "%s", g->name);
+    else
+        snprintf(s, (size_t)len, "Tessera Fake GPU %d", d);
     return CUDA_SUCCESS;
 }
 
@@ -303,7 +324,7 @@ static CUresult ctx_create(CUcontext *pc, CUdevice dev)
     c->magic = 1;
     c->limit[TL_LIMIT_STACK_SIZE] = 1024;
     pthread_mutex_unlock(&fake_mu);
-    fake_proc_register();
+    proc_register(dev);
     set_current(c);
     *pc = c;
     return CUDA_SUCCESS;
@@ -377,7 +398,7 @@ FAKE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pc, CUdevice dev)
     }
     prim_refs[dev]++;
     pthread_mutex_unlock(&fake_mu);
-    fake_proc_register();
+    proc_register(dev);
     *pc = &prim[dev];
     return CUDA_SUCCESS;
 }

@@ -1,0 +1,584 @@
+/*
+ * fake_common.h - what the fake libcuda.so.1 and libnvidia-ml.so.1 share:
+ * the list of fake GPUs and the state file through which the processes
+ * using a GPU see each other. Header-only (static functions): each library
+ * has its own copy of the code, the data lives in the environment and in
+ * the state files.
+ *
+ * Devices (read once per process), the first that applies:
+ *   the emulated cluster: a directory FAKE_GPU_DEVICES (default
+ *       /run/tessera-fakegpu, where tessera-lab's runtime mounts it into a
+ *       container) holding one state file per GPU of the container, named
+ *       0, 1, ... in CUDA ordinal order; each names its GPU (UUID, model,
+ *       memory). The environment cannot change them.
+ *   FAKE_GPUS="UUID:SIZE[,UUID:SIZE...]"  one GPU per entry, in CUDA ordinal
+ *       order; UUID as NVML prints it (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx),
+ *       SIZE in bytes or with a k/m/g/t suffix.
+ *   otherwise FAKE_GPU_COUNT GPUs (default 2) of FAKE_GPU_MEM bytes (default
+ *       16 GiB) with UUIDs GPU-fa4e0000-0000-4000-8000-0000000000<ii>.
+ *   FAKE_NVML_ORDER="2,0,1": NVML index i is CUDA ordinal ORDER[i] (NVML
+ *       enumerates by PCI bus, CUDA fastest first: they can differ).
+ *
+ * Shared state (optional outside the emulated cluster: FAKE_GPU_STATE_DIR=DIR
+ * makes DIR/<UUID> the state file of each GPU, created on first use): one
+ * file per GPU, layout version FAKE_STATE_VERSION (struct fake_state; the Go
+ * reader is tessera's internal/lab/fakegpu). A process takes a slot of a
+ * GPU's file when it creates a context there and holds an OFD write lock on
+ * the slot while it lives, so a slot is live exactly while its process is
+ * (whatever PID namespace the process and the reader are in). The fake
+ * libcuda publishes there the device memory the process holds and the GPU
+ * time of the work it enqueued; a GPU's memory is shared by all of them
+ * (an allocation takes the file's lock, byte 0, to check what the others
+ * hold); the fake NVML lists every live slot as a process (by host pid)
+ * and derives each one's utilisation from its GPU time.
+ *
+ * Host pids: in the emulated cluster the driver socket DIR/driver.sock
+ * (beside the state files) answers a process's host pid (the runtime reads
+ * it from the connection's credentials); otherwise NVML's (host) pid of a
+ * process is getpid() + FAKE_NVML_PID_OFFSET, as for a container with its
+ * own pid namespace. FAKE_CTX_RENDEZVOUS=N: the first context creation of
+ * each process waits until N processes are inside it before the process
+ * appears, then until all N appear (a concurrent start, deterministically).
+ * FAKE_NVML_NEIGHBOURS="HOSTPID:UTIL[:MiB],...": further processes that are
+ * always on GPU 0 (ordinal 0), with fixed SM utilisation and memory.
+ */
+#ifndef FAKE_COMMON_H
+#define FAKE_COMMON_H
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#define FAKE_MAXDEV 16
+#define FAKE_LAB_DEVICES "/run/tessera-fakegpu"
+
+/* ---- the state file of one GPU (layout version 1) ---- */
+#define FAKE_STATE_MAGIC 0x55504754u /* "TGPU" */
+#define FAKE_STATE_VERSION 1u
+#define FAKE_STATE_SLOTS 256
+
+struct fake_slot {      /* 64 bytes */
+    uint32_t host_pid;  /* NVML's pid of the process (host pid namespace) */
+    int32_t ns_pid;     /* its getpid(), in its own pid namespace */
+    uint64_t pidns;     /* inode of its pid namespace */
+    uint64_t used;      /* device bytes it holds */
+    uint64_t busy_ns;   /* GPU time (run alone) of all the work it enqueued */
+    uint64_t tail_ns;   /* CLOCK_MONOTONIC ns at which its queued work ends */
+    uint64_t start_ns;  /* CLOCK_MONOTONIC ns at which it took the slot */
+    uint32_t rate_ppm;  /* GPU time per ns of its last work, in millionths (shared GPU: < 1e6) */
+    uint32_t reserved0;
+    uint64_t reserved;
+};
+
+struct fake_state {     /* header: 256 bytes, then the slots */
+    uint32_t magic;     /* FAKE_STATE_MAGIC */
+    uint32_t version;   /* FAKE_STATE_VERSION */
+    uint32_t header_size, slot_size, slots;
+    uint32_t arrived;   /* FAKE_CTX_RENDEZVOUS */
+    uint64_t memory;    /* bytes */
+    uint32_t sms;
+    uint32_t reserved0;
+    char uuid[48];
+    char name[96];
+    uint8_t reserved[72];
+    struct fake_slot slot[FAKE_STATE_SLOTS];
+};
+_Static_assert(sizeof(struct fake_slot) == 64, "fake_slot layout");
+_Static_assert(__builtin_offsetof(struct fake_state, slot) == 256, "fake_state header layout");
+
+typedef struct {
+    char uuid[48];          /* "GPU-..." */
+    char name[96];          /* "" outside the emulated cluster */
+    unsigned long long mem; /* bytes */
+} fake_gpu;
+
+static struct {
+    int ready;
+    int n;
+    fake_gpu gpu[FAKE_MAXDEV];
+    int nvml_order[FAKE_MAXDEV]; /* NVML index -> CUDA ordinal */
+    char lab[256];               /* the emulated cluster's device directory, or "" */
+    char state_dir[256];         /* FAKE_GPU_STATE_DIR, or "" */
+} fake_devs;
+
+/* This process's view of a GPU's state file. */
+static struct fake_shared {
+    int fd;               /* -1: none */
+    struct fake_state *m;
+    int self;             /* the slot this process holds (libcuda), or -1 */
+    int owner;            /* getpid() when it was taken (a forked child has none) */
+} fake_sh[FAKE_MAXDEV];
+
+static int fake_state_open(int ord, const char *path, int create);
+
+static unsigned long long fake_parse_size(const char *s, const char **end)
+{
+    char *e;
+    unsigned long long v = strtoull(s, &e, 10);
+    switch (*e) {
+    case 'k': case 'K': v <<= 10; e++; break;
+    case 'm': case 'M': v <<= 20; e++; break;
+    case 'g': case 'G': v <<= 30; e++; break;
+    case 't': case 'T': v <<= 40; e++; break;
+    }
+    if (end)
+        *end = e;
+    return v;
+}
+
+static void fake_devs_init(void)
+{
+    if (fake_devs.ready)
+        return;
+    for (int i = 0; i < FAKE_MAXDEV; i++) {
+        fake_sh[i].fd = -1;
+        fake_sh[i].self = -1;
+    }
+    int n = 0;
+    const char *lab = getenv("FAKE_GPU_DEVICES");
+    if (!lab || !*lab)
+        lab = FAKE_LAB_DEVICES;
+    char path[320];
+    snprintf(path, sizeof(path), "%s/0", lab);
+    if (access(path, F_OK) == 0) {
+        /* the emulated cluster: the container's GPUs are its state files */
+        snprintf(fake_devs.lab, sizeof(fake_devs.lab), "%s", lab);
+        for (; n < FAKE_MAXDEV; n++) {
+            snprintf(path, sizeof(path), "%s/%d", lab, n);
+            if (access(path, F_OK) != 0)
+                break;
+            if (fake_state_open(n, path, 0) != 0) {
+                n = 0; /* reported; no GPU rather than a wrong one */
+                break;
+            }
+            const struct fake_state *m = fake_sh[n].m;
+            memcpy(fake_devs.gpu[n].uuid, m->uuid, sizeof(fake_devs.gpu[n].uuid));
+            fake_devs.gpu[n].uuid[sizeof(fake_devs.gpu[n].uuid) - 1] = 0;
+            memcpy(fake_devs.gpu[n].name, m->name, sizeof(fake_devs.gpu[n].name));
+            fake_devs.gpu[n].name[sizeof(fake_devs.gpu[n].name) - 1] = 0;
+            fake_devs.gpu[n].mem = m->memory;
+        }
+    } else {
+        const char *g = getenv("FAKE_GPUS");
+        while (g && *g && n < FAKE_MAXDEV) {
+            const char *colon = strchr(g, ':');
+            if (!colon || colon - g >= (long)sizeof(fake_devs.gpu[0].uuid))
+                break;
+            memcpy(fake_devs.gpu[n].uuid, g, (size_t)(colon - g));
+            fake_devs.gpu[n].uuid[colon - g] = 0;
+            const char *e;
+            fake_devs.gpu[n].mem = fake_parse_size(colon + 1, &e);
+            n++;
+            g = *e == ',' ? e + 1 : NULL;
+        }
+        if (n == 0) {
+            const char *c = getenv("FAKE_GPU_COUNT"), *m = getenv("FAKE_GPU_MEM");
+            n = c ? atoi(c) : 2;
+            if (n < 1 || n > FAKE_MAXDEV)
+                n = 2;
+            unsigned long long mem = m ? fake_parse_size(m, NULL) : 16ull << 30;
+            for (int i = 0; i < n; i++) {
+                snprintf(fake_devs.gpu[i].uuid, sizeof(fake_devs.gpu[i].uuid),
+                         "GPU-fa4e0000-0000-4000-8000-0000000000%02x", i);
+                fake_devs.gpu[i].mem = mem;
+            }
+        }
+        const char *sd = getenv("FAKE_GPU_STATE_DIR");
+        if (sd && *sd) {
+            snprintf(fake_devs.state_dir, sizeof(fake_devs.state_dir), "%s", sd);
+            mkdir(sd, 0777);
+            for (int i = 0; i < n; i++) {
+                snprintf(path, sizeof(path), "%s/%s", sd, fake_devs.gpu[i].uuid);
+                fake_state_open(i, path, 1);
+            }
+        }
+    }
+    fake_devs.n = n;
+    for (int i = 0; i < n; i++)
+        fake_devs.nvml_order[i] = i;
+    const char *o = getenv("FAKE_NVML_ORDER");
+    for (int i = 0; o && *o && i < n; i++) {
+        int v = atoi(o);
+        if (v >= 0 && v < n)
+            fake_devs.nvml_order[i] = v;
+        o = strchr(o, ',');
+        o = o ? o + 1 : NULL;
+    }
+    fake_devs.ready = 1;
+}
+
+static inline int fake_ndev(void)
+{
+    fake_devs_init();
+    return fake_devs.n;
+}
+
+static inline const fake_gpu *fake_gpu_of(int ordinal)
+{
+    fake_devs_init();
+    return ordinal >= 0 && ordinal < fake_devs.n ? &fake_devs.gpu[ordinal] : NULL;
+}
+
+/* "GPU-01234567-89ab-cdef-0123-456789abcdef" <-> 16 bytes (MIG- too). */
+static inline int fake_uuid_bytes(const char *s, unsigned char out[16])
+{
+    if (strncmp(s, "GPU-", 4) && strncmp(s, "MIG-", 4))
+        return -1;
+    s += 4;
+    for (int i = 0; i < 16; i++) {
+        if (*s == '-')
+            s++;
+        unsigned v;
+        if (sscanf(s, "%2x", &v) != 1)
+            return -1;
+        out[i] = (unsigned char)v;
+        s += 2;
+    }
+    return *s ? -1 : 0;
+}
+
+/* ---- the state files ---- */
+
+static inline uint64_t fake_mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static inline void fake_sleep_ms(int ms)
+{
+    struct timespec ts = {0, ms * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static inline off_t fake_slot_off(int i)
+{
+    return (off_t)__builtin_offsetof(struct fake_state, slot) + (off_t)i * (off_t)sizeof(struct fake_slot);
+}
+
+/* An OFD lock (fcntl F_OFD_*): held by an open file description, released
+ * when the last descriptor of it closes, whatever process or namespace. */
+static inline int fake_lock(int fd, int cmd, short type, off_t start, off_t len)
+{
+    struct flock fl;
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = start;
+    fl.l_len = len;
+    int r;
+    do
+        r = fcntl(fd, cmd, &fl);
+    while (r < 0 && errno == EINTR);
+    return r;
+}
+
+/* Whether slot i's process lives: someone (another open file description)
+ * holds its lock. */
+static inline int fake_slot_live(int fd, int i)
+{
+    struct flock fl;
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = fake_slot_off(i);
+    fl.l_len = (off_t)sizeof(struct fake_slot);
+    if (fcntl(fd, F_OFD_GETLK, &fl) != 0)
+        return 0;
+    return fl.l_type != F_UNLCK;
+}
+
+static int fake_state_open(int ord, const char *path, int create)
+{
+    int fd = open(path, O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0666);
+    if (fd < 0) {
+        fprintf(stderr, "fake GPU: cannot open the GPU state file %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    int bad = 0;
+    if (create) {
+        /* the first process to come writes the header */
+        fake_lock(fd, F_OFD_SETLKW, F_WRLCK, 0, 1);
+        if (fstat(fd, &st) == 0 && st.st_size == 0) {
+            struct fake_state h;
+            memset(&h, 0, __builtin_offsetof(struct fake_state, slot));
+            h.magic = FAKE_STATE_MAGIC;
+            h.version = FAKE_STATE_VERSION;
+            h.header_size = (uint32_t)__builtin_offsetof(struct fake_state, slot);
+            h.slot_size = sizeof(struct fake_slot);
+            h.slots = FAKE_STATE_SLOTS;
+            h.memory = fake_devs.gpu[ord].mem;
+            snprintf(h.uuid, sizeof(h.uuid), "%s", fake_devs.gpu[ord].uuid);
+            bad = ftruncate(fd, (off_t)sizeof(struct fake_state)) != 0 ||
+                  pwrite(fd, &h, h.header_size, 0) != (ssize_t)h.header_size;
+        }
+        fake_lock(fd, F_OFD_SETLK, F_UNLCK, 0, 1);
+    }
+    uint32_t hdr[3] = {0, 0, 0};
+    if (!bad && (fstat(fd, &st) != 0 || st.st_size < (off_t)sizeof(struct fake_state) ||
+                 pread(fd, hdr, sizeof(hdr), 0) != (ssize_t)sizeof(hdr)))
+        bad = 1;
+    if (bad || hdr[0] != FAKE_STATE_MAGIC || hdr[1] != FAKE_STATE_VERSION ||
+        hdr[2] != __builtin_offsetof(struct fake_state, slot)) {
+        fprintf(stderr, "fake GPU: %s is not a GPU state file of layout version %u (magic %#x, version %u)\n",
+                path, FAKE_STATE_VERSION, hdr[0], hdr[1]);
+        close(fd);
+        return -1;
+    }
+    void *m = mmap(NULL, sizeof(struct fake_state), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        close(fd);
+        return -1;
+    }
+    fake_sh[ord].fd = fd;
+    fake_sh[ord].m = m;
+    return 0;
+}
+
+/* The state of a GPU, or NULL when there is none (no shared state). */
+static inline struct fake_shared *fake_shared_of(int ord)
+{
+    fake_devs_init();
+    return ord >= 0 && ord < fake_devs.n && fake_sh[ord].m ? &fake_sh[ord] : NULL;
+}
+
+static inline int fake_shared_any(void)
+{
+    fake_devs_init();
+    return fake_devs.lab[0] || fake_devs.state_dir[0];
+}
+
+static inline uint64_t fake_pidns(void)
+{
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+/* This process's host pid: asked from the emulated cluster's driver
+ * socket, else getpid() + FAKE_NVML_PID_OFFSET. */
+static inline uint32_t fake_self_host_pid(void)
+{
+    static uint32_t hp;
+    static int for_pid;
+    if (hp && for_pid == getpid())
+        return hp;
+    fake_devs_init();
+    uint32_t v = 0;
+    size_t dl = strlen(fake_devs.lab);
+    struct sockaddr_un a;
+    if (dl && dl + sizeof("/driver.sock") <= sizeof(a.sun_path)) {
+        memset(&a, 0, sizeof(a));
+        a.sun_family = AF_UNIX;
+        memcpy(a.sun_path, fake_devs.lab, dl);
+        memcpy(a.sun_path + dl, "/driver.sock", sizeof("/driver.sock"));
+        int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (s >= 0 && connect(s, (struct sockaddr *)&a, sizeof(a)) == 0) {
+            char buf[32];
+            ssize_t r = read(s, buf, sizeof(buf) - 1);
+            if (r > 0) {
+                buf[r] = 0;
+                v = (uint32_t)strtoul(buf, NULL, 10);
+            }
+        }
+        if (s >= 0)
+            close(s);
+    }
+    if (!v) {
+        const char *off = getenv("FAKE_NVML_PID_OFFSET");
+        v = (uint32_t)getpid() + (off ? (uint32_t)atoi(off) : 0u);
+    }
+    hp = v;
+    for_pid = getpid();
+    return hp;
+}
+
+/* Whether slot t is this process's. */
+static inline int fake_slot_is_self(const struct fake_slot *t)
+{
+    static uint64_t ns;
+    if (!ns)
+        ns = fake_pidns();
+    return __atomic_load_n(&t->ns_pid, __ATOMIC_ACQUIRE) == getpid() && t->pidns == ns;
+}
+
+/* This process's slot on a GPU, or NULL. */
+static inline struct fake_slot *fake_slot_self(int ord)
+{
+    struct fake_shared *s = fake_shared_of(ord);
+    if (!s)
+        return NULL;
+    if (s->self >= 0 && s->owner == getpid())
+        return &s->m->slot[s->self];
+    for (int i = 0; i < FAKE_STATE_SLOTS; i++)
+        if (fake_slot_is_self(&s->m->slot[i]) && fake_slot_live(s->fd, i))
+            return &s->m->slot[i];
+    return NULL;
+}
+
+static inline int fake_live_count(struct fake_shared *s)
+{
+    int n = 0;
+    for (int i = 0; i < FAKE_STATE_SLOTS; i++)
+        n += (s->m->slot[i].ns_pid != 0 && fake_slot_live(s->fd, i)) || (s->self == i && s->owner == getpid());
+    return n;
+}
+
+/* Called by the fake libcuda at each context creation on a GPU: take a slot
+ * there (once per process), publishing `used` bytes already held. */
+static inline void fake_state_register(int ord, uint64_t used)
+{
+    struct fake_shared *s = fake_shared_of(ord);
+    if (!s)
+        return;
+    if (s->self >= 0 && s->owner == getpid())
+        return;
+    if (s->self >= 0) {
+        /* a forked child: its descriptor shares the parent's lock */
+        char path[320];
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", s->fd);
+        int fd = open(path, O_RDWR | O_CLOEXEC);
+        if (fd < 0)
+            return;
+        close(s->fd);
+        s->fd = fd;
+        s->self = -1;
+    }
+    struct fake_state *m = s->m;
+    int want = getenv("FAKE_CTX_RENDEZVOUS") ? atoi(getenv("FAKE_CTX_RENDEZVOUS")) : 0;
+    if (want > 0) {
+        __atomic_add_fetch(&m->arrived, 1, __ATOMIC_ACQ_REL);
+        for (int i = 0; i < 1000 && __atomic_load_n(&m->arrived, __ATOMIC_ACQUIRE) < (uint32_t)want; i++)
+            fake_sleep_ms(10);
+    }
+    for (int i = 0; i < FAKE_STATE_SLOTS; i++) {
+        if (fake_lock(s->fd, F_OFD_SETLK, F_WRLCK, fake_slot_off(i), (off_t)sizeof(struct fake_slot)) != 0)
+            continue; /* a live process holds it */
+        struct fake_slot *t = &m->slot[i];
+        __atomic_store_n(&t->ns_pid, 0, __ATOMIC_RELEASE);
+        t->host_pid = fake_self_host_pid();
+        t->pidns = fake_pidns();
+        __atomic_store_n(&t->used, used, __ATOMIC_RELAXED);
+        t->busy_ns = 0;
+        t->tail_ns = 0;
+        t->start_ns = fake_mono_ns();
+        __atomic_store_n(&t->ns_pid, (int32_t)getpid(), __ATOMIC_RELEASE);
+        s->self = i;
+        s->owner = getpid();
+        break;
+    }
+    for (int i = 0; want > 0 && i < 1000 && fake_live_count(s) < want; i++)
+        fake_sleep_ms(10);
+}
+
+/* The GPU's allocation lock: what the processes hold changes under it. */
+static inline void fake_state_lock(int ord)
+{
+    struct fake_shared *s = fake_shared_of(ord);
+    if (s)
+        fake_lock(s->fd, F_OFD_SETLKW, F_WRLCK, 0, 1);
+}
+
+static inline void fake_state_unlock(int ord)
+{
+    struct fake_shared *s = fake_shared_of(ord);
+    if (s)
+        fake_lock(s->fd, F_OFD_SETLK, F_UNLCK, 0, 1);
+}
+
+/* The processes other than this one on a GPU: live slots of its state
+ * file, then (GPU 0 only) FAKE_NVML_NEIGHBOURS. `slot` is the slot index,
+ * -1 for a neighbour. */
+struct fake_other {
+    uint32_t host_pid, util;
+    uint64_t used, busy_ns, tail_ns, start_ns;
+    uint32_t rate_ppm;
+    int slot;
+};
+
+static inline int fake_others(int ord, struct fake_other *o, int max)
+{
+    int k = 0;
+    struct fake_shared *s = fake_shared_of(ord);
+    for (int i = 0; s && i < FAKE_STATE_SLOTS && k < max; i++) {
+        struct fake_slot *t = &s->m->slot[i];
+        if (__atomic_load_n(&t->ns_pid, __ATOMIC_ACQUIRE) == 0 || (s->self == i && s->owner == getpid()) ||
+            fake_slot_is_self(t) || !fake_slot_live(s->fd, i))
+            continue;
+        o[k].host_pid = t->host_pid;
+        o[k].util = 0;
+        o[k].used = __atomic_load_n(&t->used, __ATOMIC_RELAXED);
+        o[k].busy_ns = __atomic_load_n(&t->busy_ns, __ATOMIC_RELAXED);
+        o[k].tail_ns = __atomic_load_n(&t->tail_ns, __ATOMIC_RELAXED);
+        o[k].start_ns = t->start_ns;
+        o[k].rate_ppm = __atomic_load_n(&t->rate_ppm, __ATOMIC_RELAXED);
+        o[k++].slot = i;
+    }
+    const char *nb = ord == 0 ? getenv("FAKE_NVML_NEIGHBOURS") : NULL;
+    while (nb && *nb && k < max) {
+        unsigned hp = 0, util = 0, mib = 1024;
+        if (sscanf(nb, "%u:%u:%u", &hp, &util, &mib) < 2)
+            break;
+        memset(&o[k], 0, sizeof(o[k]));
+        o[k].host_pid = hp;
+        o[k].util = util;
+        o[k].used = (uint64_t)mib << 20;
+        o[k++].slot = -1;
+        nb = strchr(nb, ',');
+        nb = nb ? nb + 1 : NULL;
+    }
+    return k;
+}
+
+#define FAKE_OTHERS_MAX (FAKE_STATE_SLOTS + 64)
+
+/* Device memory the other processes hold on a GPU. */
+static inline uint64_t fake_others_used(int ord)
+{
+    struct fake_other o[FAKE_OTHERS_MAX];
+    int n = fake_others(ord, o, FAKE_OTHERS_MAX);
+    uint64_t s = 0;
+    for (int i = 0; i < n; i++)
+        s += o[i].used;
+    return s;
+}
+
+/* GPU time (run alone) of the work an other process has done by now_ns:
+ * its queued work runs without a gap until its tail. */
+static inline uint64_t fake_other_done(const struct fake_other *o, uint64_t now_ns)
+{
+    if (o->tail_ns <= now_ns)
+        return o->busy_ns;
+    uint64_t left = (uint64_t)((double)(o->tail_ns - now_ns) * (o->rate_ppm ? o->rate_ppm : 1000000u) / 1e6);
+    return left < o->busy_ns ? o->busy_ns - left : 0;
+}
+
+/* Other processes with work queued on a GPU now (they share its time). */
+static inline int fake_others_busy(int ord, uint64_t now_ns)
+{
+    struct fake_shared *s = fake_shared_of(ord);
+    int n = 0;
+    for (int i = 0; s && i < FAKE_STATE_SLOTS; i++) {
+        struct fake_slot *t = &s->m->slot[i];
+        if (__atomic_load_n(&t->ns_pid, __ATOMIC_ACQUIRE) == 0 || (s->self == i && s->owner == getpid()) ||
+            __atomic_load_n(&t->tail_ns, __ATOMIC_RELAXED) <= now_ns || fake_slot_is_self(t) ||
+            !fake_slot_live(s->fd, i))
+            continue;
+        n++;
+    }
+    return n;
+}
+
+#endif
