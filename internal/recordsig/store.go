@@ -93,7 +93,7 @@ func (s Store) LoadOrCreate(ctx context.Context, client kubernetes.Interface) (*
 	}
 	signer, ring, err := parseSecret(sec.Data)
 	if err != nil {
-		return nil, nil, fmt.Errorf("Secret %s/%s: %w", s.Namespace, s.Secret, err)
+		return nil, nil, fmt.Errorf("the record signing key Secret %s/%s: %w", s.Namespace, s.Secret, err)
 	}
 	if err := s.publish(ctx, client, ring); err != nil {
 		return nil, nil, err
