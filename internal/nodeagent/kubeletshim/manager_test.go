@@ -41,11 +41,13 @@ func TestManagerServesEachResource(t *testing.T) {
 	go func() { defer close(done); _ = m.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 	want := []string{"nvidia.com/gpu", "nvidia.com/mig-1g.5gb"}
-	for _, res := range want {
+	// One at a time: the second socket appears after the manager's first
+	// scan, so only the directory watch can find it.
+	for i, res := range want {
 		srv := startAgent(t, filepath.Join(agentDir, AgentSocketName(res)))
 		defer srv.Stop()
+		waitFor(t, res+" registered", 10*time.Second, func() bool { return kubelet.count() == i+1 })
 	}
-	waitFor(t, "both resources registered", 10*time.Second, func() bool { return kubelet.count() == 2 })
 	var got []string
 	kubelet.mu.Lock()
 	for _, r := range kubelet.regs {
