@@ -416,7 +416,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 	if p.opts.Socket != "" {
 		return p.serveForShim(ctx)
 	}
-	kubeletshim.ServeRegistered(ctx, p.logger, p.opts.PluginDir, p.socketName(), p.opts.CheckInterval,
+	kubeletshim.ServeRegistered(ctx, p.logger, p.opts.PluginDir, p.socketName(), p.opts.CheckInterval, nil,
 		func(ctx context.Context, kubeletSock string) error {
 			if err := kubeletshim.Register(ctx, kubeletSock, p.socketName(), p.opts.Resource); err != nil {
 				return err

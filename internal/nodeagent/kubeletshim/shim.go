@@ -78,6 +78,8 @@ type Shim struct {
 	connected bool                // the agent's stream is up
 	lostAt    time.Time           // when it went down
 	changed   chan struct{}
+	streams   int           // the kubelet's open ListAndWatch streams
+	dropped   chan struct{} // the kubelet closed them all (ServeRegistered)
 
 	registrations int
 }
@@ -107,7 +109,7 @@ func New(opts Options, logger klog.Logger) (*Shim, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Shim{opts: opts, logger: logger, agent: pluginapi.NewDevicePluginClient(conn), conn: conn, changed: make(chan struct{})}, nil
+	return &Shim{opts: opts, logger: logger, agent: pluginapi.NewDevicePluginClient(conn), conn: conn, changed: make(chan struct{}), dropped: make(chan struct{}, 1)}, nil
 }
 
 // Registrations is how many times the shim registered with the kubelet.
@@ -126,7 +128,7 @@ func (s *Shim) Run(ctx context.Context) error {
 	wg.Add(2)
 	go func() { defer wg.Done(); s.follow(ctx) }()
 	go func() { defer wg.Done(); s.staleness(ctx) }()
-	ServeRegistered(ctx, s.logger, s.opts.PluginDir, s.opts.Endpoint, s.opts.CheckInterval, s.register, func(srv *grpc.Server) {
+	ServeRegistered(ctx, s.logger, s.opts.PluginDir, s.opts.Endpoint, s.opts.CheckInterval, s.dropped, s.register, func(srv *grpc.Server) {
 		pluginapi.RegisterDevicePluginServer(srv, s)
 	})
 	return nil
@@ -233,6 +235,10 @@ func (s *Shim) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*plugi
 // waits for the agent's first list (bounded by AgentWait) so the kubelet
 // never sees an empty one from a shim that just started.
 func (s *Shim) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingServer[pluginapi.ListAndWatchResponse]) error {
+	s.mu.Lock()
+	s.streams++
+	s.mu.Unlock()
+	defer s.streamEnded()
 	deadline := time.After(s.opts.AgentWait)
 	for {
 		s.mu.Lock()
@@ -255,6 +261,36 @@ func (s *Shim) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingServe
 			return nil
 		}
 	}
+}
+
+// dropGrace is how long the shim waits, once the kubelet has closed its
+// last ListAndWatch stream, for the kubelet to open another (it does at
+// once after a registration) before it registers again.
+const dropGrace = 2 * time.Second
+
+// streamEnded notes a closed stream; with none left after dropGrace the
+// kubelet has dropped the plugin (its device manager disconnects a
+// resource's current client when an older one's stream ends, so a
+// plugin registered twice in quick succession can be left with none).
+func (s *Shim) streamEnded() {
+	s.mu.Lock()
+	s.streams--
+	last := s.streams == 0
+	s.mu.Unlock()
+	if !last {
+		return
+	}
+	time.AfterFunc(dropGrace, func() {
+		s.mu.Lock()
+		none := s.streams == 0
+		s.mu.Unlock()
+		if none {
+			select {
+			case s.dropped <- struct{}{}:
+			default:
+			}
+		}
+	})
 }
 
 // forward calls the agent, waiting for it to be reachable for up to
@@ -321,7 +357,10 @@ func Register(ctx context.Context, kubeletSock, endpoint, resource string) error
 // it serves a fresh socket and registers again. A restart is noticed by
 // an inotify watch on dir within milliseconds, and by a check every
 // interval in case the watch misses it.
-func ServeRegistered(ctx context.Context, logger klog.Logger, dir, endpoint string, interval time.Duration, register func(context.Context, string) error, serve func(*grpc.Server)) {
+//
+// A receive from dropped (nil: never) also registers again: the kubelet
+// closed every stream of the plugin while its socket stayed.
+func ServeRegistered(ctx context.Context, logger klog.Logger, dir, endpoint string, interval time.Duration, dropped <-chan struct{}, register func(context.Context, string) error, serve func(*grpc.Server)) {
 	kubeletSock := filepath.Join(dir, filepath.Base(pluginapi.KubeletSocket))
 	sock := filepath.Join(dir, endpoint)
 	events := make(chan struct{}, 1)
@@ -367,7 +406,7 @@ func ServeRegistered(ctx context.Context, logger klog.Logger, dir, endpoint stri
 			}
 			continue
 		}
-		waitForRestart(ctx, logger, kubeletSock, sock, id, interval, events)
+		waitForRestart(ctx, logger, kubeletSock, sock, id, interval, events, dropped)
 		srv.Stop()
 	}
 }
@@ -391,20 +430,37 @@ func serveAndRegister(ctx context.Context, kubeletSock, sock, endpoint string, r
 		srv.Stop()
 		return "", nil, err
 	}
+	// The kubelet registered with is the one whose socket is there now. A
+	// kubelet starting while this ran may have re-created its socket
+	// after the first read; taking that for yet another restart would
+	// register twice, and the kubelet may then drop the second connection
+	// when the first one's stream ends (its device manager disconnects
+	// whichever client is current for the resource). A restart after this
+	// read removes the plugin socket too, which the watch sees.
+	if now, err := inode(kubeletSock); err == nil {
+		id = now
+	}
 	return id, srv, nil
 }
 
 // waitForRestart returns when ctx ends, the kubelet socket is replaced, or
 // our socket is removed.
-func waitForRestart(ctx context.Context, logger klog.Logger, kubeletSock, sock, id string, interval time.Duration, events <-chan struct{}) {
+func waitForRestart(ctx context.Context, logger klog.Logger, kubeletSock, sock, id string, interval time.Duration, events, dropped <-chan struct{}) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	select { // a drop noticed before this registration is old news
+	case <-dropped:
+	default:
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-events:
 		case <-t.C:
+		case <-dropped:
+			logger.Info("The kubelet closed every stream of the device plugin; registering again")
+			return
 		}
 		if cur, err := inode(kubeletSock); err != nil || cur != id {
 			logger.Info("Kubelet socket re-created; registering again")

@@ -206,3 +206,48 @@ func TestShimOutlivesTheAgent(t *testing.T) {
 		t.Errorf("the shim's socket was not served again: %v", err)
 	}
 }
+
+// TestShimRegistersAgainWhenDropped: the kubelet's device manager can
+// drop a plugin's current connection while its socket stays (it
+// disconnects the resource's current client when an older client's
+// stream ends); the shim then registers again, and only then.
+func TestShimRegistersAgainWhenDropped(t *testing.T) {
+	dir := t.TempDir()
+	agentSock := filepath.Join(t.TempDir(), "agent.sock")
+	kubelet := startKubelet(t, dir)
+	agent := startAgent(t, agentSock)
+	defer agent.Stop()
+	s, err := New(Options{Resource: "nvidia.com/gpu", PluginDir: dir, Endpoint: "shim.sock", AgentSocket: agentSock,
+		AgentWait: 2 * time.Second, CheckInterval: time.Hour}, ktesting.NewLogger(t, ktesting.NewConfig()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, "registration", 5*time.Second, func() bool { return kubelet.count() == 1 })
+	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "shim.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// The kubelet's stream: while it is open, nothing happens.
+	sctx, drop := context.WithCancel(ctx)
+	stream, err := pluginapi.NewDevicePluginClient(conn).ListAndWatch(sctx, &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(dropGrace + 500*time.Millisecond)
+	if n := kubelet.count(); n != 1 {
+		t.Fatalf("%d registrations with the kubelet's stream open", n)
+	}
+	// The kubelet drops it.
+	drop()
+	start := time.Now()
+	waitFor(t, "registration after the kubelet dropped the plugin", dropGrace+5*time.Second, func() bool { return kubelet.count() == 2 })
+	t.Logf("registered again %v after the kubelet dropped the stream", time.Since(start).Round(time.Millisecond))
+}
