@@ -266,9 +266,7 @@ func (r *Runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateCon
 	r.RuntimeService.Lock()
 	if fc, ok := r.RuntimeService.Containers[id]; ok {
 		fc.LogPath = c.rec.LogPath
-		for _, m := range cfg.Mounts {
-			fc.Mounts = append(fc.Mounts, m)
-		}
+		fc.Mounts = append(fc.Mounts, cfg.Mounts...)
 	}
 	r.RuntimeService.Unlock()
 	r.mu.Lock()

@@ -12,7 +12,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/klog/v2/ktesting"
 
@@ -288,5 +290,130 @@ func TestSupervisorRestartsAndStops(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(logs, "worker.log"))
 	if err != nil || strings.Count(string(b), "starting worker") != 2 || !strings.Contains(string(b), "signal: killed") {
 		t.Errorf("worker.log: %v\n%s", err, b)
+	}
+}
+
+// TestModeHooks: a mode's Setup runs once when one of its nodes is in the
+// lab, its Args reach its nodes' components, and its Serving replaces the
+// device-plugin readiness check (a DRA node has no device-plugin
+// resource).
+func TestModeHooks(t *testing.T) {
+	setups := 0
+	serving := false
+	Modes = append(Modes, Mode{
+		Name: "test-hooks", Profile: "default",
+		Setup: func(context.Context, kubernetes.Interface) error { setups++; return nil },
+		Serving: func(_ context.Context, _ kubernetes.Interface, n *corev1.Node) bool {
+			return serving && n.Labels[LabelMode] == "test-hooks"
+		},
+		Args: map[string][]string{"node-agent": {"--x=1"}},
+	})
+	defer func() { Modes = Modes[:len(Modes)-1] }()
+	nodes, err := ParseNodes("1xA100-40GB:1,2xA100-40GB:1@test-hooks")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	client := fake.NewClientset()
+	if err := setupModes(ctx, client, nodes); err != nil || setups != 1 {
+		t.Errorf("setupModes: %v, %d setups of the mode of two nodes, want 1", err, setups)
+	}
+	if a := componentArgs(nodes[1], "node-agent"); len(a) != 1 || a[0] != "--x=1" {
+		t.Errorf("node-agent args %v", a)
+	}
+	if a := componentArgs(nodes[0], "node-agent"); len(a) != 0 {
+		t.Errorf("a fractional node got %v", a)
+	}
+	ready := []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+	for _, n := range nodes {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: n.Labels}, Status: corev1.NodeStatus{Conditions: ready}}
+		if _, err := client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// No device-plugin resource anywhere: the fractional node is not
+	// ready; the test mode's is once its Serving says so.
+	if nodeReady(ctx, client, nodes[0], config.Node{}) || nodeReady(ctx, client, nodes[1], config.Node{}) {
+		t.Error("a node without GPUs served counted ready")
+	}
+	serving = true
+	if nodeReady(ctx, client, nodes[0], config.Node{}) || !nodeReady(ctx, client, nodes[1], config.Node{}) {
+		t.Errorf("with Serving true: fractional %v, test-hooks %v; want false, true", nodeReady(ctx, client, nodes[0], config.Node{}), nodeReady(ctx, client, nodes[1], config.Node{}))
+	}
+	n0, _ := client.CoreV1().Nodes().Get(ctx, nodes[0].Name, metav1.GetOptions{})
+	n0.Annotations = map[string]string{api.AnnotationInventory: "{}"}
+	n0.Status.Allocatable = corev1.ResourceList{"nvidia.com/mig-1g.5gb": resource.MustParse("7")}
+	if _, err := client.CoreV1().Nodes().Update(ctx, n0, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !nodeReady(ctx, client, nodes[0], config.Node{}) {
+		t.Error("a node serving MIG devices through the device plugin is not ready")
+	}
+}
+
+// TestSharesAs: a node counts as ready only once its agent publishes the
+// sharing its profile gives, its MIG layout applied.
+func TestSharesAs(t *testing.T) {
+	profiles, err := nodeProfiles(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	profileOf := func(mode string) config.Node {
+		m, err := ModeNamed(mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, c, err := config.Resolve(profiles, m.spec(m.Node, m.Model, m.GPUs).Labels, api.DefaultResourceNames)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	node := func(sharing ...api.SharingMode) *corev1.Node {
+		inv := fixtures.Inventory("n1", len(sharing), "A100-SXM4-40GB", 40960, 10)
+		for i, s := range sharing {
+			g := &inv.GPUs[i]
+			g.MIG.Capable, g.Sharing = true, s
+			switch s {
+			case api.SharingExclusive:
+				g.MaxShares = 1
+			case api.SharingMIG, api.SharingMIGDynamic:
+				g.MIG.Enabled = true
+			}
+		}
+		return fixtures.Node("n1", inv, api.DefaultResourceNames)
+	}
+	const (
+		shared    = api.SharingShared
+		exclusive = api.SharingExclusive
+		mig       = api.SharingMIG
+		dynamic   = api.SharingMIGDynamic
+	)
+	for _, c := range []struct {
+		mode string
+		gpus []api.SharingMode
+		want bool
+	}{
+		{"fractional", []api.SharingMode{shared, shared}, true},
+		{"time-slicing", []api.SharingMode{shared}, false}, // the default profile's, before the agent applied its own
+		{"time-slicing", []api.SharingMode{api.SharingTimeSlicing}, true},
+		{"mps", []api.SharingMode{api.SharingMPS}, true},
+		{"mig", []api.SharingMode{shared}, false},
+		{"mig", []api.SharingMode{exclusive}, false}, // all-1g.5gb not applied yet
+		{"mig", []api.SharingMode{mig}, true},
+		{"mig-dynamic", []api.SharingMode{exclusive}, false},
+		{"mig-dynamic", []api.SharingMode{dynamic}, true},
+	} {
+		if got := sharesAs(node(c.gpus...), profileOf(c.mode)); got != c.want {
+			t.Errorf("mode %s, GPUs %v: ready %v, want %v", c.mode, c.gpus, got, c.want)
+		}
+	}
+	n := node(shared)
+	if !sharesAs(n, config.Node{}) {
+		t.Error("no profile to wait for, and the node is not ready")
+	}
+	delete(n.Annotations, api.AnnotationInventory)
+	if sharesAs(n, profileOf("fractional")) {
+		t.Error("a node without inventory shares as its profile says")
 	}
 }

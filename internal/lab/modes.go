@@ -47,6 +47,52 @@ type Mode struct {
 	// show it (Pending pods of its namespace are placed by Tessera, with
 	// a node selector for the mode and its tolerations added).
 	Demo []DemoPod
+
+	// What a mode needs beyond a profile (a DRA node: its DeviceClasses,
+	// the kubelet plugin instead of the device plugin), all optional:
+
+	// Setup runs once when the lab starts, before its nodes do, when a
+	// node of the mode is in the lab: cluster objects the mode's nodes
+	// need. It must accept objects that exist already (a lab started
+	// again in its directory).
+	Setup func(ctx context.Context, client kubernetes.Interface) error
+	// Serving says whether a node of the mode serves its GPUs; `up` waits
+	// for it on every node of the mode (nil: the node agent's inventory
+	// published and a device-plugin GPU resource allocatable).
+	Serving func(ctx context.Context, client kubernetes.Interface, node *corev1.Node) bool
+	// Args are extra flags of the mode's nodes' components, by component:
+	// "runtime", "kubelet", "node-agent" (parseNodeFlags must know them).
+	Args map[string][]string
+}
+
+// setupModes runs the Setup of every mode that has a node in the lab.
+func setupModes(ctx context.Context, client kubernetes.Interface, nodes []NodeSpec) error {
+	done := map[string]bool{}
+	for _, n := range nodes {
+		if done[n.Mode] {
+			continue
+		}
+		done[n.Mode] = true
+		m, err := ModeNamed(n.Mode)
+		if err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+		if m.Setup != nil {
+			if err := m.Setup(ctx, client); err != nil {
+				return fmt.Errorf("setting up mode %s: %w", m.Name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// componentArgs are a node's component's extra flags from its mode.
+func componentArgs(n NodeSpec, component string) []string {
+	m, err := ModeNamed(n.Mode)
+	if err != nil {
+		return nil
+	}
+	return m.Args[component]
 }
 
 // DemoPod is a pod of the demo: what it runs, what it asks for and what
@@ -282,39 +328,46 @@ func nodeProfiles(user map[string]string) (map[string]string, error) {
 // ensureNodeConfigMap creates the agents' ConfigMap, or, when the user
 // gave --node-config, updates it with those profiles; otherwise a
 // ConfigMap that exists (a lab started again in its directory) is kept
-// with the user's edits.
-func ensureNodeConfigMap(ctx context.Context, client kubernetes.Interface, user map[string]string, nodes []NodeSpec) error {
+// with the user's edits. It returns the profile, with its MIG layout, the
+// ConfigMap gives each node (what its agent publishes once it has applied
+// it); a node whose profile does not resolve is an error naming it.
+func ensureNodeConfigMap(ctx context.Context, client kubernetes.Interface, user map[string]string, nodes []NodeSpec) (map[string]config.Node, error) {
 	data, err := nodeProfiles(user)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, n := range nodes {
 		if p := n.Labels[api.LabelNodeConfig]; p != "" && data[p] == "" {
-			return fmt.Errorf("node %s: profile %q is in neither the lab's profiles nor --node-config (%s)", n.Name, p, strings.Join(slices.Sorted(maps.Keys(data)), ", "))
-		}
-		if _, _, err := config.Resolve(data, n.Labels, api.DefaultResourceNames); err != nil {
-			return fmt.Errorf("node %s: %w", n.Name, err)
+			return nil, fmt.Errorf("node %s: profile %q is in neither the lab's profiles nor --node-config (%s)", n.Name, p, strings.Join(slices.Sorted(maps.Keys(data)), ", "))
 		}
 	}
 	cms := client.CoreV1().ConfigMaps(systemNamespace)
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: systemNamespace, Name: NodeConfigMap}, Data: data}
-	_, err = cms.Create(ctx, cm, metav1.CreateOptions{})
-	if apierrors.IsAlreadyExists(err) && len(user) > 0 {
-		cur, err := cms.Get(ctx, NodeConfigMap, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
+	if _, err = cms.Create(ctx, cm, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("node agent ConfigMap: %w", err)
+	}
+	cur, err := cms.Get(ctx, NodeConfigMap, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("node agent ConfigMap: %w", err)
+	}
+	if len(user) > 0 {
 		if cur.Data == nil {
 			cur.Data = map[string]string{}
 		}
 		maps.Copy(cur.Data, user)
-		_, err = cms.Update(ctx, cur, metav1.UpdateOptions{})
-		return err
+		if cur, err = cms.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+			return nil, fmt.Errorf("node agent ConfigMap: %w", err)
+		}
 	}
-	if err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("node agent ConfigMap: %w", err)
+	out := map[string]config.Node{}
+	for _, n := range nodes {
+		_, c, err := config.Resolve(cur.Data, n.Labels, api.DefaultResourceNames)
+		if err != nil {
+			return nil, fmt.Errorf("node %s, ConfigMap %s/%s: %w", n.Name, systemNamespace, NodeConfigMap, err)
+		}
+		out[n.Name] = c
 	}
-	return nil
+	return out, nil
 }
 
 // nodeArgs are a node's labels, taints and ConfigMap for its kubelet and

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -23,7 +24,9 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/deploy"
+	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/lab/etcd"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/config"
 	"github.com/tessera-gpu/tessera/internal/scheduler"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -189,7 +192,8 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 		return fmt.Errorf("identities and admission policies: %w", err)
 	}
 	step("scheduler and node agents have their own identities; admission policies in force")
-	if err := ensureNodeConfigMap(ctx, client, cfg.NodeConfig, cfg.Nodes); err != nil {
+	profiles, err := ensureNodeConfigMap(ctx, client, cfg.NodeConfig, cfg.Nodes)
+	if err != nil {
 		return err
 	}
 
@@ -209,6 +213,9 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	if err := sup.start("scheduler", comp("scheduler", "--config="+schedConfig, "--secure-port=0"), nil, false); err != nil {
 		return err
 	}
+	if err := setupModes(ctx, client, cfg.Nodes); err != nil {
+		return err
+	}
 	for i, n := range cfg.Nodes {
 		dir := d.Node(n.Name)
 		if err := os.MkdirAll(filepath.Join(dir, "tmp"), 0o755); err != nil {
@@ -222,23 +229,27 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 			return err
 		}
 		common := append([]string{"--kubeconfig=" + d.Kubeconfig(), "--node=" + n.Name, "--dir=" + dir, "--lab=" + string(d)}, nodeArgs(n)...)
-		if err := sup.start("runtime/"+n.Name, comp("runtime", append(common, "--tools="+string(cfg.Tools), "--model="+n.Model, fmt.Sprintf("--gpus=%d", n.GPUs))...), nil, true); err != nil {
+		args := func(component string, own ...string) []string {
+			return comp(component, slices.Concat(common, own, componentArgs(n, component))...)
+		}
+		if err := sup.start("runtime/"+n.Name, args("runtime", "--tools="+string(cfg.Tools), "--model="+n.Model, fmt.Sprintf("--gpus=%d", n.GPUs)), nil, true); err != nil {
 			return err
 		}
-		if err := sup.start("kubelet/"+n.Name, comp("kubelet", append(common, fmt.Sprintf("--port=%d", ports[2+i]))...), []string{"TMPDIR=" + filepath.Join(dir, "tmp")}, true); err != nil {
+		if err := sup.start("kubelet/"+n.Name, args("kubelet", fmt.Sprintf("--port=%d", ports[2+i])), []string{"TMPDIR=" + filepath.Join(dir, "tmp")}, true); err != nil {
 			return err
 		}
 		if err := startShim(sup, comp, d, n.Name); err != nil {
 			return err
 		}
-		agent := append([]string{"--kubeconfig=" + ids.NodeAgent, "--node=" + n.Name, "--dir=" + dir, "--shim"}, nodeArgs(n)...)
-		if err := sup.start("node-agent/"+n.Name, comp("node-agent", append(agent, "--model="+n.Model, fmt.Sprintf("--gpus=%d", n.GPUs))...), nil, false); err != nil {
+		// The agent under its own identity (the later --kubeconfig wins),
+		// serving the shim.
+		if err := sup.start("node-agent/"+n.Name, args("node-agent", "--kubeconfig="+ids.NodeAgent, "--shim", "--model="+n.Model, fmt.Sprintf("--gpus=%d", n.GPUs)), nil, false); err != nil {
 			return err
 		}
 	}
 	step("started kube-controller-manager, scheduler, webhook and %d emulated GPU nodes", len(cfg.Nodes))
 
-	if err := waitReady(ctx, client, cfg.Nodes, cfg.ReadyTimeout, func() error {
+	if err := waitReady(ctx, client, cfg.Nodes, profiles, cfg.ReadyTimeout, func() error {
 		for name, c := range sup.components() {
 			if c.Restarts >= 3 {
 				return fmt.Errorf("%s keeps exiting (%d restarts); see %s", name, c.Restarts, filepath.Join(d.Logs(), sanitize(name)+".log"))
@@ -287,7 +298,7 @@ func writeSchedulerConfig(path, kubeconfig string) (string, error) {
 // and every node is Ready with its inventory and GPU slots published.
 // crashing, polled meanwhile, ends the wait early when a component keeps
 // failing (no root, a port taken, …).
-func waitReady(ctx context.Context, client kubernetes.Interface, nodes []NodeSpec, timeout time.Duration, crashing func() error) error {
+func waitReady(ctx context.Context, client kubernetes.Interface, nodes []NodeSpec, profiles map[string]config.Node, timeout time.Duration, crashing func() error) error {
 	// Half a GPU: the webhook must route it to Tessera (a dry run, so
 	// nothing is created).
 	probe := &corev1.Pod{
@@ -310,7 +321,7 @@ func waitReady(ctx context.Context, client kubernetes.Interface, nodes []NodeSpe
 			missing = append(missing, "webhook")
 		}
 		for _, n := range nodes {
-			if !nodeReady(ctx, client, n.Name) {
+			if !nodeReady(ctx, client, n, profiles[n.Name]) {
 				missing = append(missing, "node "+n.Name)
 			}
 		}
@@ -322,19 +333,20 @@ func waitReady(ctx context.Context, client kubernetes.Interface, nodes []NodeSpe
 	return err
 }
 
-func nodeReady(ctx context.Context, client kubernetes.Interface, name string) bool {
-	n, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-	if err != nil || n.Annotations[api.AnnotationInventory] == "" {
+// nodeReady: the node is Ready and serves its GPUs as its profile says
+// (sharing: its agent has applied it; an agent publishes an inventory
+// before its ConfigMap cache has synced) — its mode's Serving, by default
+// its inventory published and a device-plugin resource allocatable.
+func nodeReady(ctx context.Context, client kubernetes.Interface, spec NodeSpec, profile config.Node) bool {
+	n, err := client.CoreV1().Nodes().Get(ctx, spec.Name, metav1.GetOptions{})
+	if err != nil {
 		return false
 	}
-	// Any GPU device resource: the GPU's, its shared rename, a MIG profile's.
-	slots := int64(0)
-	for r, q := range n.Status.Allocatable {
-		if api.DefaultResourceNames.IsCountResource(string(r)) {
-			slots += q.Value()
+	if m, err := ModeNamed(spec.Mode); err == nil && m.Serving != nil {
+		if !m.Serving(ctx, client, n) {
+			return false
 		}
-	}
-	if slots == 0 {
+	} else if !servesDevicePlugin(n) || !sharesAs(n, profile) {
 		return false
 	}
 	for _, c := range n.Status.Conditions {
@@ -343,6 +355,66 @@ func nodeReady(ctx context.Context, client kubernetes.Interface, name string) bo
 		}
 	}
 	return false
+}
+
+// servesDevicePlugin: the node agent published the inventory and the
+// device plugin serves some GPU device resource: the GPU's, its shared
+// rename, a MIG profile's.
+func servesDevicePlugin(n *corev1.Node) bool {
+	if n.Annotations[api.AnnotationInventory] == "" {
+		return false
+	}
+	for r, q := range n.Status.Allocatable {
+		if api.DefaultResourceNames.IsCountResource(string(r)) && q.Value() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// sharesAs: the node's inventory shares its GPUs as the profile says
+// (a zero profile accepts any).
+func sharesAs(n *corev1.Node, profile config.Node) bool {
+	if profile.Sharing == "" {
+		return true
+	}
+	inv, err := kubeobj.Inventory(n)
+	if err != nil || inv == nil {
+		return false
+	}
+	for _, g := range inv.GPUs {
+		if !gpuSharesAs(g, profile) {
+			return false
+		}
+	}
+	return true
+}
+
+// gpuSharesAs: the GPU is shared as the profile says once applied. On a
+// MIG node a GPU without MIG is published exclusive: a GPU that is not
+// MIG-capable always, and one whose MIG mode a static layout turns off or
+// leaves alone.
+func gpuSharesAs(g api.GPU, profile config.Node) bool {
+	switch profile.Sharing {
+	case api.SharingMIGDynamic:
+		return g.Sharing == api.SharingMIGDynamic || !g.MIG.Capable && g.Sharing == api.SharingExclusive
+	case api.SharingMIG:
+		either := g.Sharing == api.SharingMIG || g.Sharing == api.SharingExclusive
+		l := profile.Layout
+		if l == nil || len(l.Entries) == 0 || !g.MIG.Capable {
+			return either
+		}
+		for _, e := range l.Entries {
+			if e.Devices != nil || len(e.DeviceFilter) > 0 || e.MIGEnabled != l.Entries[0].MIGEnabled {
+				return either // per GPU: which entry applies needs the PCI ID
+			}
+		}
+		if l.Entries[0].MIGEnabled {
+			return g.Sharing == api.SharingMIG
+		}
+		return g.Sharing == api.SharingExclusive
+	}
+	return g.Sharing == profile.Sharing
 }
 
 var errTimeout = errors.New("timed out")
