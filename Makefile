@@ -30,15 +30,16 @@ K8S_LDFLAGS     := -X k8s.io/component-base/version.gitVersion=$(K8S_VERSION) \
 LAB_LDFLAGS     := -s -w $(K8S_LDFLAGS)
 # What the lab's containers run besides Go (tessera-lab --tools).
 LAB_TOOLS       ?= bin/lab-tools
-INTEGRATION     := ./internal/nodeagent/... ./test/integration/...
+INTEGRATION     := ./internal/nodeagent/... ./cmd/kubectl-tessera/... ./charts/... ./test/integration/...
 
 .PHONY: help build lab-tools test test-go test-limiter test-integration test-alone lint fuzz bench bench-scheduler-ci bench-scheduler demo lab simulate clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
 
-build: lab-tools ## build bin/tessera, bin/tessera-lab and its tools (and the limiter library)
+build: lab-tools ## build bin/tessera, bin/tessera-lab and its tools, bin/kubectl-tessera (and the limiter library)
 	$(GO) build -ldflags "$(K8S_LDFLAGS)" -o bin/tessera ./cmd/tessera
+	$(GO) build -o bin/kubectl-tessera ./cmd/kubectl-tessera
 	$(GO) build -ldflags "$(LAB_LDFLAGS)" -o bin/tessera-lab ./cmd/tessera-lab
 
 lab-tools: ## the lab containers' tools into bin/lab-tools: tessera-lab-init, the limiter, the fake GPU driver, nvidia-smi, gpu-fill (gcc)

@@ -58,8 +58,8 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	toleranceMiB := fs.Int64("breach-tolerance-mib", 64, "GPU memory over a grant tolerated before a breach, in MiB (plus --breach-tolerance-percent)")
 	exempt := fs.String("reconcile-exempt-namespaces", "kube-system,tessera-system", "namespaces whose pods may use GPUs without a grant (monitoring, the GPU operator)")
 	procRoot := fs.String("proc", "/proc", "the host's /proc (the agent runs with hostPID: NVML reports host PIDs)")
-	metricsAddr := fs.String("metrics-address", ":9402", "serve Prometheus metrics here (\"\": off)")
 	mpsControl := fs.String("mps-control", "nvidia-cuda-mps-control", "NVIDIA's MPS control program, run per GPU on nodes in mps mode")
+	metricsAddr := fs.String("metrics-address", ":9402", `where Prometheus metrics are served ("host:port"; "" turns them off; docs/operations.md)`)
 	mpsRoot := fs.String("mps-root", mps.DefaultRoot, "host directory of the MPS daemons' pipe and log directories (a profile's flags.mpsRoot wins)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: tessera node-agent [flags]\n\nDiscovers GPUs through NVML, publishes the node's inventory, watches GPU health and serves the kubelet device plugin.\n\nFlags:\n")
@@ -145,9 +145,9 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			TolerancePercent: *tolerance, ToleranceMiB: *toleranceMiB,
 			Exempt: func(ns string) bool { return exemptNS[ns] },
 		},
-		Metrics:    *metricsAddr,
-		MPSControl: []string{*mpsControl},
-		MPSRoot:    *mpsRoot,
+		MPSControl:     []string{*mpsControl},
+		MPSRoot:        *mpsRoot,
+		MetricsAddress: *metricsAddr,
 	}, logger)
 	if err != nil {
 		return err

@@ -326,11 +326,36 @@ func runNodeAgent(ctx context.Context, args []string) error {
 		PluginDir:          filepath.Join(root, "device-plugins"),
 		PodResourcesSocket: filepath.Join(root, "pod-resources", "kubelet.sock"),
 		Resync:             30 * time.Second,
+		MetricsAddress:     "127.0.0.1:0",
 	}
 	trustOptions(&opts, f)
 	a, err := nodeagent.New(lib, client, opts, klog.Background().WithName("node-agent"))
 	if err != nil {
 		return err
 	}
+	go publishMetricsAddress(ctx, a, nodeDir(f.dir))
 	return a.Run(ctx)
+}
+
+// publishMetricsAddress writes where the agent serves its metrics into
+// the node's directory (MetricsURL reads it) once it listens.
+func publishMetricsAddress(ctx context.Context, a *nodeagent.Agent, n nodeDir) {
+	for ctx.Err() == nil {
+		if addr := a.MetricsAddr(); addr != "" {
+			if err := os.WriteFile(n.path("metrics-address"), []byte(addr), 0o644); err != nil {
+				klog.Background().Error(err, "Writing the node agent's metrics address")
+			}
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// MetricsURL is the /metrics URL of a running lab node's agent.
+func MetricsURL(d Dir, node string) (string, error) {
+	b, err := os.ReadFile(nodeDir(d.Node(node)).path("metrics-address"))
+	if err != nil {
+		return "", fmt.Errorf("node %s: the agent's metrics address: %w", node, err)
+	}
+	return "http://" + strings.TrimSpace(string(b)) + "/metrics", nil
 }

@@ -234,3 +234,22 @@ func TestReadFileErrors(t *testing.T) {
 		t.Errorf("permanently torn file: %v", err)
 	}
 }
+
+func TestEncodeRoundTrip(t *testing.T) {
+	in := &Snapshot{Version: Version, Seq: 4, ReclaimedProcesses: 3}
+	in.Devices[0] = Device{Index: 0, Limit: 10 << 30, Used: 3 << 30, SMLimit: 30}
+	in.Devices[1] = Device{Index: 1, Limit: 5 << 30}
+	for d := 2; d < MaxDevices; d++ {
+		in.Devices[d].Index = d
+	}
+	p := Process{PID: 7, HostPID: 4242, PIDNamespace: 99}
+	p.Used[0] = 3 << 30
+	in.Processes = []Process{p}
+	out, err := Parse(Encode(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Seq != in.Seq || out.Devices != in.Devices || out.ReclaimedProcesses != 3 || len(out.Processes) != 1 || out.Processes[0] != p {
+		t.Errorf("round trip: got %+v, want %+v", out, in)
+	}
+}

@@ -34,6 +34,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/nodeagent/discovery"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/mps"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/nodelabels"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/reconcile"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 	"github.com/tessera-gpu/tessera/internal/recordsig"
@@ -84,9 +85,9 @@ type Options struct {
 	// Reconcile configures the host-side check of what containers hold
 	// on the GPUs against their grants; it runs when Interval > 0.
 	Reconcile reconcile.Options
-	// Metrics, if set, serves the agent's Prometheus metrics on this
-	// address (host:port).
-	Metrics string
+	// MetricsAddress is where the Prometheus metrics are served
+	// ("host:port"; empty: not served). See observe.go.
+	MetricsAddress string
 }
 
 // Agent is one node's agent.
@@ -130,6 +131,13 @@ type Agent struct {
 	synced    bool   // our cache has shown what we wrote
 	patches   int
 	configErr string // last configuration error reported
+
+	// driver, lastInv, podsForMetrics and metricsAddr feed the labels and
+	// metrics (observe.go).
+	driver         nodelabels.Driver
+	lastInv        *api.NodeInventory
+	podsForMetrics corelisters.PodLister
+	metricsAddr    string
 }
 
 // New discovers the GPUs of lib (initialised) and prepares the agent.
@@ -168,6 +176,7 @@ func New(lib nvml.Interface, client kubernetes.Interface, opts Options, logger k
 		trigger: make(chan struct{}, 1),
 		plugins: map[string]*pluginRun{},
 		metrics: newAgentMetrics(),
+		driver:  driverInfo(lib),
 	}
 	cmd := opts.MPSControl
 	if len(cmd) == 0 {
@@ -259,6 +268,11 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	defer a.wg.Wait()
 	defer a.stopPlugins()
+	if a.opts.MetricsAddress != "" {
+		if err := a.serveMetrics(ctx); err != nil {
+			return fmt.Errorf("metrics address %q: %w", a.opts.MetricsAddress, err)
+		}
+	}
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()
@@ -292,13 +306,6 @@ func (a *Agent) Run(ctx context.Context) error {
 				r.Run(ctx)
 			}()
 		}
-	}
-	if a.opts.Metrics != "" {
-		a.wg.Add(1)
-		go func() {
-			defer a.wg.Done()
-			a.metrics.serve(ctx, a.opts.Metrics, a.logger)
-		}()
 	}
 	// MPS daemons are not stopped here: a stopped agent leaves them to
 	// their clients (a DaemonSet restart ends them with the container;
@@ -345,13 +352,18 @@ func (a *Agent) reconcile(ctx context.Context) {
 	a.devMu.Lock()
 	inv, offer := BuildInventory(a.devices, a.monitor.Snapshot(), cfg.NodeConfig, a.names)
 	a.devMu.Unlock()
+	a.remember(inv)
 	a.syncPlugins(cfg, offer)
 	a.reconcileMPS(ctx, cfg, inv)
 	if node == nil {
 		return
 	}
-	if err := a.publish(ctx, node, inv); err != nil {
-		a.logger.Error(err, "Publishing the inventory failed; will retry", "node", a.opts.NodeName)
+	err = a.publish(ctx, node, inv)
+	if err == nil {
+		err = a.publishLabels(ctx, node, inv)
+	}
+	if err != nil {
+		a.logger.Error(err, "Publishing the inventory or labels failed; will retry", "node", a.opts.NodeName)
 		go func() { time.Sleep(5 * time.Second); a.poke() }()
 	}
 }

@@ -1,20 +1,12 @@
 package nodeagent
 
 import (
-	"context"
-	"errors"
-	"net/http"
-	"time"
-
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"k8s.io/klog/v2"
 )
 
-// agentMetrics are the node agent's Prometheus metrics, in a registry of
-// its own (served with --metrics-address).
+// agentMetrics are the trust checks' Prometheus metrics, served with the
+// agent's others (observe.go, --metrics-address).
 type agentMetrics struct {
-	reg      *prometheus.Registry
 	refused  prometheus.Counter
 	breaches *prometheus.CounterVec
 	held     *prometheus.GaugeVec
@@ -22,7 +14,6 @@ type agentMetrics struct {
 
 func newAgentMetrics() *agentMetrics {
 	m := &agentMetrics{
-		reg: prometheus.NewRegistry(),
 		refused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tessera_node_agent_allocations_refused_total",
 			Help: "Allocate requests refused by the agent's own checks of the record (signature, request, physical GPU, the node's ledger).",
@@ -36,21 +27,5 @@ func newAgentMetrics() *agentMetrics {
 			Help: "GPU memory NVML reports held by each container's processes, per GPU, at the last reconciler pass.",
 		}, []string{"namespace", "pod", "container", "gpu"}),
 	}
-	m.reg.MustRegister(m.refused, m.breaches, m.held)
 	return m
-}
-
-func (m *agentMetrics) serve(ctx context.Context, addr string, logger klog.Logger) {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
-	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-	}()
-	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		logger.Error(err, "Serving metrics", "address", addr)
-	}
 }

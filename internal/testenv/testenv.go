@@ -256,6 +256,26 @@ func KubernetesBuildFlags() []string {
 	return []string{"-ldflags", strings.Join(flags, " ")}
 }
 
+// HelmVersion is the helm the tests and CI run, pinned in hack/tools.
+const HelmVersion = "v3.22.0"
+
+// BuildHelm builds helm from the module pinned in hack/tools (a module of
+// its own, so helm's dependencies stay out of Tessera's go.mod) into dir.
+func BuildHelm(dir string) (string, error) {
+	root, err := repoRoot()
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(dir, "helm")
+	cmd := exec.Command("go", "build", "-o", out, "helm.sh/helm/v3/cmd/helm")
+	cmd.Dir = filepath.Join(root, "hack", "tools")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOWORK=off")
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building helm %s in hack/tools: %v\n%s", HelmVersion, err, msg)
+	}
+	return out, nil
+}
+
 func repoRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {

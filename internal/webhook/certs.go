@@ -135,6 +135,11 @@ func LoadOrCreateCA(ctx context.Context, client kubernetes.Interface, namespace,
 	for range 3 {
 		s, err := client.CoreV1().Secrets(namespace).Get(ctx, name, metav1.GetOptions{})
 		if err == nil {
+			if _, ok := s.Data["ca.key"]; !ok && len(s.Data["tls.key"]) > 0 {
+				// A CA Certificate issued by cert-manager (isCA: true):
+				// the CA is the Secret's tls.crt and tls.key.
+				return ParseCA(s.Data["tls.crt"], s.Data["tls.key"])
+			}
 			return ParseCA(s.Data["ca.crt"], s.Data["ca.key"])
 		}
 		if !apierrors.IsNotFound(err) {

@@ -173,6 +173,21 @@ type objectClient[T metav1.Object] interface {
 	Update(ctx context.Context, obj T, opts metav1.UpdateOptions) (T, error)
 }
 
+// mergeMaps is a with b's entries added (b wins); nil when both are empty.
+func mergeMaps(a, b map[string]string) map[string]string {
+	if len(a)+len(b) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(a)+len(b))
+	for k, v := range a {
+		out[k] = v
+	}
+	for k, v := range b {
+		out[k] = v
+	}
+	return out
+}
+
 // createOrUpdate writes obj, replacing the stored object of its name if
 // there is one.
 func createOrUpdate[T metav1.Object](ctx context.Context, c objectClient[T], obj T, kind string) error {
@@ -180,6 +195,10 @@ func createOrUpdate[T metav1.Object](ctx context.Context, c objectClient[T], obj
 	switch {
 	case err == nil:
 		obj.SetResourceVersion(old.GetResourceVersion())
+		// Keep what others put on the object (a Helm release's labels and
+		// annotations: the chart owns the configurations, docs/operations.md).
+		obj.SetLabels(mergeMaps(old.GetLabels(), obj.GetLabels()))
+		obj.SetAnnotations(mergeMaps(old.GetAnnotations(), obj.GetAnnotations()))
 		if _, err := c.Update(ctx, obj, metav1.UpdateOptions{}); err != nil {
 			return fmt.Errorf("updating %s %s: %w", kind, obj.GetName(), err)
 		}

@@ -223,6 +223,9 @@ func (p *Admission) Mutate(pod *corev1.Pod) (*corev1.Pod, bool, error) {
 		if p.writeResources(ref.c, d) {
 			changed = true
 		}
+		if p.writeQuotaCharge(ref.c, d) { // quota.go
+			changed = true
+		}
 	}
 	return out, changed, nil
 }

@@ -128,7 +128,16 @@ device.0.sm=0
     run restart-live-holder-counts unshare -p -f env CUDA_DEVICE_MEMORY_SHARED_CACHE="$S" LD_PRELOAD="$PRE" \
         CUDA_DEVICE_MEMORY_LIMIT=$L TESSERA_CONTEXT_RESERVE=0 "$B/client_dl" try $((L / 2)) oom \
         other-pid-namespace-live-holder-counts
+    # The holder (the namespace's pid 1, a child of unshare) dies by its
+    # parent-death signal, asynchronously: wait until it has exited (its
+    # lock on the state file goes with it) before the restarted container
+    # runs, or a loaded machine sees it still alive.
+    H=$(cut -d" " -f1 "/proc/$U/task/$U/children" 2>/dev/null)
     kill -9 $U; wait $U 2>/dev/null
+    for _ in $(seq 200); do
+        [ -z "$H" ] || [ ! -e "/proc/$H" ] || [ "$(awk '{print $3}' "/proc/$H/stat" 2>/dev/null)" = Z ] && break
+        sleep 0.05
+    done
     run restart-full-limit unshare -p -f env CUDA_DEVICE_MEMORY_SHARED_CACHE="$S" LD_PRELOAD="$PRE" \
         CUDA_DEVICE_MEMORY_LIMIT=$L TESSERA_CONTEXT_RESERVE=0 "$B/client_dl" timedtry $L ok 3 \
         restarted-container-gets-its-whole-limit

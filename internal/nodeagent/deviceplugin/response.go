@@ -10,6 +10,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/atomicfile"
 	"github.com/tessera-gpu/tessera/internal/limiterconf"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -97,7 +98,7 @@ type containerFiles struct {
 // Under MPS the daemon partitions the SMs, so the limiter keeps only its
 // memory accounting (no compute share in the file).
 func limitsFile(c api.ContainerAllocation, p Paths, mode api.SharingMode) ([]byte, error) {
-	cfg := limiterconf.Config{StatePath: filepath.Join(p.StateContainer, "cache")}
+	cfg := limiterconf.Config{StatePath: filepath.Join(p.StateContainer, statedir.LimiterStateFile)}
 	for _, d := range c.Devices {
 		mem := uint64(d.MemoryMiB)
 		if d.Exclusive {
@@ -161,7 +162,7 @@ func buildResponse(c api.ContainerAllocation, limited bool, f containerFiles, p 
 		}
 		r.Envs[api.EnvSMLimit] = fmt.Sprint(low)
 	}
-	r.Envs[api.EnvSharedCache] = filepath.Join(p.StateContainer, "cache")
+	r.Envs[api.EnvSharedCache] = filepath.Join(p.StateContainer, statedir.LimiterStateFile)
 	r.Mounts = append(r.Mounts,
 		&pluginapi.Mount{ContainerPath: p.LimiterContainer, HostPath: p.LimiterHost, ReadOnly: true},
 		&pluginapi.Mount{ContainerPath: p.StateContainer, HostPath: f.StateDir},

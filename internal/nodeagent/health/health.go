@@ -50,6 +50,9 @@ type State struct {
 	Reason string
 	// Since is when the GPU last turned unhealthy or had a new error.
 	Since time.Time
+	// XIDErrors counts the XID events seen on the GPU since the agent
+	// started, the ignored (application) XIDs included.
+	XIDErrors uint64
 }
 
 // Options tune the monitor.
@@ -192,6 +195,7 @@ func (m *Monitor) handle(e nvml.EventData) {
 	var reason string
 	switch {
 	case e.EventType&nvml.EventTypeXidCriticalError != 0:
+		m.countXID(e.Device)
 		if m.ignored[e.EventData] {
 			m.logger.V(2).Info("Ignoring application XID", "xid", e.EventData, "gpu", m.uuidOf(e.Device))
 			return
@@ -228,6 +232,17 @@ func (m *Monitor) uuidOf(d nvml.Device) string {
 		}
 	}
 	return ""
+}
+
+// countXID counts an XID event on its GPU (events of unknown devices are
+// not counted).
+func (m *Monitor) countXID(d nvml.Device) {
+	u := m.uuidOf(d)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if s := m.state[u]; s != nil {
+		s.XIDErrors++
+	}
 }
 
 func (m *Monitor) mark(u, reason string) {

@@ -23,6 +23,32 @@ type Node struct {
 
 	migMu sync.Mutex
 	mig   map[int]*migGPU // by device position; see mig.go
+
+	utilMu sync.Mutex
+	util   map[int]nvml.Utilization  // by device position; zero when unset
+	procSM map[int]map[uint32]uint32 // device position → host PID → SM %
+}
+
+// SetUtilization sets what GetUtilizationRates reports for device i.
+func (n *Node) SetUtilization(i int, gpu, memory uint32) {
+	n.utilMu.Lock()
+	defer n.utilMu.Unlock()
+	n.util[i] = nvml.Utilization{Gpu: gpu, Memory: memory}
+}
+
+// SetProcessSM sets the SM utilisation GetProcessUtilization reports for
+// the process hostPID on device i (0 removes the sample).
+func (n *Node) SetProcessSM(i int, hostPID, sm uint32) {
+	n.utilMu.Lock()
+	defer n.utilMu.Unlock()
+	if n.procSM[i] == nil {
+		n.procSM[i] = map[uint32]uint32{}
+	}
+	if sm == 0 {
+		delete(n.procSM[i], hostPID)
+		return
+	}
+	n.procSM[i][hostPID] = sm
 }
 
 // Wiring says how the GPUs of a mock node are connected.
@@ -50,7 +76,7 @@ func PCIeA100() *Node { return Complete(dgxa100.New(), Wiring{GPUsPerNUMA: 4}) }
 
 // Complete fills in the functions the agent calls that the mock leaves nil.
 func Complete(s *server.Server, w Wiring) *Node {
-	n := &Node{Server: s, Events: NewEventQueue()}
+	n := &Node{Server: s, Events: NewEventQueue(), util: map[int]nvml.Utilization{}, procSM: map[int]map[uint32]uint32{}}
 	busOf := func(i int) string { return fmt.Sprintf("00000000:%02X:00.0", 0x10*(i+1)) }
 	for i, d := range s.Devices {
 		dev := d.(*server.Device)
@@ -100,6 +126,20 @@ func Complete(s *server.Server, w Wiring) *Node {
 		}
 		dev.RegisterEventsFunc = func(types uint64, set nvml.EventSet) nvml.Return {
 			return nvml.SUCCESS
+		}
+		dev.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) {
+			n.utilMu.Lock()
+			defer n.utilMu.Unlock()
+			return n.util[i], nvml.SUCCESS
+		}
+		dev.GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+			n.utilMu.Lock()
+			defer n.utilMu.Unlock()
+			var out []nvml.ProcessUtilizationSample
+			for pid, sm := range n.procSM[i] {
+				out = append(out, nvml.ProcessUtilizationSample{Pid: pid, SmUtil: sm, TimeStamp: uint64(time.Now().UnixMicro())})
+			}
+			return out, nvml.SUCCESS
 		}
 	}
 	s.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) {

@@ -40,6 +40,10 @@ const (
 	grantName  = "grant.json"
 )
 
+// LimiterStateFile is the name of the limiter's shared-state file
+// (internal/limiterstate) in a container's directory.
+const LimiterStateFile = "cache"
+
 // Dirs are the per-container directories under Root.
 type Dirs struct{ Root string }
 

@@ -1,0 +1,369 @@
+// Package charts tests the Helm chart charts/tessera with helm itself
+// (built from the module pinned in hack/tools): lint, golden renders,
+// the values schema, and that the chart and deploy/ do not drift.
+package charts
+
+import (
+	"bufio"
+	"bytes"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+
+	"github.com/tessera-gpu/tessera/internal/testenv"
+	"github.com/tessera-gpu/tessera/internal/webhook"
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden renders in testdata/")
+
+var (
+	helmOnce sync.Once
+	helmPath string
+	helmErr  error
+)
+
+// helm runs the pinned helm with args and returns its output.
+func helm(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	helmOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "tessera-helm")
+		if err != nil {
+			helmErr = err
+			return
+		}
+		helmPath, helmErr = testenv.BuildHelm(dir)
+	})
+	if helmErr != nil {
+		t.Fatal(helmErr)
+	}
+	cmd := exec.Command(helmPath, args...)
+	home := t.TempDir()
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+home, "HELM_CONFIG_HOME="+home, "HELM_DATA_HOME="+home)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	if err != nil {
+		return out.String() + errOut.String(), fmt.Errorf("helm %s: %v\n%s%s", strings.Join(args, " "), err, out.String(), errOut.String())
+	}
+	return out.String(), nil
+}
+
+// valueSets are the golden renders: the defaults and two other sets.
+var valueSets = map[string]string{
+	"default":                "",
+	"certmanager-monitoring": "testdata/values-certmanager-monitoring.yaml",
+	"custom":                 "testdata/values-custom.yaml",
+}
+
+func render(t *testing.T, values string, extra ...string) string {
+	t.Helper()
+	args := []string{"template", "tessera", "./tessera", "--namespace", "tessera-system"}
+	if values != "" {
+		args = append(args, "-f", values)
+	}
+	out, err := helm(t, append(args, extra...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func TestChartLint(t *testing.T) {
+	for name, values := range valueSets {
+		args := []string{"lint", "--strict", "./tessera"}
+		if values != "" {
+			args = append(args, "-f", values)
+		}
+		if out, err := helm(t, args...); err != nil {
+			t.Errorf("%s: %v", name, err)
+		} else if !strings.Contains(out, "0 chart(s) failed") {
+			t.Errorf("%s: helm lint: %s", name, out)
+		}
+	}
+}
+
+func TestChartGolden(t *testing.T) {
+	for name, values := range valueSets {
+		t.Run(name, func(t *testing.T) {
+			got := render(t, values)
+			path := filepath.Join("testdata", name+".golden.yaml")
+			if *update {
+				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (go test ./charts -update writes it)", err)
+			}
+			if got != string(want) {
+				t.Errorf("helm template with %s differs from %s (go test ./charts -update rewrites it after review)", name, path)
+			}
+		})
+	}
+}
+
+// TestChartSchemaRejects: values.schema.json refuses bad values with a
+// message naming the field.
+func TestChartSchemaRejects(t *testing.T) {
+	for _, tc := range []struct{ set, want string }{
+		{"scheduler.replicas=0", "replicas"},
+		{"webhook.certificates.mode=vault", "mode"},
+		{"nodeAgent.metricsPort=70000", "metricsPort"},
+		{"nodeAgent.hostPaths.state=relative/path", "state"},
+		{"nodeAgent.recoveryPeriod=soon", "recoveryPeriod"},
+		{"resourcePrefix=Not_A_Domain", "resourcePrefix"},
+		{"schedulerReplicas=2", "schedulerReplicas"},
+		{"monitoring.prometheusRule.memoryLimitRatio=2", "memoryLimitRatio"},
+	} {
+		out, err := helm(t, "template", "tessera", "./tessera", "--set", tc.set)
+		if err == nil {
+			t.Errorf("--set %s accepted", tc.set)
+			continue
+		}
+		if !strings.Contains(out, tc.want) {
+			t.Errorf("--set %s: the error does not name %s:\n%s", tc.set, tc.want, out)
+		}
+	}
+	if out, err := helm(t, "template", "tessera", "./tessera", "--set", "nodeAgent.profiles.default=null"); err == nil || !strings.Contains(out, "default") {
+		t.Errorf("profiles without default accepted: %v %s", err, out)
+	}
+}
+
+// objects splits a multi-document render into objects by "Kind/name".
+func objects(t *testing.T, docs string) map[string]*unstructured.Unstructured {
+	t.Helper()
+	out := map[string]*unstructured.Unstructured{}
+	r := utilyaml.NewYAMLReader(bufioReader(docs))
+	for {
+		b, err := r.Read()
+		if err != nil {
+			break
+		}
+		var m map[string]any
+		if err := yaml.Unmarshal(b, &m); err != nil {
+			t.Fatalf("%v\n%s", err, b)
+		}
+		if len(m) == 0 {
+			continue
+		}
+		u := &unstructured.Unstructured{Object: m}
+		out[u.GetKind()+"/"+u.GetName()] = u
+	}
+	return out
+}
+
+func readDeploy(t *testing.T) map[string]*unstructured.Unstructured {
+	t.Helper()
+	var all strings.Builder
+	for _, f := range []string{"../deploy/scheduler/scheduler.yaml", "../deploy/scheduler/webhook.yaml", "../deploy/node-agent/node-agent.yaml", "../deploy/node-agent/configmap.yaml"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all.WriteString("\n---\n")
+		all.Write(b)
+	}
+	return objects(t, all.String())
+}
+
+// subset reports the first path where want is not contained in got (maps:
+// every key of want with a contained value; lists: same length, element
+// by element; scalars: equal).
+func subset(want, got any, path string) string {
+	switch w := want.(type) {
+	case map[string]any:
+		g, ok := got.(map[string]any)
+		if !ok {
+			return path + ": not an object in the chart"
+		}
+		for k, v := range w {
+			if d := subset(v, g[k], path+"."+k); d != "" {
+				return d
+			}
+		}
+	case []any:
+		g, ok := got.([]any)
+		if !ok || len(g) != len(w) {
+			return fmt.Sprintf("%s: %d elements in deploy/, %v in the chart", path, len(w), got)
+		}
+		for i := range w {
+			if d := subset(w[i], g[i], fmt.Sprintf("%s[%d]", path, i)); d != "" {
+				return d
+			}
+		}
+	default:
+		if fmt.Sprint(want) != fmt.Sprint(got) {
+			return fmt.Sprintf("%s: deploy/ has %v, the chart %v", path, want, got)
+		}
+	}
+	return ""
+}
+
+// TestChartMatchesDeploy keeps deploy/ and the chart from drifting: every
+// object of deploy/ (but the Namespace, which Helm's --create-namespace
+// makes) is in the default render of release "tessera" in tessera-system,
+// with every field deploy/ sets set to the same value (the chart may add:
+// labels, security contexts, flags with their default values); the
+// scheduler configuration is the same file; deploy/monitoring's
+// PrometheusRule is the chart's.
+func TestChartMatchesDeploy(t *testing.T) {
+	chart := objects(t, render(t, ""))
+	for key, d := range readDeploy(t) {
+		if d.GetKind() == "Namespace" {
+			continue
+		}
+		c, ok := chart[key]
+		if !ok {
+			t.Errorf("%s is in deploy/ but not in the chart", key)
+			continue
+		}
+		dm := d.DeepCopy().Object
+		unstructured.RemoveNestedField(dm, "metadata", "labels")
+		unstructured.RemoveNestedField(dm, "metadata", "annotations")
+		unstructured.RemoveNestedField(dm, "spec", "template", "metadata", "labels")
+		for _, path := range [][]string{{"spec", "template", "spec", "containers"}, {"spec", "template", "spec", "initContainers"}} {
+			cs, found, _ := unstructured.NestedSlice(dm, path...)
+			if !found {
+				continue
+			}
+			for _, x := range cs {
+				delete(x.(map[string]any), "image")
+				delete(x.(map[string]any), "args") // compared below
+			}
+			_ = unstructured.SetNestedSlice(dm, cs, path...)
+		}
+		if key == "ClusterRole/tessera-webhook" {
+			// The chart narrows the webhook's rights to its own
+			// configurations (resourceNames, no create): compared below.
+			unstructured.RemoveNestedField(dm, "rules")
+		}
+		if diff := subset(dm, c.Object, key); diff != "" {
+			t.Errorf("drift: %s", diff)
+		}
+		// Container args: deploy/'s are a subset of the chart's.
+		dcs, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
+		ccs, _, _ := unstructured.NestedSlice(c.Object, "spec", "template", "spec", "containers")
+		for i := range dcs {
+			da, _, _ := unstructured.NestedStringSlice(dcs[i].(map[string]any), "args")
+			ca, _, _ := unstructured.NestedStringSlice(ccs[i].(map[string]any), "args")
+			have := map[string]bool{}
+			for _, a := range ca {
+				have[a] = true
+			}
+			for _, a := range da {
+				if !have[a] {
+					t.Errorf("drift: %s container %d: deploy/ passes %q, the chart does not (chart args %q)", key, i, a, ca)
+				}
+			}
+		}
+	}
+	// The webhook's RBAC in the chart is within deploy/'s.
+	dr, _, _ := unstructured.NestedSlice(readDeploy(t)["ClusterRole/tessera-webhook"].Object, "rules")
+	cr, _, _ := unstructured.NestedSlice(chart["ClusterRole/tessera-webhook"].Object, "rules")
+	allowed := map[string]bool{}
+	for _, t3 := range ruleTuples(dr) {
+		allowed[t3] = true
+	}
+	for _, t3 := range ruleTuples(cr) {
+		if !allowed[t3] {
+			t.Errorf("drift: the chart's webhook may %s, deploy/'s may not", t3)
+		}
+	}
+
+	a, err := os.ReadFile("../deploy/scheduler/config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile("tessera/files/scheduler-config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(a, b) {
+		t.Error("drift: charts/tessera/files/scheduler-config.yaml differs from deploy/scheduler/config.yaml (copy it)")
+	}
+
+	rule := objects(t, render(t, "", "--set", "monitoring.prometheusRule.enabled=true"))["PrometheusRule/tessera-node-agent"]
+	shipped, err := os.ReadFile("../deploy/monitoring/prometheusrule.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := objects(t, string(shipped))["PrometheusRule/tessera-node-agent"]
+	if d == nil || rule == nil || !reflect.DeepEqual(d.Object["spec"], rule.Object["spec"]) {
+		t.Error("drift: deploy/monitoring/prometheusrule.yaml's rules differ from the chart's (helm template --set monitoring.prometheusRule.enabled=true -s templates/monitoring.yaml)")
+	}
+}
+
+func ruleTuples(rules []any) []string {
+	var out []string
+	for _, r := range rules {
+		m := r.(map[string]any)
+		groups, _, _ := unstructured.NestedStringSlice(m, "apiGroups")
+		res, _, _ := unstructured.NestedStringSlice(m, "resources")
+		verbs, _, _ := unstructured.NestedStringSlice(m, "verbs")
+		for _, g := range groups {
+			for _, x := range res {
+				for _, v := range verbs {
+					out = append(out, g+"/"+x+":"+v)
+				}
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// TestChartWebhookConfigurations: the configurations the chart owns are
+// the ones the webhook writes (internal/webhook.Registration), caBundle
+// aside, for the default and another resource prefix; otherwise the
+// webhook and `helm upgrade` would rewrite each other's.
+func TestChartWebhookConfigurations(t *testing.T) {
+	for _, prefix := range []string{"nvidia.com", "example.com"} {
+		chart := objects(t, render(t, "", "--set", "resourcePrefix="+prefix, "--set", "webhook.excludeNamespaces={batch}"))
+		names, err := api.NewResourceNames(prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reg := webhook.Registration{Name: "tessera-webhook", ServiceNamespace: "tessera-system", ServiceName: "tessera-webhook",
+			ServicePort: 443, Names: names, ExcludeNamespaces: []string{"tessera-system", "batch"}}
+		m, v := reg.Configurations()
+		var gotM admissionregistrationv1.MutatingWebhookConfiguration
+		var gotV admissionregistrationv1.ValidatingWebhookConfiguration
+		for obj, into := range map[string]any{"MutatingWebhookConfiguration/tessera-webhook": &gotM, "ValidatingWebhookConfiguration/tessera-webhook": &gotV} {
+			u := chart[obj]
+			if u == nil {
+				t.Fatalf("%s not rendered", obj)
+			}
+			b, _ := yaml.Marshal(u.Object)
+			if err := yaml.UnmarshalStrict(b, into); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !reflect.DeepEqual(gotM.Webhooks, m.Webhooks) {
+			a, _ := yaml.Marshal(gotM.Webhooks)
+			b, _ := yaml.Marshal(m.Webhooks)
+			t.Errorf("prefix %s: the chart's mutating webhook differs from the webhook's:\n--- chart\n%s--- webhook\n%s", prefix, a, b)
+		}
+		if !reflect.DeepEqual(gotV.Webhooks, v.Webhooks) {
+			a, _ := yaml.Marshal(gotV.Webhooks)
+			b, _ := yaml.Marshal(v.Webhooks)
+			t.Errorf("prefix %s: the chart's validating webhook differs from the webhook's:\n--- chart\n%s--- webhook\n%s", prefix, a, b)
+		}
+	}
+}
+
+func bufioReader(s string) *bufio.Reader { return bufio.NewReader(strings.NewReader(s)) }

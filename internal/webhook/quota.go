@@ -1,0 +1,90 @@
+package webhook
+
+import (
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/tessera-gpu/tessera/internal/kubeobj"
+)
+
+// QuotaMemoryResource is the resource a ResourceQuota counts to cap a
+// namespace's GPU memory: the mutating webhook writes it on every GPU
+// container as equal request and limit, in bytes, resolved from whatever
+// form the container asked in (docs/operations.md, "Quotas"):
+//
+//	requests.tessera.io/gpu-memory: 40Gi
+//
+// Kubernetes' own ResourceQuota admission then charges it, exactly and
+// under concurrent creations (it updates the quota's usage with an
+// optimistic-concurrency write per admitted pod), and refuses a pod over
+// the quota with a message naming the quota, the used and the asked
+// amounts. The scheduler ignores the resource (NodeResourcesFit
+// ignoredResources) and the kubelet drops extended resources no node
+// advertises before its admission check, so the request places nothing.
+const QuotaMemoryResource = "tessera.io/gpu-memory"
+
+// chargedMiB is what one container is charged, in MiB: per GPU its
+// memory in MiB, or its percentage of the largest GPU in the cluster (the
+// model is picked later, so the most the pod may get), times the GPU
+// count; a MIG device its profile's memory ("1g.5gb": 5 GiB); a whole GPU
+// (a count without memory) the largest GPU. Unknown largest GPU (no node
+// inventory yet) charges the percentage of 0: such a pod cannot be placed
+// until inventories exist, and is charged as created.
+func chargedMiB(d kubeobj.Resources, largestMiB int64) int64 {
+	count := d.GPUMilli / 1000
+	if count <= 0 {
+		return 0
+	}
+	if d.MIGProfile != "" {
+		return count * migProfileMiB(d.MIGProfile)
+	}
+	if d.MemoryMiB > 0 {
+		return count * d.MemoryMiB
+	}
+	return count * ((d.MemoryPercent*largestMiB + 99) / 100)
+}
+
+// migProfileMiB is the memory a MIG profile's name states ("3g.20gb" →
+// 20480; "1g.10gb+me" → 10240), 0 when it states none.
+func migProfileMiB(profile string) int64 {
+	_, mem, ok := strings.Cut(profile, ".")
+	if !ok {
+		return 0
+	}
+	mem, _, _ = strings.Cut(mem, "+")
+	gb, ok := strings.CutSuffix(mem, "gb")
+	if !ok {
+		return 0
+	}
+	n, err := strconv.ParseInt(gb, 10, 64)
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n * 1024
+}
+
+// writeQuotaCharge sets c's QuotaMemoryResource request and limit to its
+// charge (replacing whatever the pod wrote there: the value is Tessera's,
+// not the user's) and reports whether it changed.
+func (p *Admission) writeQuotaCharge(c *corev1.Container, d kubeobj.Resources) bool {
+	var largest int64
+	if p.LargestGPUMiB != nil {
+		largest = p.LargestGPUMiB()
+	}
+	q := *resource.NewQuantity(chargedMiB(d, largest)*1024*1024, resource.BinarySI)
+	changed := false
+	for _, list := range []*corev1.ResourceList{&c.Resources.Limits, &c.Resources.Requests} {
+		if *list == nil {
+			*list = corev1.ResourceList{}
+		}
+		old, had := (*list)[QuotaMemoryResource]
+		if !had || old.Cmp(q) != 0 {
+			(*list)[QuotaMemoryResource] = q
+			changed = true
+		}
+	}
+	return changed
+}
