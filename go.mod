@@ -40,6 +40,7 @@ replace (
 
 require (
 	github.com/NVIDIA/go-nvml v0.13.3-1
+	github.com/fsnotify/fsnotify v1.9.0
 	github.com/google/cadvisor v0.56.2
 	github.com/google/cel-go v0.26.0
 	github.com/google/uuid v1.6.0
@@ -107,7 +108,6 @@ require (
 	github.com/exponent-io/jsonpath v0.0.0-20210407135951-1de76d718b3f // indirect
 	github.com/fatih/camelcase v1.0.0 // indirect
 	github.com/felixge/httpsnoop v1.0.4 // indirect
-	github.com/fsnotify/fsnotify v1.9.0 // indirect
 	github.com/fxamacker/cbor/v2 v2.9.0 // indirect
 	github.com/go-errors/errors v1.4.2 // indirect
 	github.com/go-logr/logr v1.4.3 // indirect

@@ -15,6 +15,25 @@ import (
 //go:embed scheduler/config.yaml
 var SchedulerConfig []byte
 
+// AdmissionPolicy is admission/policy.yaml: the ValidatingAdmissionPolicies
+// (and bindings) that let only the scheduler write allocation records and
+// only the node agents write inventories.
+//
+//go:embed admission/policy.yaml
+var AdmissionPolicy []byte
+
+// SchedulerManifest is scheduler/scheduler.yaml: the scheduler's
+// namespace, ServiceAccount, RBAC and Deployment.
+//
+//go:embed scheduler/scheduler.yaml
+var SchedulerManifest []byte
+
+// NodeAgentManifest is node-agent/node-agent.yaml: the node agent's
+// ServiceAccount, RBAC and DaemonSets.
+//
+//go:embed node-agent/node-agent.yaml
+var NodeAgentManifest []byte
+
 // SchedulerConfigFor is SchedulerConfig for a single replica that reaches
 // its API server through kubeconfig at the given client rate, without
 // leader election: how the emulated cluster and the integration tests run

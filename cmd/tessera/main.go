@@ -23,11 +23,12 @@ type command struct {
 }
 
 var commands = map[string]command{
-	"version":    {"print the version and exit", runVersion},
-	"simulate":   {"replay a GPU cluster trace and compare placement policies", runSimulate},
-	"scheduler":  {"run kube-scheduler with the Tessera GPU-sharing plugin (kube-scheduler flags)", runScheduler},
-	"webhook":    {"serve the admission webhook for GPU pods", runWebhook},
-	"node-agent": {"discover GPUs, publish the node inventory, serve the GPU device plugin", runNodeAgent},
+	"version":      {"print the version and exit", runVersion},
+	"simulate":     {"replay a GPU cluster trace and compare placement policies", runSimulate},
+	"scheduler":    {"run kube-scheduler with the Tessera GPU-sharing plugin (kube-scheduler flags)", runScheduler},
+	"webhook":      {"serve the admission webhook for GPU pods", runWebhook},
+	"node-agent":   {"discover GPUs, publish the node inventory, serve the GPU device plugin", runNodeAgent},
+	"kubelet-shim": {"hold the kubelet's device-plugin connection and forward it to the node agent", runKubeletShim},
 }
 
 // errUsage marks errors whose message is a usage text (exit code 2).

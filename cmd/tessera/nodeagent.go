@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -24,6 +25,8 @@ import (
 	"github.com/tessera-gpu/tessera/internal/nodeagent/dra"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/mps"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/reconcile"
+	"github.com/tessera-gpu/tessera/internal/recordsig"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -46,6 +49,16 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.StringVar(&def.PreloadHost, "preload-host-path", def.PreloadHost, "ld.so.preload file the agent writes and containers get")
 	fs.StringVar(&def.StateRoot, "state-root", def.StateRoot, "host directory of the per-container limiter state")
 	fs.StringVar(&def.StateContainer, "state-container-path", def.StateContainer, "where containers see their state directory")
+	recordKeys := fs.String("record-keys", recordsig.DefaultNamespace+"/"+recordsig.DefaultPublicKeys, `ConfigMap "namespace/name" with the scheduler's public keys; every record's signature is checked against them ("" : not checked, records rest on the admission policy alone)`)
+	acceptUnsigned := fs.Bool("accept-unsigned-records", false, "serve records without a signature (only while upgrading from a release whose scheduler did not sign; docs/upgrading.md)")
+	deviceList := fs.String("device-list-strategy", string(deviceplugin.DeviceListEnvvar), "how GPUs reach the container runtime: envvar (NVIDIA_VISIBLE_DEVICES), cdi-cri (CDI devices nvidia.com/gpu=<UUID>) or volume-mounts (docs/security.md)")
+	pluginSockets := fs.String("plugin-socket-dir", "", "serve the device plugins in this directory, one socket per resource, for the kubelet shim (tessera kubelet-shim) instead of registering with the kubelet")
+	reconcileEvery := fs.Duration("reconcile-interval", 5*time.Second, "how often GPU memory per container (NVML) is compared with its grant (0: never)")
+	killOnBreach := fs.Bool("kill-on-breach", true, "SIGKILL the processes of a container that holds more GPU memory than granted, or uses a GPU it was not granted")
+	tolerance := fs.Float64("breach-tolerance-percent", 2, "GPU memory over a grant tolerated before a breach, in percent of the grant (plus --breach-tolerance-mib)")
+	toleranceMiB := fs.Int64("breach-tolerance-mib", 64, "GPU memory over a grant tolerated before a breach, in MiB (plus --breach-tolerance-percent)")
+	exempt := fs.String("reconcile-exempt-namespaces", "kube-system,tessera-system", "namespaces whose pods may use GPUs without a grant (monitoring, the GPU operator)")
+	procRoot := fs.String("proc", "/proc", "the host's /proc (the agent runs with hostPID: NVML reports host PIDs)")
 	mpsControl := fs.String("mps-control", "nvidia-cuda-mps-control", "NVIDIA's MPS control program, run per GPU on nodes in mps mode")
 	metricsAddr := fs.String("metrics-address", ":9402", `where Prometheus metrics are served ("host:port"; "" turns them off; docs/operations.md)`)
 	mpsRoot := fs.String("mps-root", mps.DefaultRoot, "host directory of the MPS daemons' pipe and log directories (a profile's flags.mpsRoot wins)")
@@ -74,6 +87,25 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	if *profile != "" && !*discoverOnly {
 		return fmt.Errorf("%w: --profile is for --discover-only; the agent reads profiles from --config-map", errUsage)
+	}
+	strategy := deviceplugin.DeviceListStrategy(*deviceList)
+	if !slices.Contains(deviceplugin.DeviceListStrategies(), strategy) {
+		return fmt.Errorf("%w: --device-list-strategy %q: want one of %v", errUsage, *deviceList, deviceplugin.DeviceListStrategies())
+	}
+	var keys *recordsig.Store
+	if *recordKeys != "" {
+		ns, name, ok := strings.Cut(*recordKeys, "/")
+		if !ok || ns == "" || name == "" {
+			return fmt.Errorf("%w: --record-keys %q: want \"namespace/name\"", errUsage, *recordKeys)
+		}
+		keys = &recordsig.Store{Namespace: ns, PublicKeys: name}
+	}
+	if *reconcileEvery < 0 || *tolerance < 0 || *toleranceMiB < 0 {
+		return fmt.Errorf("%w: --reconcile-interval and the breach tolerances must not be negative", errUsage)
+	}
+	exemptNS := map[string]bool{}
+	for _, ns := range splitList(*exempt) {
+		exemptNS[ns] = true
 	}
 	var cmNS, cmName string
 	if *cm != "" {
@@ -110,10 +142,19 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		Paths:              def,
 		PluginDir:          *pluginDir,
 		PodResourcesSocket: *podRes,
-		MPSControl:         []string{*mpsControl},
-		MPSRoot:            *mpsRoot,
-		DRA:                draOpts,
-		MetricsAddress:     *metricsAddr,
+		RecordKeys:         keys,
+		AcceptUnsigned:     *acceptUnsigned,
+		DeviceList:         strategy,
+		PluginSocketDir:    *pluginSockets,
+		Reconcile: reconcile.Options{
+			Interval: *reconcileEvery, ProcRoot: *procRoot, Kill: *killOnBreach,
+			TolerancePercent: *tolerance, ToleranceMiB: *toleranceMiB,
+			Exempt: func(ns string) bool { return exemptNS[ns] },
+		},
+		MPSControl:     []string{*mpsControl},
+		MPSRoot:        *mpsRoot,
+		DRA:            draOpts,
+		MetricsAddress: *metricsAddr,
 	}, logger)
 	if err != nil {
 		return err

@@ -28,6 +28,9 @@ func runWebhook(ctx context.Context, args []string, _, stderr io.Writer) error {
 	caSecret := fs.String("ca-secret", "tessera-webhook-ca", "Secret holding the CA shared by replicas (empty: a fresh CA per start)")
 	exclude := fs.String("exclude-namespaces", "tessera-system", "comma-separated namespaces never sent to the webhook, besides kube-system")
 	register := fs.Bool("register", true, "write the webhook configurations with the CA at start-up (false with cert-manager)")
+	schedulerUsers := fs.String("scheduler-users", webhook.DefaultSchedulerUser, "comma-separated identities (request.userInfo.username) that may write allocation records")
+	trusted := fs.String("trusted-namespaces", "", "comma-separated namespaces exempt from the isolation checks (hostPID, privileged, capabilities, hostPath); \"*\" exempts every namespace; namespaces labelled "+webhook.TrustedLabel+"=true are exempt too")
+	allowEnvFrom := fs.Bool("allow-unprefixed-env-from", false, "admit envFrom without a prefix in GPU pods (safe only where node agents select devices by CDI or volume mounts, not the environment; docs/security.md)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -46,11 +49,10 @@ func runWebhook(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var excluded []string
-	for _, ns := range strings.Split(*exclude, ",") {
-		if ns = strings.TrimSpace(ns); ns != "" {
-			excluded = append(excluded, ns)
-		}
+	excluded := splitList(*exclude)
+	users := splitList(*schedulerUsers)
+	if len(users) == 0 {
+		return fmt.Errorf("%w: --scheduler-users is empty: nobody could write allocation records", errUsage)
 	}
 	return webhook.Run(ctx, webhook.Options{
 		Client:            client,
@@ -68,5 +70,19 @@ func runWebhook(ctx context.Context, args []string, _, stderr io.Writer) error {
 			ServicePort:       int32(*port),
 			ExcludeNamespaces: excluded,
 		},
+		SchedulerUsers:         users,
+		TrustedNamespaces:      splitList(*trusted),
+		AllowUnprefixedEnvFrom: *allowEnvFrom,
 	})
+}
+
+// splitList splits a comma-separated flag, dropping blanks.
+func splitList(s string) []string {
+	var out []string
+	for _, e := range strings.Split(s, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			out = append(out, e)
+		}
+	}
+	return out
 }

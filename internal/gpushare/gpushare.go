@@ -73,6 +73,21 @@ func Share(memoryMiB int64, cores int) Usage {
 	return Usage{MemoryMiB: memoryMiB, Cores: cores, Shares: 1}
 }
 
+// Replicated reports whether GPUs shared in this mode are shared by equal
+// replicas (time-slicing, MPS), as NVIDIA's plugin shares them: a
+// container that asks for a whole GPU gets one replica (ReplicaSlot).
+func Replicated(mode api.SharingMode) bool {
+	return mode == api.SharingMPS || mode == api.SharingTimeSlicing
+}
+
+// ReplicaSlot is one of replicas equal slots of a GPU with memoryMiB of
+// memory (NVIDIA's 1/N): what a container asking for a whole replicated
+// GPU is granted and charged.
+func ReplicaSlot(memoryMiB int64, replicas int) Usage {
+	n := max(replicas, 1)
+	return Share(memoryMiB/int64(n), FullCores/n)
+}
+
 // Whole is the charge of a GPU held whole, given its memory capacity.
 func Whole(memoryCap int64) Usage {
 	return Usage{MemoryMiB: memoryCap, Cores: FullCores, Shares: 1, Exclusive: 1}
@@ -259,3 +274,47 @@ func (c Capacity) WithinAdding(used, charge Usage) bool {
 // Holds reports whether one share asking memoryMiB fits in the GPU's
 // physical memory, whatever else the GPU holds.
 func (c Capacity) Holds(memoryMiB int64) bool { return memoryMiB <= c.MemoryMiB }
+
+// Ask is one container's request for each of its GPUs, as the pod spec
+// states it after the defaults (kubeobj.Defaulted): memory in MiB or as a
+// percentage of the GPU's memory, and a compute share in percent.
+type Ask struct {
+	MemoryMiB     int64
+	MemoryPercent int
+	Cores         int
+}
+
+// Exclusive reports whether the ask takes the GPU whole: all compute, all
+// memory by percentage, or no memory asked at all.
+func (a Ask) Exclusive() bool {
+	return a.Cores == FullCores || a.MemoryPercent == 100 || (a.MemoryMiB == 0 && a.MemoryPercent == 0)
+}
+
+// MemoryOn is the memory the ask is granted on a GPU with gpuMemoryMiB of
+// physical memory: the MiB asked, else the percentage of the GPU (rounded
+// down, so percentage shares never add up past the GPU), else all of it.
+func (a Ask) MemoryOn(gpuMemoryMiB int64) int64 {
+	switch {
+	case a.MemoryMiB > 0:
+		return a.MemoryMiB
+	case a.MemoryPercent > 0:
+		return gpuMemoryMiB * int64(a.MemoryPercent) / 100
+	default:
+		return gpuMemoryMiB
+	}
+}
+
+// CoresGranted is the compute share the ask is granted: a whole GPU gets
+// all of it.
+func (a Ask) CoresGranted() int {
+	if a.Exclusive() {
+		return FullCores
+	}
+	return a.Cores
+}
+
+// Grant is the record's grant of the ask on a GPU of gpuMemoryMiB: what
+// the scheduler writes and what the node agent expects to find.
+func (a Ask) Grant(uuid string, gpuMemoryMiB int64) api.DeviceGrant {
+	return api.DeviceGrant{UUID: uuid, MemoryMiB: a.MemoryOn(gpuMemoryMiB), Cores: a.CoresGranted(), Exclusive: a.Exclusive()}
+}

@@ -53,32 +53,69 @@ func quantity(c *corev1.Container, name string) (resource.Quantity, bool) {
 	return q, ok
 }
 
+// ResourceError is a container's GPU resource that Tessera refuses: the
+// container, the resource's full name, its value as written and why. Its
+// text names all four; the webhook turns it into a field error on the
+// resource.
+type ResourceError struct {
+	Container string
+	Resource  string
+	Value     string
+	Reason    string
+}
+
+func (e *ResourceError) Error() string {
+	return fmt.Sprintf("container %q: %s is %s, %s", e.Container, e.Resource, e.Value, e.Reason)
+}
+
+// The most each GPU resource may ask. A quantity is compared with its
+// bound before it is converted to an integer, so no value wraps: 2^64 +
+// 1000 MiB is refused, not read as 1000 MiB.
+var (
+	maxGPUCount = resource.NewQuantity(api.MaxGPUsPerNode, resource.DecimalSI)
+	maxMemory   = resource.NewQuantity(api.MaxGPUMemoryMiB, resource.DecimalSI)
+	maxPercent  = resource.NewQuantity(100, resource.DecimalSI)
+)
+
+// bounded returns q as an integer (whole is false: in thousandths) after
+// checking it is within [0, limit] and, when whole, a whole number.
+func bounded(c *corev1.Container, name string, q resource.Quantity, limit *resource.Quantity, whole bool, what string) (int64, error) {
+	fail := func(reason string) (int64, error) {
+		return 0, &ResourceError{Container: c.Name, Resource: name, Value: q.String(), Reason: reason}
+	}
+	if q.Sign() < 0 {
+		return fail("must not be negative")
+	}
+	if q.Cmp(*limit) > 0 {
+		return fail(fmt.Sprintf("must be between 0 and %s (%s)", limit.String(), what))
+	}
+	if !whole {
+		return q.MilliValue(), nil
+	}
+	if q.MilliValue()%1000 != 0 {
+		return fail("must be a whole number")
+	}
+	return q.Value(), nil
+}
+
 // gpuMilli is the container's count of the GPU resource in thousandths.
 func gpuMilli(c *corev1.Container, name string) (milli int64, has bool, err error) {
 	q, ok := quantity(c, name)
 	if !ok {
 		return 0, false, nil
 	}
-	if q.Sign() < 0 {
-		return 0, true, fmt.Errorf("container %q: %s is %s, must not be negative", c.Name, name, q.String())
-	}
-	return q.MilliValue(), true, nil
+	milli, err = bounded(c, name, q, maxGPUCount, false, "GPUs per node")
+	return milli, true, err
 }
 
 // ReadResources returns a container's GPU resources from its limits,
 // falling back to requests for a resource that has no limit. Values other
-// than the GPU count must be whole numbers.
+// than the GPU count must be whole numbers. Every value is checked against
+// its bound before conversion (a *ResourceError names the resource, the
+// value and the bound): at most api.MaxGPUsPerNode GPUs,
+// api.MaxGPUMemoryMiB MiB, 100 percent of memory or cores.
 func ReadResources(c *corev1.Container, names api.ResourceNames) (Resources, error) {
 	var r Resources
-	whole := func(name string, q resource.Quantity) (int64, error) {
-		if q.MilliValue()%1000 != 0 {
-			return 0, fmt.Errorf("container %q: %s is %s, must be a whole number", c.Name, name, q.String())
-		}
-		if q.Sign() < 0 {
-			return 0, fmt.Errorf("container %q: %s is %s, must not be negative", c.Name, name, q.String())
-		}
-		return q.Value(), nil
-	}
 	var err error
 	if r.CountName, err = countName(c, names); err != nil {
 		return r, err
@@ -89,23 +126,23 @@ func ReadResources(c *corev1.Container, names api.ResourceNames) (Resources, err
 		}
 		r.MIGProfile, _ = names.MIGProfileOf(r.CountName)
 	}
-	if q, ok := quantity(c, names.Memory); ok {
-		r.HasMemory = true
-		if r.MemoryMiB, err = whole(names.Memory, q); err != nil {
-			return r, err
+	read := func(name string, limit *resource.Quantity, what string, has *bool, v *int64) error {
+		q, ok := quantity(c, name)
+		if !ok {
+			return nil
 		}
+		*has = true
+		*v, err = bounded(c, name, q, limit, true, what)
+		return err
 	}
-	if q, ok := quantity(c, names.MemoryPercentage); ok {
-		r.HasPercent = true
-		if r.MemoryPercent, err = whole(names.MemoryPercentage, q); err != nil {
-			return r, err
-		}
+	if err := read(names.Memory, maxMemory, "MiB per GPU", &r.HasMemory, &r.MemoryMiB); err != nil {
+		return r, err
 	}
-	if q, ok := quantity(c, names.Cores); ok {
-		r.HasCores = true
-		if r.Cores, err = whole(names.Cores, q); err != nil {
-			return r, err
-		}
+	if err := read(names.MemoryPercentage, maxPercent, "percent of the GPU's memory", &r.HasPercent, &r.MemoryPercent); err != nil {
+		return r, err
+	}
+	if err := read(names.Cores, maxPercent, "percent of the GPU's compute", &r.HasCores, &r.Cores); err != nil {
+		return r, err
 	}
 	return r, nil
 }
@@ -151,7 +188,11 @@ func Devices(c *corev1.Container, gpu string) (int64, error) {
 //   - a count without memory means the whole memory of each GPU (100 %).
 //
 // It fails for fractional counts above 1 and for fractions combined with
-// explicit memory or cores, which have no single meaning.
+// explicit memory or cores, which have no single meaning, and for zeros
+// that would otherwise be read as something else: a memory of 0 (MiB or
+// percent) is refused rather than taken as "the whole GPU", a count of 0
+// with memory or cores is refused, and cores of 0 alone ask for nothing
+// and are refused. A count of 0 with nothing else is "no GPU".
 func Defaulted(container string, r Resources, names api.ResourceNames) (Resources, error) {
 	if r.MIGProfile != "" {
 		// A MIG device: its profile fixes memory and compute.
@@ -163,14 +204,27 @@ func Defaulted(container string, r Resources, names api.ResourceNames) (Resource
 		}
 		return r, nil
 	}
+	zero := func(name, reason string) (Resources, error) {
+		return r, &ResourceError{Container: container, Resource: name, Value: "0", Reason: reason}
+	}
+	switch {
+	case r.HasMemory && r.MemoryMiB == 0:
+		return zero(names.Memory, fmt.Sprintf("a GPU share needs memory: omit %s for the whole GPU's memory, or remove the GPU resources for no GPU", names.Memory))
+	case r.HasPercent && r.MemoryPercent == 0:
+		return zero(names.MemoryPercentage, fmt.Sprintf("a GPU share needs memory: omit %s for the whole GPU's memory, or remove the GPU resources for no GPU", names.MemoryPercentage))
+	case r.HasGPU && r.GPUMilli == 0 && (r.MemoryMiB > 0 || r.MemoryPercent > 0 || r.Cores > 0):
+		return zero(names.GPU, fmt.Sprintf("but %s, %s or %s asks for a share of a GPU; set the count, or remove the GPU resources for no GPU", names.Memory, names.MemoryPercentage, names.Cores))
+	case r.HasCores && r.Cores == 0 && !r.HasGPU && !r.HasMemory && !r.HasPercent:
+		return zero(names.Cores, fmt.Sprintf("alone it asks for no GPU; give %s or %s with it, or remove it", names.GPU, names.Memory))
+	}
 	if r.GPUMilli%1000 != 0 {
 		if r.GPUMilli > 1000 {
-			return r, fmt.Errorf("container %q: %s is %s; a fractional GPU count must be below 1 (use whole GPUs, or one GPU with %s)",
-				container, names.GPU, milliString(r.GPUMilli), names.Memory)
+			return r, &ResourceError{Container: container, Resource: names.GPU, Value: milliString(r.GPUMilli),
+				Reason: fmt.Sprintf("a fractional GPU count must be below 1 (use whole GPUs, or one GPU with %s)", names.Memory)}
 		}
 		if r.HasMemory || r.HasPercent || r.HasCores {
-			return r, fmt.Errorf("container %q: %s is %s together with %s, %s or %s; give either a fraction or explicit memory and cores",
-				container, names.GPU, milliString(r.GPUMilli), names.Memory, names.MemoryPercentage, names.Cores)
+			return r, &ResourceError{Container: container, Resource: names.GPU, Value: milliString(r.GPUMilli),
+				Reason: fmt.Sprintf("a fraction together with %s, %s or %s has no single meaning; give either a fraction or explicit memory and cores", names.Memory, names.MemoryPercentage, names.Cores)}
 		}
 		pct := max(r.GPUMilli/10, 1) // thousandths to percent, at least 1 %
 		r.GPUMilli, r.MemoryPercent, r.Cores = 1000, pct, pct

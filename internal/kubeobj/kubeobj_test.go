@@ -151,6 +151,69 @@ func TestRequestsGPU(t *testing.T) {
 	}
 }
 
+// TestQuantityBounds: every quantity is compared with its bound before it
+// is converted, so no value wraps (trust issue, finding 8: gpumem
+// 18446744073709552616 ran with 1000 MiB, nvidia.com/gpu
+// 9223372036854775808 became 0).
+func TestQuantityBounds(t *testing.T) {
+	for _, tc := range []struct {
+		limits map[string]string
+		want   string
+	}{
+		{map[string]string{names.Memory: "18446744073709552616"}, `container "c": nvidia.com/gpumem is 18446744073709552616, must be between 0 and 16777216 (MiB per GPU)`},
+		{map[string]string{names.GPU: "9223372036854775808"}, `container "c": nvidia.com/gpu is 9223372036854775808, must be between 0 and 64 (GPUs per node)`},
+		{map[string]string{names.GPU: "65"}, `nvidia.com/gpu is 65, must be between 0 and 64`},
+		{map[string]string{names.Memory: "1e30"}, `nvidia.com/gpumem is 1e30, must be between 0 and 16777216`},
+		{map[string]string{names.Cores: "101"}, `nvidia.com/gpucores is 101, must be between 0 and 100 (percent of the GPU's compute)`},
+		{map[string]string{names.Cores: "18446744073709551716"}, `nvidia.com/gpucores is 18446744073709551716, must be between 0 and 100`},
+		{map[string]string{names.MemoryPercentage: "4294967396"}, `nvidia.com/gpumem-percentage is 4294967396, must be between 0 and 100 (percent of the GPU's memory)`},
+	} {
+		_, err := ReadResources(container(tc.limits, nil), names)
+		var re *ResourceError
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.As(err, &re) {
+			t.Errorf("%v: %v, want %q", tc.limits, err, tc.want)
+		}
+	}
+	// The bounds themselves are accepted.
+	if r, err := ReadResources(container(map[string]string{names.GPU: "64", names.Memory: "16777216", names.Cores: "100"}, nil), names); err != nil || r.GPUMilli != 64000 || r.MemoryMiB != 16777216 {
+		t.Errorf("at the bounds: %+v, %v", r, err)
+	}
+}
+
+// TestZeroRequests: a zero is never read as something else (finding 8:
+// gpumem 0 alone became an exclusive whole GPU). A count of 0 with nothing
+// else is "no GPU".
+func TestZeroRequests(t *testing.T) {
+	read := func(limits map[string]string) (Resources, error) {
+		r, err := ReadResources(container(limits, nil), names)
+		if err != nil {
+			return r, err
+		}
+		return Defaulted("c", r, names)
+	}
+	for _, tc := range []struct {
+		limits map[string]string
+		want   string
+	}{
+		{map[string]string{names.Memory: "0"}, `nvidia.com/gpumem is 0, a GPU share needs memory`},
+		{map[string]string{names.GPU: "1", names.Memory: "0"}, `nvidia.com/gpumem is 0`},
+		{map[string]string{names.MemoryPercentage: "0", names.Cores: "20"}, `nvidia.com/gpumem-percentage is 0`},
+		{map[string]string{names.GPU: "0", names.Memory: "1024"}, `nvidia.com/gpu is 0, but`},
+		{map[string]string{names.GPU: "0", names.Cores: "30"}, `nvidia.com/gpu is 0, but`},
+		{map[string]string{names.Cores: "0"}, `nvidia.com/gpucores is 0, alone it asks for no GPU`},
+	} {
+		if _, err := read(tc.limits); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want %q", tc.limits, err, tc.want)
+		}
+	}
+	if r, err := read(map[string]string{names.GPU: "0"}); err != nil || r.GPUMilli != 0 || r.MemoryPercent != 0 {
+		t.Errorf("gpu 0 alone: %+v, %v; want no GPU", r, err)
+	}
+	if r, err := read(map[string]string{names.GPU: "1", names.Memory: "2048", names.Cores: "0"}); err != nil || r.Cores != 0 || r.MemoryMiB != 2048 {
+		t.Errorf("cores 0 with memory (no compute share): %+v, %v", r, err)
+	}
+}
+
 // TestCountResources: the shared rename and MIG profile resources count
 // devices like the GPU resource; one kind per container.
 func TestCountResources(t *testing.T) {

@@ -57,6 +57,8 @@ func RunComponent(ctx context.Context, name string, args []string) error {
 		return runRuntime(ctx, args)
 	case "node-agent":
 		return runNodeAgent(ctx, args)
+	case "kubelet-shim":
+		return runKubeletShim(ctx, args)
 	case MPSControlComponent:
 		return runMPSControl(args)
 	}
@@ -96,6 +98,7 @@ func runWebhook(ctx context.Context, args []string) error {
 type nodeFlags struct {
 	kubeconfig, node, dir, model, lab, tools string
 	gpus, port                               int
+	shim                                     bool // the agent serves a kubelet shim
 	labels, taints, configMap                string
 	// dra runs the kubelet's DRA manager (the dra mode's nodes).
 	dra bool
@@ -110,6 +113,7 @@ func parseNodeFlags(name string, args []string) (*nodeFlags, error) {
 	fs.StringVar(&f.model, "model", "", "GPU model")
 	fs.IntVar(&f.gpus, "gpus", 0, "GPUs")
 	fs.IntVar(&f.port, "port", 0, "kubelet port")
+	fs.BoolVar(&f.shim, "shim", false, "node agent: serve the kubelet shim's socket instead of registering")
 	fs.StringVar(&f.lab, "lab", "", "the lab's state directory")
 	fs.StringVar(&f.tools, "tools", "", "the lab's container tools")
 	fs.StringVar(&f.labels, "labels", "", "node labels k=v,…")
@@ -317,7 +321,7 @@ func runNodeAgent(ctx context.Context, args []string) error {
 		return err
 	}
 	cmNS, cmName, _ := strings.Cut(f.configMap, "/")
-	a, err := nodeagent.New(lib, client, nodeagent.Options{
+	opts := nodeagent.Options{
 		NodeName: f.node, Resource: api.DefaultResourceNames.GPU,
 		ConfigMapNamespace: cmNS, ConfigMapName: cmName,
 		MPSControl:         []string{exe, ComponentCommand, MPSControlComponent},
@@ -329,7 +333,9 @@ func runNodeAgent(ctx context.Context, args []string) error {
 		Resync:             30 * time.Second,
 		DRA:                labDRA(f.dir),
 		MetricsAddress:     "127.0.0.1:0",
-	}, klog.Background().WithName("node-agent"))
+	}
+	trustOptions(&opts, f)
+	a, err := nodeagent.New(lib, client, opts, klog.Background().WithName("node-agent"))
 	if err != nil {
 		return err
 	}

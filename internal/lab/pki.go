@@ -101,14 +101,20 @@ func ensurePKI(dir string) (pki, error) {
 
 // writeKubeconfig writes a cluster-admin kubeconfig for the API server.
 func (p pki) writeKubeconfig(path, server string) error {
+	return p.writeKubeconfigFor(path, server, "tessera-lab-admin", p.token)
+}
+
+// writeKubeconfigFor writes a kubeconfig for the API server with a user's
+// token.
+func (p pki) writeKubeconfigFor(path, server, user, token string) error {
 	ca, err := os.ReadFile(p.file("ca.crt"))
 	if err != nil {
 		return err
 	}
 	kc := clientcmdapi.NewConfig()
 	kc.Clusters["tessera-lab"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: ca}
-	kc.AuthInfos["tessera-lab-admin"] = &clientcmdapi.AuthInfo{Token: p.token}
-	kc.Contexts["tessera-lab"] = &clientcmdapi.Context{Cluster: "tessera-lab", AuthInfo: "tessera-lab-admin"}
+	kc.AuthInfos[user] = &clientcmdapi.AuthInfo{Token: token}
+	kc.Contexts["tessera-lab"] = &clientcmdapi.Context{Cluster: "tessera-lab", AuthInfo: user}
 	kc.CurrentContext = "tessera-lab"
 	return clientcmd.WriteToFile(*kc, path)
 }

@@ -187,12 +187,17 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: systemNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
+	ids, err := setUpIdentities(ctx, client, d, p, apiURL)
+	if err != nil {
+		return fmt.Errorf("identities and admission policies: %w", err)
+	}
+	step("scheduler and node agents have their own identities; admission policies in force")
 	profiles, err := ensureNodeConfigMap(ctx, client, cfg.NodeConfig, cfg.Nodes)
 	if err != nil {
 		return err
 	}
 
-	schedConfig, err := writeSchedulerConfig(d.path("scheduler.yaml"), d.Kubeconfig())
+	schedConfig, err := writeSchedulerConfig(d.path("scheduler.yaml"), ids.Scheduler)
 	if err != nil {
 		return err
 	}
@@ -233,7 +238,12 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 		if err := sup.start("kubelet/"+n.Name, args("kubelet", fmt.Sprintf("--port=%d", ports[2+i])), []string{"TMPDIR=" + filepath.Join(dir, "tmp")}, true); err != nil {
 			return err
 		}
-		if err := sup.start("node-agent/"+n.Name, args("node-agent", "--model="+n.Model, fmt.Sprintf("--gpus=%d", n.GPUs)), nil, false); err != nil {
+		if err := startShim(sup, comp, d, n.Name); err != nil {
+			return err
+		}
+		// The agent under its own identity (the later --kubeconfig wins),
+		// serving the shim.
+		if err := sup.start("node-agent/"+n.Name, args("node-agent", "--kubeconfig="+ids.NodeAgent, "--shim", "--model="+n.Model, fmt.Sprintf("--gpus=%d", n.GPUs)), nil, false); err != nil {
 			return err
 		}
 	}

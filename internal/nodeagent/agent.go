@@ -36,7 +36,9 @@ import (
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/mps"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/nodelabels"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/reconcile"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
+	"github.com/tessera-gpu/tessera/internal/recordsig"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -71,6 +73,23 @@ type Options struct {
 	// PluginDataDir, RegistrarDir; dra.DefaultOptions when empty), for
 	// nodes in mode dra. The agent fills in the rest.
 	DRA dra.Options
+	// RecordKeys locates the scheduler's published public keys: every
+	// record is checked against them before it is served. Nil: signatures
+	// are not checked (the records rest on the admission policy alone).
+	RecordKeys *recordsig.Store
+	// AcceptUnsigned serves records without a signature (while upgrading
+	// from a release whose scheduler did not sign).
+	AcceptUnsigned bool
+	// DeviceList is how GPUs are handed to the container runtime.
+	DeviceList deviceplugin.DeviceListStrategy
+	// PluginSocketDir, if set, is where the device plugins serve, one
+	// socket per resource (kubeletshim.AgentSocketName), for the
+	// kubelet-facing shim, which registers with the kubelet in their
+	// stead.
+	PluginSocketDir string
+	// Reconcile configures the host-side check of what containers hold
+	// on the GPUs against their grants; it runs when Interval > 0.
+	Reconcile reconcile.Options
 	// MetricsAddress is where the Prometheus metrics are served
 	// ("host:port"; empty: not served). See observe.go.
 	MetricsAddress string
@@ -108,6 +127,10 @@ type Agent struct {
 	cms     corelisters.ConfigMapLister
 	pods    corelisters.PodLister
 	trigger chan struct{}
+	metrics *agentMetrics
+	// guardCfg is the device plugins' checks of records (trust.go); set
+	// by Run before the first plugin starts.
+	guardCfg *deviceplugin.Guard
 
 	mu        sync.Mutex
 	published string // last inventory we wrote on the Node
@@ -159,6 +182,7 @@ func New(lib nvml.Interface, client kubernetes.Interface, opts Options, logger k
 		state:   statedir.Dirs{Root: opts.Paths.StateRoot},
 		trigger: make(chan struct{}, 1),
 		plugins: map[string]*pluginRun{},
+		metrics: newAgentMetrics(),
 		driver:  driverInfo(lib),
 	}
 	cmd := opts.MPSControl
@@ -275,6 +299,21 @@ func (a *Agent) Run(ctx context.Context) error {
 	if !a.opts.NoPlugin {
 		if err := a.opts.Paths.WritePreload(); err != nil {
 			return fmt.Errorf("writing %s: %w", a.opts.Paths.PreloadHost, err)
+		}
+		guard, err := a.guard(ctx, &a.wg)
+		if err != nil {
+			return err
+		}
+		a.mu.Lock()
+		a.guardCfg = guard
+		a.mu.Unlock()
+		if a.opts.Reconcile.Interval > 0 {
+			r := a.reconciler()
+			a.wg.Add(1)
+			go func() {
+				defer a.wg.Done()
+				r.Run(ctx)
+			}()
 		}
 	}
 	// MPS daemons are not stopped here: a stopped agent leaves them to

@@ -129,7 +129,7 @@ func hollowChild(t *testing.T) {
 			init = append(init, []api.DeviceGrant{{UUID: gpus[(i+1)%8], MemoryMiB: int64(700 + i), Cores: 5}})
 		}
 		if i%5 == 0 {
-			app = append(app, []api.DeviceGrant{{UUID: gpus[(i+2)%8], MemoryMiB: int64(300 + i), Cores: 7}, {UUID: gpus[(i+3)%8], MemoryMiB: int64(400 + i), Cores: 7}})
+			app = append(app, []api.DeviceGrant{{UUID: gpus[(i+2)%8], MemoryMiB: int64(300 + i), Cores: 7}, {UUID: gpus[(i+3)%8], MemoryMiB: int64(300 + i), Cores: 7}})
 		}
 		pods = append(pods, grantedPod("default", hollowNode, fmt.Sprintf("h%02d", i), init, app))
 	}

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/tessera-gpu/tessera/internal/gpushare"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/discovery"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
@@ -52,6 +53,10 @@ func BuildInventory(devs []discovery.Device, hs map[string]health.State, cfg api
 			offered[d.GPU.UUID] = true
 		}
 	}
+	overcommit, err := gpushare.Overcommit(cfg.MemoryOvercommit)
+	if err != nil {
+		overcommit = 1 // the configuration was validated; never more than asked
+	}
 	shares := cfg.SharesPerGPU
 	if cfg.Sharing == api.SharingExclusive {
 		shares = 1
@@ -76,7 +81,14 @@ func BuildInventory(devs []discovery.Device, hs map[string]health.State, cfg api
 			g.MIG.Devices[k].Health, g.MIG.Devices[k].HealthReason = g.Health, g.HealthReason
 		}
 		add := func(res, uuid string, slots int) {
-			offer[res] = append(offer[res], deviceplugin.GPU{UUID: uuid, NUMANode: g.NUMANode, Healthy: healthy, Slots: slots})
+			dev := deviceplugin.GPU{UUID: uuid, NUMANode: g.NUMANode, Healthy: healthy, Slots: slots}
+			if uuid == g.UUID {
+				// NVML's figures, which the agent holds records to
+				// whatever the inventory annotation says by the time it
+				// is read.
+				dev.MemoryMiB, dev.MemoryCapMiB = d.GPU.MemoryMiB, gpushare.CapacityOf(d.GPU, overcommit).MemoryCap
+			}
+			offer[res] = append(offer[res], dev)
 		}
 		switch {
 		case cfg.Sharing == api.SharingMIG && g.MIG.Enabled:

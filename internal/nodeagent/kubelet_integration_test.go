@@ -38,6 +38,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/hollowkubelet"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/kubeletshim"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/nvmltest"
 	"github.com/tessera-gpu/tessera/internal/testenv"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
@@ -256,9 +257,16 @@ type runningAgent struct {
 	*Agent
 	cancel context.CancelFunc
 	done   chan error
+	once   sync.Once
 }
 
 func startAgent(t *testing.T, n *nvmltest.Node, client kubernetes.Interface, node, stateRoot string) *runningAgent {
+	return startAgentOpts(t, n, client, node, stateRoot, "")
+}
+
+// startAgentOpts starts an agent; with a socket directory it serves a
+// kubelet shim there instead of registering with the kubelet.
+func startAgentOpts(t *testing.T, n *nvmltest.Node, client kubernetes.Interface, node, stateRoot, sockets string) *runningAgent {
 	paths := deviceplugin.DefaultPaths()
 	paths.StateRoot = stateRoot
 	paths.PreloadHost = filepath.Join(filepath.Dir(stateRoot), "ld.so.preload")
@@ -268,6 +276,7 @@ func startAgent(t *testing.T, n *nvmltest.Node, client kubernetes.Interface, nod
 		Paths:              paths,
 		PluginDir:          pluginapi.DevicePluginPath,
 		PodResourcesSocket: deviceplugin.DefaultPodResourcesSocket,
+		PluginSocketDir:    sockets,
 	}, ktesting.NewLogger(t, ktesting.NewConfig(ktesting.Verbosity(2))).WithName("agent"))
 	if err != nil {
 		t.Fatal(err)
@@ -278,11 +287,16 @@ func startAgent(t *testing.T, n *nvmltest.Node, client kubernetes.Interface, nod
 	return r
 }
 
+// stop stops the agent; stopping it again does nothing (a test that fails
+// between stopping an agent and starting the next leaves the stopped one
+// to the cleanup).
 func (r *runningAgent) stop(t *testing.T) {
-	r.cancel()
-	if err := <-r.done; err != nil {
-		t.Error(err)
-	}
+	r.once.Do(func() {
+		r.cancel()
+		if err := <-r.done; err != nil {
+			t.Error(err)
+		}
+	})
 }
 
 // grantedPod is a pod bound to node holding the grants: one container
@@ -322,7 +336,7 @@ func check(t *testing.T, pod *v1.Pod, got map[string]admission, stateRoot string
 		if a.envs[api.EnvVisibleDevices] != strings.Join(uuids, ",") {
 			t.Errorf("%s/%s: visible devices %q, want %q", pod.Name, c.Name, a.envs[api.EnvVisibleDevices], strings.Join(uuids, ","))
 		}
-		if want := filepath.Join(stateRoot, string(pod.UID), c.Name); a.mounts["/tessera/state"] != want {
+		if want := filepath.Join(stateRoot, string(pod.UID), c.Name, "state"); a.mounts["/tessera/state"] != want {
 			t.Errorf("%s/%s: state mount %q, want %q", pod.Name, c.Name, a.mounts["/tessera/state"], want)
 		}
 		// GetPreferredAllocation steered the kubelet to the recorded GPUs.
@@ -435,7 +449,7 @@ func (d *deviceNode) admitSome() *admitted {
 		}
 		app := [][]api.DeviceGrant{{g(i, int64(1000+i))}}
 		if i == 2 {
-			app = append(app, nil, []api.DeviceGrant{g(i+2, 300), g(i+3, 200)})
+			app = append(app, nil, []api.DeviceGrant{g(i+2, 300), g(i+3, 300)})
 		}
 		d.admitNew(a, d.pod(fmt.Sprintf("p%02d", i), init, app))
 	}
@@ -506,7 +520,7 @@ func TestDeviceManager(t *testing.T) {
 				init = append(init, []api.DeviceGrant{g(i+1, int64(500+i))})
 			}
 			if i%4 == 0 {
-				app = append(app, nil, []api.DeviceGrant{g(i+2, int64(300+i)), g(i+3, int64(200+i))})
+				app = append(app, nil, []api.DeviceGrant{g(i+2, int64(300+i)), g(i+3, int64(300+i))})
 			}
 			want = append(want, d.pod(fmt.Sprintf("p%02d", i), init, app))
 		}
@@ -616,6 +630,61 @@ func TestDeviceManager(t *testing.T) {
 			t.Errorf("stray Allocate after agent restart: %v", err)
 		}
 		d.admitNew(a, d.pod("after-agent-restart", nil, [][]api.DeviceGrant{{{UUID: d.gpus[3], MemoryMiB: 4242, Cores: 42}}}))
+	})
+
+	// Behind the kubelet shim, an agent restart is invisible to the
+	// kubelet: its devices stay healthy, and a pod admitted while the
+	// agent is away waits for it and is admitted (without the shim the
+	// device manager has no healthy devices then and rejects the pod for
+	// good: "no healthy devices present").
+	t.Run("agent restart behind the kubelet shim", func(t *testing.T) {
+		d := newDeviceNode(t, client)
+		d.registered()
+		d.agent.stop(t)
+		sock := t.TempDir()
+		shims := kubeletshim.NewManager(kubeletshim.ManagerOptions{PluginDir: pluginapi.DevicePluginPath, AgentSocketDir: sock, AgentWait: 30 * time.Second},
+			ktesting.NewLogger(t, ktesting.NewConfig()).WithName("shim"))
+		sctx, stopShim := context.WithCancel(ctx)
+		shimDone := make(chan struct{})
+		go func() { defer close(shimDone); _ = shims.Run(sctx) }()
+		defer func() { stopShim(); <-shimDone }()
+		d.agent = startAgentOpts(t, d.nvml, client, d.name, d.stateRoot, sock)
+		testenv.WaitFor(t, "the shim registered with the agent's devices", 30*time.Second, func() bool {
+			s := shims.Shim(gpuRes)
+			return s != nil && s.Registrations() > 0 && d.kubelet.allocatable() == slots
+		})
+		a := &admitted{results: map[string]map[string]admission{}}
+		d.admitNew(a, d.pod("before", nil, [][]api.DeviceGrant{{{UUID: d.gpus[1], MemoryMiB: 1000, Cores: 10}}}))
+
+		d.agent.stop(t)
+		p := d.pod("during", nil, [][]api.DeviceGrant{{{UUID: d.gpus[2], MemoryMiB: 2000, Cores: 20}}})
+		created, err := client.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		type result struct {
+			got map[string]admission
+			err error
+		}
+		admittedCh := make(chan result, 1)
+		start := time.Now()
+		go func() {
+			got, err := d.kubelet.admit(created)
+			admittedCh <- result{got, err}
+		}()
+		for end := time.Now().Add(500 * time.Millisecond); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+			if n := d.kubelet.allocatable(); n != slots {
+				t.Fatalf("the kubelet saw %d healthy slots while the agent was away, want %d", n, slots)
+			}
+		}
+		d.agent = startAgentOpts(t, d.nvml, client, d.name, d.stateRoot, sock)
+		r := <-admittedCh
+		if r.err != nil {
+			t.Fatalf("a pod admitted while the agent restarted was rejected: %v", r.err)
+		}
+		t.Logf("admission waited %v for the restarted agent", time.Since(start).Round(time.Millisecond))
+		check(t, created, r.got, d.stateRoot)
+		d.readmit(a)
 	})
 
 	t.Run("state directories of deleted pods are removed", func(t *testing.T) {

@@ -141,10 +141,10 @@ func TestMetricsAndLabels(t *testing.T) {
 	// frac-a/app0 has run CUDA: 3 GiB used of its 10 GiB, one process.
 	stateRoot := filepath.Join(t.TempDir(), "containers")
 	dirs := statedir.Dirs{Root: stateRoot}
-	dir, err := dirs.Create(created["frac-a"].UID, "app0")
-	if err != nil {
+	if _, err := dirs.Create(created["frac-a"].UID, "app0"); err != nil {
 		t.Fatal(err)
 	}
+	dir := dirs.StateDir(created["frac-a"].UID, "app0") // the limiter's writable state
 	snap := &limiterstate.Snapshot{Seq: 2}
 	snap.Devices[0] = limiterstate.Device{Limit: 10240 << 20, Used: 3 << 30, SMLimit: 30}
 	proc := limiterstate.Process{PID: 12, HostPID: 4242}
@@ -154,10 +154,10 @@ func TestMetricsAndLabels(t *testing.T) {
 		t.Fatal(err)
 	}
 	// frac-b/app0's state file is garbage: counted, and its series stay.
-	dirB, err := dirs.Create(created["frac-b"].UID, "app0")
-	if err != nil {
+	if _, err := dirs.Create(created["frac-b"].UID, "app0"); err != nil {
 		t.Fatal(err)
 	}
+	dirB := dirs.StateDir(created["frac-b"].UID, "app0")
 	if err := os.WriteFile(filepath.Join(dirB, statedir.LimiterStateFile), []byte("not a state file"), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -74,6 +74,8 @@ func (a *Agent) publishLabels(ctx context.Context, node *v1.Node, inv *api.NodeI
 func (a *Agent) MetricsHandler() http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// The trust checks' metrics (metrics.go).
+	reg.MustRegister(a.metrics.refused, a.metrics.breaches, a.metrics.held)
 	reg.MustRegister(metrics.New(metrics.Source{
 		Node:      a.opts.NodeName,
 		Inventory: a.inventory,

@@ -2,9 +2,12 @@ package nodeagent
 
 import (
 	"context"
+	"path/filepath"
+	"time"
 
 	"github.com/tessera-gpu/tessera/internal/nodeagent/config"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/kubeletshim"
 )
 
 // pluginRun is one resource's device plugin and what stops it.
@@ -72,6 +75,7 @@ func (a *Agent) syncPlugins(cfg config.Node, offer Offer) {
 	}
 	for res, r := range a.plugins {
 		if _, ok := offer[res]; !ok {
+			r.plugin.Withdraw(time.Second)
 			r.cancel()
 			<-r.done
 			r.pr.Close()
@@ -86,10 +90,17 @@ func (a *Agent) syncPlugins(cfg config.Node, offer Offer) {
 
 func (a *Agent) newPluginLocked(res string) *pluginRun {
 	pr := &deviceplugin.PodResources{Socket: a.opts.PodResourcesSocket, Resource: res}
+	socket := ""
+	if a.opts.PluginSocketDir != "" {
+		socket = filepath.Join(a.opts.PluginSocketDir, kubeletshim.AgentSocketName(res))
+	}
 	p := deviceplugin.New(deviceplugin.Options{
-		Resource:  res,
-		PluginDir: a.opts.PluginDir,
-		Paths:     a.opts.Paths,
+		Resource:   res,
+		PluginDir:  a.opts.PluginDir,
+		Paths:      a.opts.Paths,
+		Guard:      a.guardCfg,
+		DeviceList: a.opts.DeviceList,
+		Socket:     socket,
 		Matcher: &deviceplugin.Matcher{
 			Node: a.opts.NodeName, Resource: res,
 			Kubelet: pr,

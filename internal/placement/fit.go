@@ -232,15 +232,10 @@ func slotted(c Container, g *GPU) bool { return replicated(g) && c.Exclusive() }
 
 // replicaSlot is one replica of g: an equal slot of its memory and cores
 // (NVIDIA's 1/N).
-func replicaSlot(g *GPU) gpushare.Usage {
-	n := max(g.MaxShares, 1)
-	return gpushare.Share(g.MemoryMiB/int64(n), gpushare.FullCores/n)
-}
+func replicaSlot(g *GPU) gpushare.Usage { return gpushare.ReplicaSlot(g.MemoryMiB, g.MaxShares) }
 
 // replicated reports a GPU shared by replicas (time-slicing, MPS).
-func replicated(g *GPU) bool {
-	return g.Sharing == api.SharingMPS || g.Sharing == api.SharingTimeSlicing
-}
+func replicated(g *GPU) bool { return gpushare.Replicated(g.Sharing) }
 
 // failures are the rules a share of one GPU breaks. rules decides them
 // once: Fit takes a GPU that breaks none, and explain turns what the
@@ -440,12 +435,7 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 }
 
 // cores is the compute share granted: whole GPUs get 100%.
-func cores(c Container) int {
-	if c.Exclusive() {
-		return 100
-	}
-	return c.Cores
-}
+func cores(c Container) int { return c.ask().CoresGranted() }
 
 // builtinRank scores a GPU for the binpack and spread GPU policies: the
 // fraction of the GPU in use after the share is added (higher = fuller).

@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/tessera-gpu/tessera/internal/gpushare"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -51,24 +52,19 @@ type Container struct {
 	MIGProfile string
 }
 
-// Exclusive reports whether the container takes whole GPUs: all compute,
-// all memory by percentage, or no memory asked for at all.
-func (c Container) Exclusive() bool {
-	return c.Cores == 100 || c.MemoryPercent == 100 || (c.MemoryMiB == 0 && c.MemoryPercent == 0)
+// ask is the container's per-GPU request in gpushare's terms, which
+// decide what it is granted (the node agent checks records by the same
+// rules).
+func (c Container) ask() gpushare.Ask {
+	return gpushare.Ask{MemoryMiB: c.MemoryMiB, MemoryPercent: c.MemoryPercent, Cores: c.Cores}
 }
 
+// Exclusive reports whether the container takes whole GPUs: all compute,
+// all memory by percentage, or no memory asked for at all.
+func (c Container) Exclusive() bool { return c.ask().Exclusive() }
+
 // memoryOn is the memory the container is granted on g.
-func (c Container) memoryOn(g *GPU) int64 {
-	switch {
-	case c.MemoryMiB > 0:
-		return c.MemoryMiB
-	case c.MemoryPercent > 0:
-		// Floor keeps the sum of percentage shares within the GPU.
-		return g.MemoryMiB * int64(c.MemoryPercent) / 100
-	default:
-		return g.MemoryMiB
-	}
-}
+func (c Container) memoryOn(g *GPU) int64 { return c.ask().MemoryOn(g.MemoryMiB) }
 
 // Validate checks a request for values the core cannot place. The messages
 // name the container, the field, the value and the limit.

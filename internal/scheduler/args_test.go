@@ -168,6 +168,9 @@ func TestArgsStrict(t *testing.T) {
 		{"unknown GPU policy", map[string]any{"gpuPolicy": "topology"}, []string{"gpuPolicy", `"topology"`}},
 		{"bad resource prefix", map[string]any{"resourcePrefix": "Not A Domain"}, []string{"resourcePrefix", "Not A Domain"}},
 		{"wrong type", map[string]any{"placementPolicy": 3}, []string{"placementPolicy"}},
+		{"misspelled record signing key", map[string]any{"recordSigning": map[string]any{"disable": true}}, []string{`unknown field "recordSigning.disable"`}},
+		{"bad record signing namespace", map[string]any{"recordSigning": map[string]any{"namespace": "Tessera_System"}}, []string{"recordSigning.namespace", "Tessera_System"}},
+		{"bad record signing secret", map[string]any{"recordSigning": map[string]any{"keySecret": "a/b"}}, []string{"recordSigning.keySecret", "a/b"}},
 		{"wrong kind", map[string]any{"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "NodeResourcesFitArgs"}, []string{"TesseraArgs"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -190,7 +193,9 @@ func TestArgsStrict(t *testing.T) {
 // test/integration's TestEveryPolicyStarts).
 func TestArgsEveryPolicyBuilds(t *testing.T) {
 	for _, name := range policies.Names() {
-		path := shippedConfigWithArgs(t, map[string]any{"placementPolicy": name})
+		// No API server here: signing off (which the args must carry,
+		// or the plugin fails reading its key Secret).
+		path := shippedConfigWithArgs(t, map[string]any{"placementPolicy": name, "recordSigning": map[string]any{"disabled": true}})
 		if err := setupErr(t, path); err != nil {
 			t.Errorf("placementPolicy %s: %v", name, err)
 		}

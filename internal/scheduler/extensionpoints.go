@@ -66,14 +66,14 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 	req, err := podrequest.FromPod(pod, p.names)
 	if err != nil {
 		failuresTotal.WithLabelValues("InvalidRequest").Inc()
-		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
+		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, statusText(err.Error()))
 	}
 	p.st.mu.RLock()
 	cr, err := p.st.cluster.Compile(req)
 	p.st.mu.RUnlock()
 	if err != nil {
 		failuresTotal.WithLabelValues("InvalidRequest").Inc()
-		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
+		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, statusText(err.Error()))
 	}
 	if !cr.NeedsGPU() {
 		return nil, fwk.NewStatus(fwk.Skip)
@@ -145,7 +145,7 @@ func (p *Plugin) Filter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod,
 	}
 	// A short, node-independent text so kube-scheduler's per-reason
 	// histogram groups nodes; PostFilter adds the detailed summary.
-	return fwk.NewStatus(code, shortReason(r.Kind))
+	return fwk.NewStatus(code, statusText(shortReason(r.Kind)))
 }
 
 // PostFilter explains, per group of nodes, why the pod fit none; the text
@@ -173,7 +173,7 @@ func (p *Plugin) PostFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.
 	if len(reasons) == 0 && s.draNodes == 0 {
 		return nil, fwk.NewStatus(fwk.Unschedulable)
 	}
-	return nil, fwk.NewStatus(fwk.Unschedulable, "Tessera: "+s.summary(reasons))
+	return nil, fwk.NewStatus(fwk.Unschedulable, statusText("Tessera: "+s.summary(reasons)))
 }
 
 // PreScore skips scoring for pods the plugin does not place.
@@ -317,7 +317,7 @@ func (p *Plugin) Reserve(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod
 		return s.filterDRA()
 	}
 	if r := p.fit(s, nodeName, sc); !r.OK() {
-		return fwk.NewStatus(fwk.Unschedulable, fmt.Sprintf("node %s changed since filtering: %s", nodeName, r))
+		return fwk.NewStatus(fwk.Unschedulable, statusText(fmt.Sprintf("node %s changed since filtering: %s", nodeName, r)))
 	}
 	if p.st.cluster.Allocation(key) != nil {
 		// A stale entry under this key (an earlier pod of the same name
@@ -327,6 +327,10 @@ func (p *Plugin) Reserve(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod
 	rec, err := p.st.cluster.Assign(s.cr, &sc.p)
 	if err != nil {
 		return fwk.AsStatus(fmt.Errorf("reserving GPUs on %s: %w", nodeName, err))
+	}
+	if err := p.trust.sign(pod, rec); err != nil {
+		p.st.releaseLocked(key)
+		return fwk.AsStatus(fmt.Errorf("signing the GPU allocation record: %w", err))
 	}
 	p.st.holders[key] = pod.UID
 	p.st.publishLocked(nodeName)

@@ -27,6 +27,13 @@ var (
 		Help:           "Scheduling attempts of GPU pods that found no node, by reason (counted once per reason and attempt).",
 		StabilityLevel: metrics.ALPHA,
 	}, []string{"reason"})
+	recordsIgnored = metrics.NewCounterVec(&metrics.CounterOpts{
+		Namespace:      "tessera",
+		Subsystem:      "scheduler",
+		Name:           "records_not_charged_total",
+		Help:           "Bound GPU pods whose allocation record the scheduler did not charge, by reason (TesseraRecordIgnored: bad signature or not the pod's request; TesseraRecordMissing: no record).",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"reason"})
 	gpuMemory      = perGPUGauge("gpu_allocated_memory_mib", "GPU memory allocated to pods, per GPU, in MiB.")
 	gpuCores       = perGPUGauge("gpu_allocated_cores_percent", "GPU compute allocated to pods, per GPU, in percent of its SMs.")
 	gpuShares      = perGPUGauge("gpu_allocated_shares", "Containers holding a share of the GPU.")
@@ -91,7 +98,7 @@ var registerOnce sync.Once
 // several plugins).
 func registerMetrics() {
 	registerOnce.Do(func() {
-		legacyregistry.MustRegister(placementsTotal, failuresTotal, gpuMemory, gpuCores, gpuShares, pluginDuration)
+		legacyregistry.MustRegister(placementsTotal, failuresTotal, recordsIgnored, gpuMemory, gpuCores, gpuShares, pluginDuration)
 	})
 }
 

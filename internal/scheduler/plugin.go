@@ -29,6 +29,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/placement"
 	"github.com/tessera-gpu/tessera/internal/placement/policies"
+	"github.com/tessera-gpu/tessera/internal/recordsig"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -67,6 +68,9 @@ type Plugin struct {
 	// deleted.
 	obsMu    sync.Mutex
 	observed map[types.UID]struct{}
+	// trust signs the records the plugin writes and vouches for those it
+	// reads back (trust.go).
+	trust *trust
 }
 
 var (
@@ -99,6 +103,16 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	p.handle = h
 	p.activate = h.Activate
 	logger := klog.FromContext(ctx).WithName(Name)
+	p.trust.recorder = h.EventRecorder()
+	if rs := cfg.RecordSigning; !rs.Disabled {
+		store := recordsig.Store{Namespace: rs.Namespace, Secret: rs.KeySecret, PublicKeys: rs.PublicKeys}
+		if p.trust.signer, p.trust.keys, err = store.LoadOrCreate(ctx, p.client); err != nil {
+			return nil, fmt.Errorf("%s plugin: the key allocation records are signed with: %w", Name, err)
+		}
+		logger.Info("Signing GPU allocation records", "key", p.trust.signer.ID(), "keys", p.trust.keys.IDs())
+	} else {
+		logger.Info("GPU allocation records are NOT signed (recordSigning.disabled): node agents must accept unsigned records")
+	}
 	nodeReg, err := h.SharedInformerFactory().Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { p.onNode(logger, obj) },
 		UpdateFunc: func(_, obj any) { p.onNode(logger, obj) },
@@ -154,7 +168,8 @@ func newPlugin(cfg api.ClusterConfig) (*Plugin, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s plugin arguments: %w", Name, err)
 	}
-	p := &Plugin{names: names, policy: pol, st: st, waiting: map[string]*corev1.Pod{}, observed: map[types.UID]struct{}{}}
+	p := &Plugin{names: names, policy: pol, st: st, waiting: map[string]*corev1.Pod{}, observed: map[types.UID]struct{}{}, trust: &trust{names: names}}
+	st.trust = p.trust
 	p.scratchs.New = func() any { return new(scratch) }
 	return p, nil
 }

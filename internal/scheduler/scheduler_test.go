@@ -101,6 +101,8 @@ func newTestScheduler(t *testing.T, mutate func(*schedconfig.KubeSchedulerProfil
 		cancel()
 		t.Fatal(err)
 	}
+	// Events reach the fake API server (trust_test.go reads them).
+	broadcaster.StartRecordingToSink(ctx.Done())
 	factory.Start(ctx.Done())
 	factory.WaitForCacheSync(ctx.Done())
 	if err := sched.WaitForHandlersSync(ctx); err != nil {
@@ -116,6 +118,7 @@ func newTestScheduler(t *testing.T, mutate func(*schedconfig.KubeSchedulerProfil
 		cancel()
 		<-done
 		factory.Shutdown()
+		broadcaster.Shutdown()
 	})
 	if ts.plugin == nil {
 		t.Fatal("the shipped profile did not build the Tessera plugin")

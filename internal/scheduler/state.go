@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"fmt"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -36,6 +37,9 @@ type state struct {
 	// dra holds the nodes in mode dra, which the core holds without GPUs
 	// (dra.go).
 	dra map[string]bool
+	// trust decides which records read from pods are charged (nil: all
+	// that decode).
+	trust *trust
 }
 
 // usageObserver is told, under the state's lock, of every node whose GPU
@@ -123,6 +127,11 @@ func (s *state) observePod(logger klog.Logger, pod *corev1.Pod) bool {
 	if _, ok := pod.Annotations[api.AnnotationAllocation]; !ok || pod.Spec.NodeName == "" {
 		// Unbound pods with a record were annotated by a PreBind whose
 		// binding never happened; they will be scheduled again.
+		if !ok && pod.Spec.NodeName != "" && s.trust != nil && pod.Spec.SchedulerName == SchedulerName && asksGPU(pod, s.trust.names) {
+			s.trust.warn(logger, pod, ReasonRecordMissing, fmt.Sprintf(
+				"bound to node %s without a %s annotation: what it holds there cannot be charged, and the node agent serves no GPU without a record (was the record removed? docs/security.md)",
+				pod.Spec.NodeName, api.AnnotationAllocation))
+		}
 		return false
 	}
 	s.mu.RLock()
@@ -139,6 +148,14 @@ func (s *state) observePod(logger klog.Logger, pod *corev1.Pod) bool {
 	if rec.Node != pod.Spec.NodeName {
 		logger.Error(nil, "Ignoring a GPU allocation record for another node", "pod", klog.KObj(pod), "recordNode", rec.Node, "node", pod.Spec.NodeName)
 		return false
+	}
+	note, err := s.trust.check(pod, rec, s.gpusOf(rec.Node))
+	if err != nil {
+		s.trust.warn(logger, pod, ReasonRecordIgnored, fmt.Sprintf("GPU allocation record not charged: %v", err))
+		return false
+	}
+	if note != "" {
+		s.trust.warn(logger, pod, ReasonRecordUnverified, note)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -165,6 +182,7 @@ func (s *state) deletePod(obj any) bool {
 	if !ok {
 		return false
 	}
+	s.trust.forget(pod.UID)
 	return s.release(kubeobj.Key(pod), pod.UID)
 }
 

@@ -113,6 +113,26 @@ func StartControlPlane(t testing.TB, opts ...Options) *ControlPlane {
 	return cp
 }
 
+// As returns a rest config for the control plane with a bearer token
+// instead of the admin's credentials.
+func (cp *ControlPlane) As(token string) *rest.Config {
+	cfg := rest.AnonymousClientConfig(cp.RestConfig)
+	cfg.BearerToken = token
+	cfg.QPS, cfg.Burst = cp.RestConfig.QPS, cp.RestConfig.Burst
+	return cfg
+}
+
+// KubeconfigAs writes a kubeconfig for the control plane with a bearer
+// token (a ServiceAccount's) into the test's temporary directory.
+func (cp *ControlPlane) KubeconfigAs(t testing.TB, name, token string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := writeKubeconfig(path, cp.As(token)); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 // Stop shuts the control plane down; it is safe to call more than once.
 func (cp *ControlPlane) Stop() { cp.stopOnce.Do(cp.stop) }
 

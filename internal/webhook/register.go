@@ -26,8 +26,14 @@ type Registration struct {
 	// CABundle is the PEM CA that signed the serving certificate.
 	CABundle []byte
 	Names    api.ResourceNames
-	// ExcludeNamespaces are never sent to the webhook (kube-system at least).
+	// ExcludeNamespaces are never sent to the mutating and validating
+	// webhooks (kube-system at least); the records webhook sees every
+	// namespace.
 	ExcludeNamespaces []string
+	// SchedulerUsers may write allocation records (default
+	// DefaultSchedulerUser); their requests never reach the records
+	// webhook.
+	SchedulerUsers []string
 }
 
 // MatchCondition is the CEL expression that sends a pod to the webhook
@@ -60,12 +66,22 @@ func (r *Registration) clientConfig(path string) admissionregistrationv1.Webhook
 	}
 }
 
-func (r *Registration) common() (rules []admissionregistrationv1.RuleWithOperations, ns *metav1.LabelSelector, conds []admissionregistrationv1.MatchCondition) {
+func podRule(ops []admissionregistrationv1.OperationType, resources ...string) admissionregistrationv1.RuleWithOperations {
 	scope := admissionregistrationv1.NamespacedScope
-	rules = []admissionregistrationv1.RuleWithOperations{{
-		Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
-		Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}, Scope: &scope},
-	}}
+	return admissionregistrationv1.RuleWithOperations{
+		Operations: ops,
+		Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: resources, Scope: &scope},
+	}
+}
+
+var (
+	create       = []admissionregistrationv1.OperationType{admissionregistrationv1.Create}
+	update       = []admissionregistrationv1.OperationType{admissionregistrationv1.Update}
+	createUpdate = []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}
+)
+
+func (r *Registration) common() (rules []admissionregistrationv1.RuleWithOperations, ns *metav1.LabelSelector, conds []admissionregistrationv1.MatchCondition) {
+	rules = []admissionregistrationv1.RuleWithOperations{podRule(create, "pods")}
 	excluded := append([]string{"kube-system"}, r.ExcludeNamespaces...)
 	ns = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
 		Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn, Values: excluded,
@@ -101,16 +117,37 @@ func (r *Registration) Configurations() (*admissionregistrationv1.MutatingWebhoo
 			ReinvocationPolicy:      &reinvoke,
 		}},
 	}
+	users := r.SchedulerUsers
+	if len(users) == 0 {
+		users = []string{DefaultSchedulerUser}
+	}
 	v := &admissionregistrationv1.ValidatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: r.Name},
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
-			Name:                    "validate.pods.tessera.io",
-			ClientConfig:            r.clientConfig(ValidatePath),
-			Rules:                   rules,
+			Name:         "validate.pods.tessera.io",
+			ClientConfig: r.clientConfig(ValidatePath),
+			// Pods created, and ephemeral containers added to GPU pods.
+			Rules:                   append(rules, podRule(update, "pods/ephemeralcontainers")),
 			FailurePolicy:           &fail,
 			MatchPolicy:             &equivalent,
 			NamespaceSelector:       ns,
 			MatchConditions:         conds,
+			SideEffects:             &none,
+			TimeoutSeconds:          &timeout,
+			AdmissionReviewVersions: []string{"v1"},
+		}, {
+			// Defence in depth beside the ValidatingAdmissionPolicy of
+			// deploy/: every write of an allocation record by anyone but
+			// the scheduler, in every namespace. The condition sends only
+			// such writes, so neither the scheduler nor anything else
+			// waits for this webhook or fails when it is down.
+			Name:                    "records.pods.tessera.io",
+			ClientConfig:            r.clientConfig(ValidatePath),
+			Rules:                   []admissionregistrationv1.RuleWithOperations{podRule(createUpdate, RecordSubresources...)},
+			FailurePolicy:           &fail,
+			MatchPolicy:             &equivalent,
+			NamespaceSelector:       &metav1.LabelSelector{},
+			MatchConditions:         []admissionregistrationv1.MatchCondition{{Name: "record-written-by-others", Expression: RecordWrittenByOthers(users)}},
 			SideEffects:             &none,
 			TimeoutSeconds:          &timeout,
 			AdmissionReviewVersions: []string{"v1"},

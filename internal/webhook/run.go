@@ -126,6 +126,61 @@ type Options struct {
 	// Ready, if set, receives the listen address once the webhook serves
 	// and its configurations are written.
 	Ready func(addr string)
+	// SchedulerUsers may write allocation records (default
+	// DefaultSchedulerUser).
+	SchedulerUsers []string
+	// TrustedNamespaces are exempt from the isolation checks ("*": every
+	// namespace, the cluster-wide opt-out); so is every namespace labelled
+	// TrustedLabel=true.
+	TrustedNamespaces []string
+	// AllowUnprefixedEnvFrom: see Admission.
+	AllowUnprefixedEnvFrom bool
+}
+
+// trustedNamespaces answers Admission.Trusted from a list and the
+// namespaces' TrustedLabel.
+type trustedNamespaces struct {
+	listed map[string]bool
+	mu     sync.RWMutex
+	label  map[string]bool
+}
+
+func (t *trustedNamespaces) trusted(ns string) bool {
+	if t.listed["*"] || t.listed[ns] {
+		return true
+	}
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.label[ns]
+}
+
+func (t *trustedNamespaces) watch(inf cache.SharedIndexInformer) error {
+	set := func(obj any) {
+		if n, ok := obj.(*corev1.Namespace); ok {
+			t.mu.Lock()
+			if n.Labels[TrustedLabel] == "true" {
+				t.label[n.Name] = true
+			} else {
+				delete(t.label, n.Name)
+			}
+			t.mu.Unlock()
+		}
+	}
+	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    set,
+		UpdateFunc: func(_, obj any) { set(obj) },
+		DeleteFunc: func(obj any) {
+			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = d.Obj
+			}
+			if n, ok := obj.(*corev1.Namespace); ok {
+				t.mu.Lock()
+				delete(t.label, n.Name)
+				t.mu.Unlock()
+			}
+		},
+	})
+	return err
 }
 
 // Run serves the webhook until ctx ends: it issues its certificate, starts
@@ -156,11 +211,21 @@ func Run(ctx context.Context, o Options) error {
 	if _, err := inv.Watch(factory.Core().V1().Nodes().Informer()); err != nil {
 		return err
 	}
+	trust := &trustedNamespaces{listed: map[string]bool{}, label: map[string]bool{}}
+	for _, ns := range o.TrustedNamespaces {
+		trust.listed[ns] = true
+	}
+	if err := trust.watch(factory.Core().V1().Namespaces().Informer()); err != nil {
+		return err
+	}
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
 	factory.WaitForCacheSync(ctx.Done())
 
-	adm := &Admission{Names: o.Names, SchedulerName: o.SchedulerName, LargestGPUMiB: inv.Largest}
+	adm := &Admission{
+		Names: o.Names, SchedulerName: o.SchedulerName, LargestGPUMiB: inv.Largest,
+		SchedulerUsers: o.SchedulerUsers, Trusted: trust.trusted, AllowUnprefixedEnvFrom: o.AllowUnprefixedEnvFrom,
+	}
 	ln, err := net.Listen("tcp", o.Listen)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", o.Listen, err)
@@ -177,6 +242,7 @@ func Run(ctx context.Context, o Options) error {
 		reg := o.Registration
 		reg.CABundle = ca.CertPEM
 		reg.Names = o.Names
+		reg.SchedulerUsers = o.SchedulerUsers
 		if reg.URL == "" && reg.ServiceName == "" {
 			// No Service: the API server calls the listener directly.
 			reg.URL = "https://" + ln.Addr().String()

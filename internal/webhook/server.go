@@ -10,6 +10,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/internal/kubeobj"
 )
 
 // Paths the webhook serves.
@@ -57,9 +59,17 @@ func (p *Admission) serve(logger klog.Logger, w http.ResponseWriter, r *http.Req
 	}
 }
 
-// review decides one admission request.
+// review decides one admission request: a write of the allocation record
+// by anyone but the scheduler is refused whatever carries it; a pod
+// created with GPU resources is validated (and mutated); ephemeral
+// containers added to a GPU pod are held to the same rules as its others.
 func (p *Admission) review(req *admissionv1.AdmissionRequest, mutate bool) *admissionv1.AdmissionResponse {
-	if req.Kind.Kind != "Pod" || req.SubResource != "" {
+	if req.Kind.Kind == "Pod" || req.Kind.Kind == "Binding" {
+		if r := p.recordWrite(req); r != nil {
+			return r
+		}
+	}
+	if req.Kind.Kind != "Pod" {
 		return &admissionv1.AdmissionResponse{Allowed: true}
 	}
 	var pod corev1.Pod
@@ -71,6 +81,19 @@ func (p *Admission) review(req *admissionv1.AdmissionRequest, mutate bool) *admi
 	}
 	if pod.Name == "" {
 		pod.Name = req.Name
+	}
+	switch {
+	case req.SubResource == "ephemeralcontainers":
+		if !kubeobj.RequestsGPU(&pod, p.Names) {
+			return &admissionv1.AdmissionResponse{Allowed: true}
+		}
+		errs := append(p.injectionErrors(&pod), p.isolationErrors(&pod)...)
+		if len(errs) > 0 {
+			return deny(http.StatusUnprocessableEntity, Message(errs))
+		}
+		return &admissionv1.AdmissionResponse{Allowed: true}
+	case req.SubResource != "" || req.Operation != admissionv1.Create:
+		return &admissionv1.AdmissionResponse{Allowed: true}
 	}
 	if errs := p.Validate(&pod); len(errs) > 0 {
 		return deny(http.StatusUnprocessableEntity, Message(errs))

@@ -6,6 +6,7 @@
 package webhook
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -28,6 +29,21 @@ type Admission struct {
 	// LargestGPUMiB returns the memory of the largest GPU in the cluster's
 	// inventories, or 0 when none is known (the check is then skipped).
 	LargestGPUMiB func() int64
+	// SchedulerUsers are the identities (request.userInfo.username) that
+	// may set, change or remove allocation records; nil means
+	// DefaultSchedulerUser. Everyone else's attempt is refused (records.go).
+	SchedulerUsers []string
+	// Trusted reports whether a namespace opted out of the isolation
+	// checks (isolation.go); nil trusts none.
+	Trusted func(namespace string) bool
+	// AllowUnprefixedEnvFrom admits envFrom sources without a prefix in
+	// GPU pods. Their keys are invisible at admission, so this is only
+	// safe where the node agents select devices without the environment
+	// (--device-list-strategy cdi-cri or volume-mounts, docs/security.md).
+	AllowUnprefixedEnvFrom bool
+	// ProtectedHostPaths are host paths a GPU pod may not mount, nor a
+	// directory above them; nil means DefaultProtectedHostPaths.
+	ProtectedHostPaths []string
 }
 
 // containerRef is one container of the pod with its field path.
@@ -71,6 +87,8 @@ func (p *Admission) Validate(pod *corev1.Pod) field.ErrorList {
 	for _, ref := range containers(pod) {
 		errs = append(errs, p.validateContainer(ref, largest)...)
 	}
+	errs = append(errs, p.injectionErrors(pod)...)
+	errs = append(errs, p.isolationErrors(pod)...)
 	if len(errs) > 0 {
 		return errs
 	}
@@ -108,21 +126,12 @@ func (p *Admission) validateContainer(ref containerRef, largest int64) field.Err
 	if !asks {
 		return nil
 	}
-	if sc := c.SecurityContext; sc != nil && sc.Privileged != nil && *sc.Privileged {
-		errs = append(errs, field.Forbidden(path.Child("securityContext", "privileged"),
-			"a privileged container sees every GPU of the node, so its GPU share cannot be enforced; drop privileged or the GPU resources"))
-	}
+	lim := res.Child("limits")
 	r, err := kubeobj.ReadResources(c, p.Names)
 	if err != nil {
-		return append(errs, field.Invalid(res.Child("limits"), "", err.Error()))
-	}
-	lim := res.Child("limits")
-	// kubeobj.ReadResources has already refused negative values.
-	if r.HasCores && r.Cores > 100 {
-		errs = append(errs, field.Invalid(lim.Key(p.Names.Cores), r.Cores, "must be between 0 and 100 (percent of the GPU's compute)"))
-	}
-	if r.HasPercent && r.MemoryPercent > 100 {
-		errs = append(errs, field.Invalid(lim.Key(p.Names.MemoryPercentage), r.MemoryPercent, "must be between 0 and 100 (percent of the GPU's memory)"))
+		// kubeobj checks every value against its bound before it converts
+		// it (negative, past the limit, not whole).
+		return append(errs, resourceError(lim, err))
 	}
 	if r.HasMemory && r.HasPercent {
 		errs = append(errs, field.Invalid(lim.Key(p.Names.MemoryPercentage), r.MemoryPercent,
@@ -133,7 +142,7 @@ func (p *Admission) validateContainer(ref containerRef, largest int64) field.Err
 			fmt.Sprintf("exceeds the largest GPU in the cluster (%d MiB)", largest)))
 	}
 	if _, err := kubeobj.Defaulted(c.Name, r, p.Names); err != nil {
-		errs = append(errs, field.Invalid(lim.Key(p.Names.GPU), quantityString(c, p.Names.GPU), err.Error()))
+		errs = append(errs, resourceError(lim, err))
 	}
 	return errs
 }
@@ -157,11 +166,14 @@ func (p *Admission) gpuNamesOf(c *corev1.Container) []string {
 	return out
 }
 
-func quantityString(c *corev1.Container, name string) string {
-	if q, ok := c.Resources.Limits[corev1.ResourceName(name)]; ok {
-		return qstr(q)
+// resourceError is kubeobj's error on a container's GPU resource as a
+// field error on that resource.
+func resourceError(lim *field.Path, err error) *field.Error {
+	var re *kubeobj.ResourceError
+	if errors.As(err, &re) {
+		return field.Invalid(lim.Key(re.Resource), re.Value, re.Reason)
 	}
-	return ""
+	return field.Invalid(lim, "", err.Error())
 }
 
 // qstr prints whole quantities as plain integers ("1000", not "1k").

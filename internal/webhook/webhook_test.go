@@ -155,6 +155,7 @@ func review(t *testing.T, client *http.Client, url string, p *corev1.Pod) *admis
 		Request: &admissionv1.AdmissionRequest{
 			UID:       "u1",
 			Kind:      metav1.GroupVersionKind{Version: "v1", Kind: "Pod"},
+			Operation: admissionv1.Create,
 			Namespace: "default",
 			Object:    runtime.RawExtension{Raw: raw},
 		},

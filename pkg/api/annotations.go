@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"unicode"
 )
 
 // Annotation keys Tessera writes. Every annotation key of the project is
@@ -68,6 +69,18 @@ func AliasesOf(key string) []string {
 	return slices.Clone(annotationAliases[key])
 }
 
+// Limits of the placement annotations a pod sets. The values are hostile
+// input read by the webhook and by every scheduling cycle, so they are
+// bounded and parsed in time linear in their length: a selector list far
+// longer than any real one (a cluster has a few GPU models, a node at most
+// MaxGPUsPerNode GPUs) is refused, not scanned.
+const (
+	// MaxSelectorValueBytes bounds the value of one placement annotation.
+	MaxSelectorValueBytes = 16 << 10
+	// MaxSelectorEntries bounds the entries of one selector list.
+	MaxSelectorEntries = 512
+)
+
 // PodSelectors are the placement constraints a pod states in annotations.
 // Zero values mean "no constraint": empty lists select every GPU, empty
 // policies defer to the cluster configuration.
@@ -94,27 +107,23 @@ type PodSelectors struct {
 func ParsePodSelectors(annotations map[string]string) (PodSelectors, error) {
 	var s PodSelectors
 	var err error
-	if s.IncludeModels, err = parseListAnnotation(annotations, AnnotationUseGPUType, strings.EqualFold); err != nil {
+	if s.IncludeModels, err = parseListAnnotation(annotations, AnnotationUseGPUType, foldKey); err != nil {
 		return PodSelectors{}, err
 	}
-	if s.ExcludeModels, err = parseListAnnotation(annotations, AnnotationNoUseGPUType, strings.EqualFold); err != nil {
+	if s.ExcludeModels, err = parseListAnnotation(annotations, AnnotationNoUseGPUType, foldKey); err != nil {
 		return PodSelectors{}, err
 	}
-	if s.IncludeUUIDs, err = parseListAnnotation(annotations, AnnotationUseGPUUUID, equalExact); err != nil {
+	if s.IncludeUUIDs, err = parseListAnnotation(annotations, AnnotationUseGPUUUID, exactKey); err != nil {
 		return PodSelectors{}, err
 	}
-	if s.ExcludeUUIDs, err = parseListAnnotation(annotations, AnnotationNoUseGPUUUID, equalExact); err != nil {
+	if s.ExcludeUUIDs, err = parseListAnnotation(annotations, AnnotationNoUseGPUUUID, exactKey); err != nil {
 		return PodSelectors{}, err
 	}
-	for _, m := range s.IncludeModels {
-		if slices.ContainsFunc(s.ExcludeModels, func(x string) bool { return strings.EqualFold(x, m) }) {
-			return PodSelectors{}, fmt.Errorf("GPU model %q is both selected (%s) and excluded (%s)", m, AnnotationUseGPUType, AnnotationNoUseGPUType)
-		}
+	if m, ok := firstCommon(s.IncludeModels, s.ExcludeModels, foldKey); ok {
+		return PodSelectors{}, fmt.Errorf("GPU model %q is both selected (%s) and excluded (%s)", m, AnnotationUseGPUType, AnnotationNoUseGPUType)
 	}
-	for _, u := range s.IncludeUUIDs {
-		if slices.Contains(s.ExcludeUUIDs, u) {
-			return PodSelectors{}, fmt.Errorf("GPU UUID %q is both selected (%s) and excluded (%s)", u, AnnotationUseGPUUUID, AnnotationNoUseGPUUUID)
-		}
+	if u, ok := firstCommon(s.IncludeUUIDs, s.ExcludeUUIDs, exactKey); ok {
+		return PodSelectors{}, fmt.Errorf("GPU UUID %q is both selected (%s) and excluded (%s)", u, AnnotationUseGPUUUID, AnnotationNoUseGPUUUID)
 	}
 
 	key, v, err := lookupAnnotation(annotations, AnnotationNodePolicy)
@@ -162,7 +171,11 @@ func ParsePodSelectors(annotations map[string]string) (PodSelectors, error) {
 // aliases, and the key it was found under. Blank values count as unset.
 func lookupAnnotation(annotations map[string]string, key string) (foundKey, value string, err error) {
 	for _, k := range append([]string{key}, annotationAliases[key]...) {
-		v := strings.TrimSpace(annotations[k])
+		raw := annotations[k]
+		if len(raw) > MaxSelectorValueBytes {
+			return "", "", fmt.Errorf("annotation %s is %d bytes, more than the limit of %d", k, len(raw), MaxSelectorValueBytes)
+		}
+		v := strings.TrimSpace(raw)
 		if v == "" {
 			continue
 		}
@@ -178,24 +191,60 @@ func lookupAnnotation(annotations map[string]string, key string) (foundKey, valu
 }
 
 // parseListAnnotation reads a comma-separated list annotation (or its
-// alias), dropping blank entries and duplicates under equal.
-func parseListAnnotation(annotations map[string]string, key string, equal func(a, b string) bool) ([]string, error) {
-	_, v, err := lookupAnnotation(annotations, key)
+// alias), dropping blank entries and duplicates (entries with the same key),
+// in time linear in the value's length.
+func parseListAnnotation(annotations map[string]string, key string, keyOf func(string) string) ([]string, error) {
+	found, v, err := lookupAnnotation(annotations, key)
 	if err != nil || v == "" {
 		return nil, err
 	}
 	var out []string
-	for _, e := range strings.Split(v, ",") {
+	seen := map[string]bool{}
+	for e := range strings.SplitSeq(v, ",") {
 		e = strings.TrimSpace(e)
-		if e == "" || slices.ContainsFunc(out, func(x string) bool { return equal(x, e) }) {
+		if e == "" || seen[keyOf(e)] {
 			continue
 		}
+		if len(out) == MaxSelectorEntries {
+			return nil, fmt.Errorf("annotation %s lists more than %d distinct entries", found, MaxSelectorEntries)
+		}
+		seen[keyOf(e)] = true
 		out = append(out, e)
 	}
 	return out, nil
 }
 
-func equalExact(a, b string) bool { return a == b }
+// firstCommon returns the first entry of a whose key is also one of b's.
+func firstCommon(a, b []string, keyOf func(string) string) (string, bool) {
+	keys := make(map[string]bool, len(b))
+	for _, x := range b {
+		keys[keyOf(x)] = true
+	}
+	for _, x := range a {
+		if keys[keyOf(x)] {
+			return x, true
+		}
+	}
+	return "", false
+}
+
+func exactKey(s string) string { return s }
+
+// foldKey maps s to a key that two strings share exactly when
+// strings.EqualFold reports them equal: every rune is replaced by the
+// smallest rune of its simple case-folding orbit.
+func foldKey(s string) string {
+	var b strings.Builder
+	b.Grow(len(s))
+	for _, r := range s {
+		m := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			m = min(m, f)
+		}
+		b.WriteRune(m)
+	}
+	return b.String()
+}
 
 // joinQuoted formats names as "a", "b" or "c" for error messages.
 func joinQuoted[S ~string](names []S) string {

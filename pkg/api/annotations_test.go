@@ -1,6 +1,7 @@
 package api
 
 import (
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -126,5 +127,63 @@ func TestParsePodSelectorsErrors(t *testing.T) {
 				t.Errorf("error\n got %q\nwant %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// TestSelectorLimits: a placement annotation is hostile input read by the
+// webhook and by every scheduling cycle. The 240 KB nouse-gputype of the
+// trust issue (finding 8) took 9 s to admit (quadratic de-duplication); it
+// is now refused by its size, and lists within the limits are parsed in
+// linear time (BenchmarkParseSelectors).
+func TestSelectorLimits(t *testing.T) {
+	var huge strings.Builder
+	for i := 0; huge.Len() < 240<<10; i++ {
+		fmt.Fprintf(&huge, "model-%d,", i)
+	}
+	for _, key := range []string{AnnotationNoUseGPUType, "nvidia.com/nouse-gputype", AnnotationUseGPUUUID} {
+		_, err := ParsePodSelectors(map[string]string{key: huge.String()})
+		if err == nil || !strings.Contains(err.Error(), key) || !strings.Contains(err.Error(), "more than the limit of 16384") {
+			t.Errorf("%s of %d bytes: err = %v, want the size limit named", key, huge.Len(), err)
+		}
+	}
+	// Within the size limit, more distinct entries than MaxSelectorEntries.
+	var many []string
+	for i := 0; i <= MaxSelectorEntries; i++ {
+		many = append(many, fmt.Sprintf("m%d", i))
+	}
+	if _, err := ParsePodSelectors(map[string]string{AnnotationUseGPUType: strings.Join(many, ",")}); err == nil || !strings.Contains(err.Error(), "more than 512 distinct entries") {
+		t.Errorf("%d entries: err = %v", len(many), err)
+	}
+	// Exactly the limit, with duplicates that fold together: accepted.
+	dups := append(append([]string(nil), many[:MaxSelectorEntries]...), "M0", "m1", " m2 ")
+	s, err := ParsePodSelectors(map[string]string{AnnotationUseGPUType: strings.Join(dups, ",")})
+	if err != nil || len(s.IncludeModels) != MaxSelectorEntries {
+		t.Errorf("%d entries with duplicates: %d kept, err %v", len(dups), len(s.IncludeModels), err)
+	}
+}
+
+// TestFoldKeyIsEqualFold: de-duplication by key agrees with
+// strings.EqualFold, Unicode folding (the Kelvin sign) included.
+func TestFoldKeyIsEqualFold(t *testing.T) {
+	words := []string{"a100", "A100", "\u212a80", "k80", "K80", "ß", "ẞ", "σς", "ΣΣ", "\xff", "\xfe", "Ǆ", "ǆ", "ǅ", ""}
+	for _, a := range words {
+		for _, b := range words {
+			if got, want := foldKey(a) == foldKey(b), strings.EqualFold(a, b); got != want {
+				t.Errorf("%q %q: same key %v, EqualFold %v", a, b, got, want)
+			}
+		}
+	}
+}
+
+func BenchmarkParseSelectors(b *testing.B) {
+	var list []string
+	for i := 0; i < MaxSelectorEntries; i++ {
+		list = append(list, fmt.Sprintf("NVIDIA-model-%04d", i))
+	}
+	ann := map[string]string{AnnotationNoUseGPUType: strings.Join(list, ",")}
+	for b.Loop() {
+		if _, err := ParsePodSelectors(ann); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

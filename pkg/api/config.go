@@ -27,6 +27,28 @@ type ClusterConfig struct {
 	// Unset, it is NodePolicy's policy; set, it decides and NodePolicy only
 	// names the default a pod's node-policy annotation overrides.
 	PlacementPolicy string `json:"placementPolicy"`
+	// RecordSigning says where the scheduler keeps the key it signs
+	// allocation records with (docs/security.md).
+	RecordSigning RecordSigning `json:"recordSigning,omitempty"`
+}
+
+// RecordSigning configures the signatures of allocation records. Unset
+// names take the defaults of internal/recordsig (Secret
+// tessera-system/tessera-record-signing-key, ConfigMap
+// tessera-system/tessera-record-keys).
+type RecordSigning struct {
+	// Disabled writes unsigned records: node agents must then run with
+	// --accept-unsigned-records, and only the admission policy vouches for
+	// the records (docs/security.md).
+	Disabled bool `json:"disabled,omitempty"`
+	// Namespace of the Secret and the ConfigMap.
+	Namespace string `json:"namespace,omitempty"`
+	// KeySecret holds the private keys; the scheduler creates it on first
+	// start. Only the scheduler's identity may read it.
+	KeySecret string `json:"keySecret,omitempty"`
+	// PublicKeys is the ConfigMap the scheduler publishes the public keys
+	// in, for node agents and tools.
+	PublicKeys string `json:"publicKeys,omitempty"`
 }
 
 // Defaults fills the unset fields of c with the defaults.

@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/tessera-gpu/tessera/deploy"
+	"github.com/tessera-gpu/tessera/internal/install"
 	"github.com/tessera-gpu/tessera/internal/placement"
 	"github.com/tessera-gpu/tessera/internal/scheduler"
 	"github.com/tessera-gpu/tessera/internal/testenv"
@@ -35,21 +36,46 @@ var names = api.DefaultResourceNames
 const gpuNS = "gpu"
 
 // env is a control plane with Tessera's webhook registered over TLS and
-// handles to start and stop the scheduler.
+// handles to start and stop the scheduler. As in a cluster, the API server
+// authorizes by RBAC, the scheduler runs under its own ServiceAccount with
+// the RBAC of deploy/scheduler, and the record policy of
+// deploy/admission/policy.yaml is in force: only the scheduler may write
+// allocation records. (The tests write Nodes and their inventories as the
+// admin, playing the node agents, so the inventory policy is unbound.)
 type env struct {
 	t  *testing.T
 	cp *testenv.ControlPlane
 
 	stopWebhook func()
 	schedConfig string
+	// schedKubeconfig is the scheduler's kubeconfig (its ServiceAccount).
+	schedKubeconfig string
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	start := time.Now()
-	e := &env{t: t, cp: testenv.StartControlPlane(t)}
+	e := &env{t: t, cp: testenv.StartControlPlane(t, testenv.Options{APIServerFlags: []string{"--authorization-mode=RBAC"}})}
 	t.Logf("control plane up in %v", time.Since(start).Round(time.Millisecond))
 	ctx := context.Background()
+	if err := install.Identities(ctx, e.cp.Client, false); err != nil {
+		t.Fatal(err)
+	}
+	// The tests play the node agents (they write Nodes with inventories
+	// as the admin): the inventory policy is for the lab and clusters.
+	if err := e.cp.Client.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Delete(ctx, webhook.InventoryPolicyName, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	probe := fixtures.Node("probe", fixtures.Inventory("probe", 1, "A100", 40960, 1), names)
+	testenv.WaitFor(t, "the inventory policy unbound", time.Minute, func() bool {
+		_, err := e.cp.Client.CoreV1().Nodes().Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err == nil
+	})
+	token, err := install.Token(ctx, e.cp.Client, install.SchedulerAccount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.schedKubeconfig = e.cp.KubeconfigAs(t, "scheduler.kubeconfig", token)
 	if _, err := e.cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: gpuNS}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +143,7 @@ func (e *env) writeSchedulerConfig() string {
 func (e *env) schedulerConfig(name string, mutate func(cfg map[string]any)) string {
 	t := e.t
 	t.Helper()
-	out, err := deploy.SchedulerConfigFor(e.cp.Kubeconfig, 200, 200)
+	out, err := deploy.SchedulerConfigFor(e.schedKubeconfig, 200, 200)
 	if err != nil {
 		t.Fatal(err)
 	}

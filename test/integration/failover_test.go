@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
@@ -79,9 +78,8 @@ func TestLeaderFailover(t *testing.T) {
 	bin := buildTessera(t)
 	e := newEnv(t)
 	ctx := context.Background()
-	if _, err := e.cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "tessera-system"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	// tessera-system exists: newEnv installed the scheduler's identity
+	// there.
 	e.addNodes("node", 20, 8, "NVIDIA A100-SXM4-80GB", 81920)
 	config := e.leaderConfig()
 

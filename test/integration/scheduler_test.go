@@ -96,10 +96,15 @@ func expectPlacement(t *testing.T, invs map[string]*api.NodeInventory, before ma
 	if scores[got.Node] < best-1e-9 {
 		t.Errorf("pod %s placed on %s (score %.4f) but %s prefers a node scoring %.4f: %v", pod.Name, got.Node, scores[got.Node], pol.Name(), best, scores)
 	}
+	// The scheduler binds the record to its pod and signs it.
+	if got.PodUID != string(pod.UID) || got.Signature == "" {
+		t.Errorf("pod %s: record names pod %q, signature %q", pod.Name, got.PodUID, got.Signature)
+	}
 	// The record on the pod is written at the lowest version that
 	// expresses it; the core's record names the current one.
 	bare := *got
 	bare.APIVersion = want.APIVersion
+	bare.PodUID, bare.Signature = "", ""
 	if !reflect.DeepEqual(want, &bare) {
 		t.Errorf("pod %s on %s got\n%+v\nthe core chooses\n%+v", pod.Name, got.Node, *got, *want)
 	}

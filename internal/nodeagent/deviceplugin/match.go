@@ -55,11 +55,13 @@ type Matcher struct {
 	State    statedir.Dirs
 }
 
-// Target is the container a request belongs to and its grant.
+// Target is the container a request belongs to, its grant and the
+// pod's whole record.
 type Target struct {
 	Pod       *v1.Pod
 	Container string
 	Grant     api.ContainerAllocation
+	Record    *api.PodAllocation
 }
 
 // pending is a pod with a GPU container not yet served.
@@ -128,11 +130,23 @@ func (m *Matcher) nextContainer(pod *v1.Pod, kp KubeletPod) (name string, init b
 	for i, cs := range [][]v1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
 		for j := range cs {
 			c := &cs[j]
+			// A sidecar (restartable init container) runs with the app
+			// containers and is recorded as one.
+			init := i == 0 && !kubeobj.IsSidecar(c)
 			n, err := kubeobj.Devices(c, m.Resource)
-			if err != nil || n <= 0 || len(kp.Devices[c.Name]) > 0 || m.State.Served(pod.UID, c.Name) {
+			if err != nil || n <= 0 || len(kp.Devices[c.Name]) > 0 {
 				continue
 			}
-			return c.Name, i == 0, n, true
+			// Served before, and the kubelet does not list its devices: an
+			// init container (the pod-resources API never lists those), or
+			// an app container whose answer the kubelet lost — it was
+			// killed after we answered and before it recorded the answer,
+			// which it does before it asks for anything else. That one is
+			// asked for again and answered again, identically.
+			if init && m.State.Served(pod.UID, c.Name) {
+				continue
+			}
+			return c.Name, init, n, true
 		}
 	}
 	return "", false, 0, false
@@ -158,7 +172,7 @@ func (m *Matcher) target(p pending, n int) (*Target, error) {
 		if len(c.Devices) != n {
 			return nil, fmt.Errorf("%w: pod %s container %s: allocation record grants %d GPUs, the kubelet asks for %d", ErrNoMatch, ref, p.container, len(c.Devices), n)
 		}
-		return &Target{Pod: p.pod, Container: p.container, Grant: c}, nil
+		return &Target{Pod: p.pod, Container: p.container, Grant: c, Record: rec}, nil
 	}
 	return nil, fmt.Errorf("%w: pod %s: allocation record has no entry for container %s (init=%v)", ErrNoMatch, ref, p.container, p.init)
 }

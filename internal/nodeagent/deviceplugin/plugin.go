@@ -17,15 +17,15 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/kubeletshim"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -35,6 +35,10 @@ type GPU struct {
 	NUMANode int
 	Healthy  bool
 	Slots    int
+	// MemoryMiB is the GPU's memory as NVML reports it, and MemoryCapMiB
+	// that times the node's memory overcommit: what the agent's own checks
+	// hold records to (guard.go). 0: unknown, not checked.
+	MemoryMiB, MemoryCapMiB int64
 }
 
 // SlotID names slot k of a GPU. IDs are stable across restarts of the
@@ -56,8 +60,18 @@ type Options struct {
 	Paths     Paths
 	Matcher   *Matcher
 	// CheckInterval is how often the kubelet's socket is checked for a
-	// kubelet restart (default 1s).
+	// kubelet restart (default 1s), besides watching its directory.
 	CheckInterval time.Duration
+	// Guard holds the checks a record must pass before it is served
+	// (guard.go); nil only in tests of the matcher.
+	Guard *Guard
+	// DeviceList is how a container's GPUs are handed to the container
+	// runtime (response.go); "" is DeviceListEnvvar.
+	DeviceList DeviceListStrategy
+	// Socket, if set, is the path the plugin serves on, and it does not
+	// register with the kubelet itself: a kubelet-facing shim (package
+	// kubeletshim) holds the kubelet's connection and forwards to it.
+	Socket string
 }
 
 // Plugin is the device plugin. Its GPU set is replaced with SetGPUs.
@@ -71,6 +85,15 @@ type Plugin struct {
 	mode    api.SharingMode
 	pol     Policy        // MIG and MPS answers (migmps.go)
 	changed chan struct{} // closed and replaced on every change
+	// gen counts the lists; sent is, per open ListAndWatch stream, the
+	// last list it sent (Withdraw waits for them).
+	gen  uint64
+	sent map[int]uint64
+	next int
+
+	// allocMu makes each Allocate's checks and ledger entry one step, so
+	// two answers never both fit into the same room.
+	allocMu sync.Mutex
 
 	registrations int // for tests: successful registrations
 }
@@ -97,12 +120,49 @@ func (p *Plugin) SetGPUs(gpus []GPU, mode api.SharingMode) {
 		return
 	}
 	p.gpus, p.mode = gpus, mode
+	p.gen++
 	close(p.changed)
 	p.changed = make(chan struct{})
 }
 
+// Withdraw offers no devices any more and waits (up to timeout) until
+// every open ListAndWatch stream has sent the empty list. A resource the
+// node stops offering is withdrawn before its plugin stops: a kubelet
+// shim in front of the plugin (which keeps the last list through agent
+// restarts) then reports it gone, as the kubelet would have seen it go
+// without the shim.
+func (p *Plugin) Withdraw(timeout time.Duration) {
+	p.SetGPUs(nil, p.sharing())
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		p.mu.Lock()
+		done := true
+		for _, g := range p.sent {
+			done = done && g >= p.gen
+		}
+		p.mu.Unlock()
+		if done {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	p.logger.Info("Withdrawn resource: a ListAndWatch stream did not take the empty list in time", "timeout", timeout)
+}
+
+func (p *Plugin) sharing() api.SharingMode {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.mode
+}
+
 // devices renders the slot list.
 func (p *Plugin) devices() ([]*pluginapi.Device, <-chan struct{}) {
+	devs, _, changed := p.list()
+	return devs, changed
+}
+
+// list is devices with the list's generation.
+func (p *Plugin) list() ([]*pluginapi.Device, uint64, <-chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var out []*pluginapi.Device
@@ -119,7 +179,7 @@ func (p *Plugin) devices() ([]*pluginapi.Device, <-chan struct{}) {
 			out = append(out, &pluginapi.Device{ID: SlotID(g.UUID, k), Health: health, Topology: topo})
 		}
 	}
-	return out, p.changed
+	return out, p.gen, p.changed
 }
 
 // offered is one consistent view of the GPUs and their sharing mode.
@@ -140,11 +200,27 @@ func (p *Plugin) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*plu
 
 // ListAndWatch sends the slot list now and after every change.
 func (p *Plugin) ListAndWatch(_ *pluginapi.Empty, s grpc.ServerStreamingServer[pluginapi.ListAndWatchResponse]) error {
+	p.mu.Lock()
+	if p.sent == nil {
+		p.sent = map[int]uint64{}
+	}
+	id := p.next
+	p.next++
+	p.sent[id] = 0
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		delete(p.sent, id)
+		p.mu.Unlock()
+	}()
 	for {
-		devs, changed := p.devices()
+		devs, gen, changed := p.list()
 		if err := s.Send(&pluginapi.ListAndWatchResponse{Devices: devs}); err != nil {
 			return err
 		}
+		p.mu.Lock()
+		p.sent[id] = gen
+		p.mu.Unlock()
 		select {
 		case <-changed:
 		case <-s.Context().Done():
@@ -245,11 +321,18 @@ func (p *Plugin) allocate(ctx context.Context, n int) (*pluginapi.ContainerAlloc
 	if err != nil {
 		return nil, err
 	}
+	gpus, mode := p.offered()
+	// The node's own checks of the record (guard.go) come first, for
+	// every kind of grant; the ledger check and entry are one step.
+	p.allocMu.Lock()
+	defer p.allocMu.Unlock()
+	if err := p.checkGrant(ctx, t, gpus, mode); err != nil {
+		return nil, err
+	}
 	if r, handled, err := p.before(ctx, t, n); handled {
 		return r, err
 	}
 	ref := kubeobj.Key(t.Pod)
-	gpus, mode := p.offered()
 	for _, d := range t.Grant.Devices {
 		g, ok := gpus[d.UUID]
 		switch {
@@ -259,16 +342,45 @@ func (p *Plugin) allocate(ctx context.Context, n int) (*pluginapi.ContainerAlloc
 			return nil, fmt.Errorf("%w: pod %s container %s: GPU %s of its allocation record is unhealthy", ErrNoMatch, ref, t.Container, d.UUID)
 		}
 	}
-	dir, err := p.opts.Matcher.MarkServed(t.Pod.UID, t.Container)
+	limited := needsLimiter(t.Grant, mode)
+	files, err := p.prepare(t, limited, mode)
 	if err != nil {
 		return nil, fmt.Errorf("pod %s container %s: %w", ref, t.Container, err)
 	}
 	p.logger.Info("Allocated", "pod", klog.KObj(t.Pod), "container", t.Container, "devices", t.Grant.Devices)
-	r := buildResponse(t.Grant, needsLimiter(t.Grant, mode), dir, p.opts.Paths)
+	r := buildResponse(t.Grant, limited, files, p.opts.Paths, p.opts.DeviceList)
 	if err := p.after(r, t, mode); err != nil {
 		return nil, err
 	}
 	return r, nil
+}
+
+// prepare creates the container's directory (the record that it was
+// served), its limits file when the limiter applies, and its ledger entry.
+func (p *Plugin) prepare(t *Target, limited bool, mode api.SharingMode) (containerFiles, error) {
+	st := p.opts.Matcher.State
+	if _, err := p.opts.Matcher.MarkServed(t.Pod.UID, t.Container); err != nil {
+		return containerFiles{}, err
+	}
+	files := containerFiles{StateDir: st.StateDir(t.Pod.UID, t.Container)}
+	if limited {
+		b, err := limitsFile(t.Grant, p.opts.Paths, mode)
+		if err != nil {
+			return containerFiles{}, err
+		}
+		if err := st.WriteLimits(t.Pod.UID, t.Container, b); err != nil {
+			return containerFiles{}, fmt.Errorf("writing the limits file: %w", err)
+		}
+		files.LimitsFile = st.LimitsFile(t.Pod.UID, t.Container)
+	}
+	err := st.WriteGrant(statedir.Grant{
+		PodUID: t.Pod.UID, Namespace: t.Pod.Namespace, Pod: t.Pod.Name, Container: t.Container,
+		Init: t.Grant.Init, Devices: t.Grant.Devices, Served: time.Now(),
+	})
+	if err != nil {
+		return containerFiles{}, fmt.Errorf("recording the grant: %w", err)
+	}
+	return files, nil
 }
 
 // PreStartContainer is not requested (options say so).
@@ -294,104 +406,49 @@ func (p *Plugin) Registrations() int {
 	return p.registrations
 }
 
-// Run serves the plugin and registers it with the kubelet until ctx ends.
-// When the kubelet restarts (its socket is re-created, or it removed ours)
-// the plugin serves a fresh socket and registers again.
+// Run serves the plugin until ctx ends. Without Options.Socket it
+// registers with the kubelet itself and registers again whenever the
+// kubelet restarts (kubeletshim.ServeRegistered: an inotify watch on the
+// device-plugin directory, and a periodic check). With Options.Socket it
+// serves there for a kubelet-facing shim and registers nothing: the
+// shim's connection to the kubelet outlives this process.
 func (p *Plugin) Run(ctx context.Context) error {
-	kubeletSock := filepath.Join(p.opts.PluginDir, filepath.Base(pluginapi.KubeletSocket))
-	for ctx.Err() == nil {
-		srv, sockID, err := p.serveAndRegister(ctx, kubeletSock)
-		if err != nil {
-			p.logger.Error(err, "Device plugin registration failed; retrying")
-			select {
-			case <-ctx.Done():
-			case <-time.After(p.opts.CheckInterval):
-			}
-			continue
-		}
-		p.waitForRestart(ctx, kubeletSock, sockID)
-		srv.Stop()
+	if p.opts.Socket != "" {
+		return p.serveForShim(ctx)
 	}
+	kubeletshim.ServeRegistered(ctx, p.logger, p.opts.PluginDir, p.socketName(), p.opts.CheckInterval, nil,
+		func(ctx context.Context, kubeletSock string) error {
+			if err := kubeletshim.Register(ctx, kubeletSock, p.socketName(), p.opts.Resource); err != nil {
+				return err
+			}
+			p.mu.Lock()
+			p.registrations++
+			p.mu.Unlock()
+			p.logger.Info("Registered with the kubelet", "resource", p.opts.Resource, "socket", filepath.Join(p.opts.PluginDir, p.socketName()))
+			return nil
+		},
+		func(srv *grpc.Server) { pluginapi.RegisterDevicePluginServer(srv, p) })
 	return nil
 }
 
-// serveAndRegister starts the gRPC server and registers it. It returns
-// the identity of the kubelet socket it registered with.
-func (p *Plugin) serveAndRegister(ctx context.Context, kubeletSock string) (*grpc.Server, string, error) {
-	id, err := inode(kubeletSock)
-	if err != nil {
-		return nil, "", fmt.Errorf("kubelet socket %s: %w", kubeletSock, err)
+// serveForShim serves on Options.Socket until ctx ends.
+func (p *Plugin) serveForShim(ctx context.Context) error {
+	if err := os.MkdirAll(filepath.Dir(p.opts.Socket), 0o755); err != nil {
+		return err
 	}
-	sock := filepath.Join(p.opts.PluginDir, p.socketName())
-	if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, "", err
+	if err := os.Remove(p.opts.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
 	}
-	lis, err := net.Listen("unix", sock)
+	lis, err := net.Listen("unix", p.opts.Socket)
 	if err != nil {
-		return nil, "", err
+		return err
 	}
 	srv := grpc.NewServer()
 	pluginapi.RegisterDevicePluginServer(srv, p)
-	go func() { _ = srv.Serve(lis) }()
-
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	conn, err := grpc.NewClient("unix://"+kubeletSock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
+	go func() {
+		<-ctx.Done()
 		srv.Stop()
-		return nil, "", err
-	}
-	defer conn.Close()
-	_, err = pluginapi.NewRegistrationClient(conn).Register(rctx, &pluginapi.RegisterRequest{
-		Version:      pluginapi.Version,
-		Endpoint:     p.socketName(),
-		ResourceName: p.opts.Resource,
-		Options:      &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true},
-	})
-	if err != nil {
-		srv.Stop()
-		return nil, "", fmt.Errorf("registering %s with the kubelet: %w", p.opts.Resource, err)
-	}
-	p.mu.Lock()
-	p.registrations++
-	p.mu.Unlock()
-	p.logger.Info("Registered with the kubelet", "resource", p.opts.Resource, "socket", sock)
-	return srv, id, nil
-}
-
-// waitForRestart returns when ctx ends, the kubelet socket is replaced, or
-// our socket is removed (the kubelet cleans the directory on start).
-func (p *Plugin) waitForRestart(ctx context.Context, kubeletSock string, id string) {
-	sock := filepath.Join(p.opts.PluginDir, p.socketName())
-	t := time.NewTicker(p.opts.CheckInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if cur, err := inode(kubeletSock); err != nil || cur != id {
-			p.logger.Info("Kubelet socket re-created; registering again")
-			return
-		}
-		if _, err := os.Stat(sock); err != nil {
-			p.logger.Info("Plugin socket removed; registering again")
-			return
-		}
-	}
-}
-
-// inode identifies a file by inode and change time: a re-created socket
-// differs even if the file system reuses the inode number.
-func inode(path string) (string, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return "", err
-	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return "", fmt.Errorf("no inode for %s", path)
-	}
-	return fmt.Sprintf("%d@%d.%d", st.Ino, st.Ctim.Sec, st.Ctim.Nsec), nil
+	}()
+	p.logger.Info("Serving the device plugin for the kubelet shim", "socket", p.opts.Socket)
+	return srv.Serve(lis)
 }

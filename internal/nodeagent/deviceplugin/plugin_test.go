@@ -12,13 +12,16 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/klog/v2/ktesting"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/tessera-gpu/tessera/internal/limiterconf"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
+	"github.com/tessera-gpu/tessera/internal/testenv"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -201,14 +204,27 @@ func TestAllocateShared(t *testing.T) {
 	if fmt.Sprint(main.Envs) != fmt.Sprint(want) {
 		t.Errorf("main envs\n got %v\nwant %v", main.Envs, want)
 	}
-	stateDir := filepath.Join(e.paths.StateRoot, "uid-a", "main")
-	if len(main.Mounts) != 3 || main.Mounts[0].HostPath != e.paths.LimiterHost || !main.Mounts[0].ReadOnly ||
+	stateDir := filepath.Join(e.paths.StateRoot, "uid-a", "main", "state")
+	limits := filepath.Join(e.paths.StateRoot, "uid-a", "main", "limiter.conf")
+	if len(main.Mounts) != 4 || main.Mounts[0].HostPath != e.paths.LimiterHost || !main.Mounts[0].ReadOnly ||
 		main.Mounts[1].HostPath != stateDir || main.Mounts[1].ReadOnly ||
-		main.Mounts[2].ContainerPath != "/etc/ld.so.preload" || !main.Mounts[2].ReadOnly {
+		main.Mounts[2].ContainerPath != "/etc/ld.so.preload" || !main.Mounts[2].ReadOnly ||
+		main.Mounts[3].ContainerPath != limiterconf.Path || main.Mounts[3].HostPath != limits || !main.Mounts[3].ReadOnly {
 		t.Errorf("mounts %v", main.Mounts)
 	}
-	if fi, err := os.Stat(stateDir); err != nil || fi.Mode().Perm() != 0o777 {
+	if fi, err := os.Stat(stateDir); err != nil || fi.Mode().Perm() != 0o777 || fi.Mode()&os.ModeSticky == 0 {
 		t.Errorf("state dir: %v %v", fi, err)
+	}
+	// The limits file holds the record's limits, which the limiter takes
+	// over any environment variable.
+	b, err := os.ReadFile(limits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := limiterconf.Parse(b)
+	if err != nil || len(cfg.Devices) != 2 || cfg.Devices[0].UUID != uuid(2) || cfg.Devices[0].MemoryMiB != 10240 || cfg.Devices[0].SMPercent != 30 ||
+		cfg.Devices[1].MemoryMiB != 8192 || cfg.StatePath != "/tessera/state/cache" {
+		t.Errorf("limits file %+v %v:\n%s", cfg, err, b)
 	}
 	// The kubelet was steered to slots of the recorded GPUs.
 	if ids := out["main/ids"].Envs["ids"]; !strings.Contains(ids, uuid(2)+"::") || !strings.Contains(ids, uuid(3)+"::") {
@@ -229,11 +245,11 @@ func TestAllocateShared(t *testing.T) {
 }
 
 func TestPerDeviceCores(t *testing.T) {
-	r := buildResponse(api.ContainerAllocation{Name: "c", Devices: []api.DeviceGrant{share(0, 100, 20), share(1, 100, 50), share(2, 100, 0)}}, true, "/d", DefaultPaths())
+	r := buildResponse(api.ContainerAllocation{Name: "c", Devices: []api.DeviceGrant{share(0, 100, 20), share(1, 100, 50), share(2, 100, 0)}}, true, containerFiles{StateDir: "/d"}, DefaultPaths(), DeviceListEnvvar)
 	if r.Envs[api.EnvSMLimit] != "20" || r.Envs["CUDA_DEVICE_SM_LIMIT_1"] != "50" || r.Envs["CUDA_DEVICE_SM_LIMIT_2"] != "0" {
 		t.Errorf("%v", r.Envs)
 	}
-	r = buildResponse(api.ContainerAllocation{Name: "c", Devices: []api.DeviceGrant{share(0, 100, 0)}}, true, "/d", DefaultPaths())
+	r = buildResponse(api.ContainerAllocation{Name: "c", Devices: []api.DeviceGrant{share(0, 100, 0)}}, true, containerFiles{StateDir: "/d"}, DefaultPaths(), DeviceListEnvvar)
 	if _, ok := r.Envs[api.EnvSMLimit]; ok {
 		t.Errorf("cores 0 set an SM limit: %v", r.Envs)
 	}
@@ -438,4 +454,86 @@ func isInit(pod *v1.Pod, name string) bool {
 		}
 	}
 	return false
+}
+
+// TestLostAnswerAnsweredAgain: the kubelet is killed after the agent
+// answered an app container and before it recorded the answer; the
+// restarted kubelet asks for the container again and gets the same answer
+// (the fault run found the kubelet rejecting such a pod: "all served").
+// An init container's answer is never repeated: the kubelet does not list
+// init containers, so a served one is taken as recorded.
+func TestLostAnswerAnsweredAgain(t *testing.T) {
+	e := newEnv(t, api.SharingShared, 10)
+	p := pod("lost", spec{name: "init", init: true, grants: []api.DeviceGrant{share(0, 100, 10)}}, spec{name: "main", grants: []api.DeviceGrant{share(1, 2048, 20)}})
+	e.api.put(p)
+	e.kubelet.add(p)
+	alloc := func() (*pluginapi.ContainerAllocateResponse, error) {
+		r, err := e.plugin.Allocate(context.Background(), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{SlotID(uuid(1), 0)}}}})
+		if err != nil {
+			return nil, err
+		}
+		return r.ContainerResponses[0], nil
+	}
+	if _, err := alloc(); err != nil { // the init container
+		t.Fatal(err)
+	}
+	first, err := alloc() // main: answered, then the kubelet dies
+	if err != nil || first.Envs["CUDA_DEVICE_MEMORY_LIMIT_0"] != "2048m" {
+		t.Fatalf("main: %v %v", first, err)
+	}
+	again, err := alloc() // the restarted kubelet asks for main again
+	if err != nil {
+		t.Fatalf("the repeated request was refused: %v", err)
+	}
+	if fmt.Sprint(again.Envs) != fmt.Sprint(first.Envs) || fmt.Sprint(again.Mounts) != fmt.Sprint(first.Mounts) {
+		t.Errorf("answered differently:\n%v %v\n%v %v", first.Envs, first.Mounts, again.Envs, again.Mounts)
+	}
+	// Once the kubelet recorded it, nothing is waiting.
+	e.kubelet.assign(p, "main", []string{SlotID(uuid(1), 0)})
+	if _, err := alloc(); !errors.Is(err, ErrNoMatch) || !strings.Contains(err.Error(), "all served") {
+		t.Errorf("after the kubelet recorded the answer: %v", err)
+	}
+}
+
+// sendRecorder is a ListAndWatch stream that takes a while to send.
+type sendRecorder struct {
+	grpc.ServerStream
+	ctx   context.Context
+	mu    sync.Mutex
+	lists [][]*pluginapi.Device
+}
+
+func (s *sendRecorder) Context() context.Context { return s.ctx }
+
+func (s *sendRecorder) Send(r *pluginapi.ListAndWatchResponse) error {
+	time.Sleep(50 * time.Millisecond)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lists = append(s.lists, r.Devices)
+	return nil
+}
+
+func (s *sendRecorder) last() ([]*pluginapi.Device, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.lists) == 0 {
+		return nil, 0
+	}
+	return s.lists[len(s.lists)-1], len(s.lists)
+}
+
+// TestWithdraw: a withdrawn resource's open streams have sent the empty
+// list when Withdraw returns (a kubelet shim keeps the last list it got).
+func TestWithdraw(t *testing.T) {
+	e := newEnv(t, api.SharingShared, 2)
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &sendRecorder{ctx: ctx}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = e.plugin.ListAndWatch(&pluginapi.Empty{}, s) }()
+	defer func() { cancel(); <-done }()
+	testenv.WaitFor(t, "the first list sent", 10*time.Second, func() bool { _, n := s.last(); return n > 0 })
+	e.plugin.Withdraw(5 * time.Second)
+	if devs, n := s.last(); len(devs) != 0 || n != 2 {
+		t.Errorf("after Withdraw the stream sent %d lists, the last %v; want the empty list last", n, devs)
+	}
 }

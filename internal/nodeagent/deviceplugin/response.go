@@ -9,6 +9,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/tessera-gpu/tessera/internal/atomicfile"
+	"github.com/tessera-gpu/tessera/internal/limiterconf"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -24,20 +25,22 @@ type Paths struct {
 	// PreloadHost is a file naming LimiterContainer, mounted read-only
 	// over the container's /etc/ld.so.preload.
 	PreloadHost string
-	// StateRoot holds one directory per container (statedir.Dirs); each
-	// is mounted at StateContainer.
+	// StateRoot holds one directory per container (statedir.Dirs); the
+	// state directory in each is mounted at StateContainer.
 	StateRoot      string
 	StateContainer string
 }
 
-// DefaultPaths are the paths of the DaemonSet in deploy/node-agent.
+// DefaultPaths are the paths of the DaemonSet in deploy/node-agent. The
+// container paths are the ones the webhook keeps pods from mounting over
+// (api.ContainerReservedPaths): change them only together.
 func DefaultPaths() Paths {
 	return Paths{
 		LimiterHost:      "/usr/local/tessera/libtessera-limiter.so",
-		LimiterContainer: "/usr/local/tessera/libtessera-limiter.so",
+		LimiterContainer: api.ContainerLimiterDir + "/libtessera-limiter.so",
 		PreloadHost:      "/usr/local/tessera/ld.so.preload",
 		StateRoot:        "/var/lib/tessera/containers",
-		StateContainer:   "/tessera/state",
+		StateContainer:   api.ContainerStateDir,
 	}
 }
 
@@ -50,14 +53,90 @@ func (p Paths) WritePreload() error {
 	return atomicfile.Write(p.PreloadHost, []byte(p.LimiterContainer+"\n"), 0o644)
 }
 
-// buildResponse is the kubelet's answer for one container's grant. Limited
-// means the limiter is injected (shared GPUs on a node in shared mode).
-func buildResponse(c api.ContainerAllocation, limited bool, stateDir string, p Paths) *pluginapi.ContainerAllocateResponse {
+// DeviceListStrategy is how a container's GPUs reach the container
+// runtime (NVIDIA's device plugin offers the same choice).
+type DeviceListStrategy string
+
+const (
+	// DeviceListEnvvar sets NVIDIA_VISIBLE_DEVICES; the NVIDIA runtime
+	// reads it from the container's environment, where the pod's own
+	// variables would win over it (the webhook refuses the visible ones;
+	// envFrom keys it cannot see: docs/security.md).
+	DeviceListEnvvar DeviceListStrategy = "envvar"
+	// DeviceListCDI names the GPUs as CDI devices in the CRI request
+	// (kind CDIKind, device names by UUID, as `nvidia-ctk cdi generate
+	// --device-name-strategy=uuid` writes them); the environment plays no
+	// part.
+	DeviceListCDI DeviceListStrategy = "cdi-cri"
+	// DeviceListVolumeMounts mounts /dev/null at
+	// /var/run/nvidia-container-devices/<UUID> per GPU, which the NVIDIA
+	// runtime reads when it is set to ignore the environment of
+	// unprivileged containers.
+	DeviceListVolumeMounts DeviceListStrategy = "volume-mounts"
+)
+
+// CDIKind is the CDI kind of NVIDIA's GPU devices.
+const CDIKind = "nvidia.com/gpu"
+
+// volumeMountsRoot is where the NVIDIA runtime looks for the
+// volume-mounts device list.
+const volumeMountsRoot = "/var/run/nvidia-container-devices"
+
+// DeviceListStrategies are the strategies, the default first.
+func DeviceListStrategies() []DeviceListStrategy {
+	return []DeviceListStrategy{DeviceListEnvvar, DeviceListCDI, DeviceListVolumeMounts}
+}
+
+// containerFiles are the container's files on the host: its writable
+// state directory and, when the limiter applies, its limits file.
+type containerFiles struct {
+	StateDir, LimitsFile string
+}
+
+// limitsFile is the limiter's read-only limits file for a grant: the
+// limits the limiter enforces whatever the container's environment says.
+// Under MPS the daemon partitions the SMs, so the limiter keeps only its
+// memory accounting (no compute share in the file).
+func limitsFile(c api.ContainerAllocation, p Paths, mode api.SharingMode) ([]byte, error) {
+	cfg := limiterconf.Config{StatePath: filepath.Join(p.StateContainer, statedir.LimiterStateFile)}
+	for _, d := range c.Devices {
+		mem := uint64(d.MemoryMiB)
+		if d.Exclusive {
+			mem = 0 // a whole GPU: no memory limit on it
+		}
+		sm := d.Cores
+		if mode == api.SharingMPS {
+			sm = 0
+		}
+		cfg.Devices = append(cfg.Devices, limiterconf.Device{UUID: d.UUID, MemoryMiB: mem, SMPercent: sm})
+	}
+	return limiterconf.Encode(cfg)
+}
+
+// buildResponse is the kubelet's answer for one container's grant.
+// Limited means the limiter is injected (shared GPUs on a node in shared
+// mode): its read-only limits file, its library and preload list, the
+// writable state directory, and (for HAMi-core, which reads no limits
+// file) the limit variables.
+func buildResponse(c api.ContainerAllocation, limited bool, f containerFiles, p Paths, s DeviceListStrategy) *pluginapi.ContainerAllocateResponse {
 	uuids := make([]string, len(c.Devices))
 	for i, d := range c.Devices {
 		uuids[i] = d.UUID
 	}
-	r := &pluginapi.ContainerAllocateResponse{Envs: map[string]string{api.EnvVisibleDevices: strings.Join(uuids, ",")}}
+	r := &pluginapi.ContainerAllocateResponse{Envs: map[string]string{}}
+	switch s {
+	case DeviceListCDI:
+		for _, u := range uuids {
+			r.CdiDevices = append(r.CdiDevices, &pluginapi.CDIDevice{Name: CDIKind + "=" + u})
+		}
+	case DeviceListVolumeMounts:
+		r.Envs[api.EnvVisibleDevices] = volumeMountsRoot
+		for _, u := range uuids {
+			r.Mounts = append(r.Mounts, &pluginapi.Mount{ContainerPath: filepath.Join(volumeMountsRoot, u), HostPath: "/dev/null", ReadOnly: true})
+		}
+	default:
+		r.Envs[api.EnvVisibleDevices] = strings.Join(uuids, ",")
+	}
 	if !limited {
 		return r
 	}
@@ -84,10 +163,13 @@ func buildResponse(c api.ContainerAllocation, limited bool, stateDir string, p P
 		r.Envs[api.EnvSMLimit] = fmt.Sprint(low)
 	}
 	r.Envs[api.EnvSharedCache] = filepath.Join(p.StateContainer, statedir.LimiterStateFile)
-	r.Mounts = []*pluginapi.Mount{
-		{ContainerPath: p.LimiterContainer, HostPath: p.LimiterHost, ReadOnly: true},
-		{ContainerPath: p.StateContainer, HostPath: stateDir},
-		{ContainerPath: "/etc/ld.so.preload", HostPath: p.PreloadHost, ReadOnly: true},
+	r.Mounts = append(r.Mounts,
+		&pluginapi.Mount{ContainerPath: p.LimiterContainer, HostPath: p.LimiterHost, ReadOnly: true},
+		&pluginapi.Mount{ContainerPath: p.StateContainer, HostPath: f.StateDir},
+		&pluginapi.Mount{ContainerPath: api.ContainerPreload, HostPath: p.PreloadHost, ReadOnly: true},
+	)
+	if f.LimitsFile != "" {
+		r.Mounts = append(r.Mounts, &pluginapi.Mount{ContainerPath: limiterconf.Path, HostPath: f.LimitsFile, ReadOnly: true})
 	}
 	return r
 }

@@ -234,7 +234,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 
 	fails := uint64(0)
 	for _, ct := range ctrs {
-		st, err := limiterstate.ReadFile(filepath.Join(c.src.State.Path(ct.pod.UID, ct.ca.Name), statedir.LimiterStateFile))
+		st, err := limiterstate.ReadFile(filepath.Join(c.src.State.StateDir(ct.pod.UID, ct.ca.Name), statedir.LimiterStateFile))
 		if err != nil {
 			if !errors.Is(err, fs.ErrNotExist) {
 				fails++

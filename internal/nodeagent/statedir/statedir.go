@@ -1,19 +1,43 @@
-// Package statedir keeps the node agent's per-container state
-// directories, <root>/<pod UID>/<container>. The device plugin creates a
-// container's directory when it answers the kubelet's Allocate and mounts
-// it into the container, where the limiter keeps its shared-state file;
-// the directory's existence is also the agent's record that the container
-// was served, which survives agent restarts, so nothing is served twice.
-// The agent removes the directories of pods that are gone (Dirs.GC).
+// Package statedir keeps the node agent's per-container directories,
+// <root>/<pod UID>/<container>. The device plugin creates a container's
+// directory when it answers the kubelet's Allocate; the directory's
+// existence is the agent's record that the container was served, which
+// survives agent restarts, so nothing is served twice. The agent removes
+// the directories of pods that are gone (Dirs.GC).
+//
+// Layout of one container's directory (root's, mode 0755; never mounted
+// into the container as a whole):
+//
+//	state/        the limiter's shared state, writable by every user of the
+//	              container (mode 1777), mounted at api.ContainerStateDir
+//	limiter.conf  the limits file, mounted read-only at limiterconf.Path
+//	grant.json    what the container was served: the agent's ledger of
+//	              the node's GPUs, out of the container's reach
+//
+// A directory written by an agent before this layout (mode 0777, mounted
+// whole, holding the limiter's "cache" file) is a legacy directory: the
+// container could write anything into it, so nothing in it is read.
 package statedir
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/tessera-gpu/tessera/internal/atomicfile"
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+// Names inside a container's directory.
+const (
+	stateName  = "state"
+	limitsName = "limiter.conf"
+	grantName  = "grant.json"
 )
 
 // LimiterStateFile is the name of the limiter's shared-state file
@@ -28,24 +52,121 @@ func (s Dirs) Path(uid types.UID, container string) string {
 	return filepath.Join(s.Root, string(uid), container)
 }
 
+// StateDir is the container's writable limiter state directory.
+func (s Dirs) StateDir(uid types.UID, container string) string {
+	return filepath.Join(s.Path(uid, container), stateName)
+}
+
+// LimitsFile is the container's limits file on the host.
+func (s Dirs) LimitsFile(uid types.UID, container string) string {
+	return filepath.Join(s.Path(uid, container), limitsName)
+}
+
 // Served reports whether the container was answered before.
 func (s Dirs) Served(uid types.UID, container string) bool {
 	_, err := os.Stat(s.Path(uid, container))
 	return err == nil
 }
 
-// Create makes the container's directory (mode 0777: the container's
-// processes, of any user, share the limiter's file in it) and returns its
-// path.
+// Create makes the container's directory and its state directory and
+// returns the container's directory.
 func (s Dirs) Create(uid types.UID, container string) (string, error) {
 	dir := s.Path(uid, container)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("creating the container state directory: %w", err)
 	}
-	if err := os.Chmod(dir, 0o777); err != nil {
+	state := filepath.Join(dir, stateName)
+	if err := os.Mkdir(state, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", fmt.Errorf("creating the container state directory: %w", err)
+	}
+	// The container's processes may run as any user and share the
+	// limiter's file: world-writable, sticky.
+	if err := os.Chmod(state, 0o777|os.ModeSticky); err != nil {
 		return "", fmt.Errorf("creating the container state directory: %w", err)
 	}
 	return dir, nil
+}
+
+// WriteLimits writes the container's limits file (read-only for all).
+func (s Dirs) WriteLimits(uid types.UID, container string, b []byte) error {
+	return atomicfile.Write(s.LimitsFile(uid, container), b, 0o444)
+}
+
+// Grant is what one container was served: the devices of its allocation
+// record, as the agent checked them.
+type Grant struct {
+	PodUID    types.UID         `json:"podUID"`
+	Namespace string            `json:"namespace"`
+	Pod       string            `json:"pod"`
+	Container string            `json:"container"`
+	Init      bool              `json:"init,omitempty"`
+	Devices   []api.DeviceGrant `json:"devices"`
+	Served    time.Time         `json:"served"`
+}
+
+// WriteGrant records what the container was served.
+func (s Dirs) WriteGrant(g Grant) error {
+	b, err := json.Marshal(g)
+	if err != nil {
+		return err
+	}
+	return atomicfile.Write(filepath.Join(s.Path(g.PodUID, g.Container), grantName), b, 0o644)
+}
+
+// Entry is one served container found on disk.
+type Entry struct {
+	PodUID    types.UID
+	Container string
+	// Grant is what it was served; nil for a legacy directory (see the
+	// package documentation) or a grant that cannot be read.
+	Grant *Grant
+}
+
+// Entries lists every served container.
+func (s Dirs) Entries() ([]Entry, error) {
+	pods, err := os.ReadDir(s.Root)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []Entry
+	for _, p := range pods {
+		if !p.IsDir() {
+			continue
+		}
+		cs, err := os.ReadDir(filepath.Join(s.Root, p.Name()))
+		if err != nil {
+			continue // removed meanwhile
+		}
+		for _, c := range cs {
+			if !c.IsDir() {
+				continue
+			}
+			e := Entry{PodUID: types.UID(p.Name()), Container: c.Name()}
+			e.Grant = s.readGrant(e.PodUID, e.Container)
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
+func (s Dirs) readGrant(uid types.UID, container string) *Grant {
+	dir := s.Path(uid, container)
+	fi, err := os.Lstat(dir)
+	if err != nil || !fi.IsDir() || fi.Mode().Perm()&0o002 != 0 {
+		return nil // legacy: writable by the container
+	}
+	b, err := os.ReadFile(filepath.Join(dir, grantName))
+	if err != nil {
+		return nil
+	}
+	var g Grant
+	if json.Unmarshal(b, &g) != nil || g.PodUID != uid || g.Container != container {
+		return nil
+	}
+	return &g
 }
 
 // GC removes the directories of pods for which live returns false, when

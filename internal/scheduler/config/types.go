@@ -34,6 +34,7 @@ type TesseraArgs struct {
 	NodePolicy      api.NodePolicy
 	GPUPolicy       api.GPUPolicy
 	PlacementPolicy string
+	RecordSigning   api.RecordSigning
 }
 
 // ClusterConfig is the placement configuration the arguments describe.
@@ -43,6 +44,7 @@ func (a *TesseraArgs) ClusterConfig() api.ClusterConfig {
 		NodePolicy:      a.NodePolicy,
 		GPUPolicy:       a.GPUPolicy,
 		PlacementPolicy: a.PlacementPolicy,
+		RecordSigning:   a.RecordSigning,
 	}
 }
 

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/tessera-gpu/tessera/internal/placement/policies"
@@ -24,6 +25,20 @@ func ValidateTesseraArgs(path *field.Path, a *TesseraArgs) error {
 	// An unset placementPolicy defaults to nodePolicy: one error for it.
 	if !known(a.PlacementPolicy) && (a.PlacementPolicy != string(a.NodePolicy) || a.NodePolicy.Valid()) {
 		errs = append(errs, field.NotSupported(path.Child("placementPolicy"), a.PlacementPolicy, policies.Names()))
+	}
+	rs, rsPath := a.RecordSigning, path.Child("recordSigning")
+	if rs.Namespace != "" {
+		for _, msg := range validation.IsDNS1123Label(rs.Namespace) {
+			errs = append(errs, field.Invalid(rsPath.Child("namespace"), rs.Namespace, msg))
+		}
+	}
+	for name, v := range map[string]string{"keySecret": rs.KeySecret, "publicKeys": rs.PublicKeys} {
+		if v == "" {
+			continue
+		}
+		for _, msg := range validation.IsDNS1123Subdomain(v) {
+			errs = append(errs, field.Invalid(rsPath.Child(name), v, msg))
+		}
 	}
 	return errs.ToAggregate()
 }

@@ -173,7 +173,8 @@ func labCmd(t *testing.T, args ...string) string {
 }
 
 // checkInvariant runs the placement core's checker over what the API
-// server holds.
+// server holds, and the physical checker over what the containers were
+// given and what NVML reports (lab.CheckPhysical).
 func checkInvariant(t *testing.T) *lab.Report {
 	t.Helper()
 	r, err := lab.Collect(context.Background(), client)
@@ -183,5 +184,23 @@ func checkInvariant(t *testing.T) *lab.Report {
 	if r.Invariant != nil {
 		t.Fatalf("invariant broken: %v", r.Invariant)
 	}
+	ph := checkPhysical(t)
+	if err := ph.Err(); err != nil {
+		t.Fatalf("physical invariant broken over %d containers: %v", ph.Containers, err)
+	}
 	return r
+}
+
+// checkPhysical reads what the lab's containers were given.
+func checkPhysical(t *testing.T) *lab.PhysicalReport {
+	t.Helper()
+	st, err := dir.ReadState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ph, err := lab.CheckPhysical(context.Background(), client, dir, st.Nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ph
 }

@@ -41,6 +41,9 @@ type TesseraArgs struct {
 	// (binpack, spread, random, dotproduct, gpuclustering, gpupacking,
 	// bestfit, fgd, tessera). Unset, it is NodePolicy's.
 	PlacementPolicy *string `json:"placementPolicy,omitempty"`
+	// RecordSigning says where the scheduler keeps the key it signs the
+	// allocation records with, or disables signing (docs/security.md).
+	RecordSigning api.RecordSigning `json:"recordSigning,omitempty"`
 }
 
 // DeepCopyObject implements runtime.Object.
@@ -81,6 +84,7 @@ func convertToInternal(in *TesseraArgs, out *config.TesseraArgs) {
 	out.NodePolicy = api.NodePolicy(deref(in.NodePolicy))
 	out.GPUPolicy = api.GPUPolicy(deref(in.GPUPolicy))
 	out.PlacementPolicy = deref(in.PlacementPolicy)
+	out.RecordSigning = in.RecordSigning
 }
 
 func convertFromInternal(in *config.TesseraArgs, out *TesseraArgs) {
@@ -94,6 +98,7 @@ func convertFromInternal(in *config.TesseraArgs, out *TesseraArgs) {
 	out.NodePolicy = ref(string(in.NodePolicy))
 	out.GPUPolicy = ref(string(in.GPUPolicy))
 	out.PlacementPolicy = ref(in.PlacementPolicy)
+	out.RecordSigning = in.RecordSigning
 }
 
 // AddToScheme registers TesseraArgs v1 with its defaults and its

@@ -1,0 +1,253 @@
+package kubeletshim
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/klog/v2/ktesting"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// fakeKubelet is the kubelet's registration service on dir/kubelet.sock.
+type fakeKubelet struct {
+	pluginapi.UnimplementedRegistrationServer
+	mu   sync.Mutex
+	regs []*pluginapi.RegisterRequest
+	srv  *grpc.Server
+}
+
+func (k *fakeKubelet) Register(_ context.Context, r *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.regs = append(k.regs, r)
+	return &pluginapi.Empty{}, nil
+}
+
+func (k *fakeKubelet) count() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.regs)
+}
+
+// start serves kubelet.sock in dir, first removing every socket there as
+// a starting kubelet does.
+func startKubelet(t *testing.T, dir string) *fakeKubelet {
+	t.Helper()
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		_ = os.Remove(filepath.Join(dir, e.Name()))
+	}
+	lis, err := net.Listen("unix", filepath.Join(dir, "kubelet.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &fakeKubelet{srv: grpc.NewServer()}
+	pluginapi.RegisterRegistrationServer(k.srv, k)
+	go func() { _ = k.srv.Serve(lis) }()
+	t.Cleanup(k.srv.Stop)
+	return k
+}
+
+// fakeAgent is the node agent's plugin.
+type fakeAgent struct {
+	pluginapi.UnimplementedDevicePluginServer
+	devices []*pluginapi.Device
+	calls   int
+	mu      sync.Mutex
+}
+
+func (a *fakeAgent) ListAndWatch(_ *pluginapi.Empty, s grpc.ServerStreamingServer[pluginapi.ListAndWatchResponse]) error {
+	if err := s.Send(&pluginapi.ListAndWatchResponse{Devices: a.devices}); err != nil {
+		return err
+	}
+	<-s.Context().Done()
+	return nil
+}
+
+func (a *fakeAgent) Allocate(_ context.Context, r *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+	a.mu.Lock()
+	a.calls++
+	a.mu.Unlock()
+	return &pluginapi.AllocateResponse{ContainerResponses: []*pluginapi.ContainerAllocateResponse{{Envs: map[string]string{"DEVS": strings.Join(r.ContainerRequests[0].DevicesIds, ",")}}}}, nil
+}
+
+func startAgent(t *testing.T, sock string) *grpc.Server {
+	t.Helper()
+	_ = os.Remove(sock)
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	pluginapi.RegisterDevicePluginServer(srv, &fakeAgent{devices: []*pluginapi.Device{{ID: "GPU-1::0", Health: pluginapi.Healthy}, {ID: "GPU-1::1", Health: pluginapi.Healthy}}})
+	go func() { _ = srv.Serve(lis) }()
+	return srv
+}
+
+func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("timed out after %v waiting for %s", d, what)
+}
+
+// TestShimOutlivesTheAgent: the kubelet's connection stays up and healthy
+// while the agent restarts; an Allocate arriving meanwhile waits for the
+// agent and succeeds; one whose agent stays away fails after AgentWait
+// with a message saying so; a restarted kubelet is re-registered through
+// the inotify watch long before the periodic check would notice.
+func TestShimOutlivesTheAgent(t *testing.T) {
+	dir := t.TempDir()
+	agentSock := filepath.Join(t.TempDir(), "agent.sock")
+	kubelet := startKubelet(t, dir)
+	agent := startAgent(t, agentSock)
+	s, err := New(Options{Resource: "nvidia.com/gpu", PluginDir: dir, Endpoint: "shim.sock", AgentSocket: agentSock,
+		AgentWait: 2 * time.Second, StaleAfter: 1500 * time.Millisecond, CheckInterval: time.Hour}, ktesting.NewLogger(t, ktesting.NewConfig()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, "registration", 5*time.Second, func() bool { return kubelet.count() == 1 })
+
+	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "shim.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := pluginapi.NewDevicePluginClient(conn)
+	stream, err := client.ListAndWatch(ctx, &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := stream.Recv()
+	if err != nil || len(first.Devices) != 2 {
+		t.Fatalf("first list %v %v", first, err)
+	}
+	alloc := func() (*pluginapi.AllocateResponse, error) {
+		return client.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"GPU-1::0"}}}})
+	}
+	if r, err := alloc(); err != nil || r.ContainerResponses[0].Envs["DEVS"] != "GPU-1::0" {
+		t.Fatalf("allocate through the shim: %v %v", r, err)
+	}
+
+	// The agent dies; an Allocate arrives; the agent comes back 300 ms later.
+	agent.Stop()
+	got := make(chan error, 1)
+	start := time.Now()
+	go func() { _, err := alloc(); got <- err }()
+	time.Sleep(300 * time.Millisecond)
+	agent = startAgent(t, agentSock)
+	if err := <-got; err != nil {
+		t.Fatalf("an Allocate during the agent's restart failed: %v", err)
+	}
+	t.Logf("Allocate waited %v for the restarted agent", time.Since(start).Round(time.Millisecond))
+	// The kubelet's stream never broke and never saw an unhealthy device.
+	recv := make(chan *pluginapi.ListAndWatchResponse, 10)
+	go func() {
+		for {
+			r, err := stream.Recv()
+			if err != nil {
+				close(recv)
+				return
+			}
+			recv <- r
+		}
+	}()
+
+	// The agent stays away: the call fails after AgentWait, naming why.
+	agent.Stop()
+	start = time.Now()
+	_, err = alloc()
+	if err == nil || !strings.Contains(err.Error(), "did not answer within 2s") || time.Since(start) < 2*time.Second {
+		t.Errorf("agent away: %v after %v", err, time.Since(start))
+	}
+	// Past StaleAfter the kubelet is told the GPUs are unhealthy.
+	waitFor(t, "the devices reported unhealthy", 5*time.Second, func() bool {
+		select {
+		case r, ok := <-recv:
+			return ok && len(r.Devices) == 2 && r.Devices[0].Health == pluginapi.Unhealthy
+		default:
+			return false
+		}
+	})
+	agent = startAgent(t, agentSock)
+	defer agent.Stop()
+	waitFor(t, "the devices healthy again", 5*time.Second, func() bool {
+		select {
+		case r, ok := <-recv:
+			return ok && len(r.Devices) == 2 && r.Devices[0].Health == pluginapi.Healthy
+		default:
+			return false
+		}
+	})
+
+	// The kubelet restarts: sockets removed, kubelet.sock re-created. The
+	// periodic check is an hour away; the watch re-registers at once.
+	kubelet.srv.Stop()
+	start = time.Now()
+	kubelet = startKubelet(t, dir)
+	waitFor(t, "re-registration after the kubelet restart", 2*time.Second, func() bool { return kubelet.count() == 1 })
+	t.Logf("re-registered %v after the kubelet restarted", time.Since(start).Round(time.Millisecond))
+	if _, err := os.Stat(filepath.Join(dir, "shim.sock")); err != nil {
+		t.Errorf("the shim's socket was not served again: %v", err)
+	}
+}
+
+// TestShimRegistersAgainWhenDropped: the kubelet's device manager can
+// drop a plugin's current connection while its socket stays (it
+// disconnects the resource's current client when an older client's
+// stream ends); the shim then registers again, and only then.
+func TestShimRegistersAgainWhenDropped(t *testing.T) {
+	dir := t.TempDir()
+	agentSock := filepath.Join(t.TempDir(), "agent.sock")
+	kubelet := startKubelet(t, dir)
+	agent := startAgent(t, agentSock)
+	defer agent.Stop()
+	s, err := New(Options{Resource: "nvidia.com/gpu", PluginDir: dir, Endpoint: "shim.sock", AgentSocket: agentSock,
+		AgentWait: 2 * time.Second, CheckInterval: time.Hour}, ktesting.NewLogger(t, ktesting.NewConfig()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, "registration", 5*time.Second, func() bool { return kubelet.count() == 1 })
+	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "shim.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// The kubelet's stream: while it is open, nothing happens.
+	sctx, drop := context.WithCancel(ctx)
+	stream, err := pluginapi.NewDevicePluginClient(conn).ListAndWatch(sctx, &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(dropGrace + 500*time.Millisecond)
+	if n := kubelet.count(); n != 1 {
+		t.Fatalf("%d registrations with the kubelet's stream open", n)
+	}
+	// The kubelet drops it.
+	drop()
+	start := time.Now()
+	waitFor(t, "registration after the kubelet dropped the plugin", dropGrace+5*time.Second, func() bool { return kubelet.count() == 2 })
+	t.Logf("registered again %v after the kubelet dropped the stream", time.Since(start).Round(time.Millisecond))
+}

@@ -1,0 +1,381 @@
+// Package reconcile is the node agent's host-side backstop to the
+// limiter. The limiter lives inside the tenant's processes: a static
+// binary, raw ioctls on /dev/nvidia*, or a rewrite of the container's own
+// writable state file get past it. What no tenant can touch is what the
+// driver reports from the host: NVML lists, per GPU, every process with
+// its used memory. The reconciler attributes each process to its
+// container through /proc/<pid>/cgroup (the kubelet puts every container
+// in a cgroup named after its pod UID and container ID) and compares, per
+// container and GPU, what it holds with what the node agent granted it
+// (the ledger the device plugin wrote on the host). A container over its
+// grant, or on a GPU it was not granted, is a breach: a Warning event on
+// its pod, a metric, and (configurable) SIGKILL of every process in the
+// container; the kubelet then restarts it under its pod's policy.
+package reconcile
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
+)
+
+// Device is the part of an NVML device the reconciler reads.
+type Device interface {
+	GetComputeRunningProcesses() ([]nvml.ProcessInfo, nvml.Return)
+	GetGraphicsRunningProcesses() ([]nvml.ProcessInfo, nvml.Return)
+}
+
+// GPU is one GPU the reconciler watches.
+type GPU struct {
+	UUID      string
+	MemoryMiB int64
+	Handle    Device
+}
+
+// Options configure a Reconciler.
+type Options struct {
+	// Interval between passes (default 5s).
+	Interval time.Duration
+	// ProcRoot is the host's /proc (the agent runs in the host's PID
+	// namespace: NVML reports host PIDs).
+	ProcRoot string
+	// TolerancePercent and ToleranceMiB: a container breaches its grant
+	// on a GPU when it holds more than grant × (1 + percent/100) + MiB
+	// (defaults 2 and 64: NVML counts allocation granularity the limiter
+	// cannot see exactly).
+	TolerancePercent float64
+	ToleranceMiB     int64
+	// Kill sends SIGKILL to every process of a breaching container.
+	Kill bool
+	// Exempt reports namespaces whose pods may use GPUs without a grant
+	// (monitoring agents, the GPU operator); their processes are only
+	// counted.
+	Exempt func(namespace string) bool
+	// Shared reports whether the node's grants are memory-limited (a node
+	// in shared mode); otherwise only use of GPUs a container was not
+	// granted is a breach.
+	Shared func() bool
+}
+
+// Breach is one container over its grant on one GPU.
+type Breach struct {
+	Pod       *v1.Pod
+	Container string
+	GPU       string
+	UsedMiB   int64
+	// GrantedMiB is the container's grant on the GPU (0: none).
+	GrantedMiB int64
+	PIDs       []int
+	Killed     []int
+}
+
+func (b Breach) String() string {
+	if b.GrantedMiB == 0 {
+		return fmt.Sprintf("container %s holds %d MiB on GPU %s, which it was not granted", b.Container, b.UsedMiB, b.GPU)
+	}
+	return fmt.Sprintf("container %s holds %d MiB on GPU %s, more than its grant of %d MiB", b.Container, b.UsedMiB, b.GPU, b.GrantedMiB)
+}
+
+// Reconciler compares NVML's per-process memory with the grants.
+type Reconciler struct {
+	opts   Options
+	gpus   []GPU
+	state  statedir.Dirs
+	pods   func() []*v1.Pod
+	logger klog.Logger
+	// Report, if set, is told of every breach (the agent's event and
+	// metrics).
+	Report func(Breach)
+	// Observe, if set, is told what each container holds per GPU after
+	// each pass (the agent's gauges).
+	Observe func(pod *v1.Pod, container, gpu string, usedMiB int64)
+	// kill sends a signal (tests replace it).
+	kill func(pid int) error
+
+	mu       sync.Mutex
+	breached map[string]bool // pod UID/container/GPU breaching in the last pass
+}
+
+// New returns a reconciler of the GPUs against the grants in state; pods
+// lists the node's pods.
+func New(opts Options, gpus []GPU, state statedir.Dirs, pods func() []*v1.Pod, logger klog.Logger) *Reconciler {
+	if opts.Interval <= 0 {
+		opts.Interval = 5 * time.Second
+	}
+	if opts.ProcRoot == "" {
+		opts.ProcRoot = "/proc"
+	}
+	if opts.TolerancePercent == 0 && opts.ToleranceMiB == 0 {
+		opts.TolerancePercent, opts.ToleranceMiB = 2, 64
+	}
+	return &Reconciler{opts: opts, gpus: gpus, state: state, pods: pods, logger: logger,
+		kill: func(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }, breached: map[string]bool{}}
+}
+
+// Run reconciles every Interval until ctx ends.
+func (r *Reconciler) Run(ctx context.Context) {
+	t := time.NewTicker(r.opts.Interval)
+	defer t.Stop()
+	for {
+		r.Once()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// owner is a container, as the kubelet's cgroups name it.
+type owner struct {
+	pod       types.UID
+	container string // container ID
+}
+
+type key struct {
+	pod       types.UID
+	container string // name
+	gpu       string
+}
+
+// Once runs one pass and returns the breaches it found.
+func (r *Reconciler) Once() []Breach {
+	podsByUID := map[types.UID]*v1.Pod{}
+	byID := map[string]string{} // container ID → name
+	for _, p := range r.pods() {
+		podsByUID[p.UID] = p
+		for _, lists := range [][]v1.ContainerStatus{p.Status.InitContainerStatuses, p.Status.ContainerStatuses, p.Status.EphemeralContainerStatuses} {
+			for _, cs := range lists {
+				if _, id, ok := strings.Cut(cs.ContainerID, "://"); ok {
+					byID[id] = cs.Name
+				}
+			}
+		}
+	}
+	grants := r.grants()
+	used := map[key]int64{}
+	pids := map[key][]int{}
+	for _, g := range r.gpus {
+		for _, pr := range processes(g.Handle) {
+			o, ok := r.ownerOf(int(pr.Pid))
+			if !ok {
+				continue // not a container's process (the host, the agent)
+			}
+			name, ok := byID[o.container]
+			if !ok || podsByUID[o.pod] == nil {
+				continue // a pod this node's cache does not know yet
+			}
+			k := key{o.pod, name, g.UUID}
+			used[k] += int64(pr.UsedGpuMemory >> 20)
+			pids[k] = append(pids[k], int(pr.Pid))
+		}
+	}
+	shared := r.opts.Shared == nil || r.opts.Shared()
+	var out []Breach
+	breached := map[string]bool{}
+	keys := make([]key, 0, len(used))
+	for k := range used {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return fmt.Sprint(keys[i]) < fmt.Sprint(keys[j]) })
+	for _, k := range keys {
+		pod := podsByUID[k.pod]
+		if r.Observe != nil {
+			r.Observe(pod, k.container, k.gpu, used[k])
+		}
+		g, granted := grants[key{k.pod, k.container, ""}]
+		if !granted && r.opts.Exempt != nil && r.opts.Exempt(pod.Namespace) {
+			continue
+		}
+		limit, onGPU := g[k.gpu]
+		if !shared || limit.exclusive {
+			if onGPU {
+				continue // a whole GPU, or no memory limits on this node
+			}
+		}
+		allowed := int64(float64(limit.mib)*(1+r.opts.TolerancePercent/100)) + r.opts.ToleranceMiB
+		if onGPU && used[k] <= allowed {
+			continue
+		}
+		b := Breach{Pod: pod, Container: k.container, GPU: k.gpu, UsedMiB: used[k], PIDs: pids[k]}
+		if onGPU {
+			b.GrantedMiB = limit.mib
+		}
+		if r.opts.Kill {
+			b.Killed = r.killContainer(k.pod, pids[k])
+		}
+		id := string(k.pod) + "/" + k.container + "/" + k.gpu
+		breached[id] = true
+		out = append(out, b)
+		r.mu.Lock()
+		again := r.breached[id]
+		r.mu.Unlock()
+		if !again {
+			r.logger.Error(nil, "GPU grant breached", "pod", klog.KObj(pod), "container", k.container, "gpu", k.gpu, "usedMiB", used[k], "grantedMiB", b.GrantedMiB, "killed", b.Killed)
+		}
+		if r.Report != nil {
+			r.Report(b)
+		}
+	}
+	r.mu.Lock()
+	r.breached = breached
+	r.mu.Unlock()
+	return out
+}
+
+type limit struct {
+	mib       int64
+	exclusive bool
+}
+
+// grants reads the ledger: per pod and container (gpu ""), the limit on
+// each GPU it was granted.
+func (r *Reconciler) grants() map[key]map[string]limit {
+	out := map[key]map[string]limit{}
+	entries, err := r.state.Entries()
+	if err != nil {
+		r.logger.Error(err, "Reading the grants this node served")
+		return out
+	}
+	for _, e := range entries {
+		if e.Grant == nil {
+			continue
+		}
+		m := map[string]limit{}
+		for _, d := range e.Grant.Devices {
+			m[d.UUID] = limit{mib: d.MemoryMiB, exclusive: d.Exclusive}
+		}
+		out[key{e.PodUID, e.Container, ""}] = m
+	}
+	return out
+}
+
+func processes(d Device) []nvml.ProcessInfo {
+	var out []nvml.ProcessInfo
+	seen := map[uint32]int{}
+	for _, f := range []func() ([]nvml.ProcessInfo, nvml.Return){d.GetComputeRunningProcesses, d.GetGraphicsRunningProcesses} {
+		ps, ret := f()
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		for _, p := range ps {
+			// A process that is both compute and graphics is listed twice
+			// with the same memory.
+			if i, ok := seen[p.Pid]; ok {
+				out[i].UsedGpuMemory = max(out[i].UsedGpuMemory, p.UsedGpuMemory)
+				continue
+			}
+			seen[p.Pid] = len(out)
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// podSegment finds a pod UID in a cgroup path: "pod<uid>" with dashes
+// (cgroupfs driver) or underscores (systemd driver).
+var podSegment = regexp.MustCompile(`pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})`)
+
+// containerSegment is a container ID as runtimes name its cgroup:
+// cri-containerd-<id>.scope, crio-<id>.scope, docker-<id>.scope, or the
+// bare ID (cgroupfs driver).
+var containerSegment = regexp.MustCompile(`^(?:cri-containerd-|crio-|docker-|containerd-)?([0-9a-f]{64})(?:\.scope)?$`)
+
+// ParseCgroup returns the pod UID and container ID a process's cgroup
+// file (/proc/<pid>/cgroup) names, for cgroup v1 and v2 and the cgroupfs
+// and systemd drivers.
+func ParseCgroup(content string) (types.UID, string, bool) {
+	sc := bufio.NewScanner(strings.NewReader(content))
+	for sc.Scan() {
+		// hierarchy-ID:controllers:path
+		parts := strings.SplitN(sc.Text(), ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		p := parts[2]
+		m := podSegment.FindStringSubmatch(p)
+		if m == nil {
+			continue
+		}
+		c := containerSegment.FindStringSubmatch(filepath.Base(p))
+		if c == nil {
+			continue
+		}
+		return types.UID(strings.ReplaceAll(m[1], "_", "-")), c[1], true
+	}
+	return "", "", false
+}
+
+func (r *Reconciler) ownerOf(pid int) (owner, bool) {
+	b, err := os.ReadFile(filepath.Join(r.opts.ProcRoot, strconv.Itoa(pid), "cgroup"))
+	if err != nil {
+		return owner{}, false
+	}
+	uid, id, ok := ParseCgroup(string(b))
+	return owner{uid, id}, ok
+}
+
+// killContainer SIGKILLs the processes NVML listed and every other
+// process of the same container (found by its cgroup), so a launcher that
+// would start the GPU work again goes too.
+func (r *Reconciler) killContainer(pod types.UID, nvmlPIDs []int) []int {
+	ids := map[string]bool{}
+	for _, pid := range nvmlPIDs {
+		if o, ok := r.ownerOf(pid); ok && o.pod == pod {
+			ids[o.container] = true
+		}
+	}
+	targets := map[int]bool{}
+	for _, pid := range nvmlPIDs {
+		targets[pid] = true
+	}
+	if entries, err := os.ReadDir(r.opts.ProcRoot); err == nil {
+		for _, e := range entries {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			if o, ok := r.ownerOf(pid); ok && o.pod == pod && ids[o.container] {
+				targets[pid] = true
+			}
+		}
+	}
+	var killed []int
+	for pid := range targets {
+		if err := r.kill(pid); err == nil {
+			killed = append(killed, pid)
+		}
+	}
+	sort.Ints(killed)
+	return killed
+}
+
+// Reasons of the Warning events the agent puts on a breaching pod.
+const (
+	ReasonOverGrant  = "TesseraGPUMemoryOverGrant"
+	ReasonNotGranted = "TesseraGPUNotGranted"
+)
+
+// Reason is the event reason of a breach.
+func (b Breach) Reason() string {
+	if b.GrantedMiB == 0 {
+		return ReasonNotGranted
+	}
+	return ReasonOverGrant
+}

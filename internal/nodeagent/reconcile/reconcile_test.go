@@ -1,0 +1,196 @@
+package reconcile
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
+	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+func TestParseCgroup(t *testing.T) {
+	id := strings.Repeat("ab", 32)
+	for _, tc := range []struct {
+		content string
+		uid     types.UID
+		ok      bool
+	}{
+		// cgroup v2, systemd driver, containerd
+		{"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod6f1d0c2e_3b7a_4c55_9a0e_2f8b1d7c9e01.slice/cri-containerd-" + id + ".scope\n", "6f1d0c2e-3b7a-4c55-9a0e-2f8b1d7c9e01", true},
+		// cgroup v1, cgroupfs driver
+		{"12:memory:/kubepods/besteffort/pod6f1d0c2e-3b7a-4c55-9a0e-2f8b1d7c9e01/" + id + "\n11:cpu:/\n", "6f1d0c2e-3b7a-4c55-9a0e-2f8b1d7c9e01", true},
+		// CRI-O
+		{"0::/kubepods.slice/kubepods-pod6f1d0c2e_3b7a_4c55_9a0e_2f8b1d7c9e01.slice/crio-" + id + ".scope", "6f1d0c2e-3b7a-4c55-9a0e-2f8b1d7c9e01", true},
+		// the pod's sandbox-level cgroup, a host process
+		{"0::/kubepods.slice/kubepods-pod6f1d0c2e_3b7a_4c55_9a0e_2f8b1d7c9e01.slice\n", "", false},
+		{"0::/system.slice/tessera.service\n", "", false},
+	} {
+		uid, cid, ok := ParseCgroup(tc.content)
+		if ok != tc.ok || uid != tc.uid || ok && cid != id {
+			t.Errorf("%q: %s %s %v", tc.content, uid, cid, ok)
+		}
+	}
+}
+
+// world is a node: GPUs whose processes the test sets, a fake /proc, the
+// ledger and the pods.
+type world struct {
+	t      *testing.T
+	proc   string
+	state  statedir.Dirs
+	pods   []*v1.Pod
+	mu     sync.Mutex
+	procs  map[string][]nvml.ProcessInfo // GPU → processes
+	killed []int
+	gpus   []GPU
+}
+
+func newWorld(t *testing.T) *world {
+	w := &world{t: t, proc: t.TempDir(), state: statedir.Dirs{Root: t.TempDir()}, procs: map[string][]nvml.ProcessInfo{}}
+	for i := 0; i < 2; i++ {
+		uuid := fixtures.GPUUUID("n", i)
+		w.gpus = append(w.gpus, GPU{UUID: uuid, MemoryMiB: 40960, Handle: &mock.Device{
+			GetComputeRunningProcessesFunc: func() ([]nvml.ProcessInfo, nvml.Return) {
+				w.mu.Lock()
+				defer w.mu.Unlock()
+				return slices.Clone(w.procs[uuid]), nvml.SUCCESS
+			},
+			GetGraphicsRunningProcessesFunc: func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED },
+		}})
+	}
+	return w
+}
+
+func cid(n int) string { return fmt.Sprintf("%064x", n) }
+
+// container adds a pod with one container (container ID n), its grant in
+// the ledger (nil: none) and its process pids in /proc.
+func (w *world) container(ns, name string, n int, grant []api.DeviceGrant, pids ...int) *v1.Pod {
+	uid := fmt.Sprintf("00000000-0000-0000-0000-%012d", n)
+	p := fixtures.MakePod().Namespace(ns).Name(name).UID(uid).Node("n").Obj()
+	p.Status.ContainerStatuses = []v1.ContainerStatus{{Name: "main", ContainerID: "containerd://" + cid(n)}}
+	w.pods = append(w.pods, p)
+	if grant != nil {
+		if _, err := w.state.Create(p.UID, "main"); err != nil {
+			w.t.Fatal(err)
+		}
+		if err := w.state.WriteGrant(statedir.Grant{PodUID: p.UID, Namespace: ns, Pod: name, Container: "main", Devices: grant}); err != nil {
+			w.t.Fatal(err)
+		}
+	}
+	for _, pid := range pids {
+		dir := filepath.Join(w.proc, fmt.Sprint(pid))
+		_ = os.MkdirAll(dir, 0o755)
+		cg := fmt.Sprintf("0::/kubepods.slice/kubepods-pod%s.slice/cri-containerd-%s.scope\n", strings.ReplaceAll(uid, "-", "_"), cid(n))
+		if err := os.WriteFile(filepath.Join(dir, "cgroup"), []byte(cg), 0o644); err != nil {
+			w.t.Fatal(err)
+		}
+	}
+	return p
+}
+
+func (w *world) uses(gpu int, pid int, mib uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	u := w.gpus[gpu].UUID
+	w.procs[u] = append(w.procs[u], nvml.ProcessInfo{Pid: uint32(pid), UsedGpuMemory: mib << 20})
+}
+
+func (w *world) reconciler(kill bool) *Reconciler {
+	r := New(Options{ProcRoot: w.proc, Kill: kill, Exempt: func(ns string) bool { return ns == "monitoring" }}, w.gpus, w.state,
+		func() []*v1.Pod { return w.pods }, ktesting.NewLogger(w.t, ktesting.NewConfig()))
+	r.kill = func(pid int) error {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.killed = append(w.killed, pid)
+		return nil
+	}
+	return r
+}
+
+// TestBreaches: the limiter was evaded (a static binary, raw ioctls, a
+// rewritten state file): what NVML reports from the host is over the
+// grant, or on a GPU the container was not granted (NVIDIA_VISIBLE_DEVICES
+// widened through envFrom). Each is a breach, reported and killed; what
+// stays within its grant is left alone.
+func TestBreaches(t *testing.T) {
+	w := newWorld(t)
+	g0, g1 := w.gpus[0].UUID, w.gpus[1].UUID
+	w.container("a", "within", 1, []api.DeviceGrant{{UUID: g0, MemoryMiB: 4096, Cores: 10}}, 101)
+	w.uses(0, 101, 4096+60) // within the tolerance
+	over := w.container("a", "over", 2, []api.DeviceGrant{{UUID: g0, MemoryMiB: 4096, Cores: 10}}, 201, 202, 203)
+	w.uses(0, 201, 3000)
+	w.uses(0, 202, 3000) // 6000 MiB on a 4096 MiB grant; pid 203 holds nothing but goes too
+	widened := w.container("a", "widened", 3, []api.DeviceGrant{{UUID: g0, MemoryMiB: 40960, Cores: 100, Exclusive: true}}, 301)
+	w.uses(0, 301, 40000)
+	w.uses(1, 301, 100) // on a GPU it was not granted
+	squatter := w.container("b", "cpu-only", 4, nil, 401)
+	w.uses(1, 401, 500)
+	w.container("monitoring", "dcgm", 5, nil, 501)
+	w.uses(1, 501, 10)
+	w.uses(1, 999, 2000) // a host process: no pod cgroup
+
+	var reported []Breach
+	r := w.reconciler(true)
+	r.Report = func(b Breach) { reported = append(reported, b) }
+	got := r.Once()
+	want := map[string]string{
+		over.Name + "/" + g0:     "more than its grant of 4096 MiB",
+		widened.Name + "/" + g1:  "which it was not granted",
+		squatter.Name + "/" + g1: "which it was not granted",
+	}
+	if len(got) != len(want) || len(reported) != len(got) {
+		t.Fatalf("breaches %v, want %v", got, want)
+	}
+	for _, b := range got {
+		w := want[b.Pod.Name+"/"+b.GPU]
+		if w == "" || !strings.Contains(b.String(), w) {
+			t.Errorf("unexpected breach %s (%s)", b, b.Pod.Name)
+		}
+	}
+	for _, b := range got {
+		if b.Pod.Name == "over" && (b.UsedMiB != 6000 || fmt.Sprint(b.Killed) != "[201 202 203]" || b.Reason() != ReasonOverGrant) {
+			t.Errorf("over: %+v", b)
+		}
+		if b.Pod.Name == "cpu-only" && b.Reason() != ReasonNotGranted {
+			t.Errorf("cpu-only: %+v", b)
+		}
+	}
+	if slices.Contains(w.killed, 101) || slices.Contains(w.killed, 501) || slices.Contains(w.killed, 999) {
+		t.Errorf("killed %v: a process within its grant, exempt, or not a container's", w.killed)
+	}
+	// Without Kill, breaches are reported, nothing is killed.
+	w.killed = nil
+	if got := w.reconciler(false).Once(); len(got) != 3 || len(w.killed) != 0 {
+		t.Errorf("report-only: %d breaches, killed %v", len(got), w.killed)
+	}
+}
+
+// TestExclusiveAndTimeSlicing: a whole GPU, and a node without memory
+// limits, breach only on GPUs they were not granted.
+func TestExclusiveAndTimeSlicing(t *testing.T) {
+	w := newWorld(t)
+	g0 := w.gpus[0].UUID
+	w.container("a", "shared", 1, []api.DeviceGrant{{UUID: g0, MemoryMiB: 1000, Cores: 10}}, 101)
+	w.uses(0, 101, 30000)
+	r := w.reconciler(false)
+	if len(r.Once()) != 1 {
+		t.Fatal("a shared grant over its memory on a shared node is a breach")
+	}
+	r.opts.Shared = func() bool { return false }
+	if got := r.Once(); len(got) != 0 {
+		t.Errorf("time-slicing node: %v", got)
+	}
+}

@@ -1,0 +1,137 @@
+package scheduler
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/tessera-gpu/tessera/internal/kubeobj"
+	"github.com/tessera-gpu/tessera/internal/recordsig"
+	"github.com/tessera-gpu/tessera/internal/testenv"
+	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+// TestRecordsSignedForTheirPod: every record names its pod and carries a
+// signature by the key the scheduler created in its Secret and published
+// in the ConfigMap node agents read.
+func TestRecordsSignedForTheirPod(t *testing.T) {
+	ts := newTestScheduler(t, nil, a100Node("a", 1))
+	if node, msg := ts.schedule(fixtures.MakePod().Name("p1").Container("main", map[string]string{names.Memory: "1000"}).Obj()); node != "a" {
+		t.Fatal(msg)
+	}
+	pod, err := ts.client.CoreV1().Pods(metav1.NamespaceDefault).Get(ts.ctx, "p1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := kubeobj.Record(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm, err := ts.client.CoreV1().ConfigMaps(recordsig.DefaultNamespace).Get(ts.ctx, recordsig.DefaultPublicKeys, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ring, err := recordsig.ParsePublicData(cm.Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.PodUID != string(pod.UID) || rec.APIVersion != api.AllocationAPIVersion {
+		t.Errorf("record %+v does not name pod %s", rec, pod.UID)
+	}
+	if err := ring.Verify(rec); err != nil {
+		t.Errorf("the published keys do not verify the record: %v", err)
+	}
+}
+
+// TestRebuildChargesOnlyWhatItCanVouchFor plays findings 2 and 4 of the
+// trust issue against a restarted scheduler: a CPU-only pod bound with a
+// record claiming the whole GPU (the squatter), a record changed after it
+// was signed, and a GPU pod whose record was removed. None is charged,
+// each gets a Warning event, and the GPU is free for a real pod. Before
+// the fix the squatter's record was charged and the real pod refused.
+func TestRebuildChargesOnlyWhatItCanVouchFor(t *testing.T) {
+	first := newTestScheduler(t, nil, a100Node("a", 1))
+	if node, msg := first.schedule(fixtures.MakePod().Name("real").Container("main", map[string]string{names.Memory: "4000"}).Obj()); node != "a" {
+		t.Fatal(msg)
+	}
+	real, _ := first.client.CoreV1().Pods(metav1.NamespaceDefault).Get(first.ctx, "real", metav1.GetOptions{})
+	secret, err := first.client.CoreV1().Secrets(recordsig.DefaultNamespace).Get(first.ctx, recordsig.DefaultSecret, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := kubeobj.Record(real)
+
+	whole := fixtures.GPUUUID("a", 0)
+	squatter := fixtures.MakePod().Namespace(metav1.NamespaceDefault).Name("squatter").UID("uid-squatter").
+		SchedulerName(SchedulerName).Node("a").Container("c", map[string]string{"cpu": "1"}).
+		Record(&api.PodAllocation{Node: "a", Containers: []api.ContainerAllocation{{Name: "c", Devices: []api.DeviceGrant{{UUID: whole, MemoryMiB: 40960, Cores: 100, Exclusive: true}}}}}).Obj()
+	// The real pod's signed record with its memory raised: it no longer
+	// verifies.
+	tampered := real.DeepCopy()
+	raised := *rec
+	raised.Containers = []api.ContainerAllocation{{Name: "main", Devices: []api.DeviceGrant{{UUID: whole, MemoryMiB: 40960, Cores: 0}}}}
+	b, _ := api.EncodeAllocation(&raised)
+	tampered.Annotations[api.AnnotationAllocation] = string(b)
+	// A GPU pod whose record was removed.
+	stripped := fixtures.MakePod().Namespace(metav1.NamespaceDefault).Name("stripped").UID("uid-stripped").
+		SchedulerName(SchedulerName).Node("a").Container("main", map[string]string{names.Memory: "30000"}).Obj()
+
+	ts := newTestScheduler(t, nil, []runtime.Object{a100Node("a", 1), secret, squatter, tampered, stripped}...)
+	if node, msg := ts.schedule(fixtures.MakePod().Name("next").Container("main", map[string]string{names.Memory: "40000"}).Obj()); node != "a" {
+		t.Fatalf("the GPU is held by records the scheduler cannot vouch for: %s", msg)
+	}
+	want := map[string]string{
+		"squatter": ReasonRecordIgnored + ": GPU allocation record not charged: the record does not match the pod's request: the record grants GPUs to container \"c\", which asks for none",
+		"real":     ReasonRecordIgnored + ": GPU allocation record not charged: signature by key",
+		"stripped": ReasonRecordMissing + ": bound to node a without a tessera.io/allocation annotation",
+	}
+	testenv.WaitFor(t, "the Warning events", 30*time.Second, func() bool {
+		evs, err := ts.client.EventsV1().Events(metav1.NamespaceDefault).List(ts.ctx, metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		found := 0
+		for _, e := range evs.Items {
+			if w, ok := want[e.Regarding.Name]; ok && e.Type == corev1.EventTypeWarning && strings.HasPrefix(e.Reason+": "+e.Note, w) {
+				found++
+			}
+		}
+		return found == len(want)
+	})
+}
+
+// TestFailedSchedulingHasNoFormatVerbs: kube-scheduler uses a failed pod's
+// status message as its event's format string; "gpucores: 150" gave
+// "150%!o(MISSING)utside" (finding 8), and a GPU model selector is user
+// text in the message too.
+func TestFailedSchedulingHasNoFormatVerbs(t *testing.T) {
+	ts := newTestScheduler(t, nil, a100Node("a", 1))
+	bad := fixtures.MakePod().Namespace("kube-system").Name("bad").Container("main", map[string]string{names.Cores: "150"}).Obj()
+	ts.create(bad)
+	sel := fixtures.MakePod().Namespace("kube-system").Name("sel").Container("main", map[string]string{names.Memory: "100"}).Obj()
+	sel.Annotations = map[string]string{api.AnnotationUseGPUType: "H100%s%d%%"}
+	ts.create(sel)
+	notes := map[string]string{}
+	testenv.WaitFor(t, "the FailedScheduling events", 30*time.Second, func() bool {
+		evs, err := ts.client.EventsV1().Events("kube-system").List(ts.ctx, metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		for _, e := range evs.Items {
+			if e.Reason == "FailedScheduling" {
+				notes[e.Regarding.Name] = e.Note
+			}
+		}
+		return len(notes) == 2
+	})
+	for name, want := range map[string]string{"bad": "150", "sel": "H100 percents percentd percent percent"} {
+		if n := notes[name]; strings.Contains(n, "%!") || !strings.Contains(n, want) {
+			t.Errorf("FailedScheduling event of %s: %q, want it to contain %q and no format verb", name, n, want)
+		}
+	}
+}
