@@ -296,6 +296,24 @@ func TestChartMatchesDeploy(t *testing.T) {
 	if !bytes.Equal(a, b) {
 		t.Error("drift: charts/tessera/files/scheduler-config.yaml differs from deploy/scheduler/config.yaml (copy it)")
 	}
+	a, err = os.ReadFile("../deploy/admission/policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err = os.ReadFile("tessera/files/admission-policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(a, b) {
+		t.Error("drift: charts/tessera/files/admission-policy.yaml differs from deploy/admission/policy.yaml (copy it)")
+	}
+	// The release "tessera" in tessera-system renders deploy/'s policy.
+	for _, key := range []string{"ValidatingAdmissionPolicy/tessera-allocation-records", "ValidatingAdmissionPolicyBinding/tessera-allocation-records",
+		"ValidatingAdmissionPolicy/tessera-gpu-inventories", "ValidatingAdmissionPolicyBinding/tessera-gpu-inventories"} {
+		if chart[key] == nil {
+			t.Errorf("%s is in deploy/admission but not in the chart", key)
+		}
+	}
 
 	rule := objects(t, render(t, "", "--set", "monitoring.prometheusRule.enabled=true"))["PrometheusRule/tessera-node-agent"]
 	shipped, err := os.ReadFile("../deploy/monitoring/prometheusrule.yaml")

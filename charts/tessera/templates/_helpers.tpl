@@ -22,3 +22,18 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- $u := printf "(has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, %s)) || (has(c.resources.requests) && c.resources.requests.exists(r, %s))))" $m $m -}}
 {{- printf "object.spec.containers.exists(c, %s) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, %s))" $u $u -}}
 {{- end -}}
+
+{{/* The identities of the scheduler and the node agents (ServiceAccounts). */}}
+{{- define "tessera.schedulerUser" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "tessera.fullname" . }}-scheduler
+{{- end }}
+{{- define "tessera.agentUser" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "tessera.fullname" . }}-node-agent
+{{- end }}
+
+{{/* CEL: a request by anyone but (index . 0) that changes annotation
+(index . 1); internal/webhook.AnnotationWrittenByOthers writes the same. */}}
+{{- define "tessera.writtenByOthers" -}}
+{{- $user := index . 0 }}{{ $key := index . 1 -}}
+!(request.userInfo.username in ['{{ $user }}']) && (object != null && has(object.metadata.annotations) && '{{ $key }}' in object.metadata.annotations ? object.metadata.annotations['{{ $key }}'] : '') != (oldObject != null && has(oldObject.metadata.annotations) && '{{ $key }}' in oldObject.metadata.annotations ? oldObject.metadata.annotations['{{ $key }}'] : '')
+{{- end }}
