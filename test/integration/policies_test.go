@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/tessera-gpu/tessera/internal/install"
 	"github.com/tessera-gpu/tessera/internal/scheduler"
 	"github.com/tessera-gpu/tessera/internal/testenv"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
@@ -27,13 +28,23 @@ import (
 // checks that each profile places a pod; the lab's scheduler is checked in
 // test/integration/lab (TestEveryPolicyStartsInTheLab).
 func TestEveryPolicyStarts(t *testing.T) {
-	cp := testenv.StartControlPlane(t)
+	cp := testenv.StartControlPlane(t, testenv.Options{APIServerFlags: []string{"--authorization-mode=RBAC"}})
 	ctx := context.Background()
+	// The scheduler runs under its own identity (its RBAC, the namespace
+	// of its signing key); the test writes the node's inventory as the
+	// admin, so the admission policies are left out.
+	if err := install.Identities(ctx, cp.Client, true); err != nil {
+		t.Fatal(err)
+	}
+	token, err := install.Token(ctx, cp.Client, install.SchedulerAccount)
+	if err != nil {
+		t.Fatal(err)
+	}
 	inv := fixtures.Inventory("gpu-0", 8, "NVIDIA A100-SXM4-80GB", 81920, 10)
 	if _, err := cp.Client.CoreV1().Nodes().Create(ctx, fixtures.Node("gpu-0", inv, names), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := testenv.EveryPolicyConfig(cp.Kubeconfig)
+	cfg, err := testenv.EveryPolicyConfig(cp.KubeconfigAs(t, "scheduler.kubeconfig", token))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,9 @@ import (
 func TestEveryPolicyStartsInTheLab(t *testing.T) {
 	ns := "every-policy"
 	useNamespace(t, ns)
-	cfg, err := testenv.EveryPolicyConfig(dir.Kubeconfig())
+	// Under the scheduler's own identity, the only one the admission
+	// policy lets write allocation records.
+	cfg, err := testenv.EveryPolicyConfig(dir.SchedulerKubeconfig())
 	if err != nil {
 		t.Fatal(err)
 	}
