@@ -198,13 +198,18 @@ func idleGPU(ctx context.Context, client kubernetes.Interface, mode string) (str
 	return "", fmt.Errorf("no idle GPU on the %s nodes for the demo's GPU-sharing pods", mode)
 }
 
-// gpuOf waits until a pod is placed and returns its first GPU.
+// gpuOf waits until a pod is placed and returns its first GPU: the
+// record's, or "" for a pod bound with its GPUs in ResourceClaims (DRA:
+// no record; the claim names the device).
 func gpuOf(ctx context.Context, client kubernetes.Interface, ns, name string) (string, error) {
 	uuid := ""
 	err := waitUntil(ctx, time.Minute, func(ctx context.Context) (bool, error) {
 		p, err := client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
+		}
+		if p.Spec.NodeName != "" && (p.Status.ExtendedResourceClaimStatus != nil || len(p.Status.ResourceClaimStatuses) > 0) {
+			return true, nil
 		}
 		rec, err := kubeobj.Record(p)
 		if err != nil || rec == nil {

@@ -4,12 +4,14 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 
+	"github.com/tessera-gpu/tessera/internal/testenv"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -98,5 +100,39 @@ func TestDRANodeRanksLast(t *testing.T) {
 	_ = p.NormalizeScore(context.Background(), nil, nil, one)
 	if one[0].Score != 0 || one[1].Score != fwk.MaxScore {
 		t.Errorf("normalized %+v", one)
+	}
+}
+
+// A whole-GPU pod bound to a DRA node holds its GPU through a claim and
+// has no record: the scheduler does not warn that its record is missing
+// (it did, every time it saw the pod), while a GPU pod on a device-plugin
+// node without its record still gets the warning.
+func TestDRAPodHasNoMissingRecordWarning(t *testing.T) {
+	onDRA := fixtures.MakePod().Namespace(metav1.NamespaceDefault).Name("on-dra").UID("uid-on-dra").
+		SchedulerName(SchedulerName).Node("dra").Container("main", map[string]string{"nvidia.com/gpu": "1"}).Obj()
+	// What DynamicResources writes for the DeviceClass that maps
+	// nvidia.com/gpu.
+	onDRA.Status.ExtendedResourceClaimStatus = &corev1.PodExtendedResourceClaimStatus{
+		ResourceClaimName: "on-dra-extended-resources",
+		RequestMappings:   []corev1.ContainerExtendedResourceRequest{{ContainerName: "main", ResourceName: "nvidia.com/gpu", RequestName: "container-0-request-0"}},
+	}
+	stripped := fixtures.MakePod().Namespace(metav1.NamespaceDefault).Name("stripped").UID("uid-stripped").
+		SchedulerName(SchedulerName).Node("a").Container("main", map[string]string{"nvidia.com/gpu": "1"}).Obj()
+	ts := newTestScheduler(t, nil, draNode("dra", 2), a100Node("a", 1), onDRA, stripped)
+	warned := func(name string) bool {
+		evs, err := ts.client.EventsV1().Events(metav1.NamespaceDefault).List(ts.ctx, metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		for _, e := range evs.Items {
+			if e.Regarding.Name == name && e.Reason == ReasonRecordMissing {
+				return true
+			}
+		}
+		return false
+	}
+	testenv.WaitFor(t, "the warning for the stripped pod", 30*time.Second, func() bool { return warned("stripped") })
+	if warned("on-dra") {
+		t.Error("a pod on a DRA node was warned that its record is missing")
 	}
 }

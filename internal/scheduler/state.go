@@ -119,6 +119,19 @@ func (s *state) removeNode(name string) {
 // the state before the first pod is scheduled); terminated pods release.
 // Pods the plugin reserved itself are already charged. It reports whether
 // something was released.
+// onDRANode reports whether pod holds its GPUs through ResourceClaims:
+// the extended-resource claim the scheduler made for it (set before the
+// pod is bound, so it holds whatever order the informers deliver Nodes
+// and Pods in), or a node in mode dra.
+func (s *state) onDRANode(pod *corev1.Pod) bool {
+	if pod.Status.ExtendedResourceClaimStatus != nil {
+		return true
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.isDRA(pod.Spec.NodeName)
+}
+
 func (s *state) observePod(logger klog.Logger, pod *corev1.Pod) bool {
 	key := kubeobj.Key(pod)
 	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
@@ -127,7 +140,9 @@ func (s *state) observePod(logger klog.Logger, pod *corev1.Pod) bool {
 	if _, ok := pod.Annotations[api.AnnotationAllocation]; !ok || pod.Spec.NodeName == "" {
 		// Unbound pods with a record were annotated by a PreBind whose
 		// binding never happened; they will be scheduled again.
-		if !ok && pod.Spec.NodeName != "" && s.trust != nil && pod.Spec.SchedulerName == SchedulerName && asksGPU(pod, s.trust.names) {
+		// A pod on a node in mode dra holds its GPUs through a
+		// ResourceClaim and has no record.
+		if !ok && pod.Spec.NodeName != "" && s.trust != nil && pod.Spec.SchedulerName == SchedulerName && asksGPU(pod, s.trust.names) && !s.onDRANode(pod) {
 			s.trust.warn(logger, pod, ReasonRecordMissing, fmt.Sprintf(
 				"bound to node %s without a %s annotation: what it holds there cannot be charged, and the node agent serves no GPU without a record (was the record removed? docs/security.md)",
 				pod.Spec.NodeName, api.AnnotationAllocation))
