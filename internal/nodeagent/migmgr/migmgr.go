@@ -19,6 +19,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/mig"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/config"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/discovery"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/nvmlmig"
 )
 
 // Report says what Apply did to one GPU, or why it did nothing.
@@ -195,28 +196,8 @@ func listGIs(h nvml.Device, m *mig.Model) ([]gi, error) {
 	return out, nil
 }
 
-// ciProfile is the compute-instance profile that spans a GPU instance of
-// p (one compute instance per GPU instance, as mig-parted creates).
-func ciProfile(p *mig.Profile) int {
-	switch p.Compute {
-	case 1:
-		return nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE
-	case 2:
-		return nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE
-	case 3:
-		return nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE
-	case 4:
-		return nvml.COMPUTE_INSTANCE_PROFILE_4_SLICE
-	case 6:
-		return nvml.COMPUTE_INSTANCE_PROFILE_6_SLICE
-	case 7:
-		return nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE
-	}
-	return nvml.COMPUTE_INSTANCE_PROFILE_8_SLICE
-}
-
 func computeInstances(g nvml.GpuInstance, p *mig.Profile) ([]nvml.ComputeInstance, error) {
-	info, ret := g.GetComputeInstanceProfileInfo(ciProfile(p), nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+	info, ret := g.GetComputeInstanceProfileInfo(nvmlmig.ComputeInstanceProfile(p.Compute), nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
 	if ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("compute-instance profile of %s: %v", p.Name, ret)
 	}
@@ -294,7 +275,7 @@ func Create(h nvml.Device, m *mig.Model, in mig.Instance) (string, error) {
 	if ret != nvml.SUCCESS {
 		return "", fmt.Errorf("creating GPU instance %s: %v", in, ret)
 	}
-	ciInfo, ret := g.GetComputeInstanceProfileInfo(ciProfile(p), nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+	ciInfo, ret := g.GetComputeInstanceProfileInfo(nvmlmig.ComputeInstanceProfile(p.Compute), nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
 	if ret == nvml.SUCCESS {
 		_, ret = g.CreateComputeInstance(&ciInfo)
 	}

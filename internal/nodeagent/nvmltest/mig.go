@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/tessera-gpu/tessera/internal/mig"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/nvmlmig"
 )
 
 // MIG emulation. go-nvml's mock servers create GPU and compute instances
@@ -280,26 +281,6 @@ func profileInfo(p *mig.Profile) nvml.GpuInstanceProfileInfo {
 	}
 }
 
-// ciProfile is the compute-instance profile constant spanning a GPU
-// instance of that many compute slices.
-func ciProfile(compute int) int {
-	switch compute {
-	case 1:
-		return nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE
-	case 2:
-		return nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE
-	case 3:
-		return nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE
-	case 4:
-		return nvml.COMPUTE_INSTANCE_PROFILE_4_SLICE
-	case 6:
-		return nvml.COMPUTE_INSTANCE_PROFILE_6_SLICE
-	case 7:
-		return nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE
-	}
-	return nvml.COMPUTE_INSTANCE_PROFILE_8_SLICE
-}
-
 // create makes a GPU instance (under g.mu).
 func (g *migGPU) create(p *mig.Profile, start int) (nvml.GpuInstance, nvml.Return) {
 	if g.current != nvml.DEVICE_MIG_ENABLE {
@@ -312,10 +293,10 @@ func (g *migGPU) create(p *mig.Profile, start int) (nvml.GpuInstance, nvml.Retur
 	info := nvml.GpuInstanceInfo{Device: g.parent, Id: gi.id, ProfileId: uint32(p.ID), Placement: nvml.GpuInstancePlacement{Start: uint32(start), Size: uint32(p.MemorySlices)}}
 	h.GetInfoFunc = func() (nvml.GpuInstanceInfo, nvml.Return) { return info, nvml.SUCCESS }
 	ciInfo := nvml.ComputeInstanceProfileInfo{
-		Id: uint32(ciProfile(p.Compute)), SliceCount: uint32(p.Compute), InstanceCount: 1, MultiprocessorCount: uint32(p.SMs),
+		Id: uint32(nvmlmig.ComputeInstanceProfile(p.Compute)), SliceCount: uint32(p.Compute), InstanceCount: 1, MultiprocessorCount: uint32(p.SMs),
 	}
 	h.GetComputeInstanceProfileInfoFunc = func(c, eng int) (nvml.ComputeInstanceProfileInfo, nvml.Return) {
-		if eng != nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED || c != ciProfile(p.Compute) {
+		if eng != nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED || c != nvmlmig.ComputeInstanceProfile(p.Compute) {
 			return nvml.ComputeInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
 		}
 		return ciInfo, nvml.SUCCESS
