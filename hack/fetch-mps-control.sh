@@ -9,21 +9,10 @@
 set -eu
 DEST=${1:-$(cd "$(dirname "$0")/.." && pwd)/bin/nonfree}
 [ -x "$DEST/nvidia-cuda-mps-control" ] && exit 0
-if ! apt-cache policy nvidia-cuda-mps 2>/dev/null | grep -q 'non-free'; then
-    . /etc/os-release
-    cat >/etc/apt/sources.list.d/tessera-nonfree.sources <<EOS
-Types: deb
-URIs: http://deb.debian.org/debian
-Suites: ${VERSION_CODENAME} ${VERSION_CODENAME}-updates
-Components: contrib non-free
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-EOS
-    apt-get update -q >/dev/null
-fi
+. "$(dirname "$0")/nonfree.sh"
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-chmod 777 "$T"
-(cd "$T" && apt-get download -q nvidia-cuda-mps >/dev/null 2>&1) || (cd "$T" && apt-get download nvidia-cuda-mps)
+nonfree_download "$T" nvidia-cuda-mps
 dpkg -x "$T"/nvidia-cuda-mps_*.deb "$T/root"
 mkdir -p "$DEST"
 cp "$T/root/usr/bin/nvidia-cuda-mps-control" "$DEST/nvidia-cuda-mps-control"

@@ -11,21 +11,10 @@ set -eu
 DEST=${1:-$(cd "$(dirname "$0")/.." && pwd)/nonfree}
 [ -f "$DEST/.complete" ] && exit 0
 PKGS="libcudart11.0 libcuda1 libnvidia-ml1 nvidia-smi"
-if ! apt-cache policy libcudart11.0 2>/dev/null | grep -q 'non-free'; then
-    . /etc/os-release
-    cat >/etc/apt/sources.list.d/tessera-nonfree.sources <<EOS
-Types: deb
-URIs: http://deb.debian.org/debian
-Suites: ${VERSION_CODENAME} ${VERSION_CODENAME}-updates
-Components: contrib non-free
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-EOS
-    apt-get update -q >/dev/null
-fi
+. "$(dirname "$0")/../../hack/nonfree.sh"
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-chmod 777 "$T"
-(cd "$T" && apt-get download -q $PKGS >/dev/null 2>&1) || (cd "$T" && apt-get download $PKGS)
+nonfree_download "$T" $PKGS
 for d in "$T"/*.deb; do dpkg -x "$d" "$T/root"; done
 mkdir -p "$DEST/cudart" "$DEST/driver" "$DEST/bin"
 cp "$(find "$T/root" -name 'libcudart.so.11.*' -type f | head -1)" "$DEST/cudart/libcudart.so.11.0"
