@@ -86,7 +86,9 @@ func TestPublishHealthAndConfig(t *testing.T) {
 		}
 		return inv
 	}
-	eventually(t, "first inventory", func() bool { i := inv(); return i != nil && len(i.GPUs) == 8 })
+	// The counter moves after the write returns, so wait for both: the test
+	// can read the annotation before the agent has counted its patch.
+	eventually(t, "first inventory", func() bool { i := inv(); return i != nil && len(i.GPUs) == 8 && a.Patches() >= 1 })
 	i := inv()
 	if i.MemoryOvercommit != 1.5 || i.GPUs[0].MaxShares != 4 || i.GPUs[0].Sharing != api.SharingShared || len(i.GPUs[0].Links) != 7 {
 		t.Errorf("inventory %+v", i.GPUs[0])
