@@ -38,6 +38,10 @@ type cycleState struct {
 	// counts those that refused it.
 	draWhy   string
 	draNodes int
+	// narrowed: PreFilter searched every node and handed kube-scheduler
+	// only the policy's candidates (candidates.go); their scores are in
+	// scores already.
+	narrowed bool
 }
 
 // Clone shares the state: the parts read concurrently never change after
@@ -94,8 +98,18 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 	for i := range scores {
 		scores[i] = math.NaN()
 	}
-	cs.Write(stateKey, &cycleState{cr: cr, pol: pol, ranker: placement.RankerFor(cr, pol), total: len(nodes), scores: scores,
-		draWhy: draUnfit(req, p.names.GPU)})
+	s := &cycleState{cr: cr, pol: pol, ranker: placement.RankerFor(cr, pol), total: len(nodes), scores: scores,
+		draWhy: draUnfit(req, p.names.GPU)}
+	cs.Write(stateKey, s)
+	if p.wide(pod.UID) {
+		// The candidates of an earlier attempt all failed another
+		// plugin's Filter: this attempt looks at every node.
+		return nil, nil
+	}
+	if names := p.candidates(ctx, s); names != nil {
+		s.narrowed = true
+		return &fwk.PreFilterResult{NodeNames: names}, nil
+	}
 	return nil, nil
 }
 
@@ -122,6 +136,13 @@ func (p *Plugin) Filter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod,
 	if p.st.isDRA(name) {
 		p.st.mu.RUnlock()
 		return s.filterDRA()
+	}
+	if s.narrowed {
+		// PreFilter fit and scored every candidate.
+		if i, ok := p.st.slot[name]; ok && i < len(s.scores) && !math.IsNaN(s.scores[i]) {
+			p.st.mu.RUnlock()
+			return nil
+		}
 	}
 	sc := p.scratchs.Get().(*scratch)
 	r := p.fit(s, name, sc)
@@ -166,6 +187,16 @@ func (p *Plugin) PostFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.
 			kinds[r.Kind] = true
 			failuresTotal.WithLabelValues(r.Kind.String()).Inc()
 		}
+	}
+	if s.narrowed {
+		// Every candidate failed a Filter (another plugin's: taints,
+		// affinity, CPU, ports; or a node changed since PreFilter). The
+		// pod is tried again at once over every node.
+		p.widen(pod.UID)
+		if p.activate != nil {
+			p.activate(klog.FromContext(ctx), map[string]*corev1.Pod{kubeobj.Key(pod): pod})
+		}
+		return nil, fwk.NewStatus(fwk.Unschedulable, statusText(NarrowedRetry))
 	}
 	p.waitMu.Lock()
 	p.waiting[kubeobj.Key(pod)] = pod

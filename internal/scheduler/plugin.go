@@ -68,6 +68,10 @@ type Plugin struct {
 	// deleted.
 	obsMu    sync.Mutex
 	observed map[types.UID]struct{}
+	// widened holds the UIDs of the unbound pods whose candidates
+	// (candidates.go) all failed a Filter: their next attempts look at
+	// every node. Entries go when the pod is bound or deleted.
+	widened map[types.UID]struct{}
 	// trust signs the records the plugin writes and vouches for those it
 	// reads back (trust.go).
 	trust *trust
@@ -168,7 +172,7 @@ func newPlugin(cfg api.ClusterConfig) (*Plugin, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s plugin arguments: %w", Name, err)
 	}
-	p := &Plugin{names: names, policy: pol, st: st, waiting: map[string]*corev1.Pod{}, observed: map[types.UID]struct{}{}, trust: &trust{names: names}}
+	p := &Plugin{names: names, policy: pol, st: st, waiting: map[string]*corev1.Pod{}, observed: map[types.UID]struct{}{}, widened: map[types.UID]struct{}{}, trust: &trust{names: names}}
 	st.trust = p.trust
 	p.scratchs.New = func() any { return new(scratch) }
 	return p, nil
@@ -216,6 +220,7 @@ func (p *Plugin) firstAttempt(uid types.UID) bool {
 func (p *Plugin) forget(uid types.UID) {
 	p.obsMu.Lock()
 	delete(p.observed, uid)
+	delete(p.widened, uid)
 	p.obsMu.Unlock()
 }
 
