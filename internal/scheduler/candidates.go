@@ -10,7 +10,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
-
 )
 
 // Candidates is how many nodes PreFilter hands kube-scheduler: the
@@ -124,4 +123,3 @@ func (p *Plugin) widen(uid types.UID) {
 	p.widened[uid] = struct{}{}
 	p.obsMu.Unlock()
 }
-

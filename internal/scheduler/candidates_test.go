@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
@@ -15,7 +16,9 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
-func shareRequest() map[string]string { return map[string]string{names.GPU: "1", names.Memory: "10000"} }
+func shareRequest() map[string]string {
+	return map[string]string{names.GPU: "1", names.Memory: "10000"}
+}
 
 // TestPreFilterNarrowsToThePolicysBest: PreFilter searches every node and
 // hands kube-scheduler the policy's best Candidates nodes (ties in the
@@ -123,5 +126,25 @@ func TestNarrowedPodRetriedOverAllNodes(t *testing.T) {
 	res, _ = p.PreFilter(context.Background(), framework.NewCycleState(), pod, nil)
 	if res.AllNodes() {
 		t.Fatal("a forgotten pod is not narrowed again")
+	}
+}
+
+// TestPolicySeesNodeCPUAndMemory: the placement core holds each node's
+// allocatable CPU and memory, so the policy (and PreFilter's candidates)
+// leave out a node whose CPU the pod's request exceeds, as the simulator
+// does, instead of leaving that to NodeResourcesFit on a sample.
+func TestPolicySeesNodeCPUAndMemory(t *testing.T) {
+	small := a100Node("small", 1)
+	small.Status.Allocatable = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("64Gi")}
+	p, _ := newTestPlugin(t, api.ClusterConfig{}, small, a100Node("big", 1))
+	req := shareRequest()
+	req["cpu"] = "4"
+	pod := fixtures.MakePod().Name("p").UID("u-p").Container("main", req).Obj()
+	res, st := p.PreFilter(context.Background(), framework.NewCycleState(), pod, nil)
+	if st != nil {
+		t.Fatal(st)
+	}
+	if res.AllNodes() || res.NodeNames.Has("small") || !res.NodeNames.Has("big") {
+		t.Fatalf("candidates %v, want only big (small has 2 CPUs allocatable, the pod asks 4)", res)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -96,7 +97,9 @@ func TestUnschedulableMessage(t *testing.T) {
 }
 
 // A pod without GPU resources is not the plugin's: it skips the pod, which
-// DefaultBinder binds without a record.
+// DefaultBinder binds without a record. Once bound, its CPU and memory
+// count in the placement core's view of the node (as NodeResourcesFit
+// counts them), with no GPU charged.
 func TestNonGPUPodSkips(t *testing.T) {
 	ts := newTestScheduler(t, nil, a100Node("a", 1))
 	if n, msg := ts.schedule(fixtures.MakePod().Name("cpu").Container("c", map[string]string{"cpu": "1"}).Obj()); n != "a" {
@@ -106,8 +109,23 @@ func TestNonGPUPodSkips(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := got.Annotations[api.AnnotationAllocation]; ok || ts.held() != 0 {
-		t.Errorf("the plugin placed a pod without GPU resources: %v, %d held", got.Annotations, ts.held())
+	if _, ok := got.Annotations[api.AnnotationAllocation]; ok {
+		t.Errorf("the plugin placed a pod without GPU resources: %v", got.Annotations)
+	}
+	var cpu, mem int64
+	var gpus []api.ContainerAllocation
+	err = wait.PollUntilContextTimeout(ts.ctx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		ts.plugin.st.mu.RLock()
+		defer ts.plugin.st.mu.RUnlock()
+		n := ts.plugin.st.cluster.Node("a")
+		cpu, mem = n.CPUUsed, n.MemUsed
+		if a := ts.plugin.st.cluster.Allocation("default/cpu"); a != nil {
+			gpus = a.Containers
+		}
+		return cpu == 1000, nil
+	})
+	if err != nil || len(gpus) != 0 || mem != 0 {
+		t.Errorf("node a in the placement core: %d millicores, %d MiB, GPUs %v used; want the CPU pod's 1000, 0, none", cpu, mem, gpus)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/placement"
+	"github.com/tessera-gpu/tessera/internal/podrequest"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -24,8 +25,8 @@ type state struct {
 	// obs learns of every node whose GPU usage changed (the plugin's
 	// per-GPU metrics), under mu.
 	obs usageObserver
-	// inventory is the last inventory annotation applied per node, so that
-	// status-only Node updates cost nothing.
+	// inventory is the last allocatable CPU and memory and inventory
+	// annotation applied per node, so that other Node updates cost nothing.
 	inventory map[string]string
 	// holders maps a pod key to the UID of the pod whose allocation the
 	// core holds under that key (a pod recreated under the same name is a
@@ -66,10 +67,12 @@ func newState(obs usageObserver) *state {
 // described.
 func (s *state) upsertNode(logger klog.Logger, node *corev1.Node) bool {
 	raw := node.Annotations[api.AnnotationInventory]
+	cpu, mem := allocatable(node)
+	seen := fmt.Sprintf("%d/%d/%s", cpu, mem, raw)
 	s.mu.RLock()
 	prev, known := s.inventory[node.Name]
 	s.mu.RUnlock()
-	if known && prev == raw {
+	if known && prev == seen {
 		return false
 	}
 	inv, err := kubeobj.Inventory(node)
@@ -80,16 +83,16 @@ func (s *state) upsertNode(logger klog.Logger, node *corev1.Node) bool {
 	if dra {
 		inv = nil
 	}
-	n, err := placement.NewNode(node.Name, placement.Unlimited, placement.Unlimited, inv)
+	n, err := placement.NewNode(node.Name, cpu, mem, inv)
 	if err != nil {
 		logger.Error(err, "Ignoring the node's GPU inventory", "node", klog.KObj(node))
-		if n, err = placement.NewNode(node.Name, placement.Unlimited, placement.Unlimited, nil); err != nil {
+		if n, err = placement.NewNode(node.Name, cpu, mem, nil); err != nil {
 			return false
 		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.inventory[node.Name] = raw
+	s.inventory[node.Name] = seen
 	if dra {
 		s.dra[node.Name] = true
 	} else {
@@ -101,6 +104,22 @@ func (s *state) upsertNode(logger klog.Logger, node *corev1.Node) bool {
 	s.cluster.UpsertNode(n)
 	s.publishLocked(node.Name)
 	return true
+}
+
+// allocatable is the node's allocatable CPU (millicores) and memory
+// (MiB, rounded down), what NodeResourcesFit places pods against, so that
+// the policy weighs the CPU and memory a node has left as the simulator
+// does. A node that states neither (none the kubelet registers) limits
+// nothing (placement.Unlimited).
+func allocatable(node *corev1.Node) (cpuMilli, memMiB int64) {
+	cpuMilli, memMiB = placement.Unlimited, placement.Unlimited
+	if q, ok := node.Status.Allocatable[corev1.ResourceCPU]; ok {
+		cpuMilli = q.MilliValue()
+	}
+	if q, ok := node.Status.Allocatable[corev1.ResourceMemory]; ok {
+		memMiB = q.Value() >> 20
+	}
+	return cpuMilli, memMiB
 }
 
 func (s *state) removeNode(name string) {
@@ -137,55 +156,76 @@ func (s *state) observePod(logger klog.Logger, pod *corev1.Pod) bool {
 	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 		return s.release(key, pod.UID)
 	}
-	if _, ok := pod.Annotations[api.AnnotationAllocation]; !ok || pod.Spec.NodeName == "" {
+	if pod.Spec.NodeName == "" {
 		// Unbound pods with a record were annotated by a PreBind whose
 		// binding never happened; they will be scheduled again.
+		return false
+	}
+	_, hasRecord := pod.Annotations[api.AnnotationAllocation]
+	s.mu.RLock()
+	uid, held := s.holders[key]
+	cpuOnly := held && uid == pod.UID && len(s.cluster.Allocation(key).Containers) == 0
+	s.mu.RUnlock()
+	if held && uid == pod.UID && !(hasRecord && cpuOnly) {
+		return false
+	}
+	// What the pod holds: its CPU and memory on the node, as
+	// NodeResourcesFit counts them, whatever placed it; and the GPUs of
+	// its record, if it has one that is charged.
+	cpu, mem := podrequest.EffectiveCPUMemory(pod)
+	rec := &api.PodAllocation{Node: pod.Spec.NodeName}
+	switch {
+	case !hasRecord:
 		// A pod on a node in mode dra holds its GPUs through a
 		// ResourceClaim and has no record.
-		if !ok && pod.Spec.NodeName != "" && s.trust != nil && pod.Spec.SchedulerName == SchedulerName && asksGPU(pod, s.trust.names) && !s.onDRANode(pod) {
+		if s.trust != nil && pod.Spec.SchedulerName == SchedulerName && asksGPU(pod, s.trust.names) && !s.onDRANode(pod) {
 			s.trust.warn(logger, pod, ReasonRecordMissing, fmt.Sprintf(
 				"bound to node %s without a %s annotation: what it holds there cannot be charged, and the node agent serves no GPU without a record (was the record removed? docs/security.md)",
 				pod.Spec.NodeName, api.AnnotationAllocation))
 		}
-		return false
-	}
-	s.mu.RLock()
-	uid, held := s.holders[key]
-	s.mu.RUnlock()
-	if held && uid == pod.UID {
-		return false
-	}
-	rec, err := kubeobj.Record(pod)
-	if err != nil {
-		logger.Error(err, "Ignoring the pod's GPU allocation record", "pod", klog.KObj(pod))
-		return false
-	}
-	if rec.Node != pod.Spec.NodeName {
-		logger.Error(nil, "Ignoring a GPU allocation record for another node", "pod", klog.KObj(pod), "recordNode", rec.Node, "node", pod.Spec.NodeName)
-		return false
-	}
-	note, err := s.trust.check(pod, rec, s.gpusOf(rec.Node))
-	if err != nil {
-		s.trust.warn(logger, pod, ReasonRecordIgnored, fmt.Sprintf("GPU allocation record not charged: %v", err))
-		return false
-	}
-	if note != "" {
-		s.trust.warn(logger, pod, ReasonRecordUnverified, note)
+	default:
+		if r := s.chargeableRecord(logger, pod); r != nil {
+			rec = r
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	released := false
 	if held {
-		// The key now names a new pod; what the old one held is free.
+		// The key now names a new pod (or the pod's record arrived after
+		// its CPU and memory were charged); what was charged is free.
 		released = s.releaseLocked(key)
 	}
-	if err := s.cluster.AssignRecord(key, 0, 0, rec); err != nil {
+	if err := s.cluster.AssignRecord(key, cpu, mem, rec); err != nil {
 		logger.Error(err, "Cannot charge the pod's GPU allocation record", "pod", klog.KObj(pod))
 		return released
 	}
 	s.holders[key] = pod.UID
 	s.publishLocked(rec.Node)
 	return released
+}
+
+// chargeableRecord is the pod's allocation record if it decodes, names
+// the pod's node and is trusted (trust.go), else nil (logged, warned).
+func (s *state) chargeableRecord(logger klog.Logger, pod *corev1.Pod) *api.PodAllocation {
+	rec, err := kubeobj.Record(pod)
+	if err != nil {
+		logger.Error(err, "Ignoring the pod's GPU allocation record", "pod", klog.KObj(pod))
+		return nil
+	}
+	if rec.Node != pod.Spec.NodeName {
+		logger.Error(nil, "Ignoring a GPU allocation record for another node", "pod", klog.KObj(pod), "recordNode", rec.Node, "node", pod.Spec.NodeName)
+		return nil
+	}
+	note, err := s.trust.check(pod, rec, s.gpusOf(rec.Node))
+	if err != nil {
+		s.trust.warn(logger, pod, ReasonRecordIgnored, fmt.Sprintf("GPU allocation record not charged: %v", err))
+		return nil
+	}
+	if note != "" {
+		s.trust.warn(logger, pod, ReasonRecordUnverified, note)
+	}
+	return rec
 }
 
 // deletePod releases a deleted pod; obj may be a tombstone.

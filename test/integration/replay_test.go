@@ -249,9 +249,12 @@ func replayLog(b *testing.B, format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "REPLAY "+format+"\n", args...)
 }
 
+// isUnschedulable: found unschedulable, not merely retried over every
+// node because the plugin's candidates all failed (scheduler.NarrowedRetry).
 func isUnschedulable(p *corev1.Pod) bool {
 	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable &&
+			!strings.Contains(c.Message, scheduler.NarrowedRetry) {
 			return true
 		}
 	}
