@@ -120,7 +120,16 @@ func replay(b *testing.B, trace *sim.Trace, policy string, seed int64, percentag
 	}
 	for _, pc := range prof["pluginConfig"].([]any) {
 		if pc := pc.(map[string]any); pc["name"] == scheduler.Name {
-			pc["args"].(map[string]any)["placementPolicy"] = policy
+			args := pc["args"].(map[string]any)
+			args["placementPolicy"] = policy
+			// The namespace of the record-signing key: without it the
+			// scheduler cannot start.
+			if rs, ok := args["recordSigning"].(map[string]any); ok {
+				keyNS, _ := rs["namespace"].(string)
+				if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: keyNS}}, metav1.CreateOptions{}); err != nil {
+					b.Fatal(err)
+				}
+			}
 		}
 	}
 	if raw, err = yaml.Marshal(cfg); err != nil {
