@@ -148,3 +148,38 @@ func TestPolicySeesNodeCPUAndMemory(t *testing.T) {
 		t.Fatalf("candidates %v, want only big (small has 2 CPUs allocatable, the pod asks 4)", res)
 	}
 }
+
+// TestCPUOnlyPodPlacedByPolicy: a pod that asks no GPU is narrowed to the
+// policy's candidates by its CPU and memory (as the simulator places a
+// trace's CPU-only tasks), Reserve charges its CPU so the next pod sees
+// it, and it gets no record: PreBind and Bind leave it to DefaultBinder.
+func TestCPUOnlyPodPlacedByPolicy(t *testing.T) {
+	small := a100Node("small", 1)
+	small.Status.Allocatable = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("64Gi")}
+	p, _ := newTestPlugin(t, api.ClusterConfig{}, small, a100Node("big", 1))
+	pod := fixtures.MakePod().Name("cpu").UID("u-cpu").Container("main", map[string]string{"cpu": "4"}).Obj()
+	cs := framework.NewCycleState()
+	res, st := p.PreFilter(context.Background(), cs, pod, nil)
+	if st != nil {
+		t.Fatalf("PreFilter of a CPU-only pod: %v", st)
+	}
+	if res.AllNodes() || res.NodeNames.Has("small") || !res.NodeNames.Has("big") {
+		t.Fatalf("candidates %v, want only big (small has 2 CPUs, the pod asks 4)", res)
+	}
+	if st := p.Reserve(context.Background(), cs, pod, "big"); st != nil {
+		t.Fatal(st)
+	}
+	if got := p.st.cluster.Node("big").CPUUsed; got != 4000 {
+		t.Errorf("big's CPU used after Reserve: %d, want 4000", got)
+	}
+	if st := p.Bind(context.Background(), cs, pod, "big"); st.Code() != fwk.Skip {
+		t.Errorf("Bind of a CPU-only pod: %v, want Skip (DefaultBinder binds it, without a record)", st)
+	}
+	if _, st := p.PreBindPreFlight(context.Background(), cs, pod, "big"); st.Code() != fwk.Skip {
+		t.Errorf("PreBindPreFlight of a CPU-only pod: %v, want Skip", st)
+	}
+	p.Unreserve(context.Background(), cs, pod, "big")
+	if got := p.st.cluster.Node("big").CPUUsed; got != 0 {
+		t.Errorf("big's CPU used after Unreserve: %d, want 0", got)
+	}
+}

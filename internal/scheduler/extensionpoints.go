@@ -42,6 +42,10 @@ type cycleState struct {
 	// only the policy's candidates (candidates.go); their scores are in
 	// scores already.
 	narrowed bool
+	// cpuOnly: a pod that asks no GPU, placed by the policy among
+	// PreFilter's candidates by its CPU and memory (cpuonly.go); it gets
+	// no record and DefaultBinder binds it.
+	cpuOnly bool
 }
 
 // Clone shares the state: the parts read concurrently never change after
@@ -62,7 +66,7 @@ func readState(cs fwk.CycleState) *cycleState {
 func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodes []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
 	defer since("PreFilter", time.Now())
 	if !kubeobj.RequestsGPU(pod, p.names) {
-		return nil, fwk.NewStatus(fwk.Skip)
+		return p.preFilterCPUOnly(ctx, cs, pod)
 	}
 	if err := p.waitSynced(ctx); err != nil {
 		return nil, fwk.AsStatus(err)
@@ -133,7 +137,7 @@ func (p *Plugin) Filter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod,
 	}
 	name := ni.Node().Name
 	p.st.mu.RLock()
-	if p.st.isDRA(name) {
+	if p.st.isDRA(name) && !s.cpuOnly {
 		p.st.mu.RUnlock()
 		return s.filterDRA()
 	}
@@ -228,7 +232,7 @@ func (p *Plugin) Score(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, 
 	}
 	name := ni.Node().Name
 	p.st.mu.RLock()
-	if p.st.isDRA(name) {
+	if p.st.isDRA(name) && !s.cpuOnly {
 		// DynamicResources places the pod's GPUs there: ranked below
 		// every node Tessera places on (NormalizeScore).
 		p.st.mu.RUnlock()
@@ -342,6 +346,9 @@ func (p *Plugin) Reserve(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod
 	key := kubeobj.Key(pod)
 	p.st.mu.Lock()
 	defer p.st.mu.Unlock()
+	if s.cpuOnly {
+		return p.reserveCPUOnly(s, pod, nodeName, sc)
+	}
 	if p.st.isDRA(nodeName) {
 		// The extended-resource mapping's claim holds the GPUs; the
 		// pod gets no record (PreBind, Bind).
@@ -388,7 +395,7 @@ func (p *Plugin) Unreserve(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 // has none when Bind carries the record: kube-scheduler then neither runs
 // PreBind nor patches the pod's nominatedNodeName before binding.
 func (p *Plugin) PreBindPreFlight(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) (*fwk.PreBindPreFlightResult, *fwk.Status) {
-	if readState(cs) == nil || p.recordInBinding(klog.FromContext(ctx)) || p.onDRA(nodeName) {
+	if s := readState(cs); s == nil || s.cpuOnly || p.recordInBinding(klog.FromContext(ctx)) || p.onDRA(nodeName) {
 		return nil, fwk.NewStatus(fwk.Skip)
 	}
 	return &fwk.PreBindPreFlightResult{AllowParallel: true}, nil
@@ -400,7 +407,7 @@ func (p *Plugin) PreBindPreFlight(ctx context.Context, cs fwk.CycleState, pod *c
 func (p *Plugin) PreBind(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) *fwk.Status {
 	defer since("PreBind", time.Now())
 	s := readState(cs)
-	if s == nil || p.onDRA(nodeName) {
+	if s == nil || s.cpuOnly || p.onDRA(nodeName) {
 		return nil
 	}
 	rec, st := reserved(s, pod)
@@ -420,7 +427,7 @@ func (p *Plugin) PreBind(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod
 // next bind plugin (DefaultBinder).
 func (p *Plugin) Bind(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) *fwk.Status {
 	s := readState(cs)
-	if s == nil || !p.recordInBinding(klog.FromContext(ctx)) || p.onDRA(nodeName) {
+	if s == nil || s.cpuOnly || !p.recordInBinding(klog.FromContext(ctx)) || p.onDRA(nodeName) {
 		return fwk.NewStatus(fwk.Skip)
 	}
 	defer since("Bind", time.Now())

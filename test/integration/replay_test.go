@@ -34,6 +34,7 @@ var (
 	replayPercentage = flag.Int("replay-percentage", -1, "BenchmarkReplay: percentageOfNodesToScore of the replayed profile; -1 keeps the shipped configuration's")
 	replayNodes      = flag.String("replay-nodes", "", "BenchmarkReplay: openb node list CSV (default: the bundled default trace)")
 	replayPods       = flag.String("replay-pods", "", "BenchmarkReplay: openb pod list CSV (default: the bundled default trace)")
+	replayGPUOnly    = flag.Bool("replay-gpu-only", false, "BenchmarkReplay: leave the trace's CPU-only tasks out of both the simulator and the replay (they are placed by the policy in the simulator, not in the scheduler)")
 )
 
 // BenchmarkReplay replays an openb trace through the real scheduler: a
@@ -52,6 +53,15 @@ func BenchmarkReplay(b *testing.B) {
 	trace, err := sim.LoadTrace(*replayNodes, *replayPods)
 	if err != nil {
 		b.Fatal(err)
+	}
+	if *replayGPUOnly {
+		gpu := trace.Pods[:0:0]
+		for _, p := range trace.Pods {
+			if p.GPURequestMilli() > 0 {
+				gpu = append(gpu, p)
+			}
+		}
+		trace.Pods = gpu
 	}
 	for _, policy := range strings.Split(*replayPolicies, ",") {
 		b.Run(policy, func(b *testing.B) {
