@@ -18,7 +18,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -312,96 +311,20 @@ func (s *draState) claimContainers(c *placement.Cluster, p *corev1.Pod) []Contai
 }
 
 // ClaimRequest is what one request of a claim asks of Tessera's driver.
-type ClaimRequest struct {
-	Request string `json:"request"`
-	Class   string `json:"deviceClass"`
-	// Count is the number of GPUs (allocationMode ExactCount); All is
-	// allocationMode All.
-	Count int64 `json:"count,omitempty"`
-	All   bool  `json:"all,omitempty"`
-	// MemoryMiB and Cores are the capacity asked per GPU; 0 memory: the
-	// GPU whole (docs/dra.md, "Capacities and defaults").
-	MemoryMiB int64 `json:"memoryMiB,omitempty"`
-	Cores     int64 `json:"cores,omitempty"`
-	// Selectors is the number of CEL selectors (evaluated by the
-	// scheduler's DynamicResources plugin, not here).
-	Selectors int `json:"selectors,omitempty"`
-}
+type ClaimRequest = kubeobj.ClaimRequest
 
-// Whole reports whether the request takes its GPUs whole.
-func (r ClaimRequest) Whole() bool { return r.MemoryMiB == 0 }
-
-// ourClass reports whether a device class is served by Tessera's driver.
-func ourClass(class string) bool {
-	for _, c := range api.DeviceClasses() {
-		if c == class {
-			return true
-		}
-	}
-	return false
-}
-
-// claimRequests reads the requests of a claim spec that Tessera's
-// classes serve (a prioritized list: its first subrequest, the one the
-// scheduler tries first).
+// claimRequests are a claim spec's requests of Tessera's classes; for a
+// prioritized list its first subrequest, the one the scheduler tries
+// first.
 func claimRequests(spec resourceapi.ResourceClaimSpec) []ClaimRequest {
 	var out []ClaimRequest
-	for _, r := range spec.Devices.Requests {
-		var e *resourceapi.ExactDeviceRequest
-		name := r.Name
-		switch {
-		case r.Exactly != nil:
-			e = r.Exactly
-		case len(r.FirstAvailable) > 0:
-			sr := r.FirstAvailable[0]
-			e = &resourceapi.ExactDeviceRequest{DeviceClassName: sr.DeviceClassName, Selectors: sr.Selectors,
-				AllocationMode: sr.AllocationMode, Count: sr.Count, Capacity: sr.Capacity}
-			name += "/" + sr.Name
-		default:
+	for _, r := range kubeobj.ClaimRequests(spec) {
+		if len(out) > 0 && out[len(out)-1].Request == r.Request {
 			continue
 		}
-		if !ourClass(e.DeviceClassName) {
-			continue
-		}
-		cr := ClaimRequest{Request: name, Class: e.DeviceClassName, Selectors: len(e.Selectors)}
-		if e.AllocationMode == resourceapi.DeviceAllocationModeAll {
-			cr.All = true
-		} else {
-			cr.Count = max(e.Count, 1)
-		}
-		if e.Capacity != nil {
-			cr.MemoryMiB = capacityMiB(e.Capacity.Requests)
-			if q, ok := capacity(e.Capacity.Requests, api.CapacityCores); ok {
-				cr.Cores = q.Value()
-			}
-		}
-		out = append(out, cr)
+		out = append(out, r)
 	}
 	return out
-}
-
-// capacity is a capacity request by its name in Tessera's domain,
-// written unqualified or qualified.
-func capacity(reqs map[resourceapi.QualifiedName]resource.Quantity, name string) (resource.Quantity, bool) {
-	if q, ok := reqs[resourceapi.QualifiedName(name)]; ok {
-		return q, true
-	}
-	q, ok := reqs[resourceapi.QualifiedName(api.DRADriverName+"/"+name)]
-	return q, ok
-}
-
-// capacityMiB is the memory a capacity request asks, in MiB (rounded
-// up), 0 when it asks none.
-func capacityMiB(reqs map[resourceapi.QualifiedName]resource.Quantity) int64 {
-	q, ok := capacity(reqs, api.CapacityMemory)
-	if !ok {
-		return 0
-	}
-	m, err := kubeobj.WholeMiB(q)
-	if err != nil {
-		return 0
-	}
-	return m
 }
 
 // podClaimSpecs are the claim specs a pod uses through Tessera's classes,

@@ -156,7 +156,11 @@ func (w *WhyReport) printDRA(out io.Writer) error {
 			if q.Selectors > 0 {
 				sel = fmt.Sprintf(", %d CEL selector(s)", q.Selectors)
 			}
-			fmt.Fprintf(out, "    request %s: %s of class %s, %s%s\n", q.Request, n, q.Class, ask, sel)
+			name := q.Request
+			if q.Sub != "" {
+				name += "/" + q.Sub
+			}
+			fmt.Fprintf(out, "    request %s: %s of class %s, %s%s\n", name, n, q.Class, ask, sel)
 		}
 	}
 	if len(w.GPUs) == 0 {

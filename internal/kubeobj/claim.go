@@ -92,3 +92,119 @@ func WholeMiB(q resource.Quantity) (int64, error) {
 	}
 	return (b + (1 << 20) - 1) >> 20, nil
 }
+
+// ClaimRequest is what one request of a claim spec asks of Tessera's
+// DRA driver (a request of another driver's class is not one). A
+// prioritized list (firstAvailable) gives one ClaimRequest per
+// subrequest, with the same Request and Sub naming each.
+type ClaimRequest struct {
+	Request string `json:"request"`
+	// Sub is the subrequest's name in a prioritized list ("" otherwise).
+	Sub   string `json:"subrequest,omitempty"`
+	Class string `json:"deviceClass"`
+	// Count is the number of GPUs (allocationMode ExactCount); All is
+	// allocationMode All.
+	Count int64 `json:"count,omitempty"`
+	All   bool  `json:"all,omitempty"`
+	// MemoryMiB and Cores are the capacity asked per GPU (memory rounded
+	// up to a MiB); 0 memory: the GPU whole (docs/dra.md, "Capacities
+	// and defaults").
+	MemoryMiB int64 `json:"memoryMiB,omitempty"`
+	Cores     int64 `json:"cores,omitempty"`
+	// Selectors is the number of CEL selectors (evaluated by the
+	// scheduler's DynamicResources plugin).
+	Selectors int `json:"selectors,omitempty"`
+}
+
+// Whole reports whether the request takes its GPUs whole.
+func (r ClaimRequest) Whole() bool { return r.MemoryMiB == 0 }
+
+// Devices is the most GPUs the request may get: its count, or for
+// allocationMode All the most results an allocation may hold (the worst
+// case Kubernetes' own claim quota charges too).
+func (r ClaimRequest) Devices() int64 {
+	if r.All {
+		return resourceapi.AllocationResultsMaxSize
+	}
+	return r.Count
+}
+
+// TesseraClass reports whether a DeviceClass is served by Tessera's
+// driver.
+func TesseraClass(class string) bool {
+	for _, c := range api.DeviceClasses() {
+		if c == class {
+			return true
+		}
+	}
+	return false
+}
+
+// ClaimRequests reads the requests of a claim spec that Tessera's
+// classes serve. A capacity request that is not a byte count is read as
+// no memory: the GPU whole.
+func ClaimRequests(spec resourceapi.ResourceClaimSpec) []ClaimRequest {
+	var out []ClaimRequest
+	one := func(name, sub, class string, mode resourceapi.DeviceAllocationMode, count int64, capacity *resourceapi.CapacityRequirements, selectors int) {
+		if !TesseraClass(class) {
+			return
+		}
+		cr := ClaimRequest{Request: name, Sub: sub, Class: class, Selectors: selectors}
+		if mode == resourceapi.DeviceAllocationModeAll {
+			cr.All = true
+		} else {
+			cr.Count = max(count, 1)
+		}
+		if capacity != nil {
+			if q, ok := claimCapacity(capacity.Requests, api.CapacityMemory); ok {
+				if m, err := WholeMiB(q); err == nil {
+					cr.MemoryMiB = m
+				}
+			}
+			if q, ok := claimCapacity(capacity.Requests, api.CapacityCores); ok {
+				cr.Cores = q.Value()
+			}
+		}
+		out = append(out, cr)
+	}
+	for _, r := range spec.Devices.Requests {
+		if e := r.Exactly; e != nil {
+			one(r.Name, "", e.DeviceClassName, e.AllocationMode, e.Count, e.Capacity, len(e.Selectors))
+		}
+		for _, s := range r.FirstAvailable {
+			one(r.Name, s.Name, s.DeviceClassName, s.AllocationMode, s.Count, s.Capacity, len(s.Selectors))
+		}
+	}
+	return out
+}
+
+// claimCapacity is a capacity request by its name in Tessera's domain,
+// written unqualified or qualified.
+func claimCapacity(reqs map[resourceapi.QualifiedName]resource.Quantity, name string) (resource.Quantity, bool) {
+	if q, ok := reqs[resourceapi.QualifiedName(name)]; ok {
+		return q, true
+	}
+	q, ok := reqs[resourceapi.QualifiedName(api.DRADriverName+"/"+name)]
+	return q, ok
+}
+
+// ClaimChargeMiB is the GPU memory a claim spec may hold through
+// Tessera's driver, in MiB: per request its GPUs times the memory asked,
+// or times largestMiB (the largest GPU in the cluster) when it asks none
+// and so takes GPUs whole; for a prioritized list the costliest
+// alternative.
+func ClaimChargeMiB(spec resourceapi.ResourceClaimSpec, largestMiB int64) int64 {
+	per := map[string]int64{}
+	for _, r := range ClaimRequests(spec) {
+		mem := r.MemoryMiB
+		if r.Whole() {
+			mem = largestMiB
+		}
+		per[r.Request] = max(per[r.Request], r.Devices()*mem)
+	}
+	var sum int64
+	for _, v := range per {
+		sum += v
+	}
+	return sum
+}
