@@ -161,8 +161,12 @@ func (p *Admission) podClaimCharges(ctx context.Context, pod *corev1.Pod, overri
 // mutateClaims adds the charge of the pod's claims to the containers
 // that use them (the first app container that names a claim carries it;
 // a claim no app container names, the first app container), on top of
-// what writeQuotaCharge wrote for device-plugin resources. It reports
-// whether the pod changed.
+// what writeQuotaCharge wrote for device-plugin resources, and sends a
+// pod that holds GPUs through Tessera's claims to Tessera's scheduler
+// when it names the default one or none: its profile ignores the charge
+// (kube-scheduler's default profile would find no node with
+// tessera.io/gpu-memory) and runs the DynamicResources plugin. It
+// reports whether the pod changed.
 func (p *Admission) mutateClaims(pod *corev1.Pod) (bool, error) {
 	if len(pod.Spec.ResourceClaims) == 0 || p.Claims == nil || len(pod.Spec.Containers) == 0 {
 		return false, nil
@@ -182,6 +186,15 @@ func (p *Admission) mutateClaims(pod *corev1.Pod) (bool, error) {
 			return false, fmt.Errorf("spec.resourceClaims: %s not found in namespace %s, which has a ResourceQuota on %s: create it before the pod, so that the GPU memory it may hold is charged", missing[0], pod.Namespace, quotaRequest)
 		}
 	}
+	changed := false
+	var total int64
+	for _, c := range charges {
+		total += c
+	}
+	if total > 0 && (pod.Spec.SchedulerName == "" || pod.Spec.SchedulerName == corev1.DefaultSchedulerName) && p.SchedulerName != "" {
+		pod.Spec.SchedulerName = p.SchedulerName
+		changed = true
+	}
 	add := make([]int64, len(pod.Spec.Containers))
 	for i, pc := range pod.Spec.ResourceClaims {
 		if charges[i] == 0 {
@@ -199,7 +212,6 @@ func (p *Admission) mutateClaims(pod *corev1.Pod) (bool, error) {
 		}
 		add[at] += charges[i]
 	}
-	changed := false
 	for ci, mib := range add {
 		if mib == 0 {
 			continue

@@ -260,3 +260,54 @@ func TestDRAGPUMemoryQuotaDodges(t *testing.T) {
 		t.Errorf("claim of another class: %v", err)
 	}
 }
+
+// TestDRAChargedPodScheduled: a pod whose claim is charged to the GPU
+// memory quota is sent to Tessera's scheduler (kube-scheduler's default
+// profile would find no node with tessera.io/gpu-memory), whose
+// DynamicResources plugin allocates its claim on a DRA node's
+// ResourceSlice and binds it: the charge places nothing.
+func TestDRAChargedPodScheduled(t *testing.T) {
+	const ns = "dra-d"
+	e := draQuotaEnv(t, ns, "100Gi")
+	ctx := context.Background()
+	c := e.cp.Client
+	inv := fixtures.Inventory("dra-00", 1, "NVIDIA A100-SXM4-40GB", 40960, 4)
+	inv.Mode = api.ModeDRA
+	if _, err := c.CoreV1().Nodes().Create(ctx, fixtures.Node("dra-00", inv, names), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	class := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: api.DeviceClassGPU},
+		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "` + api.DRADriverName + `"`}}}}}
+	if _, err := c.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	slice := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: "dra-00-gpu"},
+		Spec: resourceapi.ResourceSliceSpec{Driver: api.DRADriverName, NodeName: ptr.To("dra-00"),
+			Pool: resourceapi.ResourcePool{Name: "dra-00", ResourceSliceCount: 1},
+			Devices: []resourceapi.Device{{Name: "gpu-0",
+				Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{api.AttrUUID: {StringValue: ptr.To(inv.GPUs[0].UUID)}},
+				Capacity:   map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{api.CapacityMemory: {Value: resource.MustParse("40Gi")}}}}}}
+	if _, err := c.ResourceV1().ResourceSlices().Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.claim(ns, "gpu", claimSpec(api.DeviceClassGPU, "")); err != nil {
+		t.Fatal(err)
+	}
+	stop := e.startScheduler()
+	defer stop()
+	p, err := e.create(draPod(ns, "user", "", "gpu", "main"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(charged(p), " "); got != "40Gi" || p.Spec.SchedulerName != "tessera-scheduler" {
+		t.Fatalf("pod charged %q with scheduler %q, want 40Gi and tessera-scheduler", got, p.Spec.SchedulerName)
+	}
+	testenv.WaitFor(t, "the DRA pod bound", 60*time.Second, func() bool {
+		got, err := c.CoreV1().Pods(ns).Get(ctx, "user", metav1.GetOptions{})
+		return err == nil && got.Spec.NodeName == "dra-00"
+	})
+	cl, err := c.ResourceV1().ResourceClaims(ns).Get(ctx, "gpu", metav1.GetOptions{})
+	if err != nil || cl.Status.Allocation == nil || len(cl.Status.ReservedFor) != 1 {
+		t.Fatalf("claim after binding: %v, %+v", err, cl.Status)
+	}
+}
