@@ -68,7 +68,7 @@ func ClaimMatchCondition() string {
 		quoted = append(quoted, "'"+c+"'")
 	}
 	set := "[" + strings.Join(quoted, ", ") + "]"
-	return fmt.Sprintf("object.spec.devices.requests.exists(r, (has(r.exactly) && r.exactly.deviceClassName in %s) || (has(r.firstAvailable) && r.firstAvailable.exists(s, s.deviceClassName in %s)))", set, set)
+	return fmt.Sprintf("has(object.spec.devices) && has(object.spec.devices.requests) && object.spec.devices.requests.exists(r, (has(r.exactly) && r.exactly.deviceClassName in %s) || (has(r.firstAvailable) && r.firstAvailable.exists(s, s.deviceClassName in %s)))", set, set)
 }
 
 func (r *Registration) clientConfig(path string) admissionregistrationv1.WebhookClientConfig {

@@ -27,7 +27,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 (internal/webhook.ClaimMatchCondition writes the same). */}}
 {{- define "tessera.claimMatchCondition" -}}
 {{- $c := "['gpu.tessera.io', 'extended-resource.gpu.tessera.io', 'gpu.nvidia.com', 'nvidia-gpu']" -}}
-{{- printf "object.spec.devices.requests.exists(r, (has(r.exactly) && r.exactly.deviceClassName in %s) || (has(r.firstAvailable) && r.firstAvailable.exists(s, s.deviceClassName in %s)))" $c $c -}}
+{{- printf "has(object.spec.devices) && has(object.spec.devices.requests) && object.spec.devices.requests.exists(r, (has(r.exactly) && r.exactly.deviceClassName in %s) || (has(r.firstAvailable) && r.firstAvailable.exists(s, s.deviceClassName in %s)))" $c $c -}}
 {{- end -}}
 
 {{/* The identities of the scheduler and the node agents (ServiceAccounts). */}}
