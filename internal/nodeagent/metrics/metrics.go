@@ -292,21 +292,33 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 
 	fails := uint64(0)
-	states := map[string]*limiterstate.Snapshot{} // a shared claim's state is read once
+	type state struct {
+		snap *limiterstate.Snapshot
+		// counted: the counters are known. A container without a state
+		// file has made no CUDA call yet (or runs no limiter): nothing
+		// throttled or refused, 0. A version-3 file (a container started
+		// under the previous limiter) or an unreadable one: absent.
+		counted bool
+	}
+	states := map[string]state{} // a shared claim's state is read once
 	for _, ct := range ctrs {
-		st, read := states[ct.stateFile]
-		if !read && ct.stateFile != "" {
-			var err error
-			st, err = limiterstate.ReadFile(ct.stateFile)
-			if err != nil {
-				if !errors.Is(err, fs.ErrNotExist) {
+		cs, read := states[ct.stateFile]
+		if !read {
+			cs.counted = true
+			if ct.stateFile != "" {
+				snap, err := limiterstate.ReadFile(ct.stateFile)
+				switch {
+				case err == nil:
+					cs = state{snap, snap.HasCounters}
+				case !errors.Is(err, fs.ErrNotExist):
 					fails++
+					cs.counted = false
 					c.logger.V(2).Info("Limiter state not readable", "pod", kubeobj.Key(ct.pod), "container", ct.container, "claim", ct.claim, "err", err)
 				}
-				st = nil
 			}
-			states[ct.stateFile] = st
+			states[ct.stateFile] = cs
 		}
+		st := cs.snap
 		for i, d := range ct.devs {
 			base, ok := labels[d.uuid]
 			if !ok {
@@ -331,12 +343,14 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 				if i == 0 { // one series per container, on its device 0
 					counter(c.ctrReclaimed, float64(st.ReclaimedProcesses), l)
 				}
-				// A version-3 file (a container started under the
-				// previous limiter) has no counters: absent, not zero.
-				if st.HasCounters {
-					counter(c.ctrThrottled, float64(st.Devices[i].ThrottledNs)/1e9, l)
-					counter(c.ctrRefused, float64(st.Devices[i].RefusedAllocations), l)
+			}
+			if cs.counted {
+				var throttled, refused uint64
+				if st != nil && i < limiterstate.MaxDevices {
+					throttled, refused = st.Devices[i].ThrottledNs, st.Devices[i].RefusedAllocations
 				}
+				counter(c.ctrThrottled, float64(throttled)/1e9, l)
+				counter(c.ctrRefused, float64(refused), l)
 			}
 			gauge(c.ctrMemUsed, float64(used), l)
 			gauge(c.ctrMemLimit, float64(limit), l)

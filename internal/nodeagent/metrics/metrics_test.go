@@ -80,8 +80,9 @@ func inventory() *api.NodeInventory {
 }
 
 // Device-plugin containers: the throttle and refusal counters of a
-// version-4 state file, per GPU of the container; none for a container
-// whose file is version 3 (absent, not zero) or that has no file yet.
+// version-4 state file, per GPU of the container; 0 for a container that
+// has no file yet (no CUDA call); none for a container whose file is
+// version 3 (absent, not zero) or unreadable.
 func TestContainerCounters(t *testing.T) {
 	root := t.TempDir()
 	dirs := statedir.Dirs{Root: root}
@@ -92,6 +93,8 @@ func TestContainerCounters(t *testing.T) {
 			GPUContainer("main", api.DeviceGrant{UUID: gpuA, MemoryMiB: 2048, Cores: 20}).Obj(),
 		fixtures.MakePod().Namespace("ml").Name("fresh").Node("n1").UID("uid-fresh").Phase(v1.PodRunning).
 			GPUContainer("main", api.DeviceGrant{UUID: gpuA, MemoryMiB: 1024, Cores: 10}).Obj(),
+		fixtures.MakePod().Namespace("ml").Name("garbage").Node("n1").UID("uid-garbage").Phase(v1.PodRunning).
+			GPUContainer("main", api.DeviceGrant{UUID: gpuA, MemoryMiB: 1024, Cores: 10}).Obj(),
 	}
 	v4 := &limiterstate.Snapshot{Version: limiterstate.Version}
 	v4.Devices[0] = limiterstate.Device{Limit: 4096 << 20, Used: 1 << 30, SMLimit: 30, ThrottledNs: 2_500_000_000, RefusedAllocations: 3}
@@ -100,18 +103,26 @@ func TestContainerCounters(t *testing.T) {
 	v3 := &limiterstate.Snapshot{Version: limiterstate.VersionV3}
 	v3.Devices[0] = limiterstate.Device{Limit: 2048 << 20, Used: 1 << 20, SMLimit: 20}
 	writeState(t, filepath.Join(dirs.StateDir("uid-v3", "main"), statedir.LimiterStateFile), v3)
+	if err := os.MkdirAll(dirs.StateDir("uid-garbage", "main"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dirs.StateDir("uid-garbage", "main"), statedir.LimiterStateFile), []byte("junk"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 
 	c := New(Source{Node: "n1", Inventory: inventory, Pods: func() ([]*v1.Pod, error) { return pods, nil }, State: dirs},
 		ktesting.NewLogger(t, ktesting.NewConfig()))
 	got := gather(t, c)
 
 	wantThrottled := map[string]float64{
-		"UUID=" + gpuA + ",container=main,gpu=0,namespace=ml,pod=v4": 2.5,
-		"UUID=" + gpuB + ",container=main,gpu=1,namespace=ml,pod=v4": 0,
+		"UUID=" + gpuA + ",container=main,gpu=0,namespace=ml,pod=v4":    2.5,
+		"UUID=" + gpuB + ",container=main,gpu=1,namespace=ml,pod=v4":    0,
+		"UUID=" + gpuA + ",container=main,gpu=0,namespace=ml,pod=fresh": 0,
 	}
 	wantRefused := map[string]float64{
-		"UUID=" + gpuA + ",container=main,gpu=0,namespace=ml,pod=v4": 3,
-		"UUID=" + gpuB + ",container=main,gpu=1,namespace=ml,pod=v4": 1,
+		"UUID=" + gpuA + ",container=main,gpu=0,namespace=ml,pod=v4":    3,
+		"UUID=" + gpuB + ",container=main,gpu=1,namespace=ml,pod=v4":    1,
+		"UUID=" + gpuA + ",container=main,gpu=0,namespace=ml,pod=fresh": 0,
 	}
 	check(t, got, "tessera_container_throttled_seconds_total", wantThrottled)
 	check(t, got, "tessera_container_allocations_refused_total", wantRefused)
@@ -119,8 +130,8 @@ func TestContainerCounters(t *testing.T) {
 	if v := got["tessera_container_memory_used_bytes"]["UUID="+gpuA+",container=main,gpu=0,namespace=ml,pod=v3"]; v != 1<<20 {
 		t.Errorf("v3 container: memory used %v, want 1 MiB", v)
 	}
-	if n := got["tessera_node_agent_state_read_errors_total"]["Hostname=n1"]; n != 0 {
-		t.Errorf("read errors %v, want 0 (version 3 is read)", n)
+	if n := got["tessera_node_agent_state_read_errors_total"][""]; n != 1 {
+		t.Errorf("read errors %v, want 1 (the garbage file; version 3 is read)", n)
 	}
 }
 
@@ -198,17 +209,20 @@ func TestClaimSeries(t *testing.T) {
 		b + "container=main,gpu=1,namespace=dra,pod=share-2":                           0,
 		"UUID=" + gpuB + ",claim=ext-claim,container=main,gpu=1,namespace=dra,pod=ext": 0,
 	})
+	// the extended-resource claim's whole GPU runs no limiter: 0
 	check(t, got, "tessera_container_throttled_seconds_total", map[string]float64{
-		a + "container=ctr0,gpu=0,namespace=dra,pod=pod-a":   1,
-		a + "container=ctr1,gpu=0,namespace=dra,pod=pod-a":   1,
-		b + "container=main,gpu=1,namespace=dra,pod=share-1": 0,
-		b + "container=main,gpu=1,namespace=dra,pod=share-2": 0,
+		a + "container=ctr0,gpu=0,namespace=dra,pod=pod-a":                             1,
+		a + "container=ctr1,gpu=0,namespace=dra,pod=pod-a":                             1,
+		b + "container=main,gpu=1,namespace=dra,pod=share-1":                           0,
+		b + "container=main,gpu=1,namespace=dra,pod=share-2":                           0,
+		"UUID=" + gpuB + ",claim=ext-claim,container=main,gpu=1,namespace=dra,pod=ext": 0,
 	})
 	check(t, got, "tessera_container_allocations_refused_total", map[string]float64{
-		a + "container=ctr0,gpu=0,namespace=dra,pod=pod-a":   2,
-		a + "container=ctr1,gpu=0,namespace=dra,pod=pod-a":   2,
-		b + "container=main,gpu=1,namespace=dra,pod=share-1": 7,
-		b + "container=main,gpu=1,namespace=dra,pod=share-2": 7,
+		a + "container=ctr0,gpu=0,namespace=dra,pod=pod-a":                             2,
+		a + "container=ctr1,gpu=0,namespace=dra,pod=pod-a":                             2,
+		b + "container=main,gpu=1,namespace=dra,pod=share-1":                           7,
+		b + "container=main,gpu=1,namespace=dra,pod=share-2":                           7,
+		"UUID=" + gpuB + ",claim=ext-claim,container=main,gpu=1,namespace=dra,pod=ext": 0,
 	})
 }
 
