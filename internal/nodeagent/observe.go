@@ -83,7 +83,7 @@ func (a *Agent) claimsForMetrics() []metrics.Claim {
 			cr := metrics.ClaimRequest{Request: r.Request, StateFile: r.StateFile()}
 			for _, g := range p.Grants {
 				if g.Request == r.Request {
-					cr.Devices = append(cr.Devices, metrics.ClaimDevice{UUID: g.UUID, MemoryMiB: g.MemoryMiB, Cores: g.Cores, Whole: g.Whole || g.Admin})
+					cr.Devices = append(cr.Devices, metrics.ClaimDevice{UUID: g.UUID, MemoryMiB: g.MemoryMiB, Cores: g.Cores, Whole: g.Whole, Admin: g.Admin})
 				}
 			}
 			c.Requests = append(c.Requests, cr)

@@ -19,6 +19,7 @@ import (
 	"io/fs"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -88,12 +89,14 @@ type ClaimRequest struct {
 	Devices []ClaimDevice
 }
 
-// ClaimDevice is one GPU of a claim request: its share, or Whole.
+// ClaimDevice is one GPU of a claim request: its share, or Whole, or
+// Admin (admin access: visible, nothing consumed).
 type ClaimDevice struct {
 	UUID      string
 	MemoryMiB int64
 	Cores     int64
 	Whole     bool
+	Admin     bool
 }
 
 // Collector is a prometheus.Collector over a Source.
@@ -237,7 +240,27 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	if c.src.Claims != nil {
-		ctrs = append(ctrs, claimTargets(pods, c.src.Claims(), byUUID)...)
+		claims := c.src.Claims()
+		// What the prepared claims consume, once per claim however many
+		// containers use it.
+		for _, cl := range claims {
+			for _, r := range cl.Requests {
+				for _, d := range r.Devices {
+					g, ok := byUUID[d.UUID]
+					if !ok || d.Admin {
+						continue
+					}
+					u := alloc[d.UUID]
+					if d.Whole {
+						u.Add(gpushare.Usage{MemoryMiB: g.MemoryMiB, Cores: gpushare.FullCores, Exclusive: 1})
+					} else {
+						u.Add(gpushare.Share(d.MemoryMiB, int(d.Cores)))
+					}
+					alloc[d.UUID] = u
+				}
+			}
+		}
+		ctrs = append(ctrs, claimTargets(pods, claims, byUUID)...)
 	}
 	sort.Slice(ctrs, func(i, j int) bool {
 		a, b := ctrs[i], ctrs[j]
@@ -301,6 +324,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counted bool
 	}
 	states := map[string]state{} // a shared claim's state is read once
+	emitted := map[string]bool{}
 	for _, ct := range ctrs {
 		cs, read := states[ct.stateFile]
 		if !read {
@@ -325,6 +349,14 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 				continue // a GPU the inventory no longer lists
 			}
 			l := append(append([]string{}, base...), ct.pod.Namespace, ct.pod.Name, ct.container, ct.claim, d.profile)
+			// Two grants with one label set (a container given two requests
+			// of a claim on one GPU, which the DRA driver refuses to
+			// prepare for it): the first only, or the scrape would fail.
+			k := strings.Join(l, "\x00")
+			if emitted[k] {
+				continue
+			}
+			emitted[k] = true
 			limit := d.limit
 			var used uint64
 			var procs int
@@ -405,15 +437,21 @@ func claimTargets(pods []*v1.Pod, claims []Claim, gpus map[string]*api.GPU) []ta
 		return nil
 	}
 	var out []target
+	seen := map[string]bool{} // a request reached twice (by name and as all of its claim) is one series
 	add := func(p *v1.Pod, container string, cl *Claim, request string) {
 		for _, r := range cl.Requests {
 			if request != "" && resourceclaim.BaseRequestRef(r.Request) != request {
 				continue
 			}
+			key := string(p.UID) + "/" + container + "/" + cl.Name + "/" + r.Request
+			if seen[key] {
+				continue
+			}
+			seen[key] = true
 			t := target{pod: p, container: container, claim: cl.Name, stateFile: r.StateFile}
 			for _, d := range r.Devices {
 				td := targetDev{uuid: d.UUID, limit: d.MemoryMiB * MiB, share: d.Cores}
-				if d.Whole {
+				if d.Whole || d.Admin {
 					td.share = gpushare.FullCores
 					if g, ok := gpus[d.UUID]; ok {
 						td.limit = g.MemoryMiB * MiB

@@ -156,7 +156,8 @@ func TestClaimSeries(t *testing.T) {
 			{Request: "other", StateFile: "", Devices: []ClaimDevice{{UUID: gpuA, Whole: true}}},
 		}},
 		{Namespace: "dra", Name: "ext-claim", Requests: []ClaimRequest{{Request: "container-0-request-0", Devices: []ClaimDevice{{UUID: gpuB, Whole: true}}}}},
-		{Namespace: "elsewhere", Name: "shared", Requests: []ClaimRequest{{Request: "gpu", Devices: []ClaimDevice{{UUID: gpuA, Whole: true}}}}},
+		{Namespace: "elsewhere", Name: "shared", Requests: []ClaimRequest{{Request: "gpu", Devices: []ClaimDevice{{UUID: gpuA, MemoryMiB: 1024, Cores: 5}}}}},
+		{Namespace: "dra", Name: "monitor", Requests: []ClaimRequest{{Request: "gpu", Devices: []ClaimDevice{{UUID: gpuA, Admin: true}}}}},
 	}
 	tmplName, sharedName := "pod-a-gpu-x7k2", "shared"
 	podA := fixtures.MakePod().Namespace("dra").Name("pod-a").UID("a").Phase(v1.PodRunning).Obj()
@@ -170,7 +171,13 @@ func TestClaimSeries(t *testing.T) {
 	podA.Status.ResourceClaimStatuses = []v1.PodResourceClaimStatus{{Name: "gpu", ResourceClaimName: &tmplName}}
 	sharer := func(name string) *v1.Pod {
 		p := fixtures.MakePod().Namespace("dra").Name(name).UID(name).Phase(v1.PodRunning).Obj()
-		p.Spec.Containers = []v1.Container{{Name: "main", Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "g", Request: "gpu"}}}}}
+		// share-1 names the request and the whole claim (the request
+		// once, and the other request); share-2 only the request
+		cr := []v1.ResourceClaim{{Name: "g", Request: "gpu"}}
+		if name == "share-1" {
+			cr = append(cr, v1.ResourceClaim{Name: "g"})
+		}
+		p.Spec.Containers = []v1.Container{{Name: "main", Resources: v1.ResourceRequirements{Claims: cr}}}
 		p.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "g", ResourceClaimName: &sharedName}}
 		return p
 	}
@@ -188,41 +195,62 @@ func TestClaimSeries(t *testing.T) {
 
 	a := "UUID=" + gpuA + ",claim=pod-a-gpu-x7k2,"
 	b := "UUID=" + gpuB + ",claim=shared,"
+	// per GPU, each claim once (the other namespace's claim too: the node
+	// serves it; the admin claim consumes nothing): A holds the template's
+	// claim, elsewhere/shared and the shared claim's whole request "other",
+	// B the shared claim's "gpu" and the extended-resource whole GPU
+	check(t, got, "tessera_gpu_memory_allocated_bytes", map[string]float64{
+		"UUID=" + gpuA + ",gpu=0": (10240 + 1024 + 40960) << 20,
+		"UUID=" + gpuB + ",gpu=1": (5120 + 40960) << 20,
+	})
+	check(t, got, "tessera_gpu_cores_allocated_percent", map[string]float64{
+		"UUID=" + gpuA + ",gpu=0": 130,
+		"UUID=" + gpuB + ",gpu=1": 150,
+	})
+	check(t, got, "tessera_gpu_shares_allocated", map[string]float64{
+		"UUID=" + gpuA + ",gpu=0": 2,
+		"UUID=" + gpuB + ",gpu=1": 1,
+	})
 	check(t, got, "tessera_container_memory_limit_bytes", map[string]float64{
-		a + "container=ctr0,gpu=0,namespace=dra,pod=pod-a":                             10240 << 20,
-		a + "container=ctr1,gpu=0,namespace=dra,pod=pod-a":                             10240 << 20,
-		b + "container=main,gpu=1,namespace=dra,pod=share-1":                           5120 << 20,
-		b + "container=main,gpu=1,namespace=dra,pod=share-2":                           5120 << 20,
-		"UUID=" + gpuB + ",claim=ext-claim,container=main,gpu=1,namespace=dra,pod=ext": 40960 << 20,
+		"UUID=" + gpuA + ",claim=shared,container=main,gpu=0,namespace=dra,pod=share-1": 40960 << 20,
+		a + "container=ctr0,gpu=0,namespace=dra,pod=pod-a":                              10240 << 20,
+		a + "container=ctr1,gpu=0,namespace=dra,pod=pod-a":                              10240 << 20,
+		b + "container=main,gpu=1,namespace=dra,pod=share-1":                            5120 << 20,
+		b + "container=main,gpu=1,namespace=dra,pod=share-2":                            5120 << 20,
+		"UUID=" + gpuB + ",claim=ext-claim,container=main,gpu=1,namespace=dra,pod=ext":  40960 << 20,
 	})
 	check(t, got, "tessera_container_sm_share_percent", map[string]float64{
-		a + "container=ctr0,gpu=0,namespace=dra,pod=pod-a":                             25,
-		a + "container=ctr1,gpu=0,namespace=dra,pod=pod-a":                             25,
-		b + "container=main,gpu=1,namespace=dra,pod=share-1":                           50,
-		b + "container=main,gpu=1,namespace=dra,pod=share-2":                           50,
-		"UUID=" + gpuB + ",claim=ext-claim,container=main,gpu=1,namespace=dra,pod=ext": 100,
+		"UUID=" + gpuA + ",claim=shared,container=main,gpu=0,namespace=dra,pod=share-1": 100,
+		a + "container=ctr0,gpu=0,namespace=dra,pod=pod-a":                              25,
+		a + "container=ctr1,gpu=0,namespace=dra,pod=pod-a":                              25,
+		b + "container=main,gpu=1,namespace=dra,pod=share-1":                            50,
+		b + "container=main,gpu=1,namespace=dra,pod=share-2":                            50,
+		"UUID=" + gpuB + ",claim=ext-claim,container=main,gpu=1,namespace=dra,pod=ext":  100,
 	})
 	check(t, got, "tessera_container_memory_used_bytes", map[string]float64{
-		a + "container=ctr0,gpu=0,namespace=dra,pod=pod-a":                             2 << 30,
-		a + "container=ctr1,gpu=0,namespace=dra,pod=pod-a":                             2 << 30,
-		b + "container=main,gpu=1,namespace=dra,pod=share-1":                           0,
-		b + "container=main,gpu=1,namespace=dra,pod=share-2":                           0,
-		"UUID=" + gpuB + ",claim=ext-claim,container=main,gpu=1,namespace=dra,pod=ext": 0,
+		"UUID=" + gpuA + ",claim=shared,container=main,gpu=0,namespace=dra,pod=share-1": 0,
+		a + "container=ctr0,gpu=0,namespace=dra,pod=pod-a":                              2 << 30,
+		a + "container=ctr1,gpu=0,namespace=dra,pod=pod-a":                              2 << 30,
+		b + "container=main,gpu=1,namespace=dra,pod=share-1":                            0,
+		b + "container=main,gpu=1,namespace=dra,pod=share-2":                            0,
+		"UUID=" + gpuB + ",claim=ext-claim,container=main,gpu=1,namespace=dra,pod=ext":  0,
 	})
 	// the extended-resource claim's whole GPU runs no limiter: 0
 	check(t, got, "tessera_container_throttled_seconds_total", map[string]float64{
-		a + "container=ctr0,gpu=0,namespace=dra,pod=pod-a":                             1,
-		a + "container=ctr1,gpu=0,namespace=dra,pod=pod-a":                             1,
-		b + "container=main,gpu=1,namespace=dra,pod=share-1":                           0,
-		b + "container=main,gpu=1,namespace=dra,pod=share-2":                           0,
-		"UUID=" + gpuB + ",claim=ext-claim,container=main,gpu=1,namespace=dra,pod=ext": 0,
+		"UUID=" + gpuA + ",claim=shared,container=main,gpu=0,namespace=dra,pod=share-1": 0,
+		a + "container=ctr0,gpu=0,namespace=dra,pod=pod-a":                              1,
+		a + "container=ctr1,gpu=0,namespace=dra,pod=pod-a":                              1,
+		b + "container=main,gpu=1,namespace=dra,pod=share-1":                            0,
+		b + "container=main,gpu=1,namespace=dra,pod=share-2":                            0,
+		"UUID=" + gpuB + ",claim=ext-claim,container=main,gpu=1,namespace=dra,pod=ext":  0,
 	})
 	check(t, got, "tessera_container_allocations_refused_total", map[string]float64{
-		a + "container=ctr0,gpu=0,namespace=dra,pod=pod-a":                             2,
-		a + "container=ctr1,gpu=0,namespace=dra,pod=pod-a":                             2,
-		b + "container=main,gpu=1,namespace=dra,pod=share-1":                           7,
-		b + "container=main,gpu=1,namespace=dra,pod=share-2":                           7,
-		"UUID=" + gpuB + ",claim=ext-claim,container=main,gpu=1,namespace=dra,pod=ext": 0,
+		"UUID=" + gpuA + ",claim=shared,container=main,gpu=0,namespace=dra,pod=share-1": 0,
+		a + "container=ctr0,gpu=0,namespace=dra,pod=pod-a":                              2,
+		a + "container=ctr1,gpu=0,namespace=dra,pod=pod-a":                              2,
+		b + "container=main,gpu=1,namespace=dra,pod=share-1":                            7,
+		b + "container=main,gpu=1,namespace=dra,pod=share-2":                            7,
+		"UUID=" + gpuB + ",claim=ext-claim,container=main,gpu=1,namespace=dra,pod=ext":  0,
 	})
 }
 
@@ -241,4 +269,24 @@ func check(t *testing.T, got map[string]map[string]float64, name string, want ma
 			t.Errorf("%s: unexpected series {%s} = %v", name, k, v)
 		}
 	}
+}
+
+// A container that names two requests of a claim on one GPU (the DRA
+// driver refuses to prepare that for it, but the claim may be prepared for
+// another pod) must not break the scrape with duplicate series.
+func TestClaimSeriesNoDuplicates(t *testing.T) {
+	name := "two"
+	claims := []Claim{{Namespace: "dra", Name: name, Requests: []ClaimRequest{
+		{Request: "a", Devices: []ClaimDevice{{UUID: gpuA, MemoryMiB: 1024, Cores: 10}}},
+		{Request: "b", Devices: []ClaimDevice{{UUID: gpuA, MemoryMiB: 2048, Cores: 10}}},
+	}}}
+	p := fixtures.MakePod().Namespace("dra").Name("p").UID("p").Phase(v1.PodPending).Obj()
+	p.Spec.Containers = []v1.Container{{Name: "main", Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "g", Request: "a"}, {Name: "g", Request: "b"}}}}}
+	p.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "g", ResourceClaimName: &name}}
+	c := New(Source{Node: "n1", Inventory: inventory, Pods: func() ([]*v1.Pod, error) { return []*v1.Pod{p}, nil },
+		Claims: func() []Claim { return claims }}, ktesting.NewLogger(t, ktesting.NewConfig()))
+	got := gather(t, c) // fails on a duplicate
+	check(t, got, "tessera_container_memory_limit_bytes", map[string]float64{
+		"UUID=" + gpuA + ",claim=two,container=main,gpu=0,namespace=dra,pod=p": 1024 << 20,
+	})
 }
