@@ -72,7 +72,7 @@ const (
 
 // Field describes one field of the C layout, for the layout test.
 type Field struct {
-	Name   string // "state.<field>" or "slot.<field>", as in tl_state.h
+	Name   string // "state.<field>", "slot.<field>" or "counters.<field>", as in tl_state.h
 	Offset int
 	Size   int
 }
