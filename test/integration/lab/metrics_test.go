@@ -156,6 +156,12 @@ spec:
 				t.Errorf("%s: no gpu label: %v", w.pod, m.Label)
 			}
 		}
+		if w.claim != "" {
+			// the claim's container has no series without the claim (a DRA pod has no record)
+			if m := findSeries(scrapeMetrics(t, url), "tessera_container_memory_limit_bytes", map[string]string{"pod": w.pod, "claim": ""}); m != nil {
+				t.Errorf("%s: a series without its claim: %v", w.pod, m.Label)
+			}
+		}
 		t.Logf("%s on %s (claim %q): limit %.0f MiB, used %.0f MiB, throttled %.2f s, refused %.0f", w.pod, pod.Spec.NodeName, w.claim,
 			limit.GetGauge().GetValue()/(1<<20), used.GetGauge().GetValue()/(1<<20), throttled.GetCounter().GetValue(), refused.GetCounter().GetValue())
 	}
