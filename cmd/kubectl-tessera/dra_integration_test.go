@@ -65,7 +65,8 @@ func sliceDevices(inv *api.NodeInventory) []resourceapi.Device {
 //     gpu-d's GPU 1;
 //   - pod whole-dra: a claim asking no capacity, gpu-e's GPU whole;
 //   - pod waiting (pending): a template asking 32 GiB, more than any
-//     GPU has free; pod lost (pending): its template does not exist.
+//     GPU has free; pod lost (pending): its template does not exist;
+//     pod queued (pending): 12 GiB and 40% fit both GPUs of gpu-d.
 func draWorkload(ctx context.Context, t *testing.T, c kubernetes.Interface, names api.ResourceNames) {
 	t.Helper()
 	d := fixtures.Inventory("gpu-d", 2, "NVIDIA A100-SXM4-40GB", 40960, 4)
@@ -109,6 +110,7 @@ func draWorkload(ctx context.Context, t *testing.T, c kubernetes.Interface, name
 	for name, s := range map[string]resourceapi.ResourceClaimSpec{
 		"two-containers": spec(api.DeviceClassGPU, "8Gi", "20", ""),
 		"large":          spec(api.DeviceClassGPU, "32Gi", "", ""),
+		"small":          spec(api.DeviceClassNVIDIA, "12Gi", "40", ""),
 	} {
 		tpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: resourceapi.ResourceClaimTemplateSpec{Spec: s}}
 		if _, err := c.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tpl, metav1.CreateOptions{}); err != nil {
@@ -180,4 +182,5 @@ func draWorkload(ctx context.Context, t *testing.T, c kubernetes.Interface, name
 	claim("whole-gpu", spec(api.DeviceClassGPU, "", "", ""), "gpu-e", "gpu-0", "", "", whole)
 	pod("waiting", "", "large", "", "main")
 	pod("lost", "", "nope", "", "main")
+	pod("queued", "", "small", "", "main")
 }

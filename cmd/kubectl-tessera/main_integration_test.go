@@ -110,6 +110,7 @@ func TestGolden(t *testing.T) {
 		{"why-dra-waiting", []string{"why", "waiting", kc, "-n", "dra"}},
 		{"why-dra-waiting-yaml", []string{"why", "waiting", kc, "-n", "dra", "-o", "yaml"}},
 		{"why-dra-lost", []string{"why", "lost", kc, "-n", "dra"}},
+		{"why-dra-queued", []string{"why", "queued", kc, "-n", "dra"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.golden, func(t *testing.T) {
