@@ -37,6 +37,9 @@ type Report struct {
 	// Inventory names the nodes whose inventory annotation does not
 	// decode; like the scheduler, the report sees no GPUs on them.
 	Inventory error `json:"-"`
+	// DRA is why DRA objects could not be read (the user may not list
+	// them); the report then shows no claims (or no DRA at all).
+	DRA error `json:"-"`
 	// Pods are the pods holding GPUs (bound, with an allocation record,
 	// not finished), sorted by namespace and name.
 	Pods []PodReport `json:"pods,omitempty"`
@@ -137,12 +140,12 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Report, error) 
 	if err != nil {
 		return nil, err
 	}
-	ds, err := readDRA(ctx, client)
+	ds, unread, err := readDRA(ctx, client)
 	if err != nil {
 		return nil, err
 	}
 	c := placement.NewCluster()
-	r := &Report{cluster: c, objs: map[string]*corev1.Pod{}, dra: ds}
+	r := &Report{cluster: c, objs: map[string]*corev1.Pod{}, dra: ds, DRA: unread}
 	var unreadable []error
 	labels := map[string]map[string]string{}
 	for i := range nodes.Items {
@@ -388,6 +391,9 @@ func (r *Report) Print(w io.Writer) error {
 		for _, p := range r.Pending {
 			fmt.Fprintf(w, "  %s: %s\n", p.Name, p.Reason)
 		}
+	}
+	if r.DRA != nil {
+		fmt.Fprintf(w, "\nDRA CLAIMS NOT SHOWN: %v\n", r.DRA)
 	}
 	if r.Inventory != nil {
 		fmt.Fprintf(w, "\nUNREADABLE INVENTORY (the scheduler sees no GPUs there): %v\n", r.Inventory)

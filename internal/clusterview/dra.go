@@ -56,16 +56,21 @@ type sliceDevice struct {
 
 // readDRA lists Tessera's ResourceSlices, the claims and the claim
 // templates. An API server that does not serve resource.k8s.io/v1 has no
-// DRA: nothing is read and no error returned.
-func readDRA(ctx context.Context, client kubernetes.Interface) (*draState, error) {
-	s := &draState{devices: map[string]sliceDevice{}, claims: map[string]*resourceapi.ResourceClaim{},
+// DRA: nothing is read and no error returned. A user who may not list
+// them gets the views without DRA and the refusal as unread (the
+// report's DRA error), not a failed command.
+func readDRA(ctx context.Context, client kubernetes.Interface) (s *draState, unread error, err error) {
+	s = &draState{devices: map[string]sliceDevice{}, claims: map[string]*resourceapi.ResourceClaim{},
 		templates: map[string]*resourceapi.ResourceClaimTemplate{}, nodes: map[string]bool{}}
 	slices, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
 	if apierrors.IsNotFound(err) {
-		return s, nil
+		return s, nil, nil
+	}
+	if apierrors.IsForbidden(err) {
+		return s, fmt.Errorf("listing ResourceSlices: %w", err), nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("listing ResourceSlices: %w", err)
+		return nil, nil, fmt.Errorf("listing ResourceSlices: %w", err)
 	}
 	for i := range slices.Items {
 		sl := &slices.Items[i]
@@ -79,22 +84,28 @@ func readDRA(ctx context.Context, client kubernetes.Interface) (*draState, error
 		}
 	}
 	claims, err := client.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	if apierrors.IsForbidden(err) {
+		return s, fmt.Errorf("listing ResourceClaims: %w", err), nil
+	}
 	if err != nil {
-		return nil, fmt.Errorf("listing ResourceClaims: %w", err)
+		return nil, nil, fmt.Errorf("listing ResourceClaims: %w", err)
 	}
 	for i := range claims.Items {
 		c := &claims.Items[i]
 		s.claims[c.Namespace+"/"+c.Name] = c
 	}
 	templates, err := client.ResourceV1().ResourceClaimTemplates(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	if apierrors.IsForbidden(err) {
+		return s, fmt.Errorf("listing ResourceClaimTemplates: %w", err), nil
+	}
 	if err != nil {
-		return nil, fmt.Errorf("listing ResourceClaimTemplates: %w", err)
+		return nil, nil, fmt.Errorf("listing ResourceClaimTemplates: %w", err)
 	}
 	for i := range templates.Items {
 		t := &templates.Items[i]
 		s.templates[t.Namespace+"/"+t.Name] = t
 	}
-	return s, nil
+	return s, nil, nil
 }
 
 // sliceGPU is the GPU a published device describes (docs/dra.md, "What a
