@@ -85,7 +85,7 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 2,000,000 inputs)
 bench: ## placement benchmarks (see docs/benchmarks.md)
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./internal/placement/
 
-bench-scheduler-ci: ## scheduler_perf, 100 nodes and a 4-node DRA case (about 50 s)
+bench-scheduler-ci: ## scheduler_perf, 100 nodes and a 4-node DRA case (run in CI)
 	$(GO) test -tags integration -count=1 -run '^$$' -bench BenchmarkPerfScheduling -benchtime=1x ./test/integration/schedulerperf/ -perf-scheduling-label-filter=integration-test
 
 bench-scheduler: ## scheduler_perf, 5,000 nodes x 8 GPUs, 10,000 pods per scheduler (see docs/benchmarks.md)

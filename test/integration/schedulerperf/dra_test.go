@@ -42,13 +42,9 @@ func draOptions() []perf.SchedulerPerfOption {
 	}
 }
 
-// prepareDRA applies deploy/dra's DeviceClasses (Tessera's and the
-// compatibility ones) and the claims' admission policy before a workload
-// runs, and checks the allocations after it.
+// prepareDRA arranges for the allocations to be checked after the
+// workload.
 func prepareDRA(tCtx ktesting.TContext) error {
-	if err := dra.ApplyManifests(tCtx, tCtx.Client(), deploy.DRADeviceClasses, deploy.DRACompatDeviceClasses, deploy.DRAAdmission); err != nil {
-		return err
-	}
 	// Runs after the workload, before the API server stops.
 	tCtx.CleanupCtx(func(tCtx ktesting.TContext) {
 		summary, err := checkAllocations(tCtx)
@@ -99,7 +95,11 @@ func nodeSlice(node *corev1.Node) (*resourceapi.ResourceSlice, error) {
 
 // publishSlices publishes the ResourceSlice of every node in mode dra
 // that has none yet (createNodes ran), then waits until the scheduler's
-// DRA manager sees them all, as createResourceDriver does.
+// DRA manager sees them all, as createResourceDriver does. With the first
+// DRA node it applies deploy/dra's DeviceClasses (Tessera's and the
+// compatibility ones) and the claims' admission policy: only then, so
+// that the class mapping nvidia.com/gpu leaves the device-plugin test
+// cases as they were.
 func publishSlices(tCtx ktesting.TContext, sched *k8sscheduler.Scheduler, _ *perf.Workload, nodes *corev1.NodeList) error {
 	existing, err := tCtx.Client().ResourceV1().ResourceSlices().List(tCtx, metav1.ListOptions{})
 	if err != nil {
@@ -123,6 +123,9 @@ func publishSlices(tCtx ktesting.TContext, sched *k8sscheduler.Scheduler, _ *per
 	}
 	if len(slices) == 0 {
 		return nil
+	}
+	if err := dra.ApplyManifests(tCtx, tCtx.Client(), deploy.DRADeviceClasses, deploy.DRACompatDeviceClasses, deploy.DRAAdmission); err != nil {
+		return err
 	}
 	var (
 		mu       sync.Mutex
