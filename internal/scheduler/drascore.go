@@ -32,6 +32,9 @@ type draCycle struct {
 func (d *draCycle) Clone() fwk.StateData { return d }
 
 func readDRACycle(cs fwk.CycleState) *draCycle {
+	if cs == nil {
+		return nil
+	}
 	d, err := cs.Read(draStateKey)
 	if err != nil {
 		return nil

@@ -252,9 +252,8 @@ func (p *Plugin) ScoreExtensions() fwk.ScoreExtensions { return p }
 // cluster's order): first fit among equals. Nodes that serve their GPUs
 // through DRA (draScore) get 0, below every node Tessera places on.
 func (p *Plugin) NormalizeScore(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, scores fwk.NodeScoreList) *fwk.Status {
-	if len(scores) == 0 || readState(cs) == nil {
-		// No placement by Tessera: the DRA scores (drascore.go) are
-		// already in range.
+	if len(scores) == 0 || readDRACycle(cs) != nil {
+		// The DRA scores (drascore.go) are already in range.
 		return nil
 	}
 	lo, hi, seen, dra := int64(0), int64(0), false, false
