@@ -23,7 +23,7 @@ import (
 const draStateKey fwk.StateKey = Name + "/dra"
 
 // draCycle is PreScore's view of the DRA nodes for one pod: the score of
-// each node in mode dra, already in [0, MaxNodeScore].
+// each node in mode dra, already in [0, MaxScore].
 type draCycle struct {
 	scores map[string]int64
 }
@@ -120,7 +120,7 @@ func (p *Plugin) draPreScore(ctx context.Context, cs fwk.CycleState, pod *corev1
 		if spread {
 			f = 1 - f
 		}
-		scores[node] = int64(math.Round(f * float64(fwk.MaxNodeScore)))
+		scores[node] = int64(math.Round(f * float64(fwk.MaxScore)))
 	}
 	cs.Write(draStateKey, &draCycle{scores: scores})
 	return nil
