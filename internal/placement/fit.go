@@ -214,21 +214,26 @@ func joinSelectors(xs []string) string {
 	return s
 }
 
-// demandOn is one GPU's worth of container c's demand on g, as charged.
+// demandOn is one GPU's worth of the container's demand on g, as charged.
 // (Kept within the inlining budget: callers turn a whole GPU into one
-// replica on replicated GPUs, see replicaSlot.)
-func demandOn(c Container, g *GPU) gpushare.Usage {
-	if c.Exclusive() {
+// replica on replicated GPUs, see replicaSlot. It reads the container's
+// facts decided at compile time rather than copying its Container: this
+// runs for every GPU of every node.)
+func (cc *compiledContainer) demandOn(g *GPU) gpushare.Usage {
+	if cc.excl {
 		return gpushare.Whole(g.MemoryCap)
 	}
-	return gpushare.Share(c.memoryOn(g), c.Cores)
+	return gpushare.Share(cc.memoryOn(g), cc.c.Cores)
 }
+
+// memoryOn is the memory the container is granted on g (Container.memoryOn).
+func (cc *compiledContainer) memoryOn(g *GPU) int64 { return cc.c.ask().MemoryOn(g.MemoryMiB) }
 
 // slotted reports whether a container that asks no share of its own gets
 // one equal slot (a replica) rather than the whole GPU: on GPUs shared by
 // time-slicing or MPS, as NVIDIA's plugin gives every container one
 // replica of 1/replicas.
-func slotted(c Container, g *GPU) bool { return replicated(g) && c.Exclusive() }
+func (cc *compiledContainer) slotted(g *GPU) bool { return cc.excl && replicated(g) }
 
 // replicaSlot is one replica of g: an equal slot of its memory and cores
 // (NVIDIA's 1/N).
@@ -366,7 +371,7 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 		if c.GPUs > 1 && g.Sharing == api.SharingMPS {
 			continue // an MPS client connects to one GPU's daemon
 		}
-		d := demandOn(c, g)
+		d := cc.demandOn(g)
 		if d.Exclusive > 0 && replicated(g) {
 			d = replicaSlot(g)
 		}
@@ -419,23 +424,19 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 				MIG: &api.MIGGrant{Profile: ch.inst.Profile, Start: ch.inst.Start, Device: ch.device}})
 			continue
 		}
-		d := demandOn(c, g)
+		d := cc.demandOn(g)
 		if d.Exclusive > 0 && replicated(g) {
 			d = replicaSlot(g)
 		}
 		s.pod[i].Take(d, cc.init)
-		if slotted(c, g) {
+		if cc.slotted(g) {
 			p.grants = append(p.grants, Grant{GPU: i, MemoryMiB: d.MemoryMiB, Cores: d.Cores})
 			continue
 		}
-		mem := c.memoryOn(g)
-		p.grants = append(p.grants, Grant{GPU: i, MemoryMiB: mem, Cores: cores(c), Exclusive: d.Exclusive > 0})
+		p.grants = append(p.grants, Grant{GPU: i, MemoryMiB: cc.memoryOn(g), Cores: cc.cores, Exclusive: d.Exclusive > 0})
 	}
 	return Reason{}
 }
-
-// cores is the compute share granted: whole GPUs get 100%.
-func cores(c Container) int { return c.ask().CoresGranted() }
 
 // builtinRank scores a GPU for the binpack and spread GPU policies: the
 // fraction of the GPU in use after the share is added (higher = fuller).
@@ -538,15 +539,15 @@ func (cr *Compiled) explain(n *Node, cc *compiledContainer, s *Scratch, m int) R
 	}
 	slots := false
 	for i := range n.GPUs {
-		slots = slots || s.eligible[i] && slotted(c, &n.GPUs[i])
+		slots = slots || s.eligible[i] && cc.slotted(&n.GPUs[i])
 	}
-	if c.Exclusive() && !slots {
+	if cc.excl && !slots {
 		idle, total := 0, 0
 		for i := range n.GPUs {
 			if s.eligible[i] {
 				total++
 				g := &n.GPUs[i]
-				if s.rules(g, i, cc, demandOn(c, g), true)&notIdle == 0 { // (not slotted: see slots above)
+				if s.rules(g, i, cc, cc.demandOn(g), true)&notIdle == 0 { // (not slotted: see slots above)
 					idle++
 				}
 			}
@@ -563,7 +564,7 @@ func (cr *Compiled) explain(n *Node, cc *compiledContainer, s *Scratch, m int) R
 		}
 		g := &n.GPUs[i]
 		physical = max(physical, g.MemoryMiB)
-		d := demandOn(c, g)
+		d := cc.demandOn(g)
 		if d.Exclusive > 0 && replicated(g) {
 			d = replicaSlot(g)
 		}

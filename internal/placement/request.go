@@ -152,6 +152,15 @@ type compiledContainer struct {
 	c       Container
 	init    bool
 	specPos int // position in InitContainers or Containers
+	// Decided once at compile time (the fit check asks them per GPU):
+	// excl is c.Exclusive(), cores the compute share granted (whole GPUs
+	// get 100%).
+	excl  bool
+	cores int
+}
+
+func compileContainer(c Container, init bool, specPos int) compiledContainer {
+	return compiledContainer{c: c, init: init, specPos: specPos, excl: c.Exclusive(), cores: c.ask().CoresGranted()}
 }
 
 const (
@@ -171,7 +180,7 @@ func (c *Cluster) Compile(r *Request) (*Compiled, error) {
 	}
 	for i, ct := range r.Containers {
 		if ct.GPUs > 0 {
-			cr.gpu = append(cr.gpu, compiledContainer{c: ct, specPos: i})
+			cr.gpu = append(cr.gpu, compileContainer(ct, false, i))
 		}
 	}
 	// Hard containers first: more GPUs, then exclusive, then more memory.
@@ -194,7 +203,7 @@ func (c *Cluster) Compile(r *Request) (*Compiled, error) {
 	cr.numApp = len(cr.gpu)
 	for i, ct := range r.InitContainers {
 		if ct.GPUs > 0 {
-			cr.gpu = append(cr.gpu, compiledContainer{c: ct, init: true, specPos: i})
+			cr.gpu = append(cr.gpu, compileContainer(ct, true, i))
 		}
 	}
 	cr.needsGPU = len(cr.gpu) > 0
