@@ -166,21 +166,28 @@ func (cr *Compiled) markEligible(n *Node, s *Scratch) Reason {
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
 		s.eligible[i] = false
-		switch {
-		case !g.Healthy:
+		if !g.Healthy {
 			unhealthy++
-		case cr.modelVerdict(g) == modelExcluded:
-			excluded++
-			model = g.Model
-		case cr.modelVerdict(g) == modelNotIncluded:
-			notIncluded++
-			model = g.Model
-		case cr.uuidIn != nil && !has(cr.uuidIn, g.UUID), cr.uuidOut != nil && has(cr.uuidOut, g.UUID):
-			uuid++
-		default:
-			s.eligible[i] = true
-			count++
+			continue
 		}
+		if cr.selects {
+			switch cr.modelVerdict(g) {
+			case modelExcluded:
+				excluded++
+				model = g.Model
+				continue
+			case modelNotIncluded:
+				notIncluded++
+				model = g.Model
+				continue
+			}
+			if cr.uuidIn != nil && !has(cr.uuidIn, g.UUID) || cr.uuidOut != nil && has(cr.uuidOut, g.UUID) {
+				uuid++
+				continue
+			}
+		}
+		s.eligible[i] = true
+		count++
 	}
 	if count > 0 {
 		return Reason{}

@@ -90,12 +90,23 @@ type Node struct {
 	// Version changes whenever the node's state changes, so policies can
 	// cache per-node values.
 	Version uint64
+	// index is the node's position in its cluster (see Index).
+	index int
 	// hasMIG: some GPU is in a MIG sharing mode.
 	hasMIG bool
 	// Labels are free-form node facts policies may use (for example the
 	// simulator's GPU model for CPU-only nodes). Not used by the core.
 	Labels map[string]string
 }
+
+// Index is the node's position in its cluster's Nodes(): dense (0 to the
+// number of nodes − 1), so a policy can keep per-node values in a slice
+// indexed by it and find a node's value with one array read. The cluster
+// assigns it (UpsertNode; RemoveNode moves the last node into the removed
+// one's place), so a node replaced by UpsertNode or moved keeps no claim
+// to its old slot: a value kept per index must also record the *Node (and
+// its Version) it was computed for. A node in no cluster has index 0.
+func (n *Node) Index() int { return n.index }
 
 // FreeCPU is the CPU (millicores) still free for pods.
 func (n *Node) FreeCPU() int64 { return n.CPUCapacity - n.CPUUsed }

@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -475,5 +476,33 @@ func TestShareOnGPUHeldWholeSaysSo(t *testing.T) {
 	reason := fitOn(t, c, n, pod("p", share("main", 1000, 10)))
 	if reason.Kind != ReasonHeldWhole || reason.String() != `container "main": every usable GPU is held whole by another pod (1)` {
 		t.Fatalf("reason %q", reason)
+	}
+}
+
+// Node.Index is the node's position in Nodes() after every change of the
+// node set, so policies may keep per-node values in a slice by it.
+func TestNodeIndexIsPosition(t *testing.T) {
+	c := NewCluster()
+	check := func(when string) {
+		t.Helper()
+		for i, n := range c.Nodes() {
+			if n.Index() != i {
+				t.Fatalf("%s: node %s at position %d has index %d", when, n.Name, i, n.Index())
+			}
+		}
+	}
+	for i := range 6 {
+		c.UpsertNode(mustNode(t, fmt.Sprintf("n%d", i), inventory(2, "A100", 40960, 4)))
+	}
+	check("after adding")
+	c.RemoveNode("n1") // n5 moves into position 1
+	check("after removing n1")
+	c.UpsertNode(mustNode(t, "n5", inventory(4, "A100", 40960, 4))) // replaced in place
+	check("after replacing n5")
+	c.RemoveNode("n4") // the last node
+	c.UpsertNode(mustNode(t, "n6", inventory(1, "A100", 40960, 4)))
+	check("after removing the last node and adding another")
+	if got := c.Node("n5").Index(); got != 1 {
+		t.Errorf("n5 has index %d, want 1 (it took n1's place)", got)
 	}
 }

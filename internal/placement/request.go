@@ -145,6 +145,9 @@ type Compiled struct {
 	modelOK []uint8
 	uuidIn  map[string]struct{}
 	uuidOut map[string]struct{}
+	// selects: the pod selects GPUs by model or UUID (else every healthy
+	// GPU is eligible, decided without looking further).
+	selects bool
 	gpuPol  api.GPUPolicy
 }
 
@@ -220,6 +223,7 @@ func (c *Cluster) Compile(r *Request) (*Compiled, error) {
 	if len(r.ExcludeUUIDs) > 0 {
 		cr.uuidOut = toSet(r.ExcludeUUIDs)
 	}
+	cr.selects = len(r.IncludeModels)+len(r.ExcludeModels) > 0 || cr.uuidIn != nil || cr.uuidOut != nil
 	return cr, nil
 }
 
