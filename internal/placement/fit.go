@@ -94,6 +94,17 @@ type GPURanker interface {
 	RankGPU(cr *Compiled, n *Node, i int, pending, demand Usage) float64
 }
 
+// GPUsRanker is a GPURanker that ranks all the candidate GPUs of a node
+// for one container in one call, as RankGPU would one at a time: for each
+// i in cand, rank[i] = RankGPU(cr, n, i, pending[i], demand[i]). Fit calls
+// it once per container and node instead of RankGPU once per GPU, which
+// saves a call per GPU and lets the ranker decide what depends only on
+// the pod, or find what it keeps for the node, once.
+type GPUsRanker interface {
+	GPURanker
+	RankGPUs(cr *Compiled, n *Node, cand []int, pending, demand []Usage, rank []float64)
+}
+
 // Scratch holds the working state of fit checks so they allocate nothing.
 // One Scratch serves one goroutine at a time.
 type Scratch struct {
@@ -103,6 +114,10 @@ type Scratch struct {
 	cand      [api.MaxGPUsPerNode]int
 	rank      [api.MaxGPUsPerNode]float64
 	set, best [api.MaxGPUsPerNode]int
+	// For a GPUsRanker: the candidates it ranks and their pending charge
+	// and demand, by GPU position.
+	ranked    [api.MaxGPUsPerNode]int
+	pend, dem [api.MaxGPUsPerNode]Usage
 	// mig is the MIG working state, made on the first node with MIG GPUs
 	// (so fit checks of other nodes keep a small Scratch).
 	mig *migScratch
@@ -349,6 +364,8 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 	cc := &cr.gpu[k]
 	c := cc.c
 	m := 0
+	batch, _ := ranker.(GPUsRanker)
+	r := 0 // candidates for batch
 	for i := range n.GPUs {
 		if !s.eligible[i] {
 			continue
@@ -387,9 +404,13 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 		}
 		s.cand[m] = i
 		pending := Usage(s.pod[i].Charge())
-		if ranker != nil {
+		switch {
+		case batch != nil:
+			s.ranked[r], s.pend[i], s.dem[i] = i, pending, Usage(d)
+			r++
+		case ranker != nil:
 			s.rank[i] = ranker.RankGPU(cr, n, i, pending, Usage(d))
-		} else {
+		default:
 			s.rank[i] = builtinRank(cr.gpuPol, g, pending, Usage(d))
 		}
 		m++
@@ -399,6 +420,9 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 			return cr.migReason(n, c, s)
 		}
 		return cr.explain(n, cc, s, m)
+	}
+	if r > 0 {
+		batch.RankGPUs(cr, n, s.ranked[:r], s.pend[:], s.dem[:], s.rank[:])
 	}
 	chosen := s.set[:0]
 	if c.GPUs == 1 && !cr.Req.NUMABind {

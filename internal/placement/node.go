@@ -16,26 +16,29 @@ const Unlimited int64 = math.MaxInt64 / 4
 // GPU is the placement state of one GPU: its fixed properties from the
 // inventory and what is allocated on it now.
 type GPU struct {
-	UUID      string
-	Index     int
-	Model     string
-	NUMANode  int
+	// The fields every fit check reads come first, together (within two
+	// cache lines): a scan of the cluster reads them for every GPU, and
+	// reading fewer lines per GPU is much of its cost.
+
+	// Allocated now, summed over the pods that hold this GPU.
+	Used      Usage
 	MemoryMiB int64 // physical memory
 	// MemoryCap is MemoryMiB × the node's overcommit factor: the most
 	// memory that may be granted on this GPU in total.
 	MemoryCap int64
 	MaxShares int
-	Healthy   bool
 	Sharing   api.SharingMode
+	// MIG is the GPU's MIG state when it is in a MIG sharing mode.
+	MIG     *MIGState
+	Healthy bool
+	modelID int32
+
+	UUID     string
+	Index    int
+	Model    string
+	NUMANode int
 	// SMs is the GPU's SM count (0: unknown).
 	SMs int
-	// MIG is the GPU's MIG state when it is in a MIG sharing mode.
-	MIG *MIGState
-
-	// Allocated now, summed over the pods that hold this GPU.
-	Used Usage
-
-	modelID int32
 }
 
 // Usage is what is allocated on one GPU: gpushare.Usage, whose package
