@@ -2,6 +2,7 @@ package placement
 
 import (
 	"math"
+	"math/bits"
 
 	"github.com/tessera-gpu/tessera/internal/gpushare"
 	"github.com/tessera-gpu/tessera/pkg/api"
@@ -108,8 +109,11 @@ type GPUsRanker interface {
 // Scratch holds the working state of fit checks so they allocate nothing.
 // One Scratch serves one goroutine at a time.
 type Scratch struct {
-	// pod[i] is what the containers placed so far charge GPU i.
+	// pod[i] is what the containers placed so far charge GPU i; bit i of
+	// held is set once they charge it anything (so the GPUs they do not
+	// touch, most of them, are passed over without reading pod[i]).
 	pod       [api.MaxGPUsPerNode]gpushare.Pod
+	held      uint64
 	eligible  [api.MaxGPUsPerNode]bool
 	cand      [api.MaxGPUsPerNode]int
 	rank      [api.MaxGPUsPerNode]float64
@@ -153,6 +157,7 @@ func (cr *Compiled) Fit(n *Node, ranker GPURanker, s *Scratch, p *Placement) Rea
 		return reason
 	}
 	clear(s.pod[:len(n.GPUs)])
+	s.held = 0
 	if n.hasMIG {
 		if s.mig == nil {
 			s.mig = &migScratch{}
@@ -165,8 +170,9 @@ func (cr *Compiled) Fit(n *Node, ranker GPURanker, s *Scratch, p *Placement) Rea
 		}
 		p.offs = append(p.offs, len(p.grants))
 	}
-	for i := range n.GPUs {
-		p.charge[i] = Usage(s.pod[i].Charge())
+	for held := s.held; held != 0; held &= held - 1 {
+		i := bits.TrailingZeros64(held)
+		p.charge[i] = Usage(s.pod[i].Charge()) // (p.reset cleared the others)
 	}
 	return Reason{}
 }
@@ -403,7 +409,10 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 			continue
 		}
 		s.cand[m] = i
-		pending := Usage(s.pod[i].Charge())
+		var pending Usage
+		if s.held&(1<<i) != 0 {
+			pending = Usage(s.pod[i].Charge())
+		}
 		switch {
 		case batch != nil:
 			s.ranked[r], s.pend[i], s.dem[i] = i, pending, Usage(d)
@@ -446,6 +455,7 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 		if n.hasMIG && s.mig.ok[i] {
 			ch := s.mig.ch[i]
 			s.pod[i].Take(migCharge, cc.init)
+			s.held |= 1 << i
 			pp := &s.mig.pend[i]
 			if pp.n < len(pp.inst) {
 				pp.inst[pp.n], pp.dev[pp.n] = ch.inst, ch.device
@@ -460,6 +470,7 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 			d = replicaSlot(g)
 		}
 		s.pod[i].Take(d, cc.init)
+		s.held |= 1 << i
 		if cc.slotted(g) {
 			p.grants = append(p.grants, Grant{GPU: i, MemoryMiB: d.MemoryMiB, Cores: d.Cores})
 			continue

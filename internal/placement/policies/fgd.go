@@ -335,6 +335,20 @@ func (ps *podScorer) RankGPU(cr *placement.Compiled, n *placement.Node, i int, p
 func (ps *podScorer) RankGPUs(cr *placement.Compiled, n *placement.Node, cand []int, pending, demand []placement.Usage, rank []float64) {
 	ps = ps.own(cr)
 	var e *fgdEntry
+	if ps.rankByLoss && ps.shape.Share() {
+		// Tessera's common case, with rankGPU's checks that depend only
+		// on the pod made once: each GPU's rank is read from the entry.
+		if e = ps.entry(n); e != nil && e.rank != nil {
+			for _, i := range cand {
+				if d := demand[i]; d.Exclusive > 0 || pending[i] != (placement.Usage{}) || int64(d.Cores)*10 != ps.shape.GPUMilli {
+					rank[i] = bestGPU(n, i, d)
+				} else {
+					rank[i] = e.rank[i]
+				}
+			}
+			return
+		}
+	}
 	for _, i := range cand {
 		rank[i] = ps.rankGPU(n, i, pending[i], demand[i], &e)
 	}
