@@ -270,10 +270,14 @@ func TestRankGPUsAsRankGPU(t *testing.T) {
 					if e.rank[i] != want {
 						t.Fatalf("%s, pod %s, node %s GPU %d: cached rank %v, want %v", name, r.Pod, n.Name, i, e.rank[i], want)
 					}
-					if e.nodeAt == nil || math.IsInf(e.gpu[i], 0) {
+					if e.nodeAt == nil {
 						continue
 					}
-					if want := ps.pricedAt(e, i, g); e.priced[i] != want {
+					want = e.node // where the share does not fit
+					if !math.IsInf(e.gpu[i], 0) {
+						want = ps.pricedAt(e, i, g)
+					}
+					if e.priced[i] != want {
 						t.Fatalf("%s, pod %s, node %s GPU %d: cached priced score %v, want %v", name, r.Pod, n.Name, i, e.priced[i], want)
 					}
 					checked++

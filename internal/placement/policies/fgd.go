@@ -243,7 +243,7 @@ func (ps *podScorer) entry(n *placement.Node) *fgdEntry {
 // compute for each GPU.
 func (ps *podScorer) priceGPUs(n *placement.Node, e *fgdEntry) {
 	k := len(n.GPUs)
-	vals := e.small[2*smallGPUs:]
+	vals := e.small[:2*smallGPUs] // first: the values every pod reads
 	if k > smallGPUs {
 		vals = make([]float64, 2*k)
 	}
@@ -256,7 +256,11 @@ func (ps *podScorer) priceGPUs(n *placement.Node, e *fgdEntry) {
 		} else {
 			e.rank[i] = -(lossRank*ps.loss[g] + float64(g-ps.pct))
 		}
-		e.priced[i] = ps.pricedAt(e, i, g)
+		if math.IsInf(e.gpu[i], 0) {
+			e.priced[i] = e.node // scoreNode's score where the share does not fit
+		} else {
+			e.priced[i] = ps.pricedAt(e, i, g)
+		}
 	}
 }
 
@@ -309,12 +313,13 @@ func (ps *podScorer) scoreNode(p *placement.Placement) float64 {
 			}
 		}
 	}
-	if gi < 0 || math.IsInf(e.gpu[gi], 0) {
-		return e.node
-	}
 	switch {
+	case gi < 0:
+		return e.node
 	case e.priced != nil:
-		return e.priced[gi]
+		return e.priced[gi] // e.node where the share does not fit
+	case math.IsInf(e.gpu[gi], 0):
+		return e.node
 	case ps.loss != nil:
 		return ps.pricedAt(e, gi, freePercent(FreeMilli(&p.Node.GPUs[gi])))
 	}
@@ -410,7 +415,7 @@ func fragScores(m *fragModel, n *placement.Node, s Shape, sc scoring, e *fgdEntr
 	cpu, mem := n.FreeCPU()-s.CPUMilli, n.FreeMem()-s.MemMiB
 	switch {
 	case s.Share():
-		vals := e.small[:]
+		vals := e.small[2*smallGPUs:]
 		if len(free) > smallGPUs {
 			vals = make([]float64, 2*len(free))
 		}
