@@ -221,5 +221,9 @@ func (o *options) collect(ctx context.Context) (*clusterview.Report, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	return clusterview.Collect(ctx, client)
+	r, err := clusterview.Collect(ctx, client)
+	if err == nil && r.DRA != nil {
+		fmt.Fprintf(o.streams.ErrOut, "warning: DRA claims not shown: %v\n", r.DRA)
+	}
+	return r, err
 }

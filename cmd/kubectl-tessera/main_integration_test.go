@@ -32,6 +32,7 @@ var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 // 20 GiB/50% pod, a two-container pod and a whole GPU; gpu-b (1× A100,
 // MPS) has an MPS client; gpu-c's only GPU is unhealthy; cpu-1 has no
 // GPUs. ml/big asks 30000 MiB and fits nowhere; ml/small fits on gpu-b.
+// Namespace dra holds DRA claims on two DRA nodes (draWorkload).
 func TestGolden(t *testing.T) {
 	ctx := context.Background()
 	cp := testenv.StartControlPlane(t)
@@ -86,6 +87,8 @@ func TestGolden(t *testing.T) {
 		}
 	}
 
+	draWorkload(ctx, t, c, names)
+
 	kc := "--kubeconfig=" + cp.Kubeconfig
 	cases := []struct {
 		golden string
@@ -101,6 +104,13 @@ func TestGolden(t *testing.T) {
 		{"why-small", []string{"why", "small", kc, "-n", "ml"}},
 		{"why-web", []string{"why", "web", kc, "-n", "ml"}},
 		{"why-train-json", []string{"why", "train", kc, "-n", "ml", "-o", "json"}},
+		{"pods-dra", []string{"pods", kc, "-n", "dra"}},
+		{"pods-dra-wide", []string{"pods", kc, "-n", "dra", "-o", "wide"}},
+		{"pods-dra-json", []string{"pods", kc, "-n", "dra", "-o", "json"}},
+		{"why-dra-waiting", []string{"why", "waiting", kc, "-n", "dra"}},
+		{"why-dra-waiting-yaml", []string{"why", "waiting", kc, "-n", "dra", "-o", "yaml"}},
+		{"why-dra-lost", []string{"why", "lost", kc, "-n", "dra"}},
+		{"why-dra-queued", []string{"why", "queued", kc, "-n", "dra"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.golden, func(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -36,6 +37,9 @@ type Report struct {
 	// Inventory names the nodes whose inventory annotation does not
 	// decode; like the scheduler, the report sees no GPUs on them.
 	Inventory error `json:"-"`
+	// DRA is why DRA objects could not be read (the user may not list
+	// them); the report then shows no claims (or no DRA at all).
+	DRA error `json:"-"`
 	// Pods are the pods holding GPUs (bound, with an allocation record,
 	// not finished), sorted by namespace and name.
 	Pods []PodReport `json:"pods,omitempty"`
@@ -46,6 +50,8 @@ type Report struct {
 	objs    map[string]*corev1.Pod
 	// bare are the nodes without a Tessera inventory.
 	bare []string
+	// dra is what was read of DRA (dra.go).
+	dra *draState
 }
 
 // PodReport is one GPU pod's allocation.
@@ -76,6 +82,9 @@ type DeviceReport struct {
 	Exclusive  bool   `json:"exclusive,omitempty"`
 	MIGProfile string `json:"migProfile,omitempty"`
 	Sharing    string `json:"sharing,omitempty"`
+	// Claim is the ResourceClaim the container holds the GPU through
+	// (DRA), in the pod's namespace.
+	Claim string `json:"claim,omitempty"`
 }
 
 // NodeReport is one node's GPUs.
@@ -106,6 +115,9 @@ type GPUReport struct {
 	// a MIG mode.
 	MIGDevices []string `json:"migDevices,omitempty"`
 	Pods       []string `json:"pods,omitempty"`
+	// Claims are the DRA claims holding parts of the GPU, each once with
+	// the pods that use it (also counted in Pods).
+	Claims []ClaimUse `json:"claims,omitempty"`
 	// InUseMiB is what the processes on the GPU hold, when a caller knows
 	// it (tessera-lab reads its emulated GPUs); -1 when unknown.
 	InUseMiB  int64 `json:"-"`
@@ -128,8 +140,12 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Report, error) 
 	if err != nil {
 		return nil, err
 	}
+	ds, unread, err := readDRA(ctx, client)
+	if err != nil {
+		return nil, err
+	}
 	c := placement.NewCluster()
-	r := &Report{cluster: c, objs: map[string]*corev1.Pod{}}
+	r := &Report{cluster: c, objs: map[string]*corev1.Pod{}, dra: ds, DRA: unread}
 	var unreadable []error
 	labels := map[string]map[string]string{}
 	for i := range nodes.Items {
@@ -143,6 +159,9 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Report, error) 
 			r.bare = append(r.bare, n.Name)
 			continue
 		}
+		if inv.Mode == api.ModeDRA {
+			ds.nodes[n.Name] = true
+		}
 		pn, err := placement.NewNode(n.Name, placement.Unlimited, placement.Unlimited, inv)
 		if err != nil {
 			unreadable = append(unreadable, fmt.Errorf("node %s: %w", n.Name, err))
@@ -151,7 +170,20 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Report, error) 
 		}
 		c.UpsertNode(pn)
 	}
+	// Nodes that publish Tessera devices without an inventory: their
+	// GPUs as the slices describe them.
+	fromSlices := ds.sliceInventories(func(node string) bool { return c.Node(node) != nil })
+	for _, name := range sortedKeys(fromSlices) {
+		pn, err := placement.NewNode(name, placement.Unlimited, placement.Unlimited, fromSlices[name])
+		if err != nil {
+			unreadable = append(unreadable, fmt.Errorf("node %s (from its ResourceSlices): %w", name, err))
+			continue
+		}
+		c.UpsertNode(pn)
+		r.bare = slices.DeleteFunc(r.bare, func(n string) bool { return n == name })
+	}
 	r.Inventory = errors.Join(unreadable...)
+	claimUses, claimErrs := ds.assignClaims(c)
 	var errs []error                // the invariant checker's findings
 	podsOn := map[string][]string{} // GPU UUID → pods
 	for i := range pods.Items {
@@ -160,12 +192,19 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Report, error) 
 		r.objs[key] = p
 		_, has := p.Annotations[api.AnnotationAllocation]
 		if p.Spec.NodeName == "" {
-			if p.Spec.SchedulerName == scheduler.SchedulerName && p.DeletionTimestamp == nil {
+			if (p.Spec.SchedulerName == scheduler.SchedulerName || ds.usesTesseraDRA(p)) && p.DeletionTimestamp == nil {
 				r.Pending = append(r.Pending, PendingPod{Name: key, Reason: unschedulableReason(p)})
 			}
 			continue
 		}
-		if !has || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		if !has {
+			// A DRA pod: its devices are its claims'.
+			if cs := ds.claimContainers(c, p); len(cs) > 0 {
+				r.Pods = append(r.Pods, PodReport{Namespace: p.Namespace, Name: p.Name, Node: p.Spec.NodeName, Phase: string(p.Status.Phase), Containers: cs})
+			}
 			continue
 		}
 		rec, err := kubeobj.Record(p)
@@ -202,16 +241,23 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Report, error) 
 		}
 		return a.Name < b.Name
 	})
-	r.Invariant = errors.Join(append(errs, c.Check())...)
+	r.Invariant = errors.Join(append(append(errs, claimErrs...), c.Check())...)
 	for _, n := range c.Nodes() {
 		nr := NodeReport{Name: n.Name, Labels: labels[n.Name]}
 		for _, g := range n.GPUs {
 			ps := podsOn[g.UUID]
+			for _, u := range claimUses[g.UUID] {
+				for _, p := range u.Pods {
+					if !slices.Contains(ps, p) {
+						ps = append(ps, p)
+					}
+				}
+			}
 			sort.Strings(ps)
 			gr := GPUReport{
 				Index: g.Index, UUID: g.UUID, Model: g.Model, Healthy: g.Healthy, Sharing: string(g.Sharing),
 				MemoryMiB: g.MemoryMiB, UsedMiB: g.Used.MemoryMiB, Cores: g.Used.Cores,
-				Shares: g.Used.Shares, MaxShares: g.MaxShares, Exclusive: g.Used.Exclusive > 0, Pods: ps,
+				Shares: g.Used.Shares, MaxShares: g.MaxShares, Exclusive: g.Used.Exclusive > 0, Pods: ps, Claims: claimUses[g.UUID],
 				InUseMiB: -1,
 			}
 			if g.MIG != nil {
@@ -329,7 +375,7 @@ func (r *Report) Print(w io.Writer) error {
 					inUse = fmt.Sprintf("%d (%d proc)\t", g.InUseMiB, g.Processes)
 				}
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s%d%%\t%s\t%s\n", n.Name, mode, g.Index, model, mem, inUse, g.Cores, shares, podList(g.Pods))
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s%d%%\t%s\t%s\n", n.Name, mode, g.Index, model, mem, inUse, g.Cores, shares, holders(g, false))
 		}
 	}
 	if err := tw.Flush(); err != nil {
@@ -346,6 +392,9 @@ func (r *Report) Print(w io.Writer) error {
 			fmt.Fprintf(w, "  %s: %s\n", p.Name, p.Reason)
 		}
 	}
+	if r.DRA != nil {
+		fmt.Fprintf(w, "\nDRA CLAIMS NOT SHOWN: %v\n", r.DRA)
+	}
 	if r.Inventory != nil {
 		fmt.Fprintf(w, "\nUNREADABLE INVENTORY (the scheduler sees no GPUs there): %v\n", r.Inventory)
 	}
@@ -357,19 +406,69 @@ func (r *Report) Print(w io.Writer) error {
 	return nil
 }
 
-func podList(pods []string) string {
-	if len(pods) == 0 {
-		return "-"
-	}
-	short := make([]string, len(pods))
-	for i, p := range pods {
+// shortNames drops the default namespace from namespace/name keys.
+func shortNames(keys []string) []string {
+	short := make([]string, len(keys))
+	for i, p := range keys {
 		short[i] = p
 		if ns, name, ok := strings.Cut(p, "/"); ok && ns == metav1.NamespaceDefault {
 			short[i] = name
 		}
 	}
-	if len(short) > 4 {
-		return fmt.Sprintf("%s +%d more", strings.Join(short[:4], ","), len(short)-4)
+	return short
+}
+
+// capList joins items, the first max of them when max > 0.
+func capList(items []string, max int) string {
+	if max > 0 && len(items) > max {
+		return fmt.Sprintf("%s +%d more", strings.Join(items[:max], ","), len(items)-max)
 	}
-	return strings.Join(short, ",")
+	return strings.Join(items, ",")
+}
+
+// holders is what holds a GPU: its pods with allocation records, then
+// each DRA claim once, with the pods that use it ("claim ml/shared
+// (ml/a,ml/b)"); the first 4 and without the default namespace, unless
+// all.
+func holders(g GPUReport, all bool) string {
+	inClaim := map[string]bool{}
+	for _, u := range g.Claims {
+		for _, p := range u.Pods {
+			inClaim[p] = true
+		}
+	}
+	var items []string
+	for _, p := range g.Pods {
+		if !inClaim[p] {
+			items = append(items, p)
+		}
+	}
+	short := shortNames
+	if all {
+		short = func(keys []string) []string { return keys }
+	}
+	items = short(items)
+	for _, u := range g.Claims {
+		pods := "no pod"
+		if len(u.Pods) > 0 {
+			pods = strings.Join(short(u.Pods), ",")
+		}
+		items = append(items, fmt.Sprintf("claim %s (%s)", short([]string{u.Claim})[0], pods))
+	}
+	if len(items) == 0 {
+		return "-"
+	}
+	if all {
+		return capList(items, 0)
+	}
+	return capList(items, 4)
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }

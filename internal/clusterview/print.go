@@ -69,13 +69,7 @@ func (r *Report) PrintNodes(w io.Writer, format string) error {
 			if g.Exclusive {
 				shares = "whole"
 			}
-			pods := podList(g.Pods)
-			if wide {
-				pods = strings.Join(g.Pods, ",")
-				if pods == "" {
-					pods = "-"
-				}
-			}
+			pods := holders(g, wide)
 			line := fmt.Sprintf("%s\t%d\t%s\t%s\t%s\t%d/%d\t%d%%\t%s\t%s", n.Name, g.Index, g.Model, health, g.Sharing,
 				g.UsedMiB, g.MemoryMiB, g.Cores, shares, pods)
 			if wide {
@@ -112,7 +106,7 @@ func (r *Report) PrintPods(w io.Writer, namespace, format string) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	head := "NAMESPACE\tPOD\tCONTAINER\tNODE\tGPU\tMEMORY (MiB)\tCORES"
 	if wide {
-		head += "\tUUID\tMIG\tSHARING"
+		head += "\tUUID\tMIG\tSHARING\tCLAIM"
 	}
 	fmt.Fprintln(tw, head)
 	for _, p := range pods {
@@ -135,7 +129,7 @@ func (r *Report) PrintPods(w io.Writer, namespace, format string) error {
 				}
 				line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s", p.Namespace, p.Name, name, p.Node, gpu, mem, cores)
 				if wide {
-					line += fmt.Sprintf("\t%s\t%s\t%s", d.UUID, dash(d.MIGProfile), dash(d.Sharing))
+					line += fmt.Sprintf("\t%s\t%s\t%s\t%s", d.UUID, dash(d.MIGProfile), dash(d.Sharing), dash(d.Claim))
 				}
 				fmt.Fprintln(tw, line)
 			}

@@ -20,6 +20,10 @@ type TopRow struct {
 	Node      string `json:"node"`
 	GPU       string `json:"gpu"`
 	UUID      string `json:"uuid"`
+	// Claim is the DRA ResourceClaim the series is of (the metrics'
+	// claim label; a claim shared by several containers or pods has one
+	// limit and one series).
+	Claim string `json:"claim,omitempty"`
 	// UsedBytes/LimitBytes: GPU memory held (limiter accounting) and the
 	// limit; SMUse/SMShare in percent of the GPU's SMs (SMUse -1: no
 	// NVML process samples).
@@ -43,10 +47,10 @@ func ParseTop(r io.Reader) ([]TopRow, error) {
 		for _, lp := range m.Label {
 			l[lp.GetName()] = lp.GetValue()
 		}
-		k := l["namespace"] + "/" + l["pod"] + "/" + l["container"] + "/" + l["Hostname"] + "/" + l["UUID"]
+		k := l["namespace"] + "/" + l["pod"] + "/" + l["container"] + "/" + l["claim"] + "/" + l["Hostname"] + "/" + l["UUID"]
 		row := rows[k]
 		if row == nil {
-			row = &TopRow{Namespace: l["namespace"], Pod: l["pod"], Container: l["container"], Node: l["Hostname"], GPU: l["gpu"], UUID: l["UUID"], SMUse: -1}
+			row = &TopRow{Namespace: l["namespace"], Pod: l["pod"], Container: l["container"], Node: l["Hostname"], GPU: l["gpu"], UUID: l["UUID"], Claim: l["claim"], SMUse: -1}
 			rows[k] = row
 			order = append(order, k)
 		}
@@ -93,7 +97,7 @@ func PrintTop(w io.Writer, rows []TopRow, namespace, format string) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	head := "NAMESPACE\tPOD\tCONTAINER\tNODE\tGPU\tMEMORY USED/LIMIT (MiB)\tMEMORY %\tSM USE/SHARE"
 	if format == OutputWide {
-		head += "\tUUID"
+		head += "\tUUID\tCLAIM"
 	}
 	fmt.Fprintln(tw, head)
 	for _, r := range sel {
@@ -105,10 +109,14 @@ func PrintTop(w io.Writer, rows []TopRow, namespace, format string) error {
 		if r.SMUse >= 0 {
 			sm = fmt.Sprintf("%.0f%%", r.SMUse)
 		}
-		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%.0f/%.0f\t%s\t%s/%.0f%%", r.Namespace, r.Pod, r.Container, r.Node, r.GPU,
+		pod, container := dash(r.Pod), dash(r.Container)
+		if r.Pod == "" && r.Claim != "" {
+			pod = "claim " + r.Claim
+		}
+		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%.0f/%.0f\t%s\t%s/%.0f%%", r.Namespace, pod, container, r.Node, r.GPU,
 			r.UsedBytes/(1<<20), r.LimitBytes/(1<<20), pct, sm, r.SMShare)
 		if format == OutputWide {
-			line += "\t" + r.UUID
+			line += "\t" + r.UUID + "\t" + dash(r.Claim)
 		}
 		fmt.Fprintln(tw, line)
 	}

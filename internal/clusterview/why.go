@@ -31,6 +31,11 @@ type WhyReport struct {
 	// Fits are the nodes where the pod fits now (the scheduler will
 	// place it at its next attempt unless something else stops it).
 	Fits []string `json:"fits,omitempty"`
+	// Claims and GPUs are, for a pod that asks Tessera's GPUs through
+	// ResourceClaims (DRA), its claims and what the DRA nodes' GPUs have
+	// free (whydra.go).
+	Claims []WhyClaim `json:"claims,omitempty"`
+	GPUs   []WhyGPU   `json:"gpus,omitempty"`
 }
 
 // WhyGroup is the nodes that refuse the pod for the same reason.
@@ -58,6 +63,9 @@ func (r *Report) Why(namespace, name string) (*WhyReport, error) {
 		w.Summary = "the pod is not pending"
 		return w, nil
 	}
+	if r.dra.usesTesseraDRA(p) && !kubeobj.RequestsGPU(p, api.DefaultResourceNames) {
+		return r.whyDRA(p, w), nil
+	}
 	if !kubeobj.RequestsGPU(p, api.DefaultResourceNames) {
 		w.State = "not a GPU pod"
 		w.Summary = "the pod asks for no GPU; Tessera does not hold it back (see kubectl describe pod)"
@@ -83,7 +91,14 @@ func (r *Report) Why(namespace, name string) (*WhyReport, error) {
 	}
 	groups := map[string]*group{}
 	var order []string
+	var draNodes []string
 	for _, n := range r.cluster.Nodes() {
+		if r.dra.nodes[n.Name] {
+			// The placement core does not place on DRA nodes: the
+			// scheduler's DynamicResources plugin allocates claims there.
+			draNodes = append(draNodes, n.Name)
+			continue
+		}
 		reason := cr.Fit(n, nil, &s, &pl)
 		if reason.OK() {
 			w.Fits = append(w.Fits, n.Name)
@@ -111,6 +126,10 @@ func (r *Report) Why(namespace, name string) (*WhyReport, error) {
 		text = strings.TrimPrefix(text, fmt.Sprintf("0/%d nodes fit: %d ", n, n))
 		w.Groups = append(w.Groups, WhyGroup{Reason: text, Hint: hint(g.reasons[0].Kind), Nodes: g.nodes})
 	}
+	if len(draNodes) > 0 {
+		w.Groups = append(w.Groups, WhyGroup{Reason: "node serves its GPUs through DRA (ResourceClaims of driver gpu.tessera.io)", Nodes: draNodes,
+			Hint: "ask there with a ResourceClaim for capacity memory and cores (docs/dra.md); a pod asking whole GPUs alone (nvidia.com/gpu) may be served there through DeviceClass extended-resource.gpu.tessera.io"})
+	}
 	if len(r.bare) > 0 {
 		g := &WhyGroup{Reason: "no Tessera GPU inventory", Nodes: r.bare,
 			Hint: "a GPU node without the tessera.io/gpu-inventory annotation runs no node agent: check `kubectl -n tessera-system get pods -o wide -l app=tessera-node-agent`"}
@@ -118,9 +137,9 @@ func (r *Report) Why(namespace, name string) (*WhyReport, error) {
 	}
 	sort.SliceStable(w.Groups, func(i, j int) bool { return len(w.Groups[i].Nodes) > len(w.Groups[j].Nodes) })
 	if len(w.Fits) > 0 {
-		w.Summary = fmt.Sprintf("%d/%d nodes with GPUs fit the pod now; it waits for the scheduler's next attempt, or for a constraint Tessera does not check (node selector, taints, CPU, memory: see kubectl describe pod)", len(w.Fits), len(r.cluster.Nodes()))
+		w.Summary = fmt.Sprintf("%d/%d nodes with GPUs fit the pod now; it waits for the scheduler's next attempt, or for a constraint Tessera does not check (node selector, taints, CPU, memory: see kubectl describe pod)", len(w.Fits), len(r.cluster.Nodes())-len(draNodes))
 	} else {
-		w.Summary = placement.Summarize(len(r.cluster.Nodes()), reasons)
+		w.Summary = placement.Summarize(len(r.cluster.Nodes())-len(draNodes), reasons)
 	}
 	return w, nil
 }
@@ -164,6 +183,9 @@ func (w *WhyReport) Print(out io.Writer) error {
 		if g.Hint != "" {
 			fmt.Fprintf(out, "    what to do: %s\n", g.Hint)
 		}
+	}
+	if err := w.printDRA(out); err != nil {
+		return err
 	}
 	if len(w.Fits) > 0 {
 		fmt.Fprintf(out, "\n  fits now on: %s\n", nodeList(w.Fits))

@@ -9,16 +9,22 @@
 // The package uses the standard library only and no cgo.
 package limiterstate
 
-// Layout constants of version 3 of the shared-state file. Version 2 turned the
-// reserved slot.flags into slot.host_pid; version 3 keeps the layout and
-// changes liveness: a live process holds an open-file-description lock on
-// byte StateSize+i of the file for its slot i (a process of version 2 holds
-// none, so the two must not share a file).
+// Layout constants of version 4 of the shared-state file. Version 2 turned the
+// reserved slot.flags into slot.host_pid; version 3 kept the layout and
+// changed liveness: a live process holds an open-file-description lock on
+// byte SlotLockBase+i of the file for its slot i (a process of version 2
+// holds none, so the two must not share a file). Version 4 appends per-device
+// counters after the slots (every offset of version 3 unchanged, the lock
+// bytes too): the time launches were held back by the compute pacing and the
+// allocations refused by the memory limit. The reader accepts version 3
+// files (Snapshot.HasCounters false) and version 4.
 const (
-	Magic      uint64 = 0x314D494C53534554 // "TESSLIM1" little-endian
-	Version    uint32 = 3
-	MaxDevices        = 16
-	MaxProcs          = 1024
+	Magic     uint64 = 0x314D494C53534554 // "TESSLIM1" little-endian
+	Version   uint32 = 4
+	VersionV3 uint32 = 3
+
+	MaxDevices = 16
+	MaxProcs   = 1024
 
 	// InitReady is the value of the init_state field once the file is set up.
 	InitReady uint32 = 2
@@ -47,17 +53,31 @@ const (
 	SlotSize       = 144
 
 	HeaderSize = OffSlots
-	StateSize  = OffSlots + MaxProcs*SlotSize
+	// StateSizeV3 is the size of a version-3 file, where the counters of
+	// version 4 begin; SlotLockBase is the first slot lock byte in both.
+	StateSizeV3  = OffSlots + MaxProcs*SlotSize
+	SlotLockBase = StateSizeV3
+
+	OffCounters = StateSizeV3
+	// CountersOffThrottledNs: [MaxDevices]uint64, nanoseconds launches were held back
+	// by the compute pacing, summed over the waiting launches (threads).
+	CountersOffThrottledNs = 0
+	// CountersOffRefused: [MaxDevices]uint64, allocation calls refused because of
+	// the memory limit.
+	CountersOffRefused = 8 * MaxDevices
+	CountersSize       = 16 * MaxDevices
+
+	StateSize = OffCounters + CountersSize
 )
 
 // Field describes one field of the C layout, for the layout test.
 type Field struct {
-	Name   string // "state.<field>" or "slot.<field>", as in tl_state.h
+	Name   string // "state.<field>", "slot.<field>" or "counters.<field>", as in tl_state.h
 	Offset int
 	Size   int
 }
 
-// Fields lists every field of tl_state and tl_proc_slot.
+// Fields lists every field of tl_state, tl_proc_slot and tl_counters.
 var Fields = []Field{
 	{"state.magic", OffMagic, 8},
 	{"state.version", OffVersion, 4},
@@ -74,8 +94,11 @@ var Fields = []Field{
 	{"state.last_reclaim_ns", OffLastReclaimNs, 8},
 	{"state.lock", OffLock, LockSize},
 	{"state.slots", OffSlots, MaxProcs * SlotSize},
+	{"state.counters", OffCounters, CountersSize},
 	{"slot.pid", SlotOffPID, 4},
 	{"slot.host_pid", SlotOffHostPID, 4},
 	{"slot.pidns", SlotOffPIDNS, 8},
 	{"slot.used", SlotOffUsed, 8 * MaxDevices},
+	{"counters.throttled_ns", CountersOffThrottledNs, 8 * MaxDevices},
+	{"counters.refused_allocs", CountersOffRefused, 8 * MaxDevices},
 }

@@ -51,7 +51,8 @@ func TestLayoutMatchesC(t *testing.T) {
 	}
 	want := map[string]uint64{
 		"magic": Magic, "version": uint64(Version), "max_devices": MaxDevices, "max_procs": MaxProcs,
-		"sizeof.state": StateSize, "sizeof.slot": SlotSize,
+		"sizeof.state": StateSize, "sizeof.slot": SlotSize, "sizeof.state_v3": StateSizeV3,
+		"version_v3": uint64(VersionV3), "slot_lock_base": SlotLockBase,
 	}
 	for name, w := range want {
 		g, ok := got[name]
@@ -75,7 +76,7 @@ func TestLayoutMatchesC(t *testing.T) {
 	}
 	// every field the C side printed must be known to Go
 	for name := range got {
-		if strings.HasPrefix(name, "state.") || strings.HasPrefix(name, "slot.") {
+		if strings.HasPrefix(name, "state.") || strings.HasPrefix(name, "slot.") || strings.HasPrefix(name, "counters.") {
 			found := false
 			for _, f := range Fields {
 				found = found || f.Name == name
@@ -101,6 +102,19 @@ func TestLayoutMatchesC(t *testing.T) {
 	}
 	if end != StateSize {
 		t.Errorf("fields end at %d, state size %d", end, StateSize)
+	}
+	// the counters tile their block; version 3's layout is what precedes them
+	end = 0
+	for _, f := range Fields {
+		if strings.HasPrefix(f.Name, "counters.") {
+			if f.Offset != end {
+				t.Errorf("%s at %d, want %d", f.Name, f.Offset, end)
+			}
+			end = f.Offset + f.Size
+		}
+	}
+	if end != CountersSize || OffCounters != StateSizeV3 {
+		t.Errorf("counters end at %d (want %d), begin at %d (want %d)", end, CountersSize, OffCounters, StateSizeV3)
 	}
 }
 
@@ -134,6 +148,38 @@ func TestReadFileWrittenByC(t *testing.T) {
 	}
 	if s.Seq == 0 || s.Seq%2 != 0 {
 		t.Errorf("seq = %d, want even and non-zero", s.Seq)
+	}
+	if s.Version != 4 || !s.HasCounters {
+		t.Errorf("version %d, counters %v: want 4 with counters", s.Version, s.HasCounters)
+	}
+	if d0.RefusedAllocations != 2 || d0.ThrottledNs != 0 || d1.RefusedAllocations != 1 || d1.ThrottledNs != 2500000000 {
+		t.Errorf("counters: device 0 %+v, device 1 %+v; want refused 2/1, throttled 0/2.5 s", d0, d1)
+	}
+}
+
+// A version-3 file (what a limiter of the previous release writes): read,
+// with the counters absent rather than zero.
+func TestReadFileVersion3(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state")
+	out, err := exec.Command(buildDump(t), "write3", path).Output()
+	if err != nil {
+		t.Fatalf("layout_dump write3: %v (%s)", err, out)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Size() != StateSizeV3 {
+		t.Fatalf("version-3 file: %v, size %v, want %d", err, fi, StateSizeV3)
+	}
+	s, err := ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Version != 3 || s.HasCounters {
+		t.Errorf("version %d, counters %v: want 3 without counters", s.Version, s.HasCounters)
+	}
+	if d := s.Devices[0]; d.Limit != 1000 || d.Used != 600 || d.SMLimit != 30 || d.RefusedAllocations != 0 {
+		t.Errorf("device 0 = %+v", d)
+	}
+	if len(s.Processes) != 1 {
+		t.Errorf("processes = %+v, want 1", s.Processes)
 	}
 }
 
@@ -174,6 +220,12 @@ func TestParseRejects(t *testing.T) {
 		{"short", func(b []byte) []byte { return b[:100] }, ErrShort},
 		{"magic", func(b []byte) []byte { b[0] ^= 1; return b }, ErrMagic},
 		{"version", func(b []byte) []byte { le.PutUint32(b[OffVersion:], Version+1); return b }, ErrVersion},
+		{"version 2", func(b []byte) []byte { le.PutUint32(b[OffVersion:], 2); return b }, ErrVersion},
+		{"version 4 cut before its counters", func(b []byte) []byte { return b[:StateSizeV3] }, ErrShort},
+		{"version 3 cut short", func(b []byte) []byte {
+			le.PutUint32(b[OffVersion:], VersionV3)
+			return b[:StateSizeV3-1]
+		}, ErrShort},
 		{"slot size", func(b []byte) []byte { le.PutUint32(b[OffSlotSize:], 8); return b }, ErrLayout},
 		{"not ready", func(b []byte) []byte { le.PutUint32(b[OffInitState:], 1); return b }, ErrNotInit},
 		{"torn", func(b []byte) []byte { le.PutUint64(b[OffSeq:], 7); return b }, ErrTorn},
@@ -185,6 +237,11 @@ func TestParseRejects(t *testing.T) {
 	}
 	if _, err := Parse(validBuf()); err != nil {
 		t.Errorf("valid buffer: %v", err)
+	}
+	v3 := validBuf()[:StateSizeV3]
+	le.PutUint32(v3[OffVersion:], VersionV3)
+	if s, err := Parse(v3); err != nil || s.HasCounters || s.Version != VersionV3 {
+		t.Errorf("version-3 buffer: %+v, %v", s, err)
 	}
 }
 
@@ -236,8 +293,8 @@ func TestReadFileErrors(t *testing.T) {
 }
 
 func TestEncodeRoundTrip(t *testing.T) {
-	in := &Snapshot{Version: Version, Seq: 4, ReclaimedProcesses: 3}
-	in.Devices[0] = Device{Index: 0, Limit: 10 << 30, Used: 3 << 30, SMLimit: 30}
+	in := &Snapshot{Version: Version, HasCounters: true, Seq: 4, ReclaimedProcesses: 3}
+	in.Devices[0] = Device{Index: 0, Limit: 10 << 30, Used: 3 << 30, SMLimit: 30, ThrottledNs: 7e9, RefusedAllocations: 5}
 	in.Devices[1] = Device{Index: 1, Limit: 5 << 30}
 	for d := 2; d < MaxDevices; d++ {
 		in.Devices[d].Index = d
@@ -249,7 +306,18 @@ func TestEncodeRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out.Seq != in.Seq || out.Devices != in.Devices || out.ReclaimedProcesses != 3 || len(out.Processes) != 1 || out.Processes[0] != p {
+	if out.Seq != in.Seq || out.Devices != in.Devices || out.ReclaimedProcesses != 3 || len(out.Processes) != 1 ||
+		out.Processes[0] != p || !out.HasCounters || out.Version != Version {
 		t.Errorf("round trip: got %+v, want %+v", out, in)
+	}
+	// as version 3: no counters, the rest the same
+	in.Version = VersionV3
+	b := Encode(in)
+	out, err = Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) != StateSizeV3 || out.HasCounters || out.Devices[0].RefusedAllocations != 0 || out.Devices[0].Limit != 10<<30 {
+		t.Errorf("version-3 round trip: %d bytes, %+v", len(b), out)
 	}
 }

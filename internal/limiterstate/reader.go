@@ -27,6 +27,12 @@ type Device struct {
 	Limit   uint64 // bytes; 0 = no memory limit
 	Used    uint64 // bytes charged by all live processes
 	SMLimit uint32 // percent; 0 = no compute limit
+
+	// Counters (version 4; zero and meaningless when the snapshot's
+	// HasCounters is false). Monotone while the file exists: what exited
+	// processes counted stays.
+	ThrottledNs        uint64 // nanoseconds launches were held back by the compute pacing (summed over waiting launches)
+	RefusedAllocations uint64 // allocation calls refused because of the memory limit
 }
 
 // Process is one registered process of the container.
@@ -39,7 +45,10 @@ type Process struct {
 
 // Snapshot is a consistent copy of the shared state.
 type Snapshot struct {
-	Version            uint32
+	Version uint32
+	// HasCounters says the Devices' counters are recorded (version 4). A
+	// version-3 file has none: they are absent, not zero.
+	HasCounters        bool
 	Seq                uint64
 	Devices            [MaxDevices]Device
 	Processes          []Process // live slots only
@@ -48,16 +57,22 @@ type Snapshot struct {
 
 var le = binary.LittleEndian
 
-// Parse decodes a copy of the whole file. It fails with ErrTorn if the copy
-// was taken while a writer was mid-update (odd sequence number).
+// Parse decodes a copy of the whole file (version 3 or 4). It fails with
+// ErrTorn if the copy was taken while a writer was mid-update (odd sequence
+// number).
 func Parse(b []byte) (*Snapshot, error) {
-	if len(b) < StateSize {
+	if len(b) < StateSizeV3 {
 		return nil, ErrShort
 	}
 	if le.Uint64(b[OffMagic:]) != Magic {
 		return nil, ErrMagic
 	}
-	if v := le.Uint32(b[OffVersion:]); v != Version {
+	v := le.Uint32(b[OffVersion:])
+	switch {
+	case v == VersionV3:
+	case v == Version && len(b) < StateSize:
+		return nil, ErrShort
+	case v != Version:
 		return nil, fmt.Errorf("%w: %d", ErrVersion, v)
 	}
 	if le.Uint32(b[OffHeaderSize:]) != HeaderSize || le.Uint32(b[OffSlotSize:]) != SlotSize ||
@@ -67,7 +82,7 @@ func Parse(b []byte) (*Snapshot, error) {
 	if le.Uint32(b[OffInitState:]) != InitReady {
 		return nil, ErrNotInit
 	}
-	s := &Snapshot{Version: Version, Seq: le.Uint64(b[OffSeq:])}
+	s := &Snapshot{Version: v, HasCounters: v == Version, Seq: le.Uint64(b[OffSeq:])}
 	if s.Seq%2 == 1 {
 		return nil, ErrTorn
 	}
@@ -77,6 +92,10 @@ func Parse(b []byte) (*Snapshot, error) {
 			Limit:   le.Uint64(b[OffLimit+8*d:]),
 			Used:    le.Uint64(b[OffTotalUsed+8*d:]),
 			SMLimit: le.Uint32(b[OffSMLimit+4*d:]),
+		}
+		if s.HasCounters {
+			s.Devices[d].ThrottledNs = le.Uint64(b[OffCounters+CountersOffThrottledNs+8*d:])
+			s.Devices[d].RefusedAllocations = le.Uint64(b[OffCounters+CountersOffRefused+8*d:])
 		}
 	}
 	s.ReclaimedProcesses = le.Uint64(b[OffReclaimed:])
@@ -95,8 +114,10 @@ func Parse(b []byte) (*Snapshot, error) {
 	return s, nil
 }
 
-// ReadFile reads a consistent snapshot of the state file at path, retrying
-// while writers are active (sequence number odd or changed during the read).
+// ReadFile reads a consistent snapshot of the state file at path (version 3
+// or 4), retrying while writers are active (sequence number odd or changed
+// during the read). The counters are not covered by the sequence number
+// (each is monotone on its own, added to without the lock).
 // It never takes the writers' lock, so a stuck reader cannot block a GPU
 // allocation.
 func ReadFile(path string) (*Snapshot, error) {
@@ -109,13 +130,11 @@ func ReadFile(path string) (*Snapshot, error) {
 	var seq [8]byte
 	var lastErr error
 	for attempt := 0; attempt < 100; attempt++ {
-		if _, err := f.ReadAt(buf, 0); err != nil {
-			if errors.Is(err, io.EOF) {
-				return nil, ErrShort
-			}
+		n, err := f.ReadAt(buf, 0)
+		if err != nil && !errors.Is(err, io.EOF) {
 			return nil, err
 		}
-		s, err := Parse(buf)
+		s, err := Parse(buf[:n]) // a version-3 file ends before the counters
 		if err != nil {
 			if errors.Is(err, ErrTorn) {
 				lastErr = err

@@ -146,7 +146,7 @@ func TestMetricsAndLabels(t *testing.T) {
 	}
 	dir := dirs.StateDir(created["frac-a"].UID, "app0") // the limiter's writable state
 	snap := &limiterstate.Snapshot{Seq: 2}
-	snap.Devices[0] = limiterstate.Device{Limit: 10240 << 20, Used: 3 << 30, SMLimit: 30}
+	snap.Devices[0] = limiterstate.Device{Limit: 10240 << 20, Used: 3 << 30, SMLimit: 30, ThrottledNs: 2_500_000_000, RefusedAllocations: 3}
 	proc := limiterstate.Process{PID: 12, HostPID: 4242}
 	proc.Used[0] = 3 << 30
 	snap.Processes = []limiterstate.Process{proc}
@@ -234,6 +234,10 @@ func TestMetricsAndLabels(t *testing.T) {
 		{"tessera_container_sm_share_percent", with(gpu0, "pod", "frac-a", "container", "app0"), 30},
 		{"tessera_container_sm_utilization_percent", with(gpu0, "pod", "frac-a", "container", "app0"), 21},
 		{"tessera_container_processes", with(gpu0, "pod", "frac-a", "container", "app0"), 1},
+		{"tessera_container_throttled_seconds_total", with(gpu0, "namespace", "ml", "pod", "frac-a", "container", "app0", "claim", ""), 2.5},
+		{"tessera_container_allocations_refused_total", with(gpu0, "namespace", "ml", "pod", "frac-a", "container", "app0", "claim", ""), 3},
+		{"tessera_container_throttled_seconds_total", with(gpu0, "pod", "frac-a", "container", "app1"), 0},
+		{"tessera_container_allocations_refused_total", with(gpu0, "pod", "frac-a", "container", "app1"), 0},
 		{"tessera_container_memory_used_bytes", with(gpu0, "pod", "frac-a", "container", "app1"), 0},
 		{"tessera_container_memory_limit_bytes", with(gpu0, "pod", "frac-a", "container", "app1"), 2048 << 20},
 		{"tessera_container_memory_limit_bytes", with(gpu0, "pod", "frac-b", "container", "app0"), 5120 << 20},
@@ -258,6 +262,10 @@ func TestMetricsAndLabels(t *testing.T) {
 		if value(m) != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, value(m), c.want)
 		}
+	}
+	// frac-b's unreadable file: its counters are unknown, not 0.
+	if m := series(fams, "tessera_container_allocations_refused_total", map[string]string{"pod": "frac-b"}); m != nil {
+		t.Errorf("counters from an unreadable state file: %v", m)
 	}
 	if m := series(fams, "tessera_container_memory_limit_bytes", map[string]string{"pod": "done"}); m != nil {
 		t.Errorf("a finished pod has a series: %v", m)

@@ -69,6 +69,30 @@ func (a *Agent) publishLabels(ctx context.Context, node *v1.Node, inv *api.NodeI
 	return nil
 }
 
+// claimsForMetrics lists the DRA claims prepared on the node, with each
+// request's GPUs in the order of its limits file.
+func (a *Agent) claimsForMetrics() []metrics.Claim {
+	dr := a.DRADriver()
+	if dr == nil {
+		return nil
+	}
+	var out []metrics.Claim
+	for _, p := range dr.Prepared() {
+		c := metrics.Claim{Namespace: p.Namespace, Name: p.Name}
+		for _, r := range p.Requests {
+			cr := metrics.ClaimRequest{Request: r.Request, StateFile: r.StateFile()}
+			for _, g := range p.Grants {
+				if g.Request == r.Request {
+					cr.Devices = append(cr.Devices, metrics.ClaimDevice{UUID: g.UUID, MemoryMiB: g.MemoryMiB, Cores: g.Cores, Whole: g.Whole, Admin: g.Admin})
+				}
+			}
+			c.Requests = append(c.Requests, cr)
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
 // MetricsHandler serves the agent's metrics (and Go runtime and process
 // metrics) in Prometheus' text format.
 func (a *Agent) MetricsHandler() http.Handler {
@@ -104,7 +128,8 @@ func (a *Agent) MetricsHandler() http.Handler {
 			}
 			return l.List(labels.Everything())
 		},
-		State: a.state,
+		State:  a.state,
+		Claims: a.claimsForMetrics,
 	}, a.logger.WithName("metrics")))
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: nil}))

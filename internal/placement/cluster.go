@@ -92,8 +92,10 @@ func (c *Cluster) UpsertNode(n *Node) {
 	n.CPUUsed, n.MemUsed = 0, 0
 	if i, ok := c.byName[n.Name]; ok {
 		n.Version = c.nodes[i].Version + 1
+		n.index = i
 		c.nodes[i] = n
 	} else {
+		n.index = len(c.nodes)
 		c.byName[n.Name] = len(c.nodes)
 		c.nodes = append(c.nodes, n)
 	}
@@ -111,6 +113,7 @@ func (c *Cluster) RemoveNode(name string) {
 	}
 	last := len(c.nodes) - 1
 	c.nodes[i] = c.nodes[last]
+	c.nodes[i].index = i
 	c.byName[c.nodes[i].Name] = i
 	c.nodes = c.nodes[:last]
 	delete(c.byName, name)

@@ -2,6 +2,7 @@ package placement
 
 import (
 	"math"
+	"math/bits"
 
 	"github.com/tessera-gpu/tessera/internal/gpushare"
 	"github.com/tessera-gpu/tessera/pkg/api"
@@ -94,15 +95,33 @@ type GPURanker interface {
 	RankGPU(cr *Compiled, n *Node, i int, pending, demand Usage) float64
 }
 
+// GPUsRanker is a GPURanker that ranks all the candidate GPUs of a node
+// for one container in one call, as RankGPU would one at a time: for each
+// i in cand, rank[i] = RankGPU(cr, n, i, pending[i], demand[i]). Fit calls
+// it once per container and node instead of RankGPU once per GPU, which
+// saves a call per GPU and lets the ranker decide what depends only on
+// the pod, or find what it keeps for the node, once.
+type GPUsRanker interface {
+	GPURanker
+	RankGPUs(cr *Compiled, n *Node, cand []int, pending, demand []Usage, rank []float64)
+}
+
 // Scratch holds the working state of fit checks so they allocate nothing.
 // One Scratch serves one goroutine at a time.
 type Scratch struct {
-	// pod[i] is what the containers placed so far charge GPU i.
+	// pod[i] is what the containers placed so far charge GPU i; bit i of
+	// held is set once they charge it anything (so the GPUs they do not
+	// touch, most of them, are passed over without reading pod[i]).
 	pod       [api.MaxGPUsPerNode]gpushare.Pod
+	held      uint64
 	eligible  [api.MaxGPUsPerNode]bool
 	cand      [api.MaxGPUsPerNode]int
 	rank      [api.MaxGPUsPerNode]float64
 	set, best [api.MaxGPUsPerNode]int
+	// For a GPUsRanker: the candidates it ranks and their pending charge
+	// and demand, by GPU position.
+	ranked    [api.MaxGPUsPerNode]int
+	pend, dem [api.MaxGPUsPerNode]Usage
 	// mig is the MIG working state, made on the first node with MIG GPUs
 	// (so fit checks of other nodes keep a small Scratch).
 	mig *migScratch
@@ -138,6 +157,7 @@ func (cr *Compiled) Fit(n *Node, ranker GPURanker, s *Scratch, p *Placement) Rea
 		return reason
 	}
 	clear(s.pod[:len(n.GPUs)])
+	s.held = 0
 	if n.hasMIG {
 		if s.mig == nil {
 			s.mig = &migScratch{}
@@ -150,8 +170,9 @@ func (cr *Compiled) Fit(n *Node, ranker GPURanker, s *Scratch, p *Placement) Rea
 		}
 		p.offs = append(p.offs, len(p.grants))
 	}
-	for i := range n.GPUs {
-		p.charge[i] = Usage(s.pod[i].Charge())
+	for held := s.held; held != 0; held &= held - 1 {
+		i := bits.TrailingZeros64(held)
+		p.charge[i] = Usage(s.pod[i].Charge()) // (p.reset cleared the others)
 	}
 	return Reason{}
 }
@@ -166,21 +187,28 @@ func (cr *Compiled) markEligible(n *Node, s *Scratch) Reason {
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
 		s.eligible[i] = false
-		switch {
-		case !g.Healthy:
+		if !g.Healthy {
 			unhealthy++
-		case cr.modelVerdict(g) == modelExcluded:
-			excluded++
-			model = g.Model
-		case cr.modelVerdict(g) == modelNotIncluded:
-			notIncluded++
-			model = g.Model
-		case cr.uuidIn != nil && !has(cr.uuidIn, g.UUID), cr.uuidOut != nil && has(cr.uuidOut, g.UUID):
-			uuid++
-		default:
-			s.eligible[i] = true
-			count++
+			continue
 		}
+		if cr.selects {
+			switch cr.modelVerdict(g) {
+			case modelExcluded:
+				excluded++
+				model = g.Model
+				continue
+			case modelNotIncluded:
+				notIncluded++
+				model = g.Model
+				continue
+			}
+			if cr.uuidIn != nil && !has(cr.uuidIn, g.UUID) || cr.uuidOut != nil && has(cr.uuidOut, g.UUID) {
+				uuid++
+				continue
+			}
+		}
+		s.eligible[i] = true
+		count++
 	}
 	if count > 0 {
 		return Reason{}
@@ -214,21 +242,26 @@ func joinSelectors(xs []string) string {
 	return s
 }
 
-// demandOn is one GPU's worth of container c's demand on g, as charged.
+// demandOn is one GPU's worth of the container's demand on g, as charged.
 // (Kept within the inlining budget: callers turn a whole GPU into one
-// replica on replicated GPUs, see replicaSlot.)
-func demandOn(c Container, g *GPU) gpushare.Usage {
-	if c.Exclusive() {
+// replica on replicated GPUs, see replicaSlot. It reads the container's
+// facts decided at compile time rather than copying its Container: this
+// runs for every GPU of every node.)
+func (cc *compiledContainer) demandOn(g *GPU) gpushare.Usage {
+	if cc.excl {
 		return gpushare.Whole(g.MemoryCap)
 	}
-	return gpushare.Share(c.memoryOn(g), c.Cores)
+	return gpushare.Share(cc.memoryOn(g), cc.c.Cores)
 }
+
+// memoryOn is the memory the container is granted on g (Container.memoryOn).
+func (cc *compiledContainer) memoryOn(g *GPU) int64 { return cc.c.ask().MemoryOn(g.MemoryMiB) }
 
 // slotted reports whether a container that asks no share of its own gets
 // one equal slot (a replica) rather than the whole GPU: on GPUs shared by
 // time-slicing or MPS, as NVIDIA's plugin gives every container one
 // replica of 1/replicas.
-func slotted(c Container, g *GPU) bool { return replicated(g) && c.Exclusive() }
+func (cc *compiledContainer) slotted(g *GPU) bool { return cc.excl && replicated(g) }
 
 // replicaSlot is one replica of g: an equal slot of its memory and cores
 // (NVIDIA's 1/N).
@@ -337,6 +370,8 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 	cc := &cr.gpu[k]
 	c := cc.c
 	m := 0
+	batch, _ := ranker.(GPUsRanker)
+	r := 0 // candidates for batch
 	for i := range n.GPUs {
 		if !s.eligible[i] {
 			continue
@@ -366,7 +401,7 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 		if c.GPUs > 1 && g.Sharing == api.SharingMPS {
 			continue // an MPS client connects to one GPU's daemon
 		}
-		d := demandOn(c, g)
+		d := cc.demandOn(g)
 		if d.Exclusive > 0 && replicated(g) {
 			d = replicaSlot(g)
 		}
@@ -374,10 +409,17 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 			continue
 		}
 		s.cand[m] = i
-		pending := Usage(s.pod[i].Charge())
-		if ranker != nil {
+		var pending Usage
+		if s.held&(1<<i) != 0 {
+			pending = Usage(s.pod[i].Charge())
+		}
+		switch {
+		case batch != nil:
+			s.ranked[r], s.pend[i], s.dem[i] = i, pending, Usage(d)
+			r++
+		case ranker != nil:
 			s.rank[i] = ranker.RankGPU(cr, n, i, pending, Usage(d))
-		} else {
+		default:
 			s.rank[i] = builtinRank(cr.gpuPol, g, pending, Usage(d))
 		}
 		m++
@@ -387,6 +429,9 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 			return cr.migReason(n, c, s)
 		}
 		return cr.explain(n, cc, s, m)
+	}
+	if r > 0 {
+		batch.RankGPUs(cr, n, s.ranked[:r], s.pend[:], s.dem[:], s.rank[:])
 	}
 	chosen := s.set[:0]
 	if c.GPUs == 1 && !cr.Req.NUMABind {
@@ -410,6 +455,7 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 		if n.hasMIG && s.mig.ok[i] {
 			ch := s.mig.ch[i]
 			s.pod[i].Take(migCharge, cc.init)
+			s.held |= 1 << i
 			pp := &s.mig.pend[i]
 			if pp.n < len(pp.inst) {
 				pp.inst[pp.n], pp.dev[pp.n] = ch.inst, ch.device
@@ -419,23 +465,20 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 				MIG: &api.MIGGrant{Profile: ch.inst.Profile, Start: ch.inst.Start, Device: ch.device}})
 			continue
 		}
-		d := demandOn(c, g)
+		d := cc.demandOn(g)
 		if d.Exclusive > 0 && replicated(g) {
 			d = replicaSlot(g)
 		}
 		s.pod[i].Take(d, cc.init)
-		if slotted(c, g) {
+		s.held |= 1 << i
+		if cc.slotted(g) {
 			p.grants = append(p.grants, Grant{GPU: i, MemoryMiB: d.MemoryMiB, Cores: d.Cores})
 			continue
 		}
-		mem := c.memoryOn(g)
-		p.grants = append(p.grants, Grant{GPU: i, MemoryMiB: mem, Cores: cores(c), Exclusive: d.Exclusive > 0})
+		p.grants = append(p.grants, Grant{GPU: i, MemoryMiB: cc.memoryOn(g), Cores: cc.cores, Exclusive: d.Exclusive > 0})
 	}
 	return Reason{}
 }
-
-// cores is the compute share granted: whole GPUs get 100%.
-func cores(c Container) int { return c.ask().CoresGranted() }
 
 // builtinRank scores a GPU for the binpack and spread GPU policies: the
 // fraction of the GPU in use after the share is added (higher = fuller).
@@ -538,15 +581,15 @@ func (cr *Compiled) explain(n *Node, cc *compiledContainer, s *Scratch, m int) R
 	}
 	slots := false
 	for i := range n.GPUs {
-		slots = slots || s.eligible[i] && slotted(c, &n.GPUs[i])
+		slots = slots || s.eligible[i] && cc.slotted(&n.GPUs[i])
 	}
-	if c.Exclusive() && !slots {
+	if cc.excl && !slots {
 		idle, total := 0, 0
 		for i := range n.GPUs {
 			if s.eligible[i] {
 				total++
 				g := &n.GPUs[i]
-				if s.rules(g, i, cc, demandOn(c, g), true)&notIdle == 0 { // (not slotted: see slots above)
+				if s.rules(g, i, cc, cc.demandOn(g), true)&notIdle == 0 { // (not slotted: see slots above)
 					idle++
 				}
 			}
@@ -563,7 +606,7 @@ func (cr *Compiled) explain(n *Node, cc *compiledContainer, s *Scratch, m int) R
 		}
 		g := &n.GPUs[i]
 		physical = max(physical, g.MemoryMiB)
-		d := demandOn(c, g)
+		d := cc.demandOn(g)
 		if d.Exclusive > 0 && replicated(g) {
 			d = replicaSlot(g)
 		}

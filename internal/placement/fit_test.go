@@ -65,7 +65,7 @@ func TestEveryFitRuleIsExplained(t *testing.T) {
 				continue
 			}
 			g := &n.GPUs[0]
-			if f := s.rules(g, 0, cc, demandOn(cc.c, g), true); f&tc.rule == 0 {
+			if f := s.rules(g, 0, cc, cc.demandOn(g), true); f&tc.rule == 0 {
 				t.Errorf("rule %b: the failing container breaks %b, not the rule", tc.rule, f)
 			}
 		}
@@ -93,11 +93,12 @@ func TestRulesStopEarlyAlike(t *testing.T) {
 					Init: gpushare.Usage{MemoryMiB: rng.Int63n(g.MemoryMiB), Cores: rng.Intn(60), Shares: rng.Intn(2)},
 				}
 				g.Used = Usage{MemoryMiB: rng.Int63n(g.MemoryCap), Cores: rng.Intn(101), Shares: rng.Intn(g.MaxShares + 1), Exclusive: rng.Intn(5) / 4}
-				cc := &compiledContainer{c: randomContainer(rng, "c"), init: rng.Intn(3) == 0}
+				c := randomContainer(rng, "c")
+				cc := new(compileContainer(c, rng.Intn(3) == 0, 0))
 				if cc.c.GPUs == 0 {
 					continue
 				}
-				d := demandOn(cc.c, g)
+				d := cc.demandOn(g)
 				early, all := s.rules(g, i, cc, d, false), s.rules(g, i, cc, d, true)
 				if (early == 0) != (all == 0) || early&^all != 0 {
 					t.Fatalf("GPU %+v, pod %+v, container %+v: early %b, all %b", g, s.pod[i], cc, early, all)

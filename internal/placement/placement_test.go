@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -475,5 +476,75 @@ func TestShareOnGPUHeldWholeSaysSo(t *testing.T) {
 	reason := fitOn(t, c, n, pod("p", share("main", 1000, 10)))
 	if reason.Kind != ReasonHeldWhole || reason.String() != `container "main": every usable GPU is held whole by another pod (1)` {
 		t.Fatalf("reason %q", reason)
+	}
+}
+
+// Node.Index is the node's position in Nodes() after every change of the
+// node set, so policies may keep per-node values in a slice by it.
+func TestNodeIndexIsPosition(t *testing.T) {
+	c := NewCluster()
+	check := func(when string) {
+		t.Helper()
+		for i, n := range c.Nodes() {
+			if n.Index() != i {
+				t.Fatalf("%s: node %s at position %d has index %d", when, n.Name, i, n.Index())
+			}
+		}
+	}
+	for i := range 6 {
+		c.UpsertNode(mustNode(t, fmt.Sprintf("n%d", i), inventory(2, "A100", 40960, 4)))
+	}
+	check("after adding")
+	c.RemoveNode("n1") // n5 moves into position 1
+	check("after removing n1")
+	c.UpsertNode(mustNode(t, "n5", inventory(4, "A100", 40960, 4))) // replaced in place
+	check("after replacing n5")
+	c.RemoveNode("n4") // the last node
+	c.UpsertNode(mustNode(t, "n6", inventory(1, "A100", 40960, 4)))
+	check("after removing the last node and adding another")
+	if got := c.Node("n5").Index(); got != 1 {
+		t.Errorf("n5 has index %d, want 1 (it took n1's place)", got)
+	}
+}
+
+// batchRanker ranks GPUs by position, highest first, and counts how it
+// was asked.
+type batchRanker struct{ one, batch, ranked int }
+
+func (r *batchRanker) RankGPU(_ *Compiled, _ *Node, i int, _, _ Usage) float64 {
+	r.one++
+	return float64(i)
+}
+
+func (r *batchRanker) RankGPUs(_ *Compiled, _ *Node, cand []int, pending, demand []Usage, rank []float64) {
+	r.batch++
+	for _, i := range cand {
+		if demand[i] == (Usage{}) {
+			panic("no demand for a candidate")
+		}
+		r.ranked++
+		rank[i] = float64(i)
+	}
+}
+
+// Fit asks a GPUsRanker once per container and node, for every GPU the
+// container fits, and follows its ranks.
+func TestFitRanksGPUsInOneCall(t *testing.T) {
+	c, n := oneNodeCluster(t, inventory(4, "A100", 40960, 4))
+	place(t, c, pod("busy", whole("main", 1))) // one GPU held whole
+	cr := mustCompile(t, c, pod("p", share("a", 1024, 10), share("b", 1024, 10)))
+	r := &batchRanker{}
+	var s Scratch
+	var p Placement
+	if reason := cr.Fit(n, r, &s, &p); !reason.OK() {
+		t.Fatalf("does not fit: %s", reason)
+	}
+	if r.one != 0 || r.batch != 2 || r.ranked != 6 {
+		t.Errorf("RankGPU called %d times, RankGPUs %d times for %d GPUs; want 0, 2 (one per container), 6 (3 free GPUs each)", r.one, r.batch, r.ranked)
+	}
+	for k := range 2 {
+		if g := p.Grants(k); len(g) != 1 || g[0].GPU != 3 {
+			t.Errorf("container %d got %+v, want GPU 3 (ranked highest)", k, g)
+		}
 	}
 }

@@ -145,6 +145,9 @@ type Compiled struct {
 	modelOK []uint8
 	uuidIn  map[string]struct{}
 	uuidOut map[string]struct{}
+	// selects: the pod selects GPUs by model or UUID (else every healthy
+	// GPU is eligible, decided without looking further).
+	selects bool
 	gpuPol  api.GPUPolicy
 }
 
@@ -152,6 +155,15 @@ type compiledContainer struct {
 	c       Container
 	init    bool
 	specPos int // position in InitContainers or Containers
+	// Decided once at compile time (the fit check asks them per GPU):
+	// excl is c.Exclusive(), cores the compute share granted (whole GPUs
+	// get 100%).
+	excl  bool
+	cores int
+}
+
+func compileContainer(c Container, init bool, specPos int) compiledContainer {
+	return compiledContainer{c: c, init: init, specPos: specPos, excl: c.Exclusive(), cores: c.ask().CoresGranted()}
 }
 
 const (
@@ -171,7 +183,7 @@ func (c *Cluster) Compile(r *Request) (*Compiled, error) {
 	}
 	for i, ct := range r.Containers {
 		if ct.GPUs > 0 {
-			cr.gpu = append(cr.gpu, compiledContainer{c: ct, specPos: i})
+			cr.gpu = append(cr.gpu, compileContainer(ct, false, i))
 		}
 	}
 	// Hard containers first: more GPUs, then exclusive, then more memory.
@@ -194,7 +206,7 @@ func (c *Cluster) Compile(r *Request) (*Compiled, error) {
 	cr.numApp = len(cr.gpu)
 	for i, ct := range r.InitContainers {
 		if ct.GPUs > 0 {
-			cr.gpu = append(cr.gpu, compiledContainer{c: ct, init: true, specPos: i})
+			cr.gpu = append(cr.gpu, compileContainer(ct, true, i))
 		}
 	}
 	cr.needsGPU = len(cr.gpu) > 0
@@ -211,6 +223,7 @@ func (c *Cluster) Compile(r *Request) (*Compiled, error) {
 	if len(r.ExcludeUUIDs) > 0 {
 		cr.uuidOut = toSet(r.ExcludeUUIDs)
 	}
+	cr.selects = len(r.IncludeModels)+len(r.ExcludeModels) > 0 || cr.uuidIn != nil || cr.uuidOut != nil
 	return cr, nil
 }
 

@@ -10,6 +10,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
+
+	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 // Candidates is how many nodes PreFilter hands kube-scheduler: the
@@ -87,8 +89,10 @@ func (p *Plugin) candidates(ctx context.Context, s *cycleState) sets.Set[string]
 		names.Insert(c.name)
 	}
 	if s.draWhy == "" {
-		for n := range p.st.dra {
-			names.Insert(n)
+		for n, m := range p.st.mode {
+			if m == api.ModeDRA {
+				names.Insert(n)
+			}
 		}
 	}
 	return names

@@ -56,7 +56,7 @@ func draUnfit(r *placement.Request, gpu string) string {
 const draScore = math.MinInt64
 
 // isDRA reports whether the node is in mode dra; the caller holds st.mu.
-func (s *state) isDRA(node string) bool { return s.dra[node] }
+func (s *state) isDRA(node string) bool { return s.mode[node] == api.ModeDRA }
 
 // onDRA reports whether the node is in mode dra.
 func (p *Plugin) onDRA(node string) bool {

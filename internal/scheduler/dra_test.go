@@ -135,4 +135,16 @@ func TestDRAPodHasNoMissingRecordWarning(t *testing.T) {
 	if warned("on-dra") {
 		t.Error("a pod on a DRA node was warned that its record is missing")
 	}
+
+	// The same status on a pod bound to a node whose inventory says it
+	// serves its GPUs through the device plugin (created once the scheduler
+	// knows the node): no claim serves GPUs there, so the status does not
+	// excuse the missing record.
+	spoofed := fixtures.MakePod().Namespace(metav1.NamespaceDefault).Name("spoofed").UID("uid-spoofed").
+		SchedulerName(SchedulerName).Node("a").Container("main", map[string]string{"nvidia.com/gpu": "1"}).Obj()
+	spoofed.Status.ExtendedResourceClaimStatus = onDRA.Status.ExtendedResourceClaimStatus.DeepCopy()
+	if _, err := ts.client.CoreV1().Pods(metav1.NamespaceDefault).Create(ts.ctx, spoofed, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, "the warning for the pod on a device-plugin node that names an extended-resource claim", 30*time.Second, func() bool { return warned("spoofed") })
 }

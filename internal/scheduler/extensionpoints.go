@@ -211,10 +211,13 @@ func (p *Plugin) PostFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.
 	return nil, fwk.NewStatus(fwk.Unschedulable, statusText("Tessera: "+s.summary(reasons)))
 }
 
-// PreScore skips scoring for pods the plugin does not place.
-func (p *Plugin) PreScore(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, _ []fwk.NodeInfo) *fwk.Status {
+// PreScore skips scoring for pods the plugin does not place, but for
+// pods whose claims DynamicResources allocates on DRA nodes (drascore.go).
+func (p *Plugin) PreScore(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodes []fwk.NodeInfo) *fwk.Status {
 	if readState(cs) == nil {
-		return fwk.NewStatus(fwk.Skip)
+		// Not a pod Tessera places: one whose claims DynamicResources
+		// allocates on DRA nodes is ranked by the node policy there.
+		return p.draPreScore(ctx, cs, pod, nodes)
 	}
 	return nil
 }
@@ -228,6 +231,9 @@ const scoreScale = 1e6
 func (p *Plugin) Score(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, ni fwk.NodeInfo) (int64, *fwk.Status) {
 	s := readState(cs)
 	if s == nil {
+		if d := readDRACycle(cs); d != nil {
+			return d.scores[ni.Node().Name], nil
+		}
 		return 0, nil
 	}
 	name := ni.Node().Name
@@ -281,7 +287,8 @@ func (p *Plugin) ScoreExtensions() fwk.ScoreExtensions { return p }
 // cluster's order): first fit among equals. Nodes that serve their GPUs
 // through DRA (draScore) get 0, below every node Tessera places on.
 func (p *Plugin) NormalizeScore(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, scores fwk.NodeScoreList) *fwk.Status {
-	if len(scores) == 0 {
+	if len(scores) == 0 || readDRACycle(cs) != nil {
+		// The DRA scores (drascore.go) are already in range.
 		return nil
 	}
 	lo, hi, seen, dra := int64(0), int64(0), false, false

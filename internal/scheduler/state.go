@@ -35,9 +35,10 @@ type state struct {
 	// slot gives every node seen a stable dense index, so a scheduling
 	// cycle can keep per-node results in a flat slice instead of a map.
 	slot map[string]int
-	// dra holds the nodes in mode dra, which the core holds without GPUs
-	// (dra.go).
-	dra map[string]bool
+	// mode holds how each node whose inventory decoded serves its GPUs:
+	// api.ModeDRA (the core holds it without GPUs; dra.go) or
+	// api.ModeDevicePlugin. A node without a valid inventory has none.
+	mode map[string]api.NodeMode
 	// trust decides which records read from pods are charged (nil: all
 	// that decode).
 	trust *trust
@@ -57,7 +58,7 @@ func newState(obs usageObserver) *state {
 		inventory: map[string]string{},
 		holders:   map[string]types.UID{},
 		slot:      map[string]int{},
-		dra:       map[string]bool{},
+		mode:      map[string]api.NodeMode{},
 	}
 }
 
@@ -93,10 +94,13 @@ func (s *state) upsertNode(logger klog.Logger, node *corev1.Node) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.inventory[node.Name] = seen
-	if dra {
-		s.dra[node.Name] = true
-	} else {
-		delete(s.dra, node.Name)
+	switch {
+	case dra:
+		s.mode[node.Name] = api.ModeDRA
+	case inv != nil:
+		s.mode[node.Name] = api.ModeDevicePlugin
+	default:
+		delete(s.mode, node.Name)
 	}
 	if _, ok := s.slot[node.Name]; !ok {
 		s.slot[node.Name] = len(s.slot)
@@ -129,7 +133,7 @@ func (s *state) removeNode(name string) {
 		s.obs.nodeRemoved(n)
 	}
 	delete(s.inventory, name)
-	delete(s.dra, name)
+	delete(s.mode, name)
 	s.cluster.RemoveNode(name)
 }
 
@@ -141,14 +145,17 @@ func (s *state) removeNode(name string) {
 // onDRANode reports whether pod holds its GPUs through ResourceClaims:
 // the extended-resource claim the scheduler made for it (set before the
 // pod is bound, so it holds whatever order the informers deliver Nodes
-// and Pods in), or a node in mode dra.
+// and Pods in), or a node in mode dra. A node known to serve its GPUs
+// through the device plugin (its inventory says so) overrides the pod's
+// status: no claim serves GPUs there, and a status is no licence to hold
+// them without a record.
 func (s *state) onDRANode(pod *corev1.Pod) bool {
-	if pod.Status.ExtendedResourceClaimStatus != nil {
-		return true
-	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.isDRA(pod.Spec.NodeName)
+	if s.mode[pod.Spec.NodeName] == api.ModeDevicePlugin {
+		return false
+	}
+	return pod.Status.ExtendedResourceClaimStatus != nil || s.isDRA(pod.Spec.NodeName)
 }
 
 func (s *state) observePod(logger klog.Logger, pod *corev1.Pod) bool {

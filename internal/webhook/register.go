@@ -9,6 +9,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -51,7 +52,23 @@ func MatchCondition(names api.ResourceNames) string {
 	migPrefix := "'" + strings.TrimSuffix(names.MIG("x"), "x") + "'"
 	match := fmt.Sprintf("r in %s || r.startsWith(%s)", set, migPrefix)
 	uses := fmt.Sprintf("(has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, %s)) || (has(c.resources.requests) && c.resources.requests.exists(r, %s))))", match, match)
-	return fmt.Sprintf("object.spec.containers.exists(c, %s) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, %s))", uses, uses)
+	return fmt.Sprintf("object.spec.containers.exists(c, %s) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, %s)) || %s", uses, uses, claimsCondition)
+}
+
+// claimsCondition sends pods that use ResourceClaims: the webhook charges
+// their claims to the GPU memory quota (draquota.go).
+const claimsCondition = "(has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0)"
+
+// ClaimMatchCondition is the CEL expression that sends a ResourceClaim's
+// creation to the webhook only when one of its requests (or subrequests)
+// names a DeviceClass of Tessera's driver.
+func ClaimMatchCondition() string {
+	quoted := make([]string, 0, 4)
+	for _, c := range api.DeviceClasses() {
+		quoted = append(quoted, "'"+c+"'")
+	}
+	set := "[" + strings.Join(quoted, ", ") + "]"
+	return fmt.Sprintf("has(object.spec.devices) && has(object.spec.devices.requests) && object.spec.devices.requests.exists(r, (has(r.exactly) && r.exactly.deviceClassName in %s) || (has(r.firstAvailable) && r.firstAvailable.exists(s, s.deviceClassName in %s)))", set, set)
 }
 
 func (r *Registration) clientConfig(path string) admissionregistrationv1.WebhookClientConfig {
@@ -132,6 +149,22 @@ func (r *Registration) Configurations() (*admissionregistrationv1.MutatingWebhoo
 			MatchPolicy:             &equivalent,
 			NamespaceSelector:       ns,
 			MatchConditions:         conds,
+			SideEffects:             &none,
+			TimeoutSeconds:          &timeout,
+			AdmissionReviewVersions: []string{"v1"},
+		}, {
+			// ResourceClaims of Tessera's classes created after their
+			// pods were charged (draquota.go).
+			Name:         "claims.tessera.io",
+			ClientConfig: r.clientConfig(ValidatePath),
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: create,
+				Rule:       admissionregistrationv1.Rule{APIGroups: []string{"resource.k8s.io"}, APIVersions: []string{"v1"}, Resources: []string{"resourceclaims"}, Scope: ptr.To(admissionregistrationv1.NamespacedScope)},
+			}},
+			FailurePolicy:           &fail,
+			MatchPolicy:             &equivalent,
+			NamespaceSelector:       ns,
+			MatchConditions:         []admissionregistrationv1.MatchCondition{{Name: "tessera-classes", Expression: ClaimMatchCondition()}},
 			SideEffects:             &none,
 			TimeoutSeconds:          &timeout,
 			AdmissionReviewVersions: []string{"v1"},

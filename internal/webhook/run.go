@@ -225,6 +225,7 @@ func Run(ctx context.Context, o Options) error {
 	adm := &Admission{
 		Names: o.Names, SchedulerName: o.SchedulerName, LargestGPUMiB: inv.Largest,
 		SchedulerUsers: o.SchedulerUsers, Trusted: trust.trusted, AllowUnprefixedEnvFrom: o.AllowUnprefixedEnvFrom,
+		Claims: ClientClaims{Client: o.Client},
 	}
 	ln, err := net.Listen("tcp", o.Listen)
 	if err != nil {

@@ -69,6 +69,9 @@ func (p *Admission) review(req *admissionv1.AdmissionRequest, mutate bool) *admi
 			return r
 		}
 	}
+	if req.Kind.Kind == "ResourceClaim" && req.Kind.Group == "resource.k8s.io" && !mutate {
+		return p.reviewClaim(req) // draquota.go
+	}
 	if req.Kind.Kind != "Pod" {
 		return &admissionv1.AdmissionResponse{Allowed: true}
 	}
@@ -94,6 +97,28 @@ func (p *Admission) review(req *admissionv1.AdmissionRequest, mutate bool) *admi
 		return &admissionv1.AdmissionResponse{Allowed: true}
 	case req.SubResource != "" || req.Operation != admissionv1.Create:
 		return &admissionv1.AdmissionResponse{Allowed: true}
+	}
+	if !kubeobj.RequestsGPU(&pod, p.Names) {
+		// A pod whose GPUs come through ResourceClaims (the match
+		// condition sends pods with spec.resourceClaims): only the
+		// quota charge of its claims is Tessera's business.
+		if !mutate {
+			return &admissionv1.AdmissionResponse{Allowed: true}
+		}
+		out := pod.DeepCopy()
+		changed, err := p.mutateClaims(out)
+		if err != nil {
+			return deny(http.StatusUnprocessableEntity, err.Error())
+		}
+		if !changed {
+			return &admissionv1.AdmissionResponse{Allowed: true}
+		}
+		patch, err := patchFor(&pod, out)
+		if err != nil {
+			return deny(http.StatusInternalServerError, err.Error())
+		}
+		pt := admissionv1.PatchTypeJSONPatch
+		return &admissionv1.AdmissionResponse{Allowed: true, Patch: patch, PatchType: &pt}
 	}
 	if errs := p.Validate(&pod); len(errs) > 0 {
 		return deny(http.StatusUnprocessableEntity, Message(errs))

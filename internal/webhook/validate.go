@@ -44,6 +44,9 @@ type Admission struct {
 	// ProtectedHostPaths are host paths a GPU pod may not mount, nor a
 	// directory above them; nil means DefaultProtectedHostPaths.
 	ProtectedHostPaths []string
+	// Claims reads the pods' ResourceClaims and templates to charge them
+	// to the GPU memory quota (draquota.go); nil charges no claim.
+	Claims ClaimReader
 }
 
 // containerRef is one container of the pod with its field path.
@@ -227,7 +230,11 @@ func (p *Admission) Mutate(pod *corev1.Pod) (*corev1.Pod, bool, error) {
 			changed = true
 		}
 	}
-	return out, changed, nil
+	claims, err := p.mutateClaims(out) // draquota.go
+	if err != nil {
+		return nil, false, err
+	}
+	return out, changed || claims, nil
 }
 
 // writeResources sets the GPU entries of c's requests and limits to d.

@@ -218,7 +218,7 @@ int tl_ensure_registered(void)
     return r;
 }
 
-int tl_reserve(int ld, uint64_t bytes)
+int tl_reserve_uncounted(int ld, uint64_t bytes)
 {
     uint64_t lim = tl_limit_of(ld);
     if (!lim)
@@ -226,6 +226,19 @@ int tl_reserve(int ld, uint64_t bytes)
     if (ld < 0 || ld >= TL_MAX_DEVICES || tl_ensure_registered() != 0)
         return -1;
     return tl_shared_reserve(&sh, ld, bytes, lim) == 0 ? 1 : -1;
+}
+
+void tl_count_refused(int ld)
+{
+    tl_shared_count_refused(&sh, ld);
+}
+
+int tl_reserve(int ld, uint64_t bytes)
+{
+    int r = tl_reserve_uncounted(ld, bytes);
+    if (r < 0)
+        tl_count_refused(ld);
+    return r;
 }
 
 void tl_release(int ld, uint64_t bytes)

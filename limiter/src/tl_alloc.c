@@ -369,8 +369,12 @@ static CUresult async_alloc(CUdeviceptr *dptr, size_t n, CUmemoryPool p, CUstrea
         if (ld == -2)
             ld = pool_device(p);
     }
-    if (!p || !tl_limit_of(ld))
-        return tl_limit_of(ld) ? CUDA_ERROR_OUT_OF_MEMORY : call(dptr, n, NULL, s, ptsz);
+    if (!p || !tl_limit_of(ld)) {
+        if (!tl_limit_of(ld))
+            return call(dptr, n, NULL, s, ptsz);
+        tl_count_refused(ld); /* no pool to account it in */
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     tl_account_prepare(ld, n);
     pthread_mutex_lock(&pool_mu);
     struct pool *e = pool_add(p, ld);

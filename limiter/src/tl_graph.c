@@ -104,7 +104,7 @@ static int graph_sync(int ld, uint64_t pre)
         uint64_t d = r - c, use = d < pre ? d : pre;
         pre -= use;
         d -= use;
-        if (d && tl_reserve(ld, d) < 0) {
+        if (d && tl_reserve_uncounted(ld, d) < 0) {
             tl_force_charge(ld, d);
             over = 1;
         }
@@ -156,6 +156,7 @@ static CUresult graph_instantiated(CUgraphExec *pe, int ld, uint64_t bytes, int 
         r = CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (graph_sync(ld, pre) != 0 && r == CUDA_SUCCESS && upload) {
+        tl_count_refused(ld);
         tl_table_take(TL_K_GEXEC, (uintptr_t)*pe, NULL, NULL);
         (void)CALL_REAL(cuGraphExecDestroy, *pe);
         (void)CALL_REAL(cuDeviceGraphMemTrim, tl_ordinal_of_ld(ld));

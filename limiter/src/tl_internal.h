@@ -242,6 +242,12 @@ uint64_t tl_limit_of(int ld);     /* 0 = unlimited; 1 for an unknown device (fai
 int tl_ensure_registered(void);
 /* 1 charged, 0 not limited (nothing to track), -1 refused. */
 int tl_reserve(int ld, uint64_t bytes);
+/* The same without counting a refusal (charges that are not an allocation
+ * call's: a graph launch whose pool grew). */
+int tl_reserve_uncounted(int ld, uint64_t bytes);
+/* Count an allocation call on ld refused because of the memory limit
+ * (tl_reserve counts its own refusals). */
+void tl_count_refused(int ld);
 void tl_release(int ld, uint64_t bytes);
 /* Charge what the driver already holds, over the limit if need be. */
 void tl_force_charge(int ld, uint64_t bytes);

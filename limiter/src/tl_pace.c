@@ -22,6 +22,10 @@
  * share. Without NVML, the rate stays at the share and the pacing relies on
  * the event timings alone.
  *
+ * The time a launch is held back (waiting for its first measurement or for
+ * the bucket) is added to the shared state's throttled_ns[ld], which the
+ * node agent exports as tessera_container_throttled_seconds_total.
+ *
  * pace[ld].mu (a spin lock) is never held across a launch, an event record
  * or a sleep.
  */
@@ -199,9 +203,10 @@ static void pace_begin(launch_tok *t, int kind, uint64_t key, double units, CUst
         now = p->now = tl_clock_coarse();
     poll_samples(p, now);
     tl_cost_slot *slot = tl_costs_slot(&p->costs, kind, key, now);
+    double held = 0; /* how long this launch is held back (shared-state counter) */
     if (!slot->measured && slot->pending) {
         /* not measured yet, and its first launch is in flight: wait for it */
-        double until = now + FIRST_SAMPLE_WAIT_S;
+        double until = now + FIRST_SAMPLE_WAIT_S, from = now;
         while (now < until && !slot_measured(p, kind, key, now)) {
             spin_unlock(&p->mu);
             tl_clock_sleep(0.001);
@@ -211,9 +216,10 @@ static void pace_begin(launch_tok *t, int kind, uint64_t key, double units, CUst
             poll_samples(p, now);
         }
         slot = tl_costs_slot(&p->costs, kind, key, now);
+        held += now - from;
     }
     double est = tl_costs_estimate(&p->costs, slot, units);
-    double deadline = now + TL_MAX_DEBT_S + 0.05;
+    double deadline = now + TL_MAX_DEBT_S + 0.05, from = now;
     int waited = 0;
     for (;;) {
         double w = tl_gbucket_take(&p->bucket, p->pacer.rate, now, est);
@@ -230,6 +236,7 @@ static void pace_begin(launch_tok *t, int kind, uint64_t key, double units, CUst
         spin_lock(&p->mu);
         p->now = now;
     }
+    held += now - from;
     p->used += est;
     /* sample this launch? (one in flight per kernel or graph) */
     if (waited) /* the lock was let go: the slot may hold another key now */
@@ -247,6 +254,8 @@ static void pace_begin(launch_tok *t, int kind, uint64_t key, double units, CUst
             break;
         }
     spin_unlock(&p->mu);
+    if (held > 0)
+        tl_shared_add_throttled(&sh, ld, (uint64_t)(held * 1e9));
     t->ld = ld;
     if (t->si >= 0) {
         CUcontext c = NULL;

@@ -218,6 +218,30 @@ static void unlock_state(tl_shared *sh)
     pthread_mutex_unlock(&sh->st->lock.mutex);
 }
 
+/* Size the file for version 4. */
+static int grow(int fd, const char *path)
+{
+    if (ftruncate(fd, (off_t)sizeof(tl_state)) != 0) {
+        fprintf(stderr, "tessera-limiter: cannot size shared state %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* Does another process hold a slot byte (a live process of the file)? */
+static int v3_holders(int fd)
+{
+    struct flock fl;
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = (off_t)TL_SLOT_LOCK_BASE;
+    fl.l_len = TL_MAX_PROCS;
+    if (syscall(SYS_fcntl, fd, F_OFD_GETLK, &fl) != 0)
+        return 1; /* cannot tell: assume so */
+    return fl.l_type != F_UNLCK;
+}
+
 int tl_shared_open(tl_shared *sh, const char *path)
 {
     memset(sh, 0, sizeof(*sh));
@@ -243,22 +267,31 @@ int tl_shared_open(tl_shared *sh, const char *path)
     }
     if (size == 0) {
         (void)fchmod(fd, 0666);
-        if (ftruncate(fd, (off_t)sizeof(tl_state)) != 0) {
-            fprintf(stderr, "tessera-limiter: cannot size shared state %s: %s\n", path, strerror(errno));
+        if (grow(fd, path) != 0)
             goto out;
-        }
-    } else if ((size_t)size < sizeof(tl_state)) {
+        size = (off_t)sizeof(tl_state);
+    }
+    if (size != 0 && (size_t)size < TL_STATE_V3_SIZE) {
         fprintf(stderr, "tessera-limiter: shared state %s has size %lld, want %zu (incompatible layout)\n", path,
                 (long long)size, sizeof(tl_state));
         goto out;
     }
+    /* the whole version-4 size even over a version-3 file: its counters
+     * are never touched then (sh->v3) */
     st = mmap(NULL, sizeof(tl_state), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (st == MAP_FAILED) {
         fprintf(stderr, "tessera-limiter: cannot map shared state %s: %s\n", path, strerror(errno));
         goto out;
     }
+    /* OFD locks available? (probe on a byte no slot uses) */
+    sh->ofd = ofd_lock(fd, F_OFD_GETLK, F_WRLCK, TL_SLOT_LOCK_BASE + TL_MAX_PROCS, NULL) == 0;
+    int same_header = st->header_size == offsetof(tl_state, slots) && st->slot_size == sizeof(tl_proc_slot) &&
+                      st->max_devices == TL_MAX_DEVICES && st->max_procs == TL_MAX_PROCS &&
+                      st->init_state == TL_STATE_READY && st->magic == TL_STATE_MAGIC;
     if (st->magic == 0 && st->init_state == 0) {
         pthread_mutexattr_t a;
+        if ((size_t)size < sizeof(tl_state) && grow(fd, path) != 0)
+            goto out;
         pthread_mutexattr_init(&a);
         pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
         pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
@@ -276,10 +309,25 @@ int tl_shared_open(tl_shared *sh, const char *path)
         st->max_procs = TL_MAX_PROCS;
         st->init_state = TL_STATE_READY;
         __atomic_store_n(&st->magic, TL_STATE_MAGIC, __ATOMIC_RELEASE);
-    } else if (st->magic != TL_STATE_MAGIC || st->version != TL_STATE_VERSION ||
-               st->header_size != offsetof(tl_state, slots) || st->slot_size != sizeof(tl_proc_slot) ||
-               st->max_devices != TL_MAX_DEVICES || st->max_procs != TL_MAX_PROCS ||
-               st->init_state != TL_STATE_READY) {
+    } else if (same_header && st->version == TL_STATE_VERSION_V3) {
+        /* A version-3 file (a container or claim that ran an older
+         * limiter). Nobody alive in it: upgrade it in place (version-3
+         * processes that start later refuse it). Someone alive (or no way
+         * to tell): share it as version 3, without counters. */
+        if (sh->ofd && !v3_holders(fd)) {
+            if ((size_t)size < sizeof(tl_state) && grow(fd, path) != 0)
+                goto out;
+            memset(&st->counters, 0, sizeof(st->counters));
+            __atomic_store_n(&st->version, TL_STATE_VERSION, __ATOMIC_RELEASE);
+        } else {
+            sh->v3 = 1;
+        }
+    } else if (same_header && st->version == TL_STATE_VERSION && (size_t)size < sizeof(tl_state)) {
+        fprintf(stderr, "tessera-limiter: shared state %s has version %u but size %lld, want %zu (truncated?); "
+                        "remove it when no process of the container runs\n",
+                path, st->version, (long long)size, sizeof(tl_state));
+        goto out;
+    } else if (!same_header || st->version != TL_STATE_VERSION) {
         fprintf(stderr, "tessera-limiter: shared state %s has an incompatible layout (magic %#llx version %u, "
                         "want version %u); remove it when no process of the container runs\n",
                 path, (unsigned long long)st->magic, st->version, TL_STATE_VERSION);
@@ -288,8 +336,6 @@ int tl_shared_open(tl_shared *sh, const char *path)
     sh->st = st;
     sh->pid = getpid();
     sh->pidns = self_pidns();
-    /* OFD locks available? (probe on a byte no slot uses) */
-    sh->ofd = ofd_lock(fd, F_OFD_GETLK, F_WRLCK, TL_SLOT_LOCK_BASE + TL_MAX_PROCS, NULL) == 0;
     ok = 0;
 out:
     if (ok != 0 && st != MAP_FAILED)
@@ -464,6 +510,33 @@ int tl_shared_reclaim(tl_shared *sh)
     write_end(sh->st);
     unlock_state(sh);
     return n;
+}
+
+static int counts(const tl_shared *sh, int dev)
+{
+    return sh->st && !sh->v3 && dev >= 0 && dev < TL_MAX_DEVICES;
+}
+
+void tl_shared_add_throttled(tl_shared *sh, int dev, uint64_t ns)
+{
+    if (counts(sh, dev) && ns)
+        __atomic_add_fetch(&sh->st->counters.throttled_ns[dev], ns, __ATOMIC_RELAXED);
+}
+
+void tl_shared_count_refused(tl_shared *sh, int dev)
+{
+    if (counts(sh, dev))
+        __atomic_add_fetch(&sh->st->counters.refused_allocs[dev], 1, __ATOMIC_RELAXED);
+}
+
+uint64_t tl_shared_throttled_ns(const tl_shared *sh, int dev)
+{
+    return counts(sh, dev) ? __atomic_load_n(&sh->st->counters.throttled_ns[dev], __ATOMIC_RELAXED) : 0;
+}
+
+uint64_t tl_shared_refused(const tl_shared *sh, int dev)
+{
+    return counts(sh, dev) ? __atomic_load_n(&sh->st->counters.refused_allocs[dev], __ATOMIC_RELAXED) : 0;
 }
 
 int tl_shared_pids(const tl_shared *sh, int32_t *out, int n)

@@ -12,6 +12,19 @@
  * seq++ (odd while writing) so lock-free readers (the Go reader) can detect
  * and retry torn snapshots.
  *
+ * Counters (version 4): per device, the time launches were held back by
+ * the compute pacing and the allocations refused because of the memory
+ * limit. They live after the slots, are added to lock-free with atomics
+ * (not covered by seq: each is monotone on its own) and never decrease
+ * while the file exists, whatever processes come and go.
+ *
+ * Versions: 4 = 3 + the counters appended (every offset of version 3 is
+ * unchanged, including the slot lock bytes). A version-4 limiter that finds
+ * a version-3 file with no live process (no slot byte locked) upgrades it
+ * in place (grows it, sets version 4); with a live version-3 process it
+ * uses the file as version 3 and counts nothing. A version-3 limiter
+ * refuses a version-4 file (incompatible layout: fail closed).
+ *
  * Liveness: a process that holds slot i also holds an open-file-description
  * lock (F_OFD_SETLK, write) on byte TL_SLOT_LOCK_BASE + i of the file. The
  * kernel drops it when the process dies, whatever pid namespace it lived in,
@@ -25,12 +38,15 @@
 #define TL_STATE_H
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define TL_STATE_MAGIC 0x314D494C53534554ULL /* "TESSLIM1" little-endian */
 /* 3: slot liveness by OFD lock (processes of version 2 hold none, so the
- * two must not share a file); the layout is the same as version 2's */
-#define TL_STATE_VERSION 3u
+ * two must not share a file); the layout is the same as version 2's.
+ * 4: version 3 + tl_counters appended (see above) */
+#define TL_STATE_VERSION 4u
+#define TL_STATE_VERSION_V3 3u
 #define TL_MAX_DEVICES 16
 #define TL_MAX_PROCS 1024
 
@@ -43,6 +59,13 @@ typedef struct tl_proc_slot {
     uint64_t pidns;   /* inode of the pid namespace of `pid` */
     uint64_t used[TL_MAX_DEVICES]; /* bytes charged by this process */
 } tl_proc_slot;
+
+/* Monotone counters per device (version 4), updated with atomics. */
+typedef struct tl_counters {
+    uint64_t throttled_ns[TL_MAX_DEVICES];   /* launches held back by the pacing, summed over
+                                               * the waiting launches (threads) */
+    uint64_t refused_allocs[TL_MAX_DEVICES]; /* allocations refused by the memory limit */
+} tl_counters;
 
 typedef struct tl_state {
     uint64_t magic;
@@ -63,16 +86,22 @@ typedef struct tl_state {
         unsigned char pad[64];
     } lock;
     tl_proc_slot slots[TL_MAX_PROCS];
+    tl_counters counters; /* version 4 */
 } tl_state;
 
-/* Byte of the file whose OFD lock says slot i's process is alive. */
-#define TL_SLOT_LOCK_BASE ((long long)sizeof(tl_state))
+/* The size of a version-3 file: everything before the counters. */
+#define TL_STATE_V3_SIZE offsetof(tl_state, counters)
+
+/* Byte of the file whose OFD lock says slot i's process is alive (the
+ * bytes of version 3, so that both versions' processes see each other). */
+#define TL_SLOT_LOCK_BASE ((long long)TL_STATE_V3_SIZE)
 
 /* Process-local handle. */
 typedef struct tl_shared {
     tl_state *st;
     int fd;          /* open file description holding our slot's lock */
     int ofd;         /* OFD locks work here (else pid liveness) */
+    int v3;          /* the file is version 3 (a live version-3 process uses it): no counters */
     int slot;        /* index of this process's slot, -1 if none */
     int32_t pid;
     uint64_t pidns;
@@ -111,6 +140,13 @@ uint64_t tl_shared_self_used(const tl_shared *sh, int dev);
 void tl_shared_maybe_reclaim(tl_shared *sh, uint64_t interval_ns);
 /* Sweep dead processes now; returns number of slots reclaimed. */
 int tl_shared_reclaim(tl_shared *sh);
+/* Add `ns` to the time launches on `dev` were held back (lock-free). */
+void tl_shared_add_throttled(tl_shared *sh, int dev, uint64_t ns);
+/* Count one allocation on `dev` refused by the memory limit (lock-free). */
+void tl_shared_count_refused(tl_shared *sh, int dev);
+/* The counters of `dev` (0 on a version-3 file). */
+uint64_t tl_shared_throttled_ns(const tl_shared *sh, int dev);
+uint64_t tl_shared_refused(const tl_shared *sh, int dev);
 /* Copy the pids of live slots into out (at most n). Returns count. */
 int tl_shared_pids(const tl_shared *sh, int32_t *out, int n);
 /* Publish this process's host pid in its slot. */

@@ -22,6 +22,7 @@
 #include <stdarg.h>
 
 #include "client.h"
+#include "../src/tl_state.h"
 
 struct client_api api;
 int failures;
@@ -30,6 +31,39 @@ const char *mode = "sym";
 void *fake_fn(const char *name)
 {
     return dlsym(RTLD_DEFAULT, name);
+}
+
+int state_counters(int dev, unsigned long long *throttled_ns, unsigned long long *refused)
+{
+    const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+    int fd = path ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+    if (fd < 0 || dev < 0 || dev >= TL_MAX_DEVICES)
+        return -1;
+    uint32_t version = 0;
+    uint64_t t = 0, r = 0;
+    int ok = pread(fd, &version, sizeof(version), offsetof(tl_state, version)) == sizeof(version) &&
+             version == TL_STATE_VERSION &&
+             pread(fd, &t, sizeof(t), offsetof(tl_state, counters.throttled_ns) + 8 * dev) == sizeof(t) &&
+             pread(fd, &r, sizeof(r), offsetof(tl_state, counters.refused_allocs) + 8 * dev) == sizeof(r);
+    close(fd);
+    if (throttled_ns)
+        *throttled_ns = t;
+    if (refused)
+        *refused = r;
+    return ok ? 0 : -1;
+}
+
+/* Refusals counted on device 0 since the last call (the first call: since
+ * the file was created); ~0 if they cannot be read. */
+static unsigned long long refused_since(void)
+{
+    static unsigned long long last;
+    unsigned long long r;
+    if (state_counters(0, NULL, &r) != 0)
+        return ~0ull;
+    unsigned long long d = r - last;
+    last = r;
+    return d;
 }
 
 void check(int ok, const char *name, const char *fmt, ...)
@@ -244,18 +278,29 @@ static void t_boundary(unsigned long long L)
 {
     init_cuda();
     char n[128];
+    unsigned long long c;
+    refused_since();
     for (size_t i = 0; i < NPATHS; i++) {
         const path *p = &paths[i];
         unsigned long long k = 0, k2 = 0;
         CUresult r = p->alloc(L + 1, &k);
         snprintf(n, sizeof(n), "%s/L+1-refused", p->name);
         check(r == CUDA_ERROR_OUT_OF_MEMORY, n, "got %d", r);
+        snprintf(n, sizeof(n), "%s/refusal-counted-once", p->name);
+        c = refused_since();
+        check(c == 1, n, "refused_allocs[0] grew by %llu", c);
         r = p->alloc(L, &k);
         snprintf(n, sizeof(n), "%s/exactly-L-fits", p->name);
         check(r == CUDA_SUCCESS, n, "got %d", r);
+        snprintf(n, sizeof(n), "%s/success-not-counted", p->name);
+        c = refused_since();
+        check(c == 0, n, "refused_allocs[0] grew by %llu", c);
         r = p->alloc(1, &k2);
         snprintf(n, sizeof(n), "%s/full-then-1-byte-refused", p->name);
         check(r == CUDA_ERROR_OUT_OF_MEMORY, n, "got %d", r);
+        snprintf(n, sizeof(n), "%s/full-refusal-counted", p->name);
+        c = refused_since();
+        check(c == 1, n, "refused_allocs[0] grew by %llu", c);
         snprintf(n, sizeof(n), "%s/free-reports-0-when-full", p->name);
         check(mem_free() == 0, n, "free=%zu", mem_free());
         r = p->release(k);
@@ -286,8 +331,11 @@ static void t_boundary(unsigned long long L)
     if (r == CUDA_SUCCESS)
         api.cuArrayDestroy(a);
     ad.Width++;
+    refused_since();
     r = api.cuArrayCreate_v2(&a, &ad);
     check(r == CUDA_ERROR_OUT_OF_MEMORY, "array-2d-over-refused", "r=%d", r);
+    c = refused_since();
+    check(c == 1, "array-2d-refusal-counted", "refused_allocs[0] grew by %llu", c);
     /* a host-located cuMemCreate is not charged */
     TL_MEM_ALLOCATION_PROP hp;
     memset(&hp, 0, sizeof(hp));
@@ -300,6 +348,8 @@ static void t_boundary(unsigned long long L)
     /* a failed real call rolls back the reservation */
     r = api.cuMemAlloc_v2(&d, 0); /* the fake rejects size 0 */
     check(r != CUDA_SUCCESS && mem_free() == L, "failed-real-call-rolls-back", "r=%d free=%zu", r, mem_free());
+    c = refused_since();
+    check(c == 0, "driver-failure-not-counted-as-refusal", "refused_allocs[0] grew by %llu", c);
     /* a bogus free does not change accounting */
     r = api.cuMemFree_v2(0x1234);
     check(r != CUDA_SUCCESS && mem_free() == L, "bogus-free-ignored", "r=%d free=%zu", r, mem_free());
@@ -308,8 +358,12 @@ static void t_boundary(unsigned long long L)
     if (L1) {
         CUcontext c1;
         api.cuCtxCreate_v2(&c1, 0, 1);
+        unsigned long long r1 = 0, r1b = 0;
+        state_counters(1, NULL, &r1);
         r = api.cuMemAlloc_v2(&d, L1 + 1);
         check(r == CUDA_ERROR_OUT_OF_MEMORY, "dev1-own-limit-L1+1", "r=%d", r);
+        state_counters(1, NULL, &r1b);
+        check(r1b == r1 + 1 && refused_since() == 0, "dev1-refusal-counted-on-dev1", "dev1 %llu -> %llu", r1, r1b);
         r = api.cuMemAlloc_v2(&d, L1);
         check(r == CUDA_SUCCESS, "dev1-own-limit-L1", "r=%d", r);
         if (r == CUDA_SUCCESS)
@@ -943,6 +997,9 @@ static void t_pace_each(int expect_paced)
     cfg.gridDimY = cfg.gridDimZ = 1;
     const char *names[] = {"cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz",
                            "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz"};
+    unsigned long long thr0 = 0, thr1 = 0;
+    int have = state_counters(0, &thr0, NULL) == 0;
+    double waited = 0;
     for (int v = 0; v < 6; v++) {
         double t0 = now_s();
         for (int i = 0; i < 3; i++) {
@@ -956,6 +1013,7 @@ static void t_pace_each(int expect_paced)
             }
         }
         double dt = now_s() - t0;
+        waited += dt;
         char name[96];
         snprintf(name, sizeof(name), "%s-%s", names[v], expect_paced ? "paced" : "not-paced-without-limit");
         if (expect_paced)
@@ -963,6 +1021,16 @@ static void t_pace_each(int expect_paced)
         else
             check(dt < 0.05, name, "3 launches of %u blocks took %.3fs", g, dt);
     }
+    if (!expect_paced)
+        return;
+    /* the launches spent nearly all their time held back: the counter has
+     * it (the first launch of each variant goes at once, and a launch
+     * costs microseconds) */
+    have = have && state_counters(0, &thr1, NULL) == 0;
+    double held = (double)(thr1 - thr0) * 1e-9;
+    printf("# pace-each: launches took %.3f s, throttled_ns says %.3f s held back\n", waited, held);
+    check(have && held >= 0.6 * waited && held <= waited + 0.02, "throttle-time-counted",
+          "held %.3f s of %.3f s (counters readable: %d)", held, waited, have);
 }
 
 static void t_nopace(void)
@@ -975,6 +1043,9 @@ static void t_nopace(void)
         n++;
     }
     check(n > 100000, "no-sm-limit-no-pacing", "only %llu launches in 0.3s", n);
+    unsigned long long thr = ~0ull;
+    state_counters(0, &thr, NULL);
+    check(thr == 0, "no-sm-limit-no-throttle-time", "throttled_ns[0] = %llu", thr);
 }
 
 int main(int argc, char **argv)

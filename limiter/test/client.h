@@ -19,6 +19,10 @@ void init_cuda(void);
 size_t mem_free(void);
 unsigned long long fake_used(int dev);
 double now_s(void);
+/* The shared state's counters of device `dev` (version 4), read from the
+ * file CUDA_DEVICE_MEMORY_SHARED_CACHE names. 0 or -1 (no such file, not
+ * version 4). */
+int state_counters(int dev, unsigned long long *throttled_ns, unsigned long long *refused);
 /* A helper the fake libcuda exports (NULL if not loaded). */
 void *fake_fn(const char *name);
 

@@ -426,6 +426,120 @@ static void test_state(void)
     unlink(path);
 }
 
+/* A file as a version-3 limiter leaves it: the header and slots of this
+ * layout, version 3, no counters (its size ends before them). */
+static void make_v3(const char *p, int32_t pid, uint64_t used)
+{
+    unlink(p);
+    tl_shared w;
+    tl_shared_open(&w, p);
+    w.st->version = TL_STATE_VERSION_V3;
+    w.st->slots[7].pid = pid;
+    w.st->slots[7].used[0] = used;
+    w.st->total_used[0] = used;
+    w.st->counters.refused_allocs[0] = 12345; /* beyond a v3 file: must not survive */
+    munmap(w.st, sizeof(tl_state));
+    close(w.fd);
+    CHECK(truncate(p, (off_t)TL_STATE_V3_SIZE) == 0, "v3 file: truncated to the version-3 size");
+}
+
+static off_t file_size(const char *p)
+{
+    int fd = open(p, O_RDONLY);
+    off_t n = fd >= 0 ? lseek(fd, 0, SEEK_END) : -1;
+    if (fd >= 0)
+        close(fd);
+    return n;
+}
+
+static void test_counters(void)
+{
+    char p[128];
+    snprintf(p, sizeof(p), "/tmp/tl-units-%d.counters", (int)getpid());
+    unlink(p);
+    tl_shared sh;
+    CHECK(tl_shared_open(&sh, p) == 0 && tl_shared_register(&sh) == 0, "counters: state create");
+    CHECK(file_size(p) == (off_t)sizeof(tl_state) && sh.st->version == 4 && !sh.v3, "counters: new file is version 4");
+    tl_shared_count_refused(&sh, 0);
+    tl_shared_count_refused(&sh, 0);
+    tl_shared_count_refused(&sh, 3);
+    tl_shared_add_throttled(&sh, 3, 1500);
+    tl_shared_count_refused(&sh, -1); /* out of range: ignored */
+    tl_shared_count_refused(&sh, TL_MAX_DEVICES);
+    tl_shared_add_throttled(&sh, TL_MAX_DEVICES, 7);
+    CHECK(tl_shared_refused(&sh, 0) == 2 && tl_shared_refused(&sh, 3) == 1 && tl_shared_throttled_ns(&sh, 3) == 1500 &&
+              tl_shared_throttled_ns(&sh, 0) == 0,
+          "counters: per device");
+    /* they outlive the process that counted (a fork child counts, exits) */
+    pid_t k = fork();
+    if (k == 0) {
+        tl_shared_after_fork(&sh);
+        tl_shared_register(&sh);
+        tl_shared_count_refused(&sh, 0);
+        tl_shared_add_throttled(&sh, 0, 40);
+        _exit(0);
+    }
+    waitpid(k, NULL, 0);
+    tl_shared_reclaim(&sh);
+    CHECK(tl_shared_refused(&sh, 0) == 3 && tl_shared_throttled_ns(&sh, 0) == 40,
+          "counters: what an exited process counted stays");
+    tl_shared_unregister(&sh);
+    munmap(sh.st, sizeof(tl_state));
+    close(sh.fd);
+    CHECK(tl_shared_open(&sh, p) == 0 && tl_shared_refused(&sh, 0) == 3, "counters: kept when the file is reopened");
+    munmap(sh.st, sizeof(tl_state));
+    close(sh.fd);
+
+    /* a version-3 file nobody uses is upgraded in place; what its dead
+     * processes held is reclaimed as usual */
+    make_v3(p, 999999, 500);
+    CHECK(tl_shared_open(&sh, p) == 0, "v3 file, nobody alive: opened");
+    CHECK(sh.st->version == TL_STATE_VERSION && !sh.v3 && file_size(p) == (off_t)sizeof(tl_state),
+          "v3 file, nobody alive: upgraded to version 4");
+    CHECK(tl_shared_refused(&sh, 0) == 0, "v3 file, upgraded: counters start at 0");
+    CHECK(tl_shared_register(&sh) == 0 && tl_shared_reserve(&sh, 0, 1000, 1000) == 0,
+          "v3 file, upgraded: the dead process's 500 reclaimed");
+    tl_shared_count_refused(&sh, 0);
+    CHECK(tl_shared_refused(&sh, 0) == 1, "v3 file, upgraded: counts");
+    tl_shared_unregister(&sh);
+    munmap(sh.st, sizeof(tl_state));
+    close(sh.fd);
+
+    /* a version-3 file with a live process (it holds its slot's byte, as a
+     * version-3 limiter does): shared as version 3, nothing counted */
+    make_v3(p, 999999, 500);
+    int hold = open(p, O_RDWR);
+    struct flock fl;
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = TL_SLOT_LOCK_BASE + 7;
+    fl.l_len = 1;
+    CHECK(hold >= 0 && fcntl(hold, F_OFD_SETLK, &fl) == 0, "v3 file: a live holder's slot byte locked");
+    CHECK(tl_shared_open(&sh, p) == 0 && sh.v3, "v3 file, a live holder: shared as version 3");
+    CHECK(sh.st->version == TL_STATE_VERSION_V3 && file_size(p) == (off_t)TL_STATE_V3_SIZE,
+          "v3 file, a live holder: left as version 3 (size and version)");
+    CHECK(tl_shared_register(&sh) == 0 && tl_shared_reserve(&sh, 0, 500, 1000) == 0 &&
+              tl_shared_reserve(&sh, 0, 1, 1000) != 0,
+          "v3 file, a live holder: its 500 kept, the budget shared");
+    tl_shared_count_refused(&sh, 0);
+    tl_shared_add_throttled(&sh, 0, 5);
+    CHECK(tl_shared_refused(&sh, 0) == 0 && tl_shared_throttled_ns(&sh, 0) == 0 && file_size(p) == (off_t)TL_STATE_V3_SIZE,
+          "v3 file, a live holder: nothing counted, nothing written past its end");
+    tl_shared_unregister(&sh);
+    munmap(sh.st, sizeof(tl_state));
+    close(sh.fd);
+    close(hold);
+
+    /* a version-4 header on a file too short for the counters is refused */
+    unlink(p);
+    CHECK(tl_shared_open(&sh, p) == 0, "short v4: create");
+    munmap(sh.st, sizeof(tl_state));
+    close(sh.fd);
+    CHECK(truncate(p, (off_t)TL_STATE_V3_SIZE) == 0 && tl_shared_open(&sh, p) != 0, "v4 header, v3 size: refused");
+    unlink(p);
+}
+
 #define MB (1ull << 20)
 static void test_hostpid(void)
 {
@@ -524,6 +638,7 @@ int main(int argc, char **argv)
     test_size();
     test_table();
     test_state();
+    test_counters();
     test_hostpid();
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

@@ -20,7 +20,14 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- $p := .Values.resourcePrefix -}}
 {{- $m := printf "r in ['%s/gpu', '%s/gpumem', '%s/gpumem-percentage', '%s/gpucores', '%s/gpu.shared'] || r.startsWith('%s/mig-')" $p $p $p $p $p $p -}}
 {{- $u := printf "(has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, %s)) || (has(c.resources.requests) && c.resources.requests.exists(r, %s))))" $m $m -}}
-{{- printf "object.spec.containers.exists(c, %s) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, %s))" $u $u -}}
+{{- printf "object.spec.containers.exists(c, %s) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, %s)) || (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0)" $u $u -}}
+{{- end -}}
+
+{{/* CEL: a ResourceClaim with a request of Tessera's DeviceClasses
+(internal/webhook.ClaimMatchCondition writes the same). */}}
+{{- define "tessera.claimMatchCondition" -}}
+{{- $c := "['gpu.tessera.io', 'extended-resource.gpu.tessera.io', 'gpu.nvidia.com', 'nvidia-gpu']" -}}
+{{- printf "has(object.spec.devices) && has(object.spec.devices.requests) && object.spec.devices.requests.exists(r, (has(r.exactly) && r.exactly.deviceClassName in %s) || (has(r.firstAvailable) && r.firstAvailable.exists(s, s.deviceClassName in %s)))" $c $c -}}
 {{- end -}}
 
 {{/* The identities of the scheduler and the node agents (ServiceAccounts). */}}

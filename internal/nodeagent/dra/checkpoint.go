@@ -44,6 +44,16 @@ type PreparedRequest struct {
 	Dir string `json:"dir,omitempty"`
 }
 
+// StateFile is the limiter's shared-state file of the request on the host
+// (what its containers see at their state directory); "" when the limiter
+// does not apply.
+func (r PreparedRequest) StateFile() string {
+	if r.Dir == "" {
+		return ""
+	}
+	return filepath.Join(r.Dir, stateName, stateFile)
+}
+
 type checkpointFile struct {
 	Version int                     `json:"version"`
 	Claims  map[types.UID]*Prepared `json:"claims"`

@@ -5,9 +5,9 @@ import (
 	"slices"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 
+	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -49,47 +49,23 @@ func grants(claim *resourceapi.ResourceClaim, pool string, gpus map[string]GPU) 
 	if claim.Status.Allocation == nil {
 		return nil, fmt.Errorf("claim is not allocated")
 	}
+	devs, err := kubeobj.ClaimDevices(claim)
+	if err != nil {
+		return nil, err
+	}
 	var out []Grant
-	for i, r := range claim.Status.Allocation.Devices.Results {
-		if r.Driver != api.DRADriverName {
-			continue
+	for _, d := range devs {
+		if d.Pool != pool {
+			return nil, fmt.Errorf("status.allocation.devices.results[%d]: device %s of pool %q, but this node's pool is %q", d.Index, d.Device, d.Pool, pool)
 		}
-		if r.Pool != pool {
-			return nil, fmt.Errorf("status.allocation.devices.results[%d]: device %s of pool %q, but this node's pool is %q", i, r.Device, r.Pool, pool)
-		}
-		g, ok := gpus[r.Device]
+		g, ok := gpus[d.Device]
 		if !ok {
-			return nil, fmt.Errorf("status.allocation.devices.results[%d]: device %q is not a GPU this node publishes", i, r.Device)
+			return nil, fmt.Errorf("status.allocation.devices.results[%d]: device %q is not a GPU this node publishes", d.Index, d.Device)
 		}
-		gr := Grant{Request: r.Request, Device: r.Device, UUID: g.UUID, Admin: r.AdminAccess != nil && *r.AdminAccess}
-		if r.ShareID != nil {
-			gr.ShareID = string(*r.ShareID)
-		}
-		mem, hasMem := r.ConsumedCapacity[api.CapacityMemory]
-		cores, hasCores := r.ConsumedCapacity[api.CapacityCores]
-		switch {
-		case gr.Admin:
-		case r.ShareID == nil || !hasMem:
-			// Allocated whole: an exclusive device, or a scheduler that
-			// does not track consumable capacity (it then gives the
-			// device to one claim only).
-			gr.Whole, gr.MemoryMiB, gr.Cores = true, g.MemoryMiB, api.MaxCores
-		default:
-			m, err := wholeMiB(mem)
-			if err != nil {
-				return nil, fmt.Errorf("status.allocation.devices.results[%d].consumedCapacity[%s]: %w", i, api.CapacityMemory, err)
-			}
-			gr.MemoryMiB = m
-			if hasCores {
-				c, ok := cores.AsInt64()
-				if !ok || c < 0 || c > api.MaxCores {
-					return nil, fmt.Errorf("status.allocation.devices.results[%d].consumedCapacity[%s] %s: want a whole percent in [0, %d]", i, api.CapacityCores, cores.String(), api.MaxCores)
-				}
-				gr.Cores = c
-			}
-			if gr.MemoryMiB <= 0 {
-				return nil, fmt.Errorf("status.allocation.devices.results[%d].consumedCapacity[%s] %s: a share must hold some memory", i, api.CapacityMemory, mem.String())
-			}
+		gr := Grant{Request: d.Request, Device: d.Device, UUID: g.UUID, ShareID: d.ShareID, Admin: d.Admin,
+			MemoryMiB: d.MemoryMiB, Cores: d.Cores, Whole: d.Whole}
+		if d.Whole {
+			gr.MemoryMiB, gr.Cores = g.MemoryMiB, api.MaxCores
 		}
 		out = append(out, gr)
 	}
@@ -97,17 +73,6 @@ func grants(claim *resourceapi.ResourceClaim, pool string, gpus map[string]GPU) 
 		return nil, fmt.Errorf("the allocation has no device of driver %s", api.DRADriverName)
 	}
 	return out, nil
-}
-
-// wholeMiB converts consumed memory to MiB, rounding up (the scheduler
-// rounds requests up to the policy's 1 MiB step; a scheduler without the
-// policy may not).
-func wholeMiB(q resource.Quantity) (int64, error) {
-	b, ok := q.AsInt64()
-	if !ok || b < 0 {
-		return 0, fmt.Errorf("%s is not a byte count", q.String())
-	}
-	return (b + (1 << 20) - 1) >> 20, nil
 }
 
 // requestConfig is the configuration that applies to one request: the

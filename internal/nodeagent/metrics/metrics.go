@@ -1,12 +1,14 @@
 // Package metrics is the node agent's Prometheus exporter: per GPU (what
 // is allocated on it, its health, XID count, utilisation and memory in use
 // as NVML reports them) and per container holding a GPU grant (memory used
-// against its limit, SM use against its share), labelled the way NVIDIA's
-// DCGM exporter labels its series (gpu, UUID, device, modelName,
-// Hostname; namespace, pod, container), so dashboards and alerts written
-// for DCGM join with Tessera's series. A container's usage is read from
-// the limiter's shared-state file (internal/limiterstate) in its state
-// directory (statedir); nothing is cached between scrapes.
+// against its limit, SM use against its share, time throttled, allocations
+// refused), labelled the way NVIDIA's DCGM exporter labels its series (gpu,
+// UUID, device, modelName, Hostname; namespace, pod, container), so
+// dashboards and alerts written for DCGM join with Tessera's series; a
+// container served through a DRA claim also carries the claim's name. A
+// container's usage is read from the limiter's shared-state file
+// (internal/limiterstate) in its state directory (statedir, or the claim's
+// request directory for DRA); nothing is cached between scrapes.
 //
 // The metric names, types and labels are documented in docs/operations.md.
 package metrics
@@ -17,12 +19,14 @@ import (
 	"io/fs"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/internal/gpushare"
@@ -58,8 +62,41 @@ type Source struct {
 	Pods func() ([]*v1.Pod, error)
 	// State locates the containers' limiter state directories.
 	State statedir.Dirs
+	// Claims returns the DRA claims prepared on the node (nil when the
+	// node serves no claims).
+	Claims func() []Claim
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
+}
+
+// Claim is a DRA ResourceClaim prepared on the node: what the containers
+// that use it were given.
+type Claim struct {
+	Namespace, Name string
+	Requests        []ClaimRequest
+}
+
+// ClaimRequest is one request of a claim the node's DRA driver serves.
+type ClaimRequest struct {
+	// Request is the request's name (a prioritized list's subrequest as
+	// "request/subrequest": containers name the request).
+	Request string
+	// StateFile is the limiter's shared-state file of the request on the
+	// host; "" when the limiter does not apply (whole GPUs).
+	StateFile string
+	// Devices are the request's GPUs in the order of its limits file (the
+	// limiter's device index).
+	Devices []ClaimDevice
+}
+
+// ClaimDevice is one GPU of a claim request: its share, or Whole, or
+// Admin (admin access: visible, nothing consumed).
+type ClaimDevice struct {
+	UUID      string
+	MemoryMiB int64
+	Cores     int64
+	Whole     bool
+	Admin     bool
 }
 
 // Collector is a prometheus.Collector over a Source.
@@ -70,7 +107,7 @@ type Collector struct {
 	gpuMemTotal, gpuMemAlloc, gpuCoresAlloc, gpuShares, gpuMaxShares *prometheus.Desc
 	gpuHealthy, gpuXID, gpuUtil, gpuMemUsed                          *prometheus.Desc
 	ctrMemUsed, ctrMemLimit, ctrSMShare, ctrSMUtil, ctrProcs         *prometheus.Desc
-	ctrReclaimed, stateErrors                                        *prometheus.Desc
+	ctrReclaimed, ctrThrottled, ctrRefused, stateErrors              *prometheus.Desc
 
 	mu        sync.Mutex
 	readFails uint64
@@ -104,6 +141,8 @@ func New(src Source, logger klog.Logger) *Collector {
 		ctrSMUtil:     c("tessera_container_sm_utilization_percent", "SM utilisation of the container's processes on this GPU, summed over NVML's process samples of the last 10 s."),
 		ctrProcs:      c("tessera_container_processes", "Live processes of the container registered with the limiter."),
 		ctrReclaimed:  c("tessera_container_reclaimed_processes_total", "Processes of the container that died and whose memory the limiter reclaimed."),
+		ctrThrottled:  c("tessera_container_throttled_seconds_total", "Time the limiter held back the container's kernel launches on this GPU to keep it at its compute share, summed over the launches that waited."),
+		ctrRefused:    c("tessera_container_allocations_refused_total", "Allocation calls of the container on this GPU that the limiter refused with out-of-memory because of its memory limit."),
 		stateErrors:   prometheus.NewDesc("tessera_node_agent_state_read_errors_total", "Limiter state files that could not be read at a scrape (malformed, wrong version).", []string{"Hostname"}, nil),
 	}
 }
@@ -112,7 +151,7 @@ func New(src Source, logger klog.Logger) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.gpuMemTotal, c.gpuMemAlloc, c.gpuCoresAlloc, c.gpuShares, c.gpuMaxShares,
 		c.gpuHealthy, c.gpuXID, c.gpuUtil, c.gpuMemUsed, c.ctrMemUsed, c.ctrMemLimit, c.ctrSMShare, c.ctrSMUtil,
-		c.ctrProcs, c.ctrReclaimed, c.stateErrors} {
+		c.ctrProcs, c.ctrReclaimed, c.ctrThrottled, c.ctrRefused, c.stateErrors} {
 		ch <- d
 	}
 }
@@ -159,11 +198,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		return g.MemoryMiB, true
 	}
-	type ctr struct {
-		pod *v1.Pod
-		ca  api.ContainerAllocation
-	}
-	var ctrs []ctr
+	var ctrs []target
 	for _, p := range pods {
 		if p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed {
 			continue
@@ -178,17 +213,64 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			alloc[ch.UUID] = u
 		}
 		for _, ca := range rec.Containers {
-			if !ca.Init && len(ca.Devices) > 0 {
-				ctrs = append(ctrs, ctr{p, ca})
+			if ca.Init || len(ca.Devices) == 0 {
+				continue
+			}
+			t := target{pod: p, container: ca.Name,
+				stateFile: filepath.Join(c.src.State.StateDir(p.UID, ca.Name), statedir.LimiterStateFile)}
+			for _, d := range ca.Devices {
+				g, ok := byUUID[d.UUID]
+				if !ok {
+					t.devs = append(t.devs, targetDev{uuid: d.UUID}) // keeps the limiter's device index
+					continue
+				}
+				td := targetDev{uuid: d.UUID, limit: d.MemoryMiB * MiB, share: int64(d.Cores)}
+				if d.Exclusive && d.MIG == nil {
+					td.limit = g.MemoryMiB * MiB
+				}
+				if d.Exclusive {
+					td.share = gpushare.FullCores
+				}
+				if d.MIG != nil {
+					td.profile = d.MIG.Profile
+				}
+				t.devs = append(t.devs, td)
+			}
+			ctrs = append(ctrs, t)
+		}
+	}
+	if c.src.Claims != nil {
+		claims := c.src.Claims()
+		// What the prepared claims consume, once per claim however many
+		// containers use it.
+		for _, cl := range claims {
+			for _, r := range cl.Requests {
+				for _, d := range r.Devices {
+					g, ok := byUUID[d.UUID]
+					if !ok || d.Admin {
+						continue
+					}
+					u := alloc[d.UUID]
+					if d.Whole {
+						u.Add(gpushare.Usage{MemoryMiB: g.MemoryMiB, Cores: gpushare.FullCores, Exclusive: 1})
+					} else {
+						u.Add(gpushare.Share(d.MemoryMiB, int(d.Cores)))
+					}
+					alloc[d.UUID] = u
+				}
 			}
 		}
+		ctrs = append(ctrs, claimTargets(pods, claims, byUUID)...)
 	}
 	sort.Slice(ctrs, func(i, j int) bool {
 		a, b := ctrs[i], ctrs[j]
 		if kubeobj.Key(a.pod) != kubeobj.Key(b.pod) {
 			return kubeobj.Key(a.pod) < kubeobj.Key(b.pod)
 		}
-		return a.ca.Name < b.ca.Name
+		if a.container != b.container {
+			return a.container < b.container
+		}
+		return a.claim < b.claim
 	})
 
 	gauge := func(d *prometheus.Desc, v float64, l []string) {
@@ -233,33 +315,49 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 
 	fails := uint64(0)
+	type state struct {
+		snap *limiterstate.Snapshot
+		// counted: the counters are known. A container without a state
+		// file has made no CUDA call yet (or runs no limiter): nothing
+		// throttled or refused, 0. A version-3 file (a container started
+		// under the previous limiter) or an unreadable one: absent.
+		counted bool
+	}
+	states := map[string]state{} // a shared claim's state is read once
+	emitted := map[string]bool{}
 	for _, ct := range ctrs {
-		st, err := limiterstate.ReadFile(filepath.Join(c.src.State.StateDir(ct.pod.UID, ct.ca.Name), statedir.LimiterStateFile))
-		if err != nil {
-			if !errors.Is(err, fs.ErrNotExist) {
-				fails++
-				c.logger.V(2).Info("Limiter state not readable", "pod", kubeobj.Key(ct.pod), "container", ct.ca.Name, "err", err)
+		cs, read := states[ct.stateFile]
+		if !read {
+			cs.counted = true
+			if ct.stateFile != "" {
+				snap, err := limiterstate.ReadFile(ct.stateFile)
+				switch {
+				case err == nil:
+					cs = state{snap, snap.HasCounters}
+				case !errors.Is(err, fs.ErrNotExist):
+					fails++
+					cs.counted = false
+					c.logger.V(2).Info("Limiter state not readable", "pod", kubeobj.Key(ct.pod), "container", ct.container, "claim", ct.claim, "err", err)
+				}
 			}
-			st = nil
+			states[ct.stateFile] = cs
 		}
-		for i, d := range ct.ca.Devices {
-			base, ok := labels[d.UUID]
+		st := cs.snap
+		for i, d := range ct.devs {
+			base, ok := labels[d.uuid]
 			if !ok {
 				continue // a GPU the inventory no longer lists
 			}
-			profile := ""
-			if d.MIG != nil {
-				profile = d.MIG.Profile
+			l := append(append([]string{}, base...), ct.pod.Namespace, ct.pod.Name, ct.container, ct.claim, d.profile)
+			// Two grants with one label set (a container given two requests
+			// of a claim on one GPU, which the DRA driver refuses to
+			// prepare for it): the first only, or the scrape would fail.
+			k := strings.Join(l, "\x00")
+			if emitted[k] {
+				continue
 			}
-			l := append(append([]string{}, base...), ct.pod.Namespace, ct.pod.Name, ct.ca.Name, "", profile)
-			limit := d.MemoryMiB * MiB
-			if d.Exclusive && d.MIG == nil {
-				limit = byUUID[d.UUID].MemoryMiB * MiB
-			}
-			share := d.Cores
-			if d.Exclusive {
-				share = gpushare.FullCores
-			}
+			emitted[k] = true
+			limit := d.limit
 			var used uint64
 			var procs int
 			var pids []int32
@@ -278,11 +376,19 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 					counter(c.ctrReclaimed, float64(st.ReclaimedProcesses), l)
 				}
 			}
+			if cs.counted {
+				var throttled, refused uint64
+				if st != nil && i < limiterstate.MaxDevices {
+					throttled, refused = st.Devices[i].ThrottledNs, st.Devices[i].RefusedAllocations
+				}
+				counter(c.ctrThrottled, float64(throttled)/1e9, l)
+				counter(c.ctrRefused, float64(refused), l)
+			}
 			gauge(c.ctrMemUsed, float64(used), l)
 			gauge(c.ctrMemLimit, float64(limit), l)
-			gauge(c.ctrSMShare, float64(share), l)
+			gauge(c.ctrSMShare, float64(d.share), l)
 			gauge(c.ctrProcs, float64(procs), l)
-			if per, ok := procSM[d.UUID]; ok {
+			if per, ok := procSM[d.uuid]; ok {
 				sm := uint32(0)
 				for _, pid := range pids {
 					sm += per[uint32(pid)]
@@ -296,4 +402,101 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	total := c.readFails
 	c.mu.Unlock()
 	counter(c.stateErrors, float64(total), []string{c.src.Node})
+}
+
+// target is one container's GPU grant to export: from an allocation record
+// (claim "") or a DRA claim request.
+type target struct {
+	pod       *v1.Pod
+	container string
+	claim     string
+	stateFile string // "" when no limiter state exists (whole GPUs through DRA)
+	devs      []targetDev
+}
+
+type targetDev struct {
+	uuid    string
+	limit   int64 // bytes
+	share   int64 // percent of SMs
+	profile string
+}
+
+// claimTargets finds the containers of pods that use the prepared claims:
+// a container's resources.claims entry names a pod claim, which names the
+// ResourceClaim (or the template whose claim the pod's status names), and
+// optionally one request; a pod served nvidia.com/gpu through the
+// extended-resource mapping names its claim and requests in its status.
+// A claim shared by several containers has one limiter state: each of
+// them shows the claim's values.
+func claimTargets(pods []*v1.Pod, claims []Claim, gpus map[string]*api.GPU) []target {
+	byName := map[string]*Claim{}
+	for i := range claims {
+		byName[claims[i].Namespace+"/"+claims[i].Name] = &claims[i]
+	}
+	if len(byName) == 0 {
+		return nil
+	}
+	var out []target
+	seen := map[string]bool{} // a request reached twice (by name and as all of its claim) is one series
+	add := func(p *v1.Pod, container string, cl *Claim, request string) {
+		for _, r := range cl.Requests {
+			if request != "" && resourceclaim.BaseRequestRef(r.Request) != request {
+				continue
+			}
+			key := string(p.UID) + "/" + container + "/" + cl.Name + "/" + r.Request
+			if seen[key] {
+				continue
+			}
+			seen[key] = true
+			t := target{pod: p, container: container, claim: cl.Name, stateFile: r.StateFile}
+			for _, d := range r.Devices {
+				td := targetDev{uuid: d.UUID, limit: d.MemoryMiB * MiB, share: d.Cores}
+				if d.Whole || d.Admin {
+					td.share = gpushare.FullCores
+					if g, ok := gpus[d.UUID]; ok {
+						td.limit = g.MemoryMiB * MiB
+					}
+				}
+				t.devs = append(t.devs, td)
+			}
+			out = append(out, t)
+		}
+	}
+	for _, p := range pods {
+		if p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed {
+			continue
+		}
+		var cs []v1.Container
+		for _, c := range p.Spec.InitContainers {
+			if c.RestartPolicy != nil && *c.RestartPolicy == v1.ContainerRestartPolicyAlways {
+				cs = append(cs, c) // a sidecar runs beside the others
+			}
+		}
+		cs = append(cs, p.Spec.Containers...)
+		for _, c := range cs {
+			for _, cr := range c.Resources.Claims {
+				for k := range p.Spec.ResourceClaims {
+					if p.Spec.ResourceClaims[k].Name != cr.Name {
+						continue
+					}
+					name, _, err := resourceclaim.Name(p, &p.Spec.ResourceClaims[k])
+					if err != nil || name == nil {
+						continue
+					}
+					if cl, ok := byName[p.Namespace+"/"+*name]; ok {
+						add(p, c.Name, cl, cr.Request)
+					}
+				}
+			}
+			if s := p.Status.ExtendedResourceClaimStatus; s != nil {
+				cl, ok := byName[p.Namespace+"/"+s.ResourceClaimName]
+				for _, m := range s.RequestMappings {
+					if ok && m.ContainerName == c.Name {
+						add(p, c.Name, cl, m.RequestName)
+					}
+				}
+			}
+		}
+	}
+	return out
 }

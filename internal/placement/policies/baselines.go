@@ -39,6 +39,12 @@ func (bestFitGPUs) RankGPU(_ *placement.Compiled, n *placement.Node, i int, _, d
 	return bestGPU(n, i, demand)
 }
 
+func (bestFitGPUs) RankGPUs(_ *placement.Compiled, n *placement.Node, cand []int, _, demand []placement.Usage, rank []float64) {
+	for _, i := range cand {
+		rank[i] = bestGPU(n, i, demand[i])
+	}
+}
+
 // Random places each pod on a uniformly random node that fits it and a
 // share on a uniformly random GPU that fits it.
 type Random struct{ base }

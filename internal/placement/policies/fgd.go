@@ -76,9 +76,17 @@ type fgdEntry struct {
 	node   float64
 	gpu    []float64
 	nodeAt []float64
-	// small holds gpu and nodeAt for nodes of up to smallGPUs GPUs, so an
-	// entry is one allocation (one cache miss fewer per lookup).
-	small [2 * smallGPUs]float64
+	// rank and priced, for a share the policy prices (tessera): per GPU
+	// the share's rank by packing loss (rankGPU's rankByLoss rank) and the
+	// node's score with the share there less its packing loss (scoreNode),
+	// which depend only on the node's state, the shape and the model, so
+	// ranking a node's GPUs and scoring it read them instead of computing
+	// every GPU's free share (a division each) for every pod.
+	rank, priced []float64
+	// small holds gpu, nodeAt, rank and priced for nodes of up to
+	// smallGPUs GPUs, so an entry is one allocation (one cache miss fewer
+	// per lookup).
+	small [4 * smallGPUs]float64
 }
 
 const smallGPUs = 8
@@ -181,6 +189,10 @@ func (f *FGD) RankGPU(cr *placement.Compiled, n *placement.Node, i int, pending,
 	return f.scorer(cr).RankGPU(cr, n, i, pending, demand)
 }
 
+func (f *FGD) RankGPUs(cr *placement.Compiled, n *placement.Node, cand []int, pending, demand []placement.Usage, rank []float64) {
+	f.scorer(cr).RankGPUs(cr, n, cand, pending, demand, rank)
+}
+
 // keyShape drops what FGD ignores (memory) so cache keys collide.
 func keyShape(s Shape) Shape { s.MemMiB = 0; return s }
 
@@ -218,7 +230,48 @@ func (ps *podScorer) entry(n *placement.Node) *fgdEntry {
 	if m == nil {
 		return nil
 	}
-	return ps.table.get(n, ps.snap.gen, func(e *fgdEntry) { fragScores(m, n, ps.shape, ps.f.scoring, e) })
+	return ps.table.get(n, ps.snap.gen, func(e *fgdEntry) {
+		fragScores(m, n, ps.shape, ps.f.scoring, e)
+		if ps.loss != nil && e.nodeAt != nil {
+			ps.priceGPUs(n, e)
+		}
+	})
+}
+
+// priceGPUs fills e.rank and e.priced, for a priced share, from the
+// node's state (see fgdEntry): exactly what rankGPU and scoreNode would
+// compute for each GPU.
+func (ps *podScorer) priceGPUs(n *placement.Node, e *fgdEntry) {
+	k := len(n.GPUs)
+	vals := e.small[:2*smallGPUs] // first: the values every pod reads
+	if k > smallGPUs {
+		vals = make([]float64, 2*k)
+	}
+	e.rank, e.priced = vals[:k:k], vals[k:2*k:2*k]
+	for i := range n.GPUs {
+		free := FreeMilli(&n.GPUs[i])
+		g := freePercent(free)
+		if g < ps.pct {
+			e.rank[i] = -float64(free) // bestGPU's rank of a share
+		} else {
+			e.rank[i] = -(lossRank*ps.loss[g] + float64(g-ps.pct))
+		}
+		if math.IsInf(e.gpu[i], 0) {
+			e.priced[i] = e.node // scoreNode's score where the share does not fit
+		} else {
+			e.priced[i] = ps.pricedAt(e, i, g)
+		}
+	}
+}
+
+// pricedAt is the node's score with the share on GPU i, whose free share
+// is g%, less the share's packing loss there.
+func (ps *podScorer) pricedAt(e *fgdEntry, i, g int) float64 {
+	score := e.nodeAt[i]
+	if g >= ps.pct {
+		score -= ps.f.scoring.lossWeight * ps.loss[g]
+	}
+	return score
 }
 
 func (ps *podScorer) ScoreNode(cr *placement.Compiled, p *placement.Placement) float64 {
@@ -260,42 +313,81 @@ func (ps *podScorer) scoreNode(p *placement.Placement) float64 {
 			}
 		}
 	}
-	if gi < 0 || math.IsInf(e.gpu[gi], 0) {
+	switch {
+	case gi < 0:
 		return e.node
+	case e.priced != nil:
+		return e.priced[gi] // e.node where the share does not fit
+	case math.IsInf(e.gpu[gi], 0):
+		return e.node
+	case ps.loss != nil:
+		return ps.pricedAt(e, gi, freePercent(FreeMilli(&p.Node.GPUs[gi])))
 	}
-	score := e.nodeAt[gi]
-	if ps.loss != nil {
-		if g := freePercent(FreeMilli(&p.Node.GPUs[gi])); g >= ps.pct {
-			score -= ps.f.scoring.lossWeight * ps.loss[g]
-		}
-	}
-	return score
+	return e.nodeAt[gi]
 }
 
 func (ps *podScorer) RankGPU(cr *placement.Compiled, n *placement.Node, i int, pending, demand placement.Usage) float64 {
 	if demand.Exclusive > 0 || pending != (placement.Usage{}) {
 		return bestGPU(n, i, demand)
 	}
+	var e *fgdEntry
+	return ps.own(cr).rankGPU(n, i, pending, demand, &e)
+}
+
+// RankGPUs ranks a container's candidate GPUs on n in one call
+// (placement.GPUsRanker), as RankGPU does one at a time: the pod is
+// checked once and the node's cache entry looked up at most once.
+func (ps *podScorer) RankGPUs(cr *placement.Compiled, n *placement.Node, cand []int, pending, demand []placement.Usage, rank []float64) {
 	ps = ps.own(cr)
+	var e *fgdEntry
+	if ps.rankByLoss && ps.shape.Share() {
+		// Tessera's common case, with rankGPU's checks that depend only
+		// on the pod made once: each GPU's rank is read from the entry.
+		if e = ps.entry(n); e != nil && e.rank != nil {
+			for _, i := range cand {
+				if d := demand[i]; d.Exclusive > 0 || pending[i] != (placement.Usage{}) || int64(d.Cores)*10 != ps.shape.GPUMilli {
+					rank[i] = bestGPU(n, i, d)
+				} else {
+					rank[i] = e.rank[i]
+				}
+			}
+			return
+		}
+	}
+	for _, i := range cand {
+		rank[i] = ps.rankGPU(n, i, pending[i], demand[i], &e)
+	}
+}
+
+// rankGPU is RankGPU for the pod ps serves; *e is n's cache entry once
+// looked up (nil before).
+func (ps *podScorer) rankGPU(n *placement.Node, i int, pending, demand placement.Usage, e **fgdEntry) float64 {
 	// The per-GPU values are for a single-share pod; a pod with several
 	// sharing containers is ranked best-fit.
-	if !ps.shape.Share() || int64(demand.Cores)*10 != ps.shape.GPUMilli {
+	if demand.Exclusive > 0 || pending != (placement.Usage{}) ||
+		!ps.shape.Share() || int64(demand.Cores)*10 != ps.shape.GPUMilli {
 		return bestGPU(n, i, demand)
+	}
+	if *e == nil {
+		*e = ps.entry(n)
 	}
 	if ps.rankByLoss {
 		// Tessera: the GPU where the share loses least, then the one it
-		// fills best (lowest index on ties). GPU-local: no cache lookup.
+		// fills best (lowest index on ties): cached with the node's
+		// entry (priceGPUs), else computed here.
+		if *e != nil && (*e).rank != nil {
+			return (*e).rank[i]
+		}
 		g := freePercent(FreeMilli(&n.GPUs[i]))
 		if g < ps.pct {
 			return bestGPU(n, i, demand)
 		}
 		return -(lossRank*ps.loss[g] + float64(g-ps.pct))
 	}
-	e := ps.entry(n)
-	if e == nil {
+	if *e == nil {
 		return bestGPU(n, i, demand)
 	}
-	return e.gpu[i]
+	return (*e).gpu[i]
 }
 
 // lossRank puts any packing loss (at least about 1e-3 of a GPU) before
@@ -323,7 +415,7 @@ func fragScores(m *fragModel, n *placement.Node, s Shape, sc scoring, e *fgdEntr
 	cpu, mem := n.FreeCPU()-s.CPUMilli, n.FreeMem()-s.MemMiB
 	switch {
 	case s.Share():
-		vals := e.small[:]
+		vals := e.small[2*smallGPUs:]
 		if len(free) > smallGPUs {
 			vals = make([]float64, 2*len(free))
 		}

@@ -246,3 +246,46 @@ func TestWeighByScarcity(t *testing.T) {
 		t.Errorf("weights %v and %v, want 0.8 and 0.2", target[0].Weight, target[1].Weight)
 	}
 }
+
+// The per-node cache keeps values by the node's index in its cluster, so
+// a value must not pass to another node that takes the index (RemoveNode
+// moves the last node into the removed one's place; UpsertNode replaces a
+// node in place), even at the same node version.
+func TestNodeTableFollowsTheNode(t *testing.T) {
+	c := placement.NewCluster()
+	var nodes []*placement.Node
+	for i := range 70 { // past the table's first size
+		n := node(t, 64000, 0, "T4", 1000)
+		n.Name = fmt.Sprintf("n%d", i)
+		c.UpsertNode(n)
+		nodes = append(nodes, n)
+	}
+	var nt nodeTable[string]
+	computed := 0
+	get := func(n *placement.Node) string {
+		return *nt.get(n, 1, func(v *string) { computed++; *v = n.Name })
+	}
+	for _, n := range nodes {
+		if got := get(n); got != n.Name {
+			t.Fatalf("value of %s is %q", n.Name, got)
+		}
+	}
+	before := computed
+	for _, n := range nodes {
+		get(n)
+	}
+	if computed != before {
+		t.Errorf("%d values recomputed for unchanged nodes, want 0", computed-before)
+	}
+	c.RemoveNode("n0") // n69 (version 0, like n0) moves to index 0
+	if got := get(c.Node("n69")); got != "n69" {
+		t.Errorf("after RemoveNode: n69's value is %q (the removed node's)", got)
+	}
+	repl := node(t, 64000, 0, "T4", 1000, 1000)
+	repl.Name = "n5"
+	c.UpsertNode(repl)
+	k := computed
+	if got := get(repl); got != "n5" || computed != k+1 {
+		t.Errorf("after UpsertNode: value %q, computed %d times, want %q computed once", got, computed-k, "n5")
+	}
+}
