@@ -107,18 +107,7 @@ func (p *Admission) review(req *admissionv1.AdmissionRequest, mutate bool) *admi
 		}
 		out := pod.DeepCopy()
 		changed, err := p.mutateClaims(out)
-		if err != nil {
-			return deny(http.StatusUnprocessableEntity, err.Error())
-		}
-		if !changed {
-			return &admissionv1.AdmissionResponse{Allowed: true}
-		}
-		patch, err := patchFor(&pod, out)
-		if err != nil {
-			return deny(http.StatusInternalServerError, err.Error())
-		}
-		pt := admissionv1.PatchTypeJSONPatch
-		return &admissionv1.AdmissionResponse{Allowed: true, Patch: patch, PatchType: &pt}
+		return patchResponse(&pod, out, changed, err)
 	}
 	if errs := p.Validate(&pod); len(errs) > 0 {
 		return deny(http.StatusUnprocessableEntity, Message(errs))
@@ -127,13 +116,19 @@ func (p *Admission) review(req *admissionv1.AdmissionRequest, mutate bool) *admi
 		return &admissionv1.AdmissionResponse{Allowed: true}
 	}
 	out, changed, err := p.Mutate(&pod)
+	return patchResponse(&pod, out, changed, err)
+}
+
+// patchResponse admits a pod with the JSON patch from pod to out: denied
+// with the mutation's error, admitted unchanged when nothing changed.
+func patchResponse(pod, out *corev1.Pod, changed bool, err error) *admissionv1.AdmissionResponse {
 	if err != nil {
 		return deny(http.StatusUnprocessableEntity, err.Error())
 	}
 	if !changed {
 		return &admissionv1.AdmissionResponse{Allowed: true}
 	}
-	patch, err := patchFor(&pod, out)
+	patch, err := patchFor(pod, out)
 	if err != nil {
 		return deny(http.StatusInternalServerError, err.Error())
 	}
