@@ -149,6 +149,8 @@ type Compiled struct {
 	// GPU is eligible, decided without looking further).
 	selects bool
 	gpuPol  api.GPUPolicy
+	// key is the request's shape for Memo (shapeKey).
+	key string
 }
 
 type compiledContainer struct {
@@ -224,6 +226,7 @@ func (c *Cluster) Compile(r *Request) (*Compiled, error) {
 		cr.uuidOut = toSet(r.ExcludeUUIDs)
 	}
 	cr.selects = len(r.IncludeModels)+len(r.ExcludeModels) > 0 || cr.uuidIn != nil || cr.uuidOut != nil
+	cr.key = memoKey(cr)
 	return cr, nil
 }
 

@@ -215,6 +215,11 @@ type podScorer struct {
 
 func (ps *podScorer) Name() string { return ps.f.name }
 
+// Generation: a scorer's scores depend only on its pod's request, the
+// node's state and the snapshot it holds (placement.Memoizable), so a
+// search may remember them until the policy publishes a new snapshot.
+func (ps *podScorer) Generation() (any, uint64) { return ps.f, ps.snap.gen }
+
 // own returns ps if it serves cr, else a scorer for cr (a caller that
 // passes another pod than the one prepared).
 func (ps *podScorer) own(cr *placement.Compiled) *podScorer {
