@@ -12,7 +12,8 @@ import (
 // has learned. Their results may be remembered per node until the node or
 // the generation changes (Memo). A policy whose scores depend on anything
 // else, such as a pod's arrival number for random tie-breaking, must not
-// implement it.
+// implement it (a type that embeds Binpack or Spread and scores otherwise
+// inherits their Generation and must not).
 type Memoizable interface {
 	Generation() (owner any, gen uint64)
 }

@@ -37,7 +37,8 @@ func (a candidate) before(b candidate) bool {
 }
 
 // candidates runs the placement core's fit check and the policy's score
-// on every node the plugin holds, as the simulator's Search does, records
+// on every node the plugin holds, as the simulator's Search does (through
+// the plugin's Memo, as Search does), records
 // the scores in s (Filter and Score reuse them) and returns the names of
 // the best Candidates nodes, plus every node in mode dra when the pod may
 // take GPUs there (dra.go). It returns nil when no node fits: then
@@ -50,13 +51,17 @@ func (p *Plugin) candidates(ctx context.Context, s *cycleState) sets.Set[string]
 	const chunk = 256
 	parts := (len(nodes) + chunk - 1) / chunk
 	tops := make([][]candidate, parts)
+	// Nodes unchanged since the last pod of this shape keep their verdict
+	// and score (placement.Memo): a lookup instead of a fit check.
+	scan := p.memo.Begin(s.cr, s.pol, s.ranker, len(nodes))
+	defer scan.End()
 	search := func(k int) {
 		sc := p.scratchs.Get().(*scratch)
 		defer p.scratchs.Put(sc)
 		var top []candidate
 		for _, n := range nodes[k*chunk : min(len(nodes), (k+1)*chunk)] {
-			if s.cr.Fit(n, s.ranker, &sc.s, &sc.p).OK() {
-				c := candidate{name: n.Name, slot: math.MaxInt, score: s.pol.ScoreNode(s.cr, &sc.p)}
+			if r, score := scan.Eval(n, &sc.s, &sc.p); r.OK() {
+				c := candidate{name: n.Name, slot: math.MaxInt, score: score}
 				if i, ok := p.st.slot[n.Name]; ok {
 					c.slot = i
 					if i < len(s.scores) {

@@ -57,6 +57,9 @@ type Plugin struct {
 	waitMu   sync.Mutex
 	waiting  map[string]*corev1.Pod
 	scratchs sync.Pool
+	// memo keeps each node's verdict and score per pod shape between
+	// pods (candidates.go).
+	memo *placement.Memo
 
 	bindOnce  sync.Once
 	bindsSelf bool // set once by recordInBinding
@@ -175,6 +178,7 @@ func newPlugin(cfg api.ClusterConfig) (*Plugin, error) {
 	p := &Plugin{names: names, policy: pol, st: st, waiting: map[string]*corev1.Pod{}, observed: map[types.UID]struct{}{}, widened: map[types.UID]struct{}{}, trust: &trust{names: names}}
 	st.trust = p.trust
 	p.scratchs.New = func() any { return new(scratch) }
+	p.memo = placement.NewMemo()
 	return p, nil
 }
 
