@@ -26,11 +26,14 @@ import (
 //	go test -run '^$' -bench SchedulePod -benchtime 200x ./internal/placement/
 func BenchmarkSchedulePod(b *testing.B) {
 	for _, name := range []string{"binpack", policies.NameFGD, policies.NameTessera} {
-		b.Run(name, func(b *testing.B) { benchSchedulePod(b, name) })
+		b.Run(name, func(b *testing.B) { benchSchedulePod(b, name, false) })
 	}
+	// The memo's worst case: every pod a shape of its own (its CPU
+	// request differs), so no node's verdict is ever reused.
+	b.Run(policies.NameTessera+"-unique", func(b *testing.B) { benchSchedulePod(b, policies.NameTessera, true) })
 }
 
-func benchSchedulePod(b *testing.B, name string) {
+func benchSchedulePod(b *testing.B, name string, unique bool) {
 	c := placement.BigCluster(b, 5000, 20000)
 	var compiled []*placement.Compiled
 	for _, r := range placement.BenchRequests() {
@@ -61,6 +64,9 @@ func benchSchedulePod(b *testing.B, name string) {
 	compile := func(i int) *placement.Compiled {
 		r := *compiled[i%len(compiled)].Req
 		r.Pod = fmt.Sprintf("ns/timed-%d", i)
+		if unique {
+			r.CPUMilli = int64(1 + i)
+		}
 		cr, err := c.Compile(&r)
 		if err != nil {
 			b.Fatal(err)
