@@ -120,3 +120,25 @@ func (s *shapeIDs) id(sh Shape) int {
 	v, _ := s.ids.LoadOrStore(sh, int(s.next.Add(1)-1))
 	return v.(int)
 }
+
+// maxCachedShapes bounds the shapes a shapeTables caches values for. A
+// shape's table holds a value (a few hundred bytes) for every node the
+// shape was scored on, so at 5,000 nodes a table is about 2 MB; a cluster's
+// workload has a few dozen shapes (the openb trace 91, counting CPU-only
+// ones), a stream of pods with all-different requests has one per pod.
+const maxCachedShapes = 128
+
+// shapeTables holds the node tables of up to maxCachedShapes pod shapes.
+type shapeTables struct {
+	ids    shapeIDs
+	tables keyedTables[fgdEntry]
+}
+
+// table returns key's node table, or nil when the set is full.
+func (st *shapeTables) table(key Shape) *nodeTable[fgdEntry] {
+	id := st.ids.id(key)
+	if id >= maxCachedShapes {
+		return nil
+	}
+	return st.tables.table(id)
+}

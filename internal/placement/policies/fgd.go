@@ -33,8 +33,10 @@ type FGD struct {
 	newModel func([]Shape) *fragModel
 	// scoring turns fragmentation changes into scores.
 	scoring scoring
-	ids     shapeIDs
-	cache   keyedTables[fgdEntry]
+	// tables caches per pod shape each node's values (shapeTables);
+	// replaced by an empty set when a new snapshot is published or when
+	// it is full, so its memory stays bounded however many shapes come.
+	tables atomic.Pointer[shapeTables]
 	// last is the pod Observe prepared last (normally the one being
 	// placed), so a caller that scores through the FGD itself rather than
 	// through ForPod does not prepare the pod again for every node.
@@ -106,6 +108,7 @@ func NewFGD(seed int64) *FGD {
 func newFGD(name string, seed int64, sc scoring, newModel func([]Shape) *fragModel) *FGD {
 	f := &FGD{base: base{seed: seed}, name: name, learn: newLearner(), newModel: newModel, scoring: sc}
 	f.snap.Store(&snapshot{})
+	f.tables.Store(new(shapeTables))
 	return f
 }
 
@@ -122,6 +125,8 @@ func (f *FGD) SetTarget(tasks []Shape) {
 // publish makes a model the one scoring uses. Called with learnMu held.
 func (f *FGD) publish(m *fragModel) {
 	f.snap.Store(&snapshot{gen: f.snap.Load().gen + 1, model: m})
+	// Values cached under the old model are never read again.
+	f.tables.Store(new(shapeTables))
 	f.last.Store(nil)
 }
 
@@ -146,7 +151,7 @@ func (f *FGD) ForPod(cr *placement.Compiled) placement.Policy { return f.scorer(
 
 func (f *FGD) prepare(cr *placement.Compiled, s Shape) *podScorer {
 	key := keyShape(s)
-	ps := &podScorer{f: f, cr: cr, snap: f.snap.Load(), shape: key, table: f.cache.table(f.ids.id(key))}
+	ps := &podScorer{f: f, cr: cr, snap: f.snap.Load(), shape: key, table: f.shapeTable(key)}
 	if pr := ps.snap.model.pricedBy(f.scoring); pr != nil && key.Share() {
 		// The share's packing loss on a GPU with g% free, for every g.
 		ps.pct = sharePercent(key.GPUMilli)
@@ -191,6 +196,21 @@ func (f *FGD) RankGPU(cr *placement.Compiled, n *placement.Node, i int, pending,
 
 func (f *FGD) RankGPUs(cr *placement.Compiled, n *placement.Node, cand []int, pending, demand []placement.Usage, rank []float64) {
 	f.scorer(cr).RankGPUs(cr, n, cand, pending, demand, rank)
+}
+
+// shapeTable returns the node table of a pod shape, starting an empty set
+// of tables when the current one holds maxCachedShapes shapes.
+func (f *FGD) shapeTable(key Shape) *nodeTable[fgdEntry] {
+	for range 2 {
+		st := f.tables.Load()
+		if t := st.table(key); t != nil {
+			return t
+		}
+		f.tables.CompareAndSwap(st, new(shapeTables))
+	}
+	// Filled again by other goroutines meanwhile: a table of its own,
+	// which caches for this pod only.
+	return new(nodeTable[fgdEntry])
 }
 
 // keyShape drops what FGD ignores (memory) so cache keys collide.

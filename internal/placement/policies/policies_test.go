@@ -199,6 +199,34 @@ func TestPopularShapes(t *testing.T) {
 	}
 }
 
+// A workload of ever-new shapes (all-different CPU requests) gives a
+// target of at most maxTargetShapes shapes, the most frequent, weights
+// summing to 1.
+func TestPopularShapesBounded(t *testing.T) {
+	var tasks []Shape
+	for i := range 1000 {
+		tasks = append(tasks, Shape{CPUMilli: int64(1000 + i), NumGPU: 1, GPUMilli: 300})
+	}
+	common := Shape{CPUMilli: 4000, NumGPU: 1, GPUMilli: 500}
+	for range 50 {
+		tasks = append(tasks, common)
+	}
+	got := PopularShapes(tasks, 1)
+	if len(got) != maxTargetShapes {
+		t.Fatalf("%d shapes, want %d", len(got), maxTargetShapes)
+	}
+	if got[0].Shape != common {
+		t.Errorf("first shape %+v, want the most frequent %+v", got[0].Shape, common)
+	}
+	var sum float64
+	for _, w := range got {
+		sum += w.Weight
+	}
+	if math.Abs(sum-1) > 1e-9 {
+		t.Errorf("weights sum to %v, want 1", sum)
+	}
+}
+
 // Every listed policy is made by name and calls itself by it; the
 // compared ones and the core's are all listed; an unknown name is refused
 // with the list.

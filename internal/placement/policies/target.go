@@ -28,7 +28,11 @@ type TargetSetter interface {
 // per task, GPU count, model constraint; memory is ignored), the most
 // frequent shapes taken one at a time until they cover the fraction cover
 // of all tasks, and their weights renormalised. Ties in frequency go to the
-// larger shape, as in the original.
+// larger shape, as in the original. At most maxTargetShapes shapes are
+// taken (the original has no such bound; the published traces have fewer
+// shapes), since scoring a node costs time in proportion to them: a
+// scheduler fed pods of ever-new shapes would otherwise slow down with
+// every one.
 func PopularShapes(tasks []Shape, cover float64) []WeightedShape {
 	counts := map[Shape]float64{}
 	mem := map[Shape]float64{}
@@ -52,7 +56,7 @@ func PopularShapes(tasks []Shape, cover float64) []WeightedShape {
 	})
 	var cum float64
 	k := 0
-	for k < len(out) && cum < cover*total {
+	for k < len(out) && cum < cover*total && k < maxTargetShapes {
 		cum += out[k].Weight
 		k++
 	}
@@ -65,6 +69,10 @@ func PopularShapes(tasks []Shape, cover float64) []WeightedShape {
 	}
 	return out
 }
+
+// maxTargetShapes bounds a target workload's shapes (PopularShapes). The
+// openb trace has 91 shapes, CPU-only ones included.
+const maxTargetShapes = 128
 
 func shapeLess(a, b Shape) bool {
 	switch {
