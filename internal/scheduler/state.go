@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"fmt"
+	"hash/fnv"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -42,6 +43,11 @@ type state struct {
 	// trust decides which records read from pods are charged (nil: all
 	// that decode).
 	trust *trust
+	// rejected holds, per bound pod whose record was not charged, the
+	// hash of that annotation value (recordHash): the pod's later updates
+	// with the same value are not looked at again (no release, requeue,
+	// log or count at every status change); a new value is.
+	rejected map[types.UID]uint64
 }
 
 // usageObserver is told, under the state's lock, of every node whose GPU
@@ -59,6 +65,7 @@ func newState(obs usageObserver) *state {
 		holders:   map[string]types.UID{},
 		slot:      map[string]int{},
 		mode:      map[string]api.NodeMode{},
+		rejected:  map[types.UID]uint64{},
 	}
 }
 
@@ -161,6 +168,7 @@ func (s *state) onDRANode(pod *corev1.Pod) bool {
 func (s *state) observePod(logger klog.Logger, pod *corev1.Pod) bool {
 	key := kubeobj.Key(pod)
 	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		s.forgetRejected(pod.UID)
 		return s.release(key, pod.UID)
 	}
 	if pod.Spec.NodeName == "" {
@@ -168,12 +176,19 @@ func (s *state) observePod(logger klog.Logger, pod *corev1.Pod) bool {
 		// binding never happened; they will be scheduled again.
 		return false
 	}
-	_, hasRecord := pod.Annotations[api.AnnotationAllocation]
+	raw, hasRecord := pod.Annotations[api.AnnotationAllocation]
+	var sum uint64
+	if hasRecord {
+		sum = recordHash(raw)
+	}
 	s.mu.RLock()
 	uid, held := s.holders[key]
 	cpuOnly := held && uid == pod.UID && len(s.cluster.Allocation(key).Containers) == 0
+	prev, wasRejected := s.rejected[pod.UID]
 	s.mu.RUnlock()
-	if held && uid == pod.UID && !(hasRecord && cpuOnly) {
+	if held && uid == pod.UID && (!(hasRecord && cpuOnly) || wasRejected && prev == sum) {
+		// Charged already, or charged without its record, which is
+		// the one that was rejected before.
 		return false
 	}
 	// What the pod holds: its CPU and memory on the node, as
@@ -181,6 +196,7 @@ func (s *state) observePod(logger klog.Logger, pod *corev1.Pod) bool {
 	// its record, if it has one that is charged.
 	cpu, mem := podrequest.EffectiveCPUMemory(pod)
 	rec := &api.PodAllocation{Node: pod.Spec.NodeName}
+	rejected := false
 	switch {
 	case !hasRecord:
 		// A pod on a node in mode dra holds its GPUs through a
@@ -193,10 +209,17 @@ func (s *state) observePod(logger klog.Logger, pod *corev1.Pod) bool {
 	default:
 		if r := s.chargeableRecord(logger, pod); r != nil {
 			rec = r
+		} else {
+			rejected = true
 		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if rejected {
+		s.rejected[pod.UID] = sum
+	} else {
+		delete(s.rejected, pod.UID)
+	}
 	released := false
 	if held {
 		// The key now names a new pod (or the pod's record arrived after
@@ -245,7 +268,21 @@ func (s *state) deletePod(obj any) bool {
 		return false
 	}
 	s.trust.forget(pod.UID)
+	s.forgetRejected(pod.UID)
 	return s.release(kubeobj.Key(pod), pod.UID)
+}
+
+// recordHash identifies an allocation annotation's value (state.rejected).
+func recordHash(raw string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(raw))
+	return h.Sum64()
+}
+
+func (s *state) forgetRejected(uid types.UID) {
+	s.mu.Lock()
+	delete(s.rejected, uid)
+	s.mu.Unlock()
 }
 
 // release drops what the pod with this key and UID holds.

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +9,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/component-base/metrics/testutil"
+	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/recordsig"
@@ -133,5 +137,62 @@ func TestFailedSchedulingHasNoFormatVerbs(t *testing.T) {
 		if n := notes[name]; strings.Contains(n, "%!") || !strings.Contains(n, want) {
 			t.Errorf("FailedScheduling event of %s: %q, want it to contain %q and no format verb", name, n, want)
 		}
+	}
+}
+
+// TestUnchargedRecordActedOnOnce: a bound pod whose record is not charged
+// (here it grants a GPU to a container that asks none) is warned about,
+// released and charged for its CPU once per distinct annotation value,
+// not again at every update of the pod (status, labels: each informer
+// update of the pod reached observePod, re-released the pod, requeued
+// every waiting pod and logged and counted the record again).
+func TestUnchargedRecordActedOnOnce(t *testing.T) {
+	p, _ := newTestPlugin(t, api.ClusterConfig{}, a100Node("a", 1))
+	rec := events.NewFakeRecorder(100)
+	p.trust.recorder = rec
+	registerMetrics()
+	counted := func() float64 {
+		v, err := testutil.GetCounterMetricValue(recordsIgnored.WithLabelValues(ReasonRecordIgnored))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	before := counted()
+	grant := func(mib int64) *api.PodAllocation {
+		return &api.PodAllocation{Node: "a", Containers: []api.ContainerAllocation{{Name: "c", Devices: []api.DeviceGrant{{UUID: fixtures.GPUUUID("a", 0), MemoryMiB: mib}}}}}
+	}
+	pod := fixtures.MakePod().Namespace(metav1.NamespaceDefault).Name("squatter").UID("uid-squatter").
+		SchedulerName(SchedulerName).Node("a").Container("c", map[string]string{"cpu": "1"}).Record(grant(40960)).Obj()
+	releases := 0
+	const updates = 20
+	for i := range updates {
+		pod.ResourceVersion = fmt.Sprint(i + 1)
+		if p.st.observePod(klog.Background(), pod) {
+			releases++
+		}
+	}
+	if got := len(rec.Events); got != 1 {
+		t.Errorf("%d Warning events after %d updates of the pod, want 1", got, updates)
+	}
+	if releases != 0 {
+		t.Errorf("the pod was released (and every waiting pod requeued) at %d of %d updates, want none", releases, updates)
+	}
+	if got := counted() - before; got != 1 {
+		t.Errorf("%s counted %v times after %d updates, want 1", ReasonRecordIgnored, got, updates)
+	}
+	if got := p.st.cluster.Node("a").CPUUsed; got != 1000 {
+		t.Errorf("node a CPU used %d, want the pod's 1000 charged once", got)
+	}
+	// A new annotation value is looked at again (once).
+	pod = pod.DeepCopy()
+	b, _ := api.EncodeAllocation(grant(1000))
+	pod.Annotations[api.AnnotationAllocation] = string(b)
+	for i := range 3 {
+		pod.ResourceVersion = fmt.Sprint(100 + i)
+		p.st.observePod(klog.Background(), pod)
+	}
+	if got := counted() - before; got != 2 {
+		t.Errorf("%s counted %v times after a second record value, want 2", ReasonRecordIgnored, got)
 	}
 }
