@@ -6,10 +6,19 @@ package scheduler
 import (
 	"context"
 	"math"
+	"slices"
 	"sort"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	v1helper "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/features"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/helper"
 
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -36,14 +45,83 @@ func (a candidate) before(b candidate) bool {
 	return a.score > b.score || a.score == b.score && a.slot < b.slot
 }
 
+// nodeRules are the pod's own rules for the nodes it may run on, as
+// kube-scheduler's NodeAffinity and TaintToleration filters apply them:
+// its nodeSelector and required node affinity, and its tolerations of the
+// nodes' NoSchedule and NoExecute taints. candidates() checks them, with
+// kube-scheduler's own helpers, on each node about to enter the
+// candidates only, so a pod pinned to nodes outside the policy's first
+// choices gets candidates it may run on, at the cost of a few checks per
+// pod rather than one per node.
+type nodeRules struct {
+	logger      klog.Logger
+	affinity    nodeaffinity.RequiredNodeAffinity
+	tolerations []corev1.Toleration
+	compare     bool // TaintTolerationComparisonOperators
+	// node is the cycle's snapshot of a node (nil: not in the snapshot).
+	node func(name string) *corev1.Node
+}
+
+// rulesFor returns the pod's node rules over the cycle's snapshot of
+// nodes: kube-scheduler's (the handle's), or nodes where there is no
+// handle (unit tests and benchmarks); nil, checking nothing, when there
+// is neither.
+func (p *Plugin) rulesFor(ctx context.Context, pod *corev1.Pod, nodes []fwk.NodeInfo) *nodeRules {
+	r := &nodeRules{
+		logger:      klog.FromContext(ctx),
+		affinity:    nodeaffinity.GetRequiredNodeAffinity(pod),
+		tolerations: pod.Spec.Tolerations,
+		compare:     utilfeature.DefaultFeatureGate.Enabled(features.TaintTolerationComparisonOperators),
+	}
+	switch {
+	case p.handle != nil && p.handle.SnapshotSharedLister() != nil:
+		infos := p.handle.SnapshotSharedLister().NodeInfos()
+		r.node = func(name string) *corev1.Node {
+			if ni, err := infos.Get(name); err == nil {
+				return ni.Node()
+			}
+			return nil
+		}
+	case len(nodes) > 0:
+		byName := make(map[string]*corev1.Node, len(nodes))
+		for _, ni := range nodes {
+			if n := ni.Node(); n != nil {
+				byName[n.Name] = n
+			}
+		}
+		r.node = func(name string) *corev1.Node { return byName[name] }
+	default:
+		return nil
+	}
+	return r
+}
+
+// allow reports whether the pod may run on the node by its rules; a node
+// missing from the cycle's snapshot is never filtered, so it is no
+// candidate either.
+func (r *nodeRules) allow(name string) bool {
+	if r == nil {
+		return true
+	}
+	n := r.node(name)
+	if n == nil {
+		return false
+	}
+	if ok, _ := r.affinity.Match(n); !ok {
+		return false
+	}
+	_, untolerated := v1helper.FindMatchingUntoleratedTaint(r.logger, n.Spec.Taints, r.tolerations, helper.DoNotScheduleTaintsFilterFunc(), r.compare)
+	return !untolerated
+}
+
 // candidates runs the placement core's fit check and the policy's score
 // on every node the plugin holds, as the simulator's Search does (through
-// the plugin's Memo, as Search does), records
-// the scores in s (Filter and Score reuse them) and returns the names of
-// the best Candidates nodes, plus every node in mode dra when the pod may
-// take GPUs there (dra.go). It returns nil when no node fits: then
-// kube-scheduler filters every node and the pod's event says why each
-// failed.
+// the plugin's Memo, as Search does), records the scores in s (Filter and
+// Score reuse them) and returns the names of the best Candidates nodes
+// the pod's own rules allow (s.rules), plus every node in mode dra when
+// the pod may take GPUs there (dra.go). It returns nil when no node it
+// may run on fits: then kube-scheduler filters every node and the pod's
+// event says why each failed.
 func (p *Plugin) candidates(ctx context.Context, s *cycleState) sets.Set[string] {
 	p.st.mu.RLock()
 	defer p.st.mu.RUnlock()
@@ -55,6 +133,14 @@ func (p *Plugin) candidates(ctx context.Context, s *cycleState) sets.Set[string]
 	// and score (placement.Memo): a lookup instead of a fit check.
 	scan := p.memo.Begin(s.cr, s.pol, s.ranker, len(nodes))
 	defer scan.End()
+	// rules is nil in the first pass: the policy's best nodes are
+	// usually all ones the pod may run on (a pod without a nodeSelector
+	// or affinity on nodes without taints, or with taints it tolerates),
+	// and checking 16 nodes costs less than checking each node as it
+	// enters a chunk's best. Only if one of them is not does a second
+	// pass (each node's verdict a lookup in the memo by then) keep the
+	// nodes the pod may not run on out as it goes.
+	var rules *nodeRules
 	search := func(k int) {
 		sc := p.scratchs.Get().(*scratch)
 		defer p.scratchs.Put(sc)
@@ -68,23 +154,33 @@ func (p *Plugin) candidates(ctx context.Context, s *cycleState) sets.Set[string]
 						s.scores[i] = c.score // each node has its own slot
 					}
 				}
-				top = keep(top, c)
+				if kept(top, c) && rules.allow(n.Name) {
+					top = keep(top, c)
+				}
 			}
 		}
 		tops[k] = top
 	}
-	if p.handle != nil && parts > 1 {
-		p.handle.Parallelizer().Until(ctx, parts, search, Name)
-	} else {
-		for k := range parts {
-			search(k)
+	best := func() []candidate {
+		if p.handle != nil && parts > 1 {
+			p.handle.Parallelizer().Until(ctx, parts, search, Name)
+		} else {
+			for k := range parts {
+				search(k)
+			}
 		}
+		var top []candidate
+		for _, t := range tops {
+			for _, c := range t {
+				top = keep(top, c)
+			}
+		}
+		return top
 	}
-	var top []candidate
-	for _, t := range tops {
-		for _, c := range t {
-			top = keep(top, c)
-		}
+	top := best()
+	if s.rules != nil && slices.ContainsFunc(top, func(c candidate) bool { return !s.rules.allow(c.name) }) {
+		rules = s.rules
+		top = best()
 	}
 	if len(top) == 0 {
 		return nil
@@ -103,10 +199,15 @@ func (p *Plugin) candidates(ctx context.Context, s *cycleState) sets.Set[string]
 	return names
 }
 
+// kept reports whether keep would insert c into top.
+func kept(top []candidate, c candidate) bool {
+	return len(top) < Candidates || c.before(top[len(top)-1])
+}
+
 // keep inserts c into top (sorted best first) if it is among the best
 // Candidates.
 func keep(top []candidate, c candidate) []candidate {
-	if len(top) == Candidates && !c.before(top[len(top)-1]) {
+	if !kept(top, c) {
 		return top
 	}
 	i := sort.Search(len(top), func(i int) bool { return c.before(top[i]) })

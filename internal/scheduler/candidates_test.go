@@ -3,15 +3,21 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 
+	"github.com/tessera-gpu/tessera/internal/testenv"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -181,5 +187,120 @@ func TestCPUOnlyPodPlacedByPolicy(t *testing.T) {
 	p.Unreserve(context.Background(), cs, pod, "big")
 	if got := p.st.cluster.Node("big").CPUUsed; got != 0 {
 		t.Errorf("big's CPU used after Unreserve: %d, want 0", got)
+	}
+}
+
+// TestCandidatesRespectPodsNodeRules: the candidates are the policy's
+// best among the nodes the pod's nodeSelector, required node affinity
+// and tolerations allow (kube-scheduler's NodeAffinity and
+// TaintToleration filters), not among all nodes: a pod pinned outside the
+// policy's first Candidates choices gets its node as a candidate, and
+// nodes with a taint it does not tolerate are none.
+func TestCandidatesRespectPodsNodeRules(t *testing.T) {
+	var nodes []*corev1.Node
+	for i := range Candidates + 4 {
+		nodes = append(nodes, a100Node(fmt.Sprintf("n%02d", i), 1))
+	}
+	last := nodes[len(nodes)-1]
+	last.Labels["pool"] = "pinned"
+	// The first Candidates nodes are the policy's first choices (empty
+	// nodes tie; the plugin's node order breaks ties); taint them all
+	// but n00.
+	for _, n := range nodes[1:Candidates] {
+		n.Spec.Taints = []corev1.Taint{{Key: "dedicated", Value: "train", Effect: corev1.TaintEffectNoSchedule}}
+	}
+	nodes[1].Spec.Taints[0].Effect = corev1.TaintEffectPreferNoSchedule // only a preference
+	p, infos := newTestPlugin(t, api.ClusterConfig{}, nodes...)
+	var list []fwk.NodeInfo
+	for _, n := range nodes {
+		list = append(list, infos[n.Name])
+	}
+	candidatesOf := func(pod *corev1.Pod) []string {
+		t.Helper()
+		res, st := p.PreFilter(context.Background(), framework.NewCycleState(), pod, list)
+		if st != nil {
+			t.Fatal(st)
+		}
+		if res.AllNodes() {
+			t.Fatalf("PreFilter of %s did not narrow", pod.Name)
+		}
+		return sets.List(res.NodeNames)
+	}
+	base := func(name string) *fixtures.PodWrapper {
+		return fixtures.MakePod().Name(name).UID("u-"+name).Container("main", shareRequest())
+	}
+	plain := candidatesOf(base("plain").Obj())
+	want := []string{"n00", "n01"}
+	for i := Candidates; i < len(nodes); i++ {
+		want = append(want, nodes[i].Name)
+	}
+	if !slices.Equal(plain, want) {
+		t.Errorf("candidates of a pod without tolerations: %v, want %v (n02-n15 have a NoSchedule taint it does not tolerate)", plain, want)
+	}
+	tolerates := base("tolerates").Obj()
+	tolerates.Spec.Tolerations = []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpExists}}
+	if got := candidatesOf(tolerates); len(got) != Candidates || slices.Contains(got, last.Name) {
+		t.Errorf("candidates of a pod tolerating the taint: %v, want the first %d nodes", got, Candidates)
+	}
+	bySelector := base("selector").Obj()
+	bySelector.Spec.NodeSelector = map[string]string{"pool": "pinned"}
+	if got := candidatesOf(bySelector); !slices.Equal(got, []string{last.Name}) {
+		t.Errorf("candidates of a pod with nodeSelector pool=pinned: %v, want [%s]", got, last.Name)
+	}
+	byAffinity := base("affinity").Obj()
+	byAffinity.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+		RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "kubernetes.io/hostname", Operator: corev1.NodeSelectorOpIn, Values: []string{last.Name, "n05"}}},
+		}}}}}
+	if got := candidatesOf(byAffinity); !slices.Equal(got, []string{last.Name}) {
+		t.Errorf("candidates of a pod with required affinity to %s and n05 (tainted): %v, want [%s]", last.Name, got, last.Name)
+	}
+}
+
+// TestPinnedPodBoundInOneCycle runs kube-scheduler with the shipped
+// profile: a pod whose nodeSelector matches only a node outside the
+// policy's first Candidates choices is bound there at its first attempt,
+// without the narrowed retry (a failed cycle and FailedScheduling event).
+func TestPinnedPodBoundInOneCycle(t *testing.T) {
+	var objs []runtime.Object
+	for i := range Candidates + 4 {
+		objs = append(objs, a100Node(fmt.Sprintf("n%02d", i), 1))
+	}
+	ts := newTestScheduler(t, nil, objs...)
+	// The node to pin to: one the policy does not rank among its first
+	// Candidates for this pod shape.
+	pod := fixtures.MakePod().Name("pinned").Container("main", shareRequest()).Obj()
+	free := ts.candidates(pod)
+	target := ""
+	for i := range Candidates + 4 {
+		if n := fmt.Sprintf("n%02d", i); !free.Has(n) {
+			target = n
+		}
+	}
+	if free.Len() != Candidates || target == "" {
+		t.Fatalf("candidates %v: want %d of %d nodes", sets.List(free), Candidates, Candidates+4)
+	}
+	node, err := ts.client.CoreV1().Nodes().Get(ts.ctx, target, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node.Labels["pool"] = "pinned"
+	if _, err := ts.client.CoreV1().Nodes().Update(ts.ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, "the label in the scheduler's cache", 10*time.Second, func() bool {
+		n, err := ts.plugin.handle.SharedInformerFactory().Core().V1().Nodes().Lister().Get(target)
+		return err == nil && n.Labels["pool"] == "pinned"
+	})
+	retries := ts.countActivations()
+	pod.Spec.NodeSelector = map[string]string{"pool": "pinned"}
+	if got, msg := ts.schedule(pod); got != target {
+		t.Fatalf("pinned pod bound to %q (%s), want %s", got, msg, target)
+	}
+	if n := retries(); n != 0 {
+		t.Errorf("the pinned pod was retried over all nodes %d times, want 0 (bound at its first attempt)", n)
+	}
+	if evs := ts.events("pinned", "FailedScheduling"); len(evs) != 0 {
+		t.Errorf("FailedScheduling events for a pod bound at its first attempt: %v", evs)
 	}
 }

@@ -24,7 +24,7 @@ import (
 // nothing to narrow (an invalid request, no node fits in the plugin's
 // view, or a retry over every node) the plugin skips the pod, and the
 // profile's other plugins place it as before.
-func (p *Plugin) preFilterCPUOnly(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod) (*fwk.PreFilterResult, *fwk.Status) {
+func (p *Plugin) preFilterCPUOnly(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodes []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
 	skip := fwk.NewStatus(fwk.Skip)
 	// A pod with ResourceClaims may need a node in mode dra for them,
 	// which its CPU alone does not tell: DynamicResources and the DRA
@@ -57,7 +57,8 @@ func (p *Plugin) preFilterCPUOnly(ctx context.Context, cs fwk.CycleState, pod *c
 	for i := range scores {
 		scores[i] = math.NaN()
 	}
-	s := &cycleState{cr: cr, pol: pol, ranker: placement.RankerFor(cr, pol), scores: scores, cpuOnly: true, draWhy: "no GPU asked"}
+	s := &cycleState{cr: cr, pol: pol, ranker: placement.RankerFor(cr, pol), scores: scores, cpuOnly: true, draWhy: "no GPU asked",
+		rules: p.rulesFor(ctx, pod, nodes)}
 	names := p.candidates(ctx, s)
 	if names == nil {
 		return nil, skip

@@ -46,6 +46,9 @@ type cycleState struct {
 	// PreFilter's candidates by its CPU and memory (cpuonly.go); it gets
 	// no record and DefaultBinder binds it.
 	cpuOnly bool
+	// rules: the pod's nodeSelector, required node affinity and
+	// tolerations, which the candidates respect (candidates.go).
+	rules *nodeRules
 }
 
 // Clone shares the state: the parts read concurrently never change after
@@ -66,7 +69,7 @@ func readState(cs fwk.CycleState) *cycleState {
 func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodes []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
 	defer since("PreFilter", time.Now())
 	if !kubeobj.RequestsGPU(pod, p.names) {
-		return p.preFilterCPUOnly(ctx, cs, pod)
+		return p.preFilterCPUOnly(ctx, cs, pod, nodes)
 	}
 	if err := p.waitSynced(ctx); err != nil {
 		return nil, fwk.AsStatus(err)
@@ -110,6 +113,7 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 		// plugin's Filter: this attempt looks at every node.
 		return nil, nil
 	}
+	s.rules = p.rulesFor(ctx, pod, nodes)
 	if names := p.candidates(ctx, s); names != nil {
 		s.narrowed = true
 		return &fwk.PreFilterResult{NodeNames: names}, nil

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -27,6 +28,8 @@ import (
 
 	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
+	"github.com/tessera-gpu/tessera/internal/placement"
+	"github.com/tessera-gpu/tessera/internal/podrequest"
 	"github.com/tessera-gpu/tessera/internal/testenv"
 )
 
@@ -273,4 +276,64 @@ func (ts *testScheduler) bindAttempts(name string) int {
 		}
 	}
 	return n
+}
+
+// candidates is the plugin's candidates for the pod, as its PreFilter
+// computes them before applying the pod's own node rules.
+func (ts *testScheduler) candidates(pod *corev1.Pod) sets.Set[string] {
+	ts.t.Helper()
+	p := ts.plugin
+	req, err := podrequest.FromPod(pod, p.names)
+	if err != nil {
+		ts.t.Fatal(err)
+	}
+	p.st.mu.RLock()
+	cr, err := p.st.cluster.Compile(req)
+	n := len(p.st.slot)
+	p.st.mu.RUnlock()
+	if err != nil {
+		ts.t.Fatal(err)
+	}
+	pol := placement.Prepare(cr, placement.PolicyFor(cr, p.policy))
+	return p.candidates(ts.ctx, &cycleState{cr: cr, pol: pol, ranker: placement.RankerFor(cr, pol), scores: make([]float64, n)})
+}
+
+// countActivations counts, from now on, the pods the plugin activates
+// for their narrowed retry (PostFilter of a narrowed attempt): the
+// returned function reads the count.
+func (ts *testScheduler) countActivations() func() int {
+	var mu sync.Mutex
+	n := 0
+	p := ts.plugin
+	// Set before the test creates its pod: the scheduler reads it after.
+	activate := p.activate
+	p.activate = func(logger klog.Logger, pods map[string]*corev1.Pod) {
+		mu.Lock()
+		n += len(pods)
+		mu.Unlock()
+		activate(logger, pods)
+	}
+	return func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return n
+	}
+}
+
+// events is the notes of the pod's events with this reason (namespace
+// default), after the broadcaster has had time to deliver them.
+func (ts *testScheduler) events(pod, reason string) []string {
+	ts.t.Helper()
+	time.Sleep(500 * time.Millisecond) // the broadcaster writes events asynchronously
+	evs, err := ts.client.EventsV1().Events(metav1.NamespaceDefault).List(ts.ctx, metav1.ListOptions{})
+	if err != nil {
+		ts.t.Fatal(err)
+	}
+	var out []string
+	for _, e := range evs.Items {
+		if e.Regarding.Name == pod && e.Reason == reason {
+			out = append(out, e.Note)
+		}
+	}
+	return out
 }
