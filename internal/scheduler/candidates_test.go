@@ -11,8 +11,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/sets"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
@@ -118,15 +120,21 @@ func TestNarrowedPodRetriedOverAllNodes(t *testing.T) {
 		t.Fatalf("first attempt not narrowed: %v %v", res, st)
 	}
 	_, st = p.PostFilter(context.Background(), cs, pod, nil)
-	if st.Code() != fwk.Unschedulable || !strings.Contains(st.Message(), NarrowedRetry) {
-		t.Fatalf("PostFilter of a narrowed pod: %v, want Unschedulable %q", st, NarrowedRetry)
+	if st.Code() != fwk.UnschedulableAndUnresolvable || !strings.Contains(st.Message(), NarrowedRetry) {
+		t.Fatalf("PostFilter of a narrowed pod: %v, want UnschedulableAndUnresolvable (no preemption among the candidates) %q", st, NarrowedRetry)
 	}
 	if len(activated) != 1 {
 		t.Fatalf("pod not activated for its retry: %v", activated)
 	}
-	res, st = p.PreFilter(context.Background(), framework.NewCycleState(), pod, nil)
+	retry := framework.NewCycleState()
+	res, st = p.PreFilter(context.Background(), retry, pod, nil)
 	if st != nil || !res.AllNodes() {
 		t.Fatalf("retry narrowed again: %v %v", res, st)
+	}
+	// The retry's PostFilter lets the chain go on (the DRA claim
+	// clean-up, preemption over every node).
+	if _, st = p.PostFilter(context.Background(), retry, pod, nil); st.Code() != fwk.Unschedulable {
+		t.Fatalf("PostFilter of the retry: %v, want Unschedulable", st)
 	}
 	p.forget(pod.UID)
 	res, _ = p.PreFilter(context.Background(), framework.NewCycleState(), pod, nil)
@@ -302,5 +310,61 @@ func TestPinnedPodBoundInOneCycle(t *testing.T) {
 	}
 	if evs := ts.events("pinned", "FailedScheduling"); len(evs) != 0 {
 		t.Errorf("FailedScheduling events for a pod bound at its first attempt: %v", evs)
+	}
+}
+
+// TestNarrowedAttemptPreemptsNothing runs kube-scheduler with the shipped
+// profile: the policy's Candidates nodes all run a low-priority pod
+// holding the host port the new pod asks, and the one other node is
+// free. The narrowed attempt fails NodePorts on every candidate; its
+// PostFilter must stop the chain before DefaultPreemption, which would
+// otherwise evict a low-priority pod from a candidate although the pod
+// fits the free node without evicting anyone. The pod is bound to the
+// free node at its retry over all nodes, and no pod is evicted.
+func TestNarrowedAttemptPreemptsNothing(t *testing.T) {
+	var objs []runtime.Object
+	for i := range Candidates + 1 {
+		objs = append(objs, a100Node(fmt.Sprintf("n%02d", i), 1))
+	}
+	ts := newTestScheduler(t, nil, objs...)
+	hostPort := func(p *corev1.Pod) *corev1.Pod {
+		p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 8080, HostPort: 8080, Protocol: corev1.ProtocolTCP}}
+		return p
+	}
+	high := int32(1000)
+	pod := hostPort(fixtures.MakePod().Name("web").Container("main", shareRequest()).Obj())
+	pod.Spec.Priority = &high
+	cands := ts.candidates(pod)
+	if cands.Len() != Candidates {
+		t.Fatalf("candidates %v, want %d of %d nodes", sets.List(cands), Candidates, Candidates+1)
+	}
+	// A low-priority pod without requests (the policy's view of the
+	// nodes does not change) holds the port on every candidate.
+	low := int32(0)
+	for _, n := range sets.List(cands) {
+		v := hostPort(fixtures.MakePod().Namespace(metav1.NamespaceDefault).Name("low-"+n).UID("uid-low-"+n).
+			SchedulerName(SchedulerName).Node(n).Container("main", nil).Obj())
+		v.Spec.Priority = &low
+		ts.create(v)
+	}
+	pods := ts.plugin.handle.SharedInformerFactory().Core().V1().Pods().Lister()
+	testenv.WaitFor(t, "the low-priority pods in the scheduler's cache", 10*time.Second, func() bool {
+		l, err := pods.List(labels.Everything())
+		return err == nil && len(l) == Candidates
+	})
+	if again := ts.candidates(pod); !again.Equal(cands) {
+		t.Fatalf("the low-priority pods changed the candidates: %v, were %v", sets.List(again), sets.List(cands))
+	}
+	ts.create(pod)
+	if node := ts.waitBound(metav1.NamespaceDefault, "web"); cands.Has(node) {
+		t.Errorf("pod bound to %s, want the free node (not one of the candidates %v)", node, sets.List(cands))
+	}
+	for _, a := range ts.client.Actions() {
+		if a.GetVerb() == "delete" && a.GetResource().Resource == "pods" {
+			t.Errorf("pod %s evicted by preemption although the pod fit a free node", a.(k8stesting.DeleteAction).GetName())
+		}
+	}
+	if evs := ts.events("web", "Preempted"); len(evs) != 0 {
+		t.Errorf("preemption events: %v", evs)
 	}
 }

@@ -179,7 +179,8 @@ func (p *Plugin) Filter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod,
 
 // PostFilter explains, per group of nodes, why the pod fit none; the text
 // ends up in the pod's FailedScheduling event. It never makes the pod
-// schedulable, so it is informational and must run before preemption.
+// schedulable, so it is informational and must run before preemption;
+// after a narrowed attempt it stops the chain (see below).
 func (p *Plugin) PostFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, _ fwk.NodeToStatusReader) (*fwk.PostFilterResult, *fwk.Status) {
 	defer since("PostFilter", time.Now())
 	s := readState(cs)
@@ -197,14 +198,21 @@ func (p *Plugin) PostFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.
 		}
 	}
 	if s.narrowed {
-		// Every candidate failed a Filter (another plugin's: taints,
-		// affinity, CPU, ports; or a node changed since PreFilter). The
-		// pod is tried again at once over every node.
+		// Every candidate failed a Filter (another plugin's: CPU,
+		// ports, inter-pod affinity, spread; or a node changed since
+		// PreFilter). The pod is tried again at once over every node.
+		// UnschedulableAndUnresolvable ends the PostFilter chain here:
+		// DefaultPreemption, after this plugin in the profile, would
+		// look at the candidates alone (every other node is
+		// "unresolvable" to it) and evict pods there although the pod
+		// may fit another node as it is. The retry's PostFilter runs
+		// the whole chain (the DRA claim clean-up, preemption over
+		// every node) if it fails too.
 		p.widen(pod.UID)
 		if p.activate != nil {
 			p.activate(klog.FromContext(ctx), map[string]*corev1.Pod{kubeobj.Key(pod): pod})
 		}
-		return nil, fwk.NewStatus(fwk.Unschedulable, statusText(NarrowedRetry))
+		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, statusText(NarrowedRetry))
 	}
 	p.waitMu.Lock()
 	p.waiting[kubeobj.Key(pod)] = pod
