@@ -46,9 +46,10 @@ func (a candidate) before(b candidate) bool {
 }
 
 // nodeRules are the pod's own rules for the nodes it may run on, as
-// kube-scheduler's NodeAffinity and TaintToleration filters apply them:
-// its nodeSelector and required node affinity, and its tolerations of the
-// nodes' NoSchedule and NoExecute taints. candidates() checks them, with
+// kube-scheduler's NodeAffinity, TaintToleration and NodeUnschedulable
+// filters apply them: its nodeSelector and required node affinity, and
+// its tolerations of the nodes' NoSchedule and NoExecute taints and of a
+// cordoned node. candidates() checks them, with
 // kube-scheduler's own helpers, on each node about to enter the
 // candidates only, so a pod pinned to nodes outside the policy's first
 // choices gets candidates it may run on, at the cost of a few checks per
@@ -110,9 +111,16 @@ func (r *nodeRules) allow(name string) bool {
 	if ok, _ := r.affinity.Match(n); !ok {
 		return false
 	}
+	if n.Spec.Unschedulable && !v1helper.TolerationsTolerateTaint(r.logger, r.tolerations, &cordoned, r.compare) {
+		return false // cordoned (NodeUnschedulable)
+	}
 	_, untolerated := v1helper.FindMatchingUntoleratedTaint(r.logger, n.Spec.Taints, r.tolerations, helper.DoNotScheduleTaintsFilterFunc(), r.compare)
 	return !untolerated
 }
+
+// cordoned is the taint whose toleration NodeUnschedulable takes for a
+// toleration of a cordoned node.
+var cordoned = corev1.Taint{Key: corev1.TaintNodeUnschedulable, Effect: corev1.TaintEffectNoSchedule}
 
 // candidates runs the placement core's fit check and the policy's score
 // on every node the plugin holds, as the simulator's Search does (through

@@ -218,6 +218,8 @@ func TestCandidatesRespectPodsNodeRules(t *testing.T) {
 		n.Spec.Taints = []corev1.Taint{{Key: "dedicated", Value: "train", Effect: corev1.TaintEffectNoSchedule}}
 	}
 	nodes[1].Spec.Taints[0].Effect = corev1.TaintEffectPreferNoSchedule // only a preference
+	// n16 is cordoned (no taint: NodeUnschedulable checks the field).
+	nodes[Candidates].Spec.Unschedulable = true
 	p, infos := newTestPlugin(t, api.ClusterConfig{}, nodes...)
 	var list []fwk.NodeInfo
 	for _, n := range nodes {
@@ -239,16 +241,22 @@ func TestCandidatesRespectPodsNodeRules(t *testing.T) {
 	}
 	plain := candidatesOf(base("plain").Obj())
 	want := []string{"n00", "n01"}
-	for i := Candidates; i < len(nodes); i++ {
+	for i := Candidates + 1; i < len(nodes); i++ {
 		want = append(want, nodes[i].Name)
 	}
 	if !slices.Equal(plain, want) {
-		t.Errorf("candidates of a pod without tolerations: %v, want %v (n02-n15 have a NoSchedule taint it does not tolerate)", plain, want)
+		t.Errorf("candidates of a pod without tolerations: %v, want %v (n02-n15 have a NoSchedule taint it does not tolerate, n16 is cordoned)", plain, want)
 	}
 	tolerates := base("tolerates").Obj()
 	tolerates.Spec.Tolerations = []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpExists}}
 	if got := candidatesOf(tolerates); len(got) != Candidates || slices.Contains(got, last.Name) {
 		t.Errorf("candidates of a pod tolerating the taint: %v, want the first %d nodes", got, Candidates)
+	}
+	// A CPU-only pod (cpuonly.go) gets the same rules.
+	cpu := fixtures.MakePod().Name("cpu").UID("u-cpu").Container("main", map[string]string{"cpu": "1"}).Obj()
+	cpu.Spec.Tolerations = []corev1.Toleration{{Key: corev1.TaintNodeUnschedulable, Operator: corev1.TolerationOpExists}}
+	if got, want := candidatesOf(cpu), []string{"n00", "n01", "n16", "n17", "n18", "n19"}; !slices.Equal(got, want) {
+		t.Errorf("candidates of a CPU-only pod tolerating a cordon: %v, want %v", got, want)
 	}
 	bySelector := base("selector").Obj()
 	bySelector.Spec.NodeSelector = map[string]string{"pool": "pinned"}
