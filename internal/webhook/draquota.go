@@ -33,6 +33,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
@@ -106,14 +107,19 @@ func (p *Admission) largest() int64 {
 // podClaimCharges resolves the memory each of the pod's claims may hold
 // through Tessera's classes, in MiB, by spec.resourceClaims index.
 // override, when set, is the claim to use for the pod claim it names
-// (the claim being created). missing names what could not be read.
+// (the claim being created). missing names what could not be read. A
+// claim or template asking more memory per GPU than any GPU has is an
+// error naming it, the field, the value and the limit.
 func (p *Admission) podClaimCharges(ctx context.Context, pod *corev1.Pod, override *resourceapi.ResourceClaim, overrideFor string) (charges []int64, missing []string, err error) {
 	largest := p.largest()
 	for _, pc := range pod.Spec.ResourceClaims {
 		var spec *resourceapi.ResourceClaimSpec
+		var what string // the object the spec is in
+		specPath := field.NewPath("spec")
 		switch {
 		case override != nil && pc.Name == overrideFor:
 			spec = &override.Spec
+			what = "ResourceClaim " + pod.Namespace + "/" + claimName(override)
 		case pc.ResourceClaimName != nil:
 			c, err := p.Claims.Claim(ctx, pod.Namespace, *pc.ResourceClaimName)
 			if apierrors.IsNotFound(err) {
@@ -125,6 +131,7 @@ func (p *Admission) podClaimCharges(ctx context.Context, pod *corev1.Pod, overri
 				return nil, nil, fmt.Errorf("reading ResourceClaim %s/%s: %w", pod.Namespace, *pc.ResourceClaimName, err)
 			}
 			spec = &c.Spec
+			what = "ResourceClaim " + pod.Namespace + "/" + c.Name
 		case pc.ResourceClaimTemplateName != nil:
 			var generated string
 			for _, st := range pod.Status.ResourceClaimStatuses {
@@ -135,6 +142,7 @@ func (p *Admission) podClaimCharges(ctx context.Context, pod *corev1.Pod, overri
 			if generated != "" {
 				if c, err := p.Claims.Claim(ctx, pod.Namespace, generated); err == nil {
 					spec = &c.Spec
+					what = "ResourceClaim " + pod.Namespace + "/" + c.Name
 					break
 				}
 			}
@@ -148,10 +156,14 @@ func (p *Admission) podClaimCharges(ctx context.Context, pod *corev1.Pod, overri
 				return nil, nil, fmt.Errorf("reading ResourceClaimTemplate %s/%s: %w", pod.Namespace, *pc.ResourceClaimTemplateName, err)
 			}
 			spec = &t.Spec.Spec
+			what = "ResourceClaimTemplate " + pod.Namespace + "/" + t.Name
+			specPath = specPath.Child("spec")
 		}
 		var mib int64
 		if spec != nil {
-			mib = kubeobj.ClaimChargeMiB(*spec, largest)
+			if mib, err = kubeobj.ClaimChargeMiB(*spec, specPath, largest); err != nil {
+				return nil, nil, fmt.Errorf("spec.resourceClaims[%s]: %s: %w", pc.Name, what, err)
+			}
 		}
 		charges = append(charges, mib)
 	}
@@ -189,7 +201,7 @@ func (p *Admission) mutateClaims(pod *corev1.Pod) (bool, error) {
 	changed := false
 	var total int64
 	for _, c := range charges {
-		total += c
+		total = kubeobj.AddMiB(total, c)
 	}
 	if total > 0 && (pod.Spec.SchedulerName == "" || pod.Spec.SchedulerName == corev1.DefaultSchedulerName) && p.SchedulerName != "" {
 		pod.Spec.SchedulerName = p.SchedulerName
@@ -210,7 +222,7 @@ func (p *Admission) mutateClaims(pod *corev1.Pod) (bool, error) {
 				}
 			}
 		}
-		add[at] += charges[i]
+		add[at] = kubeobj.AddMiB(add[at], charges[i])
 	}
 	for ci, mib := range add {
 		if mib == 0 {
@@ -220,12 +232,11 @@ func (p *Admission) mutateClaims(pod *corev1.Pod) (bool, error) {
 		// The container's charge for device-plugin resources, written by
 		// writeQuotaCharge just before; any other value there is the
 		// pod's own, not Tessera's, and is replaced.
-		var q resource.Quantity
+		// Summed in MiB (saturating): writeQuotaCharge writes whole MiB.
 		if r, err := kubeobj.ReadResources(c, p.Names); err == nil && r.Any() {
-			q = c.Resources.Requests[QuotaMemoryResource]
+			mib = kubeobj.AddMiB(mib, quantityMiB(c.Resources.Requests[QuotaMemoryResource]))
 		}
-		q.Add(*resource.NewQuantity(mib<<20, resource.BinarySI))
-		q = *resource.NewQuantity(q.Value(), resource.BinarySI)
+		q := *resource.NewQuantity(mib<<20, resource.BinarySI)
 		for _, list := range []*corev1.ResourceList{&c.Resources.Limits, &c.Resources.Requests} {
 			if *list == nil {
 				*list = corev1.ResourceList{}
@@ -237,27 +248,51 @@ func (p *Admission) mutateClaims(pod *corev1.Pod) (bool, error) {
 	return changed, nil
 }
 
-// podChargeMiB is what the pod was charged in total, in MiB: the
-// tessera.io/gpu-memory requests of its containers (immutable once
-// admitted).
-func podChargeMiB(pod *corev1.Pod) int64 {
-	var sum int64
-	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
-		for _, c := range cs {
-			q := c.Resources.Requests[QuotaMemoryResource]
-			sum += q.Value() >> 20
-		}
+// quantityMiB is a charge in whole MiB (rounded down; a charge too large
+// for an int64 of bytes reads as MaxChargeMiB, a negative one as 0).
+func quantityMiB(q resource.Quantity) int64 {
+	if q.Sign() <= 0 {
+		return 0
 	}
-	return sum
+	b, ok := q.AsInt64()
+	if !ok {
+		return kubeobj.MaxChargeMiB
+	}
+	return b >> 20
+}
+
+// podClaimsChargeMiB is what the pod was charged for its claims at
+// admission, in MiB: the tessera.io/gpu-memory requests of its
+// containers (immutable once admitted) less what its device-plugin GPU
+// resources are charged (pluginChargeMiB, the charge writeQuotaCharge
+// wrote), so that a claim never uses the charge of the pod's other GPUs.
+// With the largest GPU changed since admission the device-plugin part
+// may differ from what was charged then: a larger largest GPU makes the
+// check stricter, a smaller one leaves a whole or percentage GPU the
+// smaller charge it can now hold at most.
+func (p *Admission) podClaimsChargeMiB(pod *corev1.Pod) (claims, total, plugin int64, err error) {
+	for _, ref := range containers(pod) {
+		total = kubeobj.AddMiB(total, quantityMiB(ref.c.Resources.Requests[QuotaMemoryResource]))
+		mib, err := p.pluginChargeMiB(ref.c)
+		if err != nil {
+			return 0, 0, 0, fmt.Errorf("pod %s/%s %s: %w", pod.Namespace, pod.Name, ref.path, err)
+		}
+		plugin = kubeobj.AddMiB(plugin, mib)
+	}
+	return max(total-plugin, 0), total, plugin, nil
 }
 
 // reviewClaim checks a ResourceClaim being created against the pods that
 // will use it: the pod that owns it (a claim the resourceclaim controller
 // generates from the pod's template) and every pod that names it. Each
 // such pod's claims, this one included, must hold no more GPU memory
-// than the pod was charged at admission, or the claim is refused (a
-// template replaced after its pod was admitted; a named claim deleted
-// and created again bigger).
+// than the pod was charged for its claims at admission (its charge less
+// that of its device-plugin GPUs), or the claim is refused (a template
+// replaced after its pod was admitted; a named claim deleted and created
+// again bigger). A claim asking more memory per GPU than any GPU has is
+// refused everywhere; in a namespace without a GPU memory quota nothing
+// else is checked (mutateClaims admits pods there whose claims do not
+// exist yet, uncharged).
 func (p *Admission) reviewClaim(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
 	if req.Operation != admissionv1.Create || req.SubResource != "" || p.Claims == nil {
 		return &admissionv1.AdmissionResponse{Allowed: true}
@@ -269,11 +304,22 @@ func (p *Admission) reviewClaim(req *admissionv1.AdmissionRequest) *admissionv1.
 	if claim.Namespace == "" {
 		claim.Namespace = req.Namespace
 	}
-	if kubeobj.ClaimChargeMiB(claim.Spec, p.largest()) == 0 {
+	charge, err := kubeobj.ClaimChargeMiB(claim.Spec, field.NewPath("spec"), p.largest())
+	if err != nil {
+		return deny(http.StatusUnprocessableEntity, fmt.Sprintf("ResourceClaim %s/%s: %v", claim.Namespace, claimName(&claim), err))
+	}
+	if charge == 0 {
 		return &admissionv1.AdmissionResponse{Allowed: true}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
 	defer cancel()
+	quota, err := p.Claims.MemoryQuota(ctx, claim.Namespace)
+	if err != nil {
+		return deny(http.StatusInternalServerError, fmt.Sprintf("reading the ResourceQuotas of namespace %s: %v", claim.Namespace, err))
+	}
+	if !quota {
+		return &admissionv1.AdmissionResponse{Allowed: true}
+	}
 	pods, err := p.Claims.Pods(ctx, claim.Namespace)
 	if err != nil {
 		return deny(http.StatusInternalServerError, fmt.Sprintf("reading the pods of namespace %s: %v", claim.Namespace, err))
@@ -307,11 +353,15 @@ func (p *Admission) reviewClaim(req *admissionv1.AdmissionRequest) *admissionv1.
 		}
 		var sum int64
 		for _, c := range charges {
-			sum += c
+			sum = kubeobj.AddMiB(sum, c)
 		}
-		if charged := podChargeMiB(pod); sum > charged {
-			return deny(http.StatusForbidden, fmt.Sprintf("ResourceClaim %s/%s may hold %d MiB of GPU memory with the other claims of pod %s, which was charged %d MiB (%s) at admission: a claim may not ask more than its pod was charged; delete and recreate the pod to charge it anew",
-				claim.Namespace, claimName(&claim), sum, pod.Name, charged, QuotaMemoryResource))
+		charged, total, plugin, err := p.podClaimsChargeMiB(pod)
+		if err != nil {
+			return deny(http.StatusInternalServerError, err.Error())
+		}
+		if sum > charged {
+			return deny(http.StatusForbidden, fmt.Sprintf("ResourceClaim %s/%s may hold %d MiB of GPU memory with the other claims of pod %s, which was charged %d MiB for its claims at admission (%s %d MiB, less %d MiB for its device-plugin GPUs): a claim may not ask more than its pod was charged; delete and recreate the pod to charge it anew",
+				claim.Namespace, claimName(&claim), sum, pod.Name, charged, QuotaMemoryResource, total, plugin))
 		}
 	}
 	return &admissionv1.AdmissionResponse{Allowed: true}
