@@ -103,12 +103,12 @@ func TestClaimDevices(t *testing.T) {
 
 // TestClaimChargeMiBHuge: a memory request larger than any GPU is an
 // error naming the field, the value and the limit, never a charge that
-// wraps around: 4 GPUs of 2^42+8 MiB are 2^44+32 MiB, whose bytes wrapped
-// to a charge of 32 MiB.
+// wraps around: 4 GPUs of 4611686018435776k bytes (2^42+8 MiB) are
+// 2^44+32 MiB, whose bytes wrapped to a charge of 32 MiB.
 func TestClaimChargeMiBHuge(t *testing.T) {
 	huge := resourceapi.DeviceRequest{Name: "gpu", FirstAvailable: []resourceapi.DeviceSubRequest{
 		{Name: "huge", DeviceClassName: api.DeviceClassGPU, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 4,
-			Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{api.CapacityMemory: resource.MustParse("4398046511112Mi")}}},
+			Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{api.CapacityMemory: resource.MustParse("4611686018435776k")}}},
 		{Name: "eight", DeviceClassName: api.DeviceClassGPU, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 8},
 	}}
 	qualified := exact(api.DeviceClassNVIDIA, 1, "")
@@ -118,7 +118,8 @@ func TestClaimChargeMiBHuge(t *testing.T) {
 		req  resourceapi.DeviceRequest
 		want []string
 	}{
-		{"prioritized list, first alternative", huge, []string{"spec.devices.requests[1].firstAvailable[0].capacity.requests[memory]", "4398046511112Mi", "at most 16777216 MiB (16Ti) per GPU"}},
+		{"prioritized list, first alternative", huge, []string{"spec.devices.requests[1].firstAvailable[0].capacity.requests[memory]", "4611686018435776k", "at most 16777216 MiB (16Ti) per GPU"}},
+		{"a value only a decimal holds", exact(api.DeviceClassGPU, 1, "4398046511112Mi"), []string{"spec.devices.requests[1].exactly.capacity.requests[memory]", "4398046511112Mi"}},
 		{"beyond an int64 of bytes, qualified", qualified, []string{"spec.devices.requests[1].exactly.capacity.requests[gpu.tessera.io/memory]", "16777216 MiB"}},
 		{"one byte over", exact(api.DeviceClassGPU, 1, "17592186044417"), []string{"spec.devices.requests[1].exactly.capacity.requests[memory]", "17592186044417"}},
 	} {
