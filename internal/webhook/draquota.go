@@ -13,12 +13,15 @@ package webhook
 // creations, as for device-plugin pods.
 //
 // The dodges: a claim that asks no memory takes GPUs whole and is
-// charged the largest GPU; a claim or template missing at admission in a
-// namespace with a GPU memory quota refuses the pod (its charge is
-// unknown); and the claims created after the pod (generated from a
-// template replaced since, or a named claim deleted and created again
-// bigger) are checked on their CREATE against what their pods were
-// charged (reviewClaim).
+// charged the largest GPU; a memory request above api.MaxGPUMemoryMiB per
+// GPU is refused (its charge wrapped around) and charges saturate
+// (kubeobj.AddMiB, MulMiB); a claim or template missing at admission in
+// a namespace with a GPU memory quota refuses the pod (its charge is
+// unknown); and in such a namespace the claims created after the pod
+// (generated from a template replaced since, or a named claim deleted
+// and created again bigger) are checked on their CREATE against what
+// their pods were charged for claims, not for device-plugin GPUs
+// (reviewClaim).
 
 import (
 	"context"
