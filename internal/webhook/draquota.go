@@ -231,24 +231,44 @@ func (p *Admission) mutateClaims(pod *corev1.Pod) (bool, error) {
 		if mib == 0 {
 			continue
 		}
-		c := &pod.Spec.Containers[ci]
-		// The container's charge for device-plugin resources, written by
-		// writeQuotaCharge just before; any other value there is the
-		// pod's own, not Tessera's, and is replaced.
-		// Summed in MiB (saturating): writeQuotaCharge writes whole MiB.
-		if r, err := kubeobj.ReadResources(c, p.Names); err == nil && r.Any() {
-			mib = kubeobj.AddMiB(mib, quantityMiB(c.Resources.Requests[QuotaMemoryResource]))
-		}
-		q := *resource.NewQuantity(mib<<20, resource.BinarySI)
-		for _, list := range []*corev1.ResourceList{&c.Resources.Limits, &c.Resources.Requests} {
-			if *list == nil {
-				*list = corev1.ResourceList{}
-			}
-			(*list)[QuotaMemoryResource] = q
-		}
+		p.addClaimCharge(&pod.Spec.Containers[ci], mib)
 		changed = true
 	}
+	// The claims are held from before the first init container starts:
+	// ResourceQuota counts a pod as the larger of its app containers' sum
+	// and each init container's request (plus the sidecars started before
+	// it), so an init container with device-plugin GPUs is charged the
+	// claims too, or it would hold them and its GPUs while the pod is
+	// charged only the larger. A sidecar (restartPolicy Always) is counted
+	// with the app containers, which carry the claims.
+	for i := range pod.Spec.InitContainers {
+		c := &pod.Spec.InitContainers[i]
+		if total == 0 || (c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways) {
+			continue
+		}
+		if r, err := kubeobj.ReadResources(c, p.Names); err == nil && r.Any() {
+			p.addClaimCharge(c, total)
+			changed = true
+		}
+	}
 	return changed, nil
+}
+
+// addClaimCharge sets c's tessera.io/gpu-memory request and limit to mib
+// plus its device-plugin charge (written by writeQuotaCharge just
+// before); any other value there is the pod's own, not Tessera's, and is
+// replaced. Summed in MiB, saturating: writeQuotaCharge writes whole MiB.
+func (p *Admission) addClaimCharge(c *corev1.Container, mib int64) {
+	if r, err := kubeobj.ReadResources(c, p.Names); err == nil && r.Any() {
+		mib = kubeobj.AddMiB(mib, quantityMiB(c.Resources.Requests[QuotaMemoryResource]))
+	}
+	q := *resource.NewQuantity(mib<<20, resource.BinarySI)
+	for _, list := range []*corev1.ResourceList{&c.Resources.Limits, &c.Resources.Requests} {
+		if *list == nil {
+			*list = corev1.ResourceList{}
+		}
+		(*list)[QuotaMemoryResource] = q
+	}
 }
 
 // quantityMiB is a charge in whole MiB (rounded down; a charge too large
@@ -265,8 +285,10 @@ func quantityMiB(q resource.Quantity) int64 {
 }
 
 // podClaimsChargeMiB is what the pod was charged for its claims at
-// admission, in MiB: the tessera.io/gpu-memory requests of its
-// containers (immutable once admitted) less what its device-plugin GPU
+// admission, in MiB: the tessera.io/gpu-memory requests of its app
+// containers (immutable once admitted; mutateClaims puts the claims'
+// charge there, and ResourceQuota counts their sum, while it counts init
+// containers only by the largest) less what their device-plugin GPU
 // resources are charged (pluginChargeMiB, the charge writeQuotaCharge
 // wrote), so that a claim never uses the charge of the pod's other GPUs.
 // With the largest GPU changed since admission the device-plugin part
@@ -274,11 +296,12 @@ func quantityMiB(q resource.Quantity) int64 {
 // check stricter, a smaller one leaves a whole or percentage GPU the
 // smaller charge it can now hold at most.
 func (p *Admission) podClaimsChargeMiB(pod *corev1.Pod) (claims, total, plugin int64, err error) {
-	for _, ref := range containers(pod) {
-		total = kubeobj.AddMiB(total, quantityMiB(ref.c.Resources.Requests[QuotaMemoryResource]))
-		mib, err := p.pluginChargeMiB(ref.c)
+	for i := range pod.Spec.Containers {
+		c := &pod.Spec.Containers[i]
+		total = kubeobj.AddMiB(total, quantityMiB(c.Resources.Requests[QuotaMemoryResource]))
+		mib, err := p.pluginChargeMiB(c)
 		if err != nil {
-			return 0, 0, 0, fmt.Errorf("pod %s/%s %s: %w", pod.Namespace, pod.Name, ref.path, err)
+			return 0, 0, 0, fmt.Errorf("pod %s/%s spec.containers[%d]: %w", pod.Namespace, pod.Name, i, err)
 		}
 		plugin = kubeobj.AddMiB(plugin, mib)
 	}
@@ -363,7 +386,7 @@ func (p *Admission) reviewClaim(req *admissionv1.AdmissionRequest) *admissionv1.
 			return deny(http.StatusInternalServerError, err.Error())
 		}
 		if sum > charged {
-			return deny(http.StatusForbidden, fmt.Sprintf("ResourceClaim %s/%s may hold %d MiB of GPU memory with the other claims of pod %s, which was charged %d MiB for its claims at admission (%s %d MiB, less %d MiB for its device-plugin GPUs): a claim may not ask more than its pod was charged; delete and recreate the pod to charge it anew",
+			return deny(http.StatusForbidden, fmt.Sprintf("ResourceClaim %s/%s may hold %d MiB of GPU memory with the other claims of pod %s, which was charged %d MiB for its claims at admission (%s %d MiB on its app containers, less %d MiB for their device-plugin GPUs): a claim may not ask more than its pod was charged; delete and recreate the pod to charge it anew",
 				claim.Namespace, claimName(&claim), sum, pod.Name, charged, QuotaMemoryResource, total, plugin))
 		}
 	}

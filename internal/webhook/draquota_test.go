@@ -203,7 +203,7 @@ func TestReviewClaimDevicePluginCharge(t *testing.T) {
 	f.pods = []corev1.Pod{*out}
 	wantDenied(t, "a 40Gi claim of a pod charged 40Gi for its device-plugin GPU and 1Gi for its claim",
 		reviewClaimCreate(t, p, generatedClaim(out, memSpec(1, "40Gi"))),
-		"may hold 40960 MiB", "charged 1024 MiB for its claims", "tessera.io/gpu-memory 41984 MiB, less 40960 MiB for its device-plugin GPUs")
+		"may hold 40960 MiB", "charged 1024 MiB for its claims", "tessera.io/gpu-memory 41984 MiB on its app containers, less 40960 MiB for their device-plugin GPUs")
 	if r := reviewClaimCreate(t, p, generatedClaim(out, memSpec(1, "1Gi"))); !r.Allowed {
 		t.Errorf("the 1Gi claim the pod was charged for: refused: %s", r.Result.Message)
 	}
@@ -259,4 +259,57 @@ func TestReviewClaimWithoutQuota(t *testing.T) {
 	f.quota["free"] = true
 	wantDenied(t, "the same claim once the namespace has a quota", reviewClaimCreate(t, p, generatedClaim(early, memSpec(1, "8Gi"))),
 		"may hold 8192 MiB", "charged 0 MiB for its claims")
+}
+
+// TestClaimsChargedOnInitContainers: ResourceQuota counts a pod as the
+// larger of its app containers' sum and each init container's request,
+// while its claims are held from before the first init container: an
+// init container with a 40 GiB device-plugin GPU and the pod's 10 GiB
+// claim is charged 50 GiB (it was charged 40, the pod counted 40 while
+// holding 50); a sidecar is counted with the app containers and keeps
+// its own charge.
+func TestClaimsChargedOnInitContainers(t *testing.T) {
+	f := newFakeClaims()
+	f.quota["team"] = true
+	p := claimAdmission(f)
+	f.template("team", "ten", memSpec(1, "10Gi"))
+	gpu := corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1"), "nvidia.com/gpumem": resource.MustParse("40960")}
+	in := claimsPod("team", "ten")
+	in.Spec.InitContainers = []corev1.Container{
+		{Name: "sidecar", Image: "x", RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways), Resources: corev1.ResourceRequirements{Limits: gpu.DeepCopy(), Requests: gpu.DeepCopy()}},
+		{Name: "init", Image: "x", Resources: corev1.ResourceRequirements{Limits: gpu.DeepCopy(), Requests: gpu.DeepCopy(), Claims: []corev1.ResourceClaim{{Name: "gpu"}}}},
+		{Name: "plain", Image: "x"},
+	}
+	out, _, err := p.Mutate(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := []string{chargeOf(&out.Spec.InitContainers[0]), chargeOf(&out.Spec.InitContainers[1]), chargeOf(&out.Spec.InitContainers[2]), chargeOf(&out.Spec.Containers[0])}
+	if want := []string{"40Gi", "50Gi", "-", "10Gi"}; strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("charges (sidecar, init with a GPU, init without, app) %q, want %q", got, want)
+	}
+}
+
+// TestReviewClaimIgnoresInitCharge: a charge on an init container counts
+// in the quota only as the largest init request, not added to the app
+// containers' sum, so it does not cover claims: a pod whose init
+// container carries a 30 GiB charge it wrote itself and whose claim asks
+// 10 GiB (counted 30 GiB) cannot get a 40 GiB claim.
+func TestReviewClaimIgnoresInitCharge(t *testing.T) {
+	f := newFakeClaims()
+	f.quota["team"] = true
+	p := claimAdmission(f)
+	f.template("team", "ten", memSpec(1, "10Gi"))
+	in := claimsPod("team", "ten")
+	own := corev1.ResourceList{QuotaMemoryResource: resource.MustParse("30Gi")}
+	in.Spec.InitContainers = []corev1.Container{{Name: "init", Image: "x", Resources: corev1.ResourceRequirements{Limits: own.DeepCopy(), Requests: own.DeepCopy()}}}
+	if _, err := p.mutateClaims(in); err != nil {
+		t.Fatal(err)
+	}
+	f.pods = []corev1.Pod{*in}
+	wantDenied(t, "a 40Gi claim of a pod counted 30Gi", reviewClaimCreate(t, p, generatedClaim(in, memSpec(1, "40Gi"))),
+		"may hold 40960 MiB", "charged 10240 MiB for its claims")
+	if r := reviewClaimCreate(t, p, generatedClaim(in, memSpec(1, "10Gi"))); !r.Allowed {
+		t.Errorf("the 10Gi claim the pod was charged for: refused: %s", r.Result.Message)
+	}
 }

@@ -279,7 +279,7 @@ func TestDRAGPUMemoryQuotaDodges(t *testing.T) {
 	}
 	e.template(ns, "mixed", claimSpec(api.DeviceClassGPU, "40Gi"))
 	err = generatedFor(ctx, e, mixed, claimSpec(api.DeviceClassGPU, "40Gi"))
-	if err == nil || !strings.Contains(err.Error(), "charged 1024 MiB for its claims") || !strings.Contains(err.Error(), "less 40960 MiB for its device-plugin GPUs") {
+	if err == nil || !strings.Contains(err.Error(), "charged 1024 MiB for its claims") || !strings.Contains(err.Error(), "less 40960 MiB for their device-plugin GPUs") {
 		t.Errorf("40Gi claim of a pod charged 40Gi for its device-plugin GPU and 1Gi for claims: %v, want a refusal", err)
 	}
 	if err := generatedFor(ctx, e, mixed, claimSpec(api.DeviceClassGPU, "1Gi")); err != nil {
@@ -301,6 +301,31 @@ func TestDRAGPUMemoryQuotaDodges(t *testing.T) {
 	e.template(ns, "huge", huge)
 	if _, err := e.create(draPod(ns, "huge", "huge", "", "main")); err == nil || !strings.Contains(err.Error(), "ResourceClaimTemplate dra-c/huge: spec.spec.devices.requests[0].firstAvailable[0].capacity.requests[memory]") {
 		t.Errorf("pod whose template asks 4611686018435776k per GPU: %v, want a refusal naming the template and the field", err)
+	}
+
+	// An init container with a 40 GiB device-plugin GPU holds it with the
+	// pod's 10 GiB claim: charged 50 GiB, so the quota counts the pod 50
+	// GiB (it counted the larger of 40 and 10).
+	used := func() resource.Quantity {
+		q, err := e.cp.Client.CoreV1().ResourceQuotas(ns).Get(ctx, "gpu-memory", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return q.Status.Used[corev1.ResourceName("requests."+webhook.QuotaMemoryResource)]
+	}
+	e.template(ns, "ten", claimSpec(api.DeviceClassGPU, "10Gi"))
+	ip := draPod(ns, "initgpu", "ten", "", "main")
+	ip.Spec.InitContainers = []corev1.Container{{Name: "init", Image: "cuda", Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}},
+		Limits: corev1.ResourceList{corev1.ResourceName(names.GPU): resource.MustParse("1"), corev1.ResourceName(names.Memory): resource.MustParse("40960")}}}}
+	before := used()
+	withInit, err := e.create(ip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := used()
+	after.Sub(before)
+	if q := withInit.Spec.InitContainers[0].Resources.Requests[webhook.QuotaMemoryResource]; q.String() != "50Gi" || after.String() != "50Gi" {
+		t.Errorf("init container with a 40960 MiB GPU and a 10Gi claim charged %s, the quota counted the pod %s; want 50Gi and 50Gi", q.String(), after.String())
 	}
 
 	// In a namespace without a GPU memory quota, a pod admitted before
