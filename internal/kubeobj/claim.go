@@ -2,9 +2,11 @@ package kubeobj
 
 import (
 	"fmt"
+	"math"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -90,7 +92,38 @@ func WholeMiB(q resource.Quantity) (int64, error) {
 	if !ok || b < 0 {
 		return 0, fmt.Errorf("%s is not a byte count", q.String())
 	}
-	return (b + (1 << 20) - 1) >> 20, nil
+	// b + 1 MiB - 1 would overflow for b near math.MaxInt64.
+	m := b >> 20
+	if b&(1<<20-1) != 0 {
+		m++
+	}
+	return m, nil
+}
+
+// MaxChargeMiB is the largest GPU memory charge, in MiB, whose byte count
+// fits an int64 (a Quantity's value): charges saturate there instead of
+// wrapping around to a small or negative number.
+const MaxChargeMiB = math.MaxInt64 >> 20
+
+// AddMiB adds two non-negative charges in MiB, saturating at MaxChargeMiB.
+func AddMiB(a, b int64) int64 {
+	a, b = min(max(a, 0), MaxChargeMiB), min(max(b, 0), MaxChargeMiB)
+	if a > MaxChargeMiB-b {
+		return MaxChargeMiB
+	}
+	return a + b
+}
+
+// MulMiB multiplies a non-negative count by a non-negative charge in MiB,
+// saturating at MaxChargeMiB.
+func MulMiB(n, mib int64) int64 {
+	if n <= 0 || mib <= 0 {
+		return 0
+	}
+	if mib > MaxChargeMiB/n {
+		return MaxChargeMiB
+	}
+	return n * mib
 }
 
 // ClaimRequest is what one request of a claim spec asks of Tessera's
@@ -114,6 +147,9 @@ type ClaimRequest struct {
 	// Selectors is the number of CEL selectors (evaluated by the
 	// scheduler's DynamicResources plugin).
 	Selectors int `json:"selectors,omitempty"`
+	// Field is the request's path in the claim spec
+	// ("devices.requests[0].firstAvailable[1]").
+	Field string `json:"-"`
 }
 
 // Whole reports whether the request takes its GPUs whole.
@@ -121,12 +157,14 @@ func (r ClaimRequest) Whole() bool { return r.MemoryMiB == 0 }
 
 // Devices is the most GPUs the request may get: its count, or for
 // allocationMode All the most results an allocation may hold (the worst
-// case Kubernetes' own claim quota charges too).
+// case Kubernetes' own claim quota charges too). The API server bounds
+// no count, but no allocation holds more than AllocationResultsMaxSize
+// results, so a larger count is read as that many.
 func (r ClaimRequest) Devices() int64 {
 	if r.All {
 		return resourceapi.AllocationResultsMaxSize
 	}
-	return r.Count
+	return min(r.Count, resourceapi.AllocationResultsMaxSize)
 }
 
 // TesseraClass reports whether a DeviceClass is served by Tessera's
@@ -144,12 +182,22 @@ func TesseraClass(class string) bool {
 // classes serve. A capacity request that is not a byte count is read as
 // no memory: the GPU whole.
 func ClaimRequests(spec resourceapi.ResourceClaimSpec) []ClaimRequest {
+	out, _ := claimRequests(spec, nil)
+	return out
+}
+
+// claimRequests is ClaimRequests, with each request's Field under
+// specPath (nil: paths within the spec), and the first memory request
+// larger than any GPU (api.MaxGPUMemoryMiB) as an error naming its
+// field, the value and the limit.
+func claimRequests(spec resourceapi.ResourceClaimSpec, specPath *field.Path) ([]ClaimRequest, error) {
 	var out []ClaimRequest
-	one := func(name, sub, class string, mode resourceapi.DeviceAllocationMode, count int64, capacity *resourceapi.CapacityRequirements, selectors int) {
+	var first error
+	one := func(path *field.Path, name, sub, class string, mode resourceapi.DeviceAllocationMode, count int64, capacity *resourceapi.CapacityRequirements, selectors int) {
 		if !TesseraClass(class) {
 			return
 		}
-		cr := ClaimRequest{Request: name, Sub: sub, Class: class, Selectors: selectors}
+		cr := ClaimRequest{Request: name, Sub: sub, Class: class, Selectors: selectors, Field: path.String()}
 		if mode == resourceapi.DeviceAllocationModeAll {
 			cr.All = true
 		} else {
@@ -157,7 +205,20 @@ func ClaimRequests(spec resourceapi.ResourceClaimSpec) []ClaimRequest {
 		}
 		if capacity != nil {
 			if q, ok := claimCapacity(capacity.Requests, api.CapacityMemory); ok {
-				if m, err := WholeMiB(q); err == nil {
+				if q.Cmp(*resource.NewQuantity(api.MaxGPUMemoryMiB<<20, resource.BinarySI)) > 0 {
+					cr.MemoryMiB = MaxChargeMiB
+					if m, err := WholeMiB(q); err == nil {
+						cr.MemoryMiB = m
+					}
+					if first == nil {
+						key := api.CapacityMemory
+						if _, plain := capacity.Requests[resourceapi.QualifiedName(key)]; !plain {
+							key = api.DRADriverName + "/" + key
+						}
+						first = field.Invalid(path.Child("capacity", "requests").Key(key), q.String(),
+							fmt.Sprintf("more GPU memory than any GPU has: at most %d MiB (%s) per GPU", api.MaxGPUMemoryMiB, resource.NewQuantity(api.MaxGPUMemoryMiB<<20, resource.BinarySI)))
+					}
+				} else if m, err := WholeMiB(q); err == nil {
 					cr.MemoryMiB = m
 				}
 			}
@@ -167,15 +228,16 @@ func ClaimRequests(spec resourceapi.ResourceClaimSpec) []ClaimRequest {
 		}
 		out = append(out, cr)
 	}
-	for _, r := range spec.Devices.Requests {
+	requests := specPath.Child("devices", "requests")
+	for i, r := range spec.Devices.Requests {
 		if e := r.Exactly; e != nil {
-			one(r.Name, "", e.DeviceClassName, e.AllocationMode, e.Count, e.Capacity, len(e.Selectors))
+			one(requests.Index(i).Child("exactly"), r.Name, "", e.DeviceClassName, e.AllocationMode, e.Count, e.Capacity, len(e.Selectors))
 		}
-		for _, s := range r.FirstAvailable {
-			one(r.Name, s.Name, s.DeviceClassName, s.AllocationMode, s.Count, s.Capacity, len(s.Selectors))
+		for j, s := range r.FirstAvailable {
+			one(requests.Index(i).Child("firstAvailable").Index(j), r.Name, s.Name, s.DeviceClassName, s.AllocationMode, s.Count, s.Capacity, len(s.Selectors))
 		}
 	}
-	return out
+	return out, first
 }
 
 // claimCapacity is a capacity request by its name in Tessera's domain,
@@ -192,19 +254,26 @@ func claimCapacity(reqs map[resourceapi.QualifiedName]resource.Quantity, name st
 // Tessera's driver, in MiB: per request its GPUs times the memory asked,
 // or times largestMiB (the largest GPU in the cluster) when it asks none
 // and so takes GPUs whole; for a prioritized list the costliest
-// alternative.
-func ClaimChargeMiB(spec resourceapi.ResourceClaimSpec, largestMiB int64) int64 {
+// alternative. The arithmetic saturates at MaxChargeMiB. A memory request
+// larger than any GPU (api.MaxGPUMemoryMiB) is an error naming its field
+// under specPath (the spec's path in its object: "spec" in a claim,
+// "spec.spec" in a template), the value and the limit.
+func ClaimChargeMiB(spec resourceapi.ResourceClaimSpec, specPath *field.Path, largestMiB int64) (int64, error) {
+	reqs, err := claimRequests(spec, specPath)
+	if err != nil {
+		return 0, err
+	}
 	per := map[string]int64{}
-	for _, r := range ClaimRequests(spec) {
+	for _, r := range reqs {
 		mem := r.MemoryMiB
 		if r.Whole() {
 			mem = largestMiB
 		}
-		per[r.Request] = max(per[r.Request], r.Devices()*mem)
+		per[r.Request] = max(per[r.Request], MulMiB(r.Devices(), mem))
 	}
 	var sum int64
 	for _, v := range per {
-		sum += v
+		sum = AddMiB(sum, v)
 	}
-	return sum
+	return sum, nil
 }

@@ -1,12 +1,14 @@
 package kubeobj
 
 import (
+	"math"
 	"strings"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/pkg/api"
@@ -49,14 +51,17 @@ func TestClaimChargeMiB(t *testing.T) {
 		{"allocationMode All: the worst case", spec(all), resourceapi.AllocationResultsMaxSize * 1024},
 		{"prioritized list: the costliest", spec(prioritized), 6144},
 		{"another driver's class", spec(exact("other.example.com", 4, "")), 0},
+		{"count beyond what an allocation holds", spec(exact(api.DeviceClassGPU, 1<<62, "4Gi")), resourceapi.AllocationResultsMaxSize * 4096},
+		{"count beyond what an allocation holds, whole", spec(exact(api.DeviceClassGPU, 1<<40, "")), resourceapi.AllocationResultsMaxSize * largest},
+		{"the most memory a GPU may have", spec(exact(api.DeviceClassGPU, 2, "16Ti")), 2 * api.MaxGPUMemoryMiB},
 		{"two requests add", spec(exact(api.DeviceClassGPU, 1, "1Gi"), func() resourceapi.DeviceRequest {
 			r := exact(api.DeviceClassGPU, 1, "2Gi")
 			r.Name = "second"
 			return r
 		}()), 3072},
 	} {
-		if got := ClaimChargeMiB(tc.spec, largest); got != tc.want {
-			t.Errorf("%s: charged %d MiB, want %d", tc.name, got, tc.want)
+		if got, err := ClaimChargeMiB(tc.spec, nil, largest); err != nil || got != tc.want {
+			t.Errorf("%s: charged %d MiB (%v), want %d", tc.name, got, err, tc.want)
 		}
 	}
 }
@@ -93,5 +98,85 @@ func TestClaimDevices(t *testing.T) {
 	}
 	if d, err := ClaimDevices(&resourceapi.ResourceClaim{}); d != nil || err != nil {
 		t.Errorf("unallocated claim: %v, %v", d, err)
+	}
+}
+
+// TestClaimChargeMiBHuge: a memory request larger than any GPU is an
+// error naming the field, the value and the limit, never a charge that
+// wraps around: 4 GPUs of 4611686018435776k bytes (2^42+8 MiB) are
+// 2^44+32 MiB, whose bytes wrapped to a charge of 32 MiB.
+func TestClaimChargeMiBHuge(t *testing.T) {
+	huge := resourceapi.DeviceRequest{Name: "gpu", FirstAvailable: []resourceapi.DeviceSubRequest{
+		{Name: "huge", DeviceClassName: api.DeviceClassGPU, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 4,
+			Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{api.CapacityMemory: resource.MustParse("4611686018435776k")}}},
+		{Name: "eight", DeviceClassName: api.DeviceClassGPU, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 8},
+	}}
+	qualified := exact(api.DeviceClassNVIDIA, 1, "")
+	qualified.Exactly.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{api.DRADriverName + "/" + api.CapacityMemory: resource.MustParse("16Ei")}}
+	for _, tc := range []struct {
+		name string
+		req  resourceapi.DeviceRequest
+		want []string
+	}{
+		{"prioritized list, first alternative", huge, []string{"spec.devices.requests[1].firstAvailable[0].capacity.requests[memory]", "4611686018435776k", "at most 16777216 MiB (16Ti) per GPU"}},
+		{"a value only a decimal holds", exact(api.DeviceClassGPU, 1, "4398046511112Mi"), []string{"spec.devices.requests[1].exactly.capacity.requests[memory]", "4398046511112Mi"}},
+		{"beyond an int64 of bytes, qualified", qualified, []string{"spec.devices.requests[1].exactly.capacity.requests[gpu.tessera.io/memory]", "16777216 MiB"}},
+		{"one byte over", exact(api.DeviceClassGPU, 1, "17592186044417"), []string{"spec.devices.requests[1].exactly.capacity.requests[memory]", "17592186044417"}},
+	} {
+		first := exact(api.DeviceClassGPU, 1, "1Gi")
+		first.Name = "first"
+		spec := resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{first, tc.req}}}
+		got, err := ClaimChargeMiB(spec, field.NewPath("spec"), 40960)
+		if err == nil {
+			t.Errorf("%s: charged %d MiB, want an error", tc.name, got)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: %q does not say %q", tc.name, err, w)
+			}
+		}
+		// The views still read what the claim asks.
+		if reqs := ClaimRequests(spec); len(reqs) < 2 || reqs[1].MemoryMiB <= api.MaxGPUMemoryMiB || reqs[1].Field == "" {
+			t.Errorf("%s: ClaimRequests %+v", tc.name, reqs)
+		}
+	}
+}
+
+func TestSaturatingMiB(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		got, want int64
+	}{
+		{"add", AddMiB(3, 4), 7},
+		{"add at the limit", AddMiB(MaxChargeMiB-1, 1), MaxChargeMiB},
+		{"add over the limit", AddMiB(MaxChargeMiB, MaxChargeMiB), MaxChargeMiB},
+		{"add a negative", AddMiB(-5, 4), 4},
+		{"multiply", MulMiB(32, 1<<24), 1 << 29},
+		{"multiply over the limit", MulMiB(1<<40, 1<<40), MaxChargeMiB},
+		{"multiply by 0", MulMiB(0, MaxChargeMiB), 0},
+		{"multiply a negative", MulMiB(-2, 5), 0},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, tc.got, tc.want)
+		}
+	}
+	if b := MaxChargeMiB << 20; b < 0 || b>>20 != MaxChargeMiB {
+		t.Errorf("MaxChargeMiB %d MiB is no int64 of bytes", MaxChargeMiB)
+	}
+}
+
+func TestWholeMiB(t *testing.T) {
+	for _, tc := range []struct {
+		q    resource.Quantity
+		want int64
+	}{
+		{resource.MustParse("1"), 1}, {resource.MustParse("1Mi"), 1}, {resource.MustParse("1048577"), 2}, {resource.MustParse("0"), 0},
+		// b + 1 MiB - 1 wrapped around to a negative count here.
+		{*resource.NewQuantity(math.MaxInt64, resource.BinarySI), 1 << 43},
+	} {
+		if got, err := WholeMiB(tc.q); err != nil || got != tc.want {
+			t.Errorf("WholeMiB(%s) = %d, %v; want %d", tc.q.String(), got, err, tc.want)
+		}
 	}
 }

@@ -5,7 +5,6 @@ package scheduler
 
 import (
 	"context"
-	"math"
 	"slices"
 	"sort"
 
@@ -33,16 +32,16 @@ const Candidates = 16
 // failed a Filter: it is tried again at once over every node.
 const NarrowedRetry = "Tessera: every candidate node failed a filter; retrying over all nodes"
 
-// candidate is a node that fits, with the policy's score; slot is the
-// plugin's node order, which breaks ties as NormalizeScore does.
+// candidate is a node that fits, with the policy's score; among equal
+// scores the node whose name sorts first comes first, as NormalizeScore
+// breaks ties.
 type candidate struct {
 	name  string
-	slot  int
 	score float64
 }
 
 func (a candidate) before(b candidate) bool {
-	return a.score > b.score || a.score == b.score && a.slot < b.slot
+	return a.score > b.score || a.score == b.score && a.name < b.name
 }
 
 // nodeRules are the pod's own rules for the nodes it may run on, as
@@ -155,12 +154,9 @@ func (p *Plugin) candidates(ctx context.Context, s *cycleState) sets.Set[string]
 		var top []candidate
 		for _, n := range nodes[k*chunk : min(len(nodes), (k+1)*chunk)] {
 			if r, score := scan.Eval(n, &sc.s, &sc.p); r.OK() {
-				c := candidate{name: n.Name, slot: math.MaxInt, score: score}
-				if i, ok := p.st.slot[n.Name]; ok {
-					c.slot = i
-					if i < len(s.scores) {
-						s.scores[i] = c.score // each node has its own slot
-					}
+				c := candidate{name: n.Name, score: score}
+				if i, ok := p.st.slot[n.Name]; ok && i < len(s.scores) {
+					s.scores[i] = c.score // each node has its own slot
 				}
 				if kept(top, c) && rules.allow(n.Name) {
 					top = keep(top, c)

@@ -29,16 +29,20 @@ func shareRequest() map[string]string {
 }
 
 // TestPreFilterNarrowsToThePolicysBest: PreFilter searches every node and
-// hands kube-scheduler the policy's best Candidates nodes (ties in the
-// plugin's node order), so that the policy chooses among all nodes, not
-// among kube-scheduler's sample; the node binpack prefers (a share
-// already taken) is among them however late it was added.
+// hands kube-scheduler the policy's best Candidates nodes (ties in name
+// order, whatever order the informers delivered the nodes in), so that the
+// policy chooses among all nodes, not among kube-scheduler's sample; the
+// node binpack prefers (a share already taken) is among them however late
+// its name sorts.
 func TestPreFilterNarrowsToThePolicysBest(t *testing.T) {
-	var nodes []*corev1.Node
+	var nodes, reversed []*corev1.Node
 	for i := range Candidates + 8 {
 		nodes = append(nodes, a100Node(fmt.Sprintf("n%02d", i), 1))
 	}
-	p, _ := newTestPlugin(t, api.ClusterConfig{}, nodes...)
+	for i := range nodes {
+		reversed = append(reversed, nodes[len(nodes)-1-i])
+	}
+	p, _ := newTestPlugin(t, api.ClusterConfig{}, reversed...)
 	last := nodes[len(nodes)-1].Name
 	first := fixtures.MakePod().Name("first").UID("u-first").Container("main", shareRequest()).Obj()
 	cs := framework.NewCycleState()
@@ -60,8 +64,8 @@ func TestPreFilterNarrowsToThePolicysBest(t *testing.T) {
 	if len(res.NodeNames) != Candidates {
 		t.Fatalf("%d candidates, want %d: %v", len(res.NodeNames), Candidates, res.NodeNames.UnsortedList())
 	}
-	// binpack's best (the node already used), then the first nodes in
-	// the plugin's order.
+	// binpack's best (the node already used), then the first nodes by
+	// name.
 	want := []string{last}
 	for i := range Candidates - 1 {
 		want = append(want, nodes[i].Name)

@@ -235,7 +235,8 @@ func (p *Plugin) PreScore(ctx context.Context, cs fwk.CycleState, pod *corev1.Po
 }
 
 // scoreScale keeps policy scores (usually fractions) distinct as integers;
-// NormalizeScore maps them onto kube-scheduler's range.
+// NormalizeScore maps them onto kube-scheduler's range (and picks the best
+// node by the exact score, which the integers may tie).
 const scoreScale = 1e6
 
 // Score returns the node policy's score of the placement Filter found on
@@ -292,11 +293,16 @@ func (p *Plugin) ScoreExtensions() fwk.ScoreExtensions { return p }
 // without changing the policy's choice: exactly one node, the policy's
 // best, gets MaxNodeScore, every other node at most MaxNodeScore-1. The
 // linear map alone would give every node within 1 % of the best range the
-// same 100, and kube-scheduler would pick one of them at random. Among
-// nodes with exactly the best raw score, the first in the plugin's node
-// order (the order the nodes were first seen) wins, as the placement
-// core's Search and so `tessera simulate` break ties (first node in the
-// cluster's order): first fit among equals. Nodes that serve their GPUs
+// same 100, and kube-scheduler would pick one of them at random. The best
+// is the node with the best exact policy score from PreFilter (Score's
+// integers, the score times scoreScale, can tie nodes that differ in the
+// last digits, which `tessera simulate` tells apart). Among nodes with
+// exactly the best score, the one whose name sorts first
+// wins (candidates orders them so too): a choice that does not depend on
+// the order the scheduler's informers happened to deliver the nodes in,
+// and the one the placement core's Search and so `tessera simulate` make
+// on a trace whose node list is in name order (first node in the
+// cluster's order among equals). Nodes that serve their GPUs
 // through DRA (draScore) get 0, below every node Tessera places on.
 func (p *Plugin) NormalizeScore(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, scores fwk.NodeScoreList) *fwk.Status {
 	if len(scores) == 0 || readDRACycle(cs) != nil {
@@ -320,18 +326,28 @@ func (p *Plugin) NormalizeScore(ctx context.Context, cs fwk.CycleState, pod *cor
 	if dra {
 		floor = 1
 	}
-	best, bestSlot := -1, math.MaxInt
+	var exact []float64 // the policy's scores by slot, from PreFilter
+	if cs != nil {
+		if s := readState(cs); s != nil {
+			exact = s.scores
+		}
+	}
+	best := -1
+	var bestKey tieKey
 	p.st.mu.RLock()
 	for i, s := range scores {
 		if !seen || s.Score == draScore || s.Score != hi {
 			continue
 		}
-		slot, ok := p.st.slot[s.Name]
-		if !ok {
-			slot = math.MaxInt - 1 // unknown to the plugin: after the known ones
+		k := tieKey{name: s.Name, score: math.Inf(-1)}
+		if slot, ok := p.st.slot[s.Name]; ok {
+			k.known = true // unknown to the plugin: after the known ones
+			if slot < len(exact) && !math.IsNaN(exact[slot]) {
+				k.score = exact[slot]
+			}
 		}
-		if best < 0 || slot < bestSlot {
-			best, bestSlot = i, slot
+		if best < 0 || k.before(bestKey) {
+			best, bestKey = i, k
 		}
 	}
 	p.st.mu.RUnlock()
@@ -349,6 +365,24 @@ func (p *Plugin) NormalizeScore(ctx context.Context, cs fwk.CycleState, pod *cor
 		}
 	}
 	return nil
+}
+
+// tieKey orders the nodes NormalizeScore found with the top integer score:
+// nodes the plugin holds first, then by exact policy score, then by name.
+type tieKey struct {
+	known bool
+	score float64
+	name  string
+}
+
+func (a tieKey) before(b tieKey) bool {
+	if a.known != b.known {
+		return a.known
+	}
+	if a.score != b.score {
+		return a.score > b.score
+	}
+	return a.name < b.name
 }
 
 // Reserve charges the placement to the plugin's state so the next pod

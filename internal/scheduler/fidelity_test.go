@@ -13,12 +13,13 @@ import (
 )
 
 // TestNormalizeScoreKeepsThePolicysChoice: exactly one node gets the top
-// score, and among nodes tied for the policy's best the first node the
-// plugin saw wins (as the placement core's Search breaks ties), whatever
-// order kube-scheduler lists them in; kube-scheduler would otherwise pick
-// among the tied nodes at random.
+// score, and among nodes tied for the policy's best the node whose name
+// sorts first wins (as the placement core's Search breaks ties on a node
+// list in name order), whatever order the plugin saw the nodes in and
+// kube-scheduler lists them in; kube-scheduler would otherwise pick among
+// the tied nodes at random.
 func TestNormalizeScoreKeepsThePolicysChoice(t *testing.T) {
-	p, _ := newTestPlugin(t, api.ClusterConfig{}, a100Node("n0", 1), a100Node("n1", 1), a100Node("n2", 1), a100Node("n3", 1))
+	p, _ := newTestPlugin(t, api.ClusterConfig{}, a100Node("n2", 1), a100Node("n0", 1), a100Node("n3", 1), a100Node("n1", 1))
 	for _, tc := range []struct {
 		name   string
 		scores fwk.NodeScoreList
@@ -79,5 +80,48 @@ func TestRetriedPodObservedOnce(t *testing.T) {
 	}
 	if pol.observed != 3 {
 		t.Fatalf("observed %d times, want 3 (big once, other, big recreated)", pol.observed)
+	}
+}
+
+// fixedScores scores nodes by name.
+type fixedScores struct {
+	placement.Binpack
+	score map[string]float64
+}
+
+func (f fixedScores) ScoreNode(_ *placement.Compiled, p *placement.Placement) float64 {
+	return f.score[p.Node.Name]
+}
+
+// TestScoreKeepsSmallDifferences: nodes whose policy scores differ by
+// far less than one millionth (tessera's CPU tie-break among multi-GPU
+// placements moves a score by about 1e-10 per millicore) are not tied by
+// Score's conversion to integers: the better one wins, as in the
+// simulator, not the one whose name sorts first.
+func TestScoreKeepsSmallDifferences(t *testing.T) {
+	a, b := a100Node("a", 1), a100Node("b", 1)
+	p, infos := newTestPlugin(t, api.ClusterConfig{}, a, b)
+	p.policy = fixedScores{score: map[string]float64{"a": 97.5 - 3e-9, "b": 97.5 - 1e-9}}
+	pod := fixtures.MakePod().Name("pod").UID("u-pod").Container("main", map[string]string{names.GPU: "1"}).Obj()
+	cs := framework.NewCycleState()
+	if _, st := p.PreFilter(context.Background(), cs, pod, nil); st != nil {
+		t.Fatal(st)
+	}
+	var scores fwk.NodeScoreList
+	for _, n := range []string{"a", "b"} {
+		if st := p.Filter(context.Background(), cs, pod, infos[n]); st != nil {
+			t.Fatalf("%s: %v", n, st)
+		}
+		v, st := p.Score(context.Background(), cs, pod, infos[n])
+		if st != nil {
+			t.Fatal(st)
+		}
+		scores = append(scores, fwk.NodeScore{Name: n, Score: v})
+	}
+	if st := p.NormalizeScore(context.Background(), cs, pod, scores); st != nil {
+		t.Fatal(st)
+	}
+	if scores[1].Score != fwk.MaxScore || scores[0].Score == fwk.MaxScore {
+		t.Errorf("normalised scores %+v: b, 2e-9 better, must get %d alone", scores, fwk.MaxScore)
 	}
 }

@@ -88,6 +88,9 @@ type Curve struct {
 	// MultiDropped100 counts the multi-GPU tasks (2 GPUs or more)
 	// dropped by arrived = 100%.
 	MultiDropped100 int
+	// Node is the node each arrival was placed on ("" when dropped): the
+	// replay through the real scheduler compares its bindings with it.
+	Node []string
 }
 
 // Unallocated is the unallocated GPU % at the last arrival that keeps the
@@ -114,9 +117,23 @@ func RunContext(ctx context.Context, t *Trace, policy string, seed int64) (*Curv
 	}, seed)
 }
 
+// RunOnline is RunContext with the policy learning the workload from the
+// pods it places, as the scheduler's policy does, where Run gives a policy
+// that takes a target (policies.TargetSetter: FGD) the trace's task shapes
+// up front, as FGD was published. Policies without a target run as in Run.
+func RunOnline(ctx context.Context, t *Trace, policy string, seed int64) (*Curve, error) {
+	return runWith(ctx, t, policy, func(c *placement.Cluster, seed int64) (placement.Policy, error) {
+		return policies.New(policy, c, seed)
+	}, seed, true)
+}
+
 // RunWith is RunContext with a policy made by mk (for experiments with
 // settings that policies.All does not list).
 func RunWith(ctx context.Context, t *Trace, policy string, mk func(*placement.Cluster, int64) (placement.Policy, error), seed int64) (*Curve, error) {
+	return runWith(ctx, t, policy, mk, seed, false)
+}
+
+func runWith(ctx context.Context, t *Trace, policy string, mk func(*placement.Cluster, int64) (placement.Policy, error), seed int64, online bool) (*Curve, error) {
 	if t.CapacityMilli() == 0 {
 		return nil, fmt.Errorf("the node list has no GPUs; unallocated GPU %% is undefined")
 	}
@@ -130,13 +147,13 @@ func RunWith(ctx context.Context, t *Trace, policy string, mk func(*placement.Cl
 	}
 	shapes := t.Shapes()
 	target := policies.PopularShapes(shapes, 0.95) // FGD's "typical pods"
-	if ts, ok := pol.(policies.TargetSetter); ok {
+	if ts, ok := pol.(policies.TargetSetter); ok && !online {
 		ts.SetTarget(shapes)
 	}
 	obs, _ := pol.(placement.Observer)
 	order := t.Arrivals(seed, Inflation)
 	cv := &Curve{Policy: policy, Seed: seed, Capacity: t.CapacityMilli(),
-		Arrived: make([]int64, len(order)), Allocated: make([]int64, len(order))}
+		Arrived: make([]int64, len(order)), Allocated: make([]int64, len(order)), Node: make([]string, len(order))}
 	search := placement.NewSearch(c)
 	var arrived, alloc int64
 	fragDone := false
@@ -163,6 +180,7 @@ func RunWith(ctx context.Context, t *Trace, policy string, mk func(*placement.Cl
 				return nil, fmt.Errorf("pod %s: %w", row.Name, err)
 			}
 			alloc += PlacedMilli(row)
+			cv.Node[k] = p.Node.Name
 		} else {
 			cv.Dropped++
 			if row.NumGPU > 1 && arrived <= cv.Capacity {

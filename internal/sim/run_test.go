@@ -286,3 +286,48 @@ func TestVariantsAreSeededAndShaped(t *testing.T) {
 		}
 	}
 }
+
+// RunOnline: FGD learns the workload from the pods it places instead of
+// being given the trace's shapes, which changes its placements; a policy
+// without a target (bestfit) places exactly as in Run. Curve.Node names
+// the node of every placed arrival and nothing for a dropped one.
+func TestRunOnline(t *testing.T) {
+	tr, err := LoadTrace("", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	for _, tc := range []struct {
+		policy string
+		same   bool
+	}{{"fgd", false}, {"bestfit", true}} {
+		given, err := Run(tr, tc.policy, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		online, err := RunOnline(ctx, tr, tc.policy, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if same := slices.Equal(given.Node, online.Node); same != tc.same {
+			t.Errorf("%s: placements the same online as with the trace's shapes given: %v, want %v", tc.policy, same, tc.same)
+		}
+		for _, cv := range []*Curve{given, online} {
+			placed := 0
+			for k, n := range cv.Node {
+				var before int64
+				if k > 0 {
+					before = cv.Allocated[k-1]
+				}
+				if n != "" {
+					placed++
+				} else if cv.Allocated[k] != before {
+					t.Fatalf("%s: arrival %d allocated GPU but has no node", tc.policy, k)
+				}
+			}
+			if placed != len(cv.Node)-cv.Dropped {
+				t.Errorf("%s: %d arrivals with a node, want %d placed (%d arrivals, %d dropped)", tc.policy, placed, len(cv.Node)-cv.Dropped, len(cv.Node), cv.Dropped)
+			}
+		}
+	}
+}

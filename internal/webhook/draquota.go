@@ -13,12 +13,15 @@ package webhook
 // creations, as for device-plugin pods.
 //
 // The dodges: a claim that asks no memory takes GPUs whole and is
-// charged the largest GPU; a claim or template missing at admission in a
-// namespace with a GPU memory quota refuses the pod (its charge is
-// unknown); and the claims created after the pod (generated from a
-// template replaced since, or a named claim deleted and created again
-// bigger) are checked on their CREATE against what their pods were
-// charged (reviewClaim).
+// charged the largest GPU; a memory request above api.MaxGPUMemoryMiB per
+// GPU is refused (its charge wrapped around) and charges saturate
+// (kubeobj.AddMiB, MulMiB); a claim or template missing at admission in
+// a namespace with a GPU memory quota refuses the pod (its charge is
+// unknown); and in such a namespace the claims created after the pod
+// (generated from a template replaced since, or a named claim deleted
+// and created again bigger) are checked on their CREATE against what
+// their pods were charged for claims, not for device-plugin GPUs
+// (reviewClaim).
 
 import (
 	"context"
@@ -33,6 +36,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
@@ -106,14 +110,19 @@ func (p *Admission) largest() int64 {
 // podClaimCharges resolves the memory each of the pod's claims may hold
 // through Tessera's classes, in MiB, by spec.resourceClaims index.
 // override, when set, is the claim to use for the pod claim it names
-// (the claim being created). missing names what could not be read.
+// (the claim being created). missing names what could not be read. A
+// claim or template asking more memory per GPU than any GPU has is an
+// error naming it, the field, the value and the limit.
 func (p *Admission) podClaimCharges(ctx context.Context, pod *corev1.Pod, override *resourceapi.ResourceClaim, overrideFor string) (charges []int64, missing []string, err error) {
 	largest := p.largest()
 	for _, pc := range pod.Spec.ResourceClaims {
 		var spec *resourceapi.ResourceClaimSpec
+		var what string // the object the spec is in
+		specPath := field.NewPath("spec")
 		switch {
 		case override != nil && pc.Name == overrideFor:
 			spec = &override.Spec
+			what = "ResourceClaim " + pod.Namespace + "/" + claimName(override)
 		case pc.ResourceClaimName != nil:
 			c, err := p.Claims.Claim(ctx, pod.Namespace, *pc.ResourceClaimName)
 			if apierrors.IsNotFound(err) {
@@ -125,6 +134,7 @@ func (p *Admission) podClaimCharges(ctx context.Context, pod *corev1.Pod, overri
 				return nil, nil, fmt.Errorf("reading ResourceClaim %s/%s: %w", pod.Namespace, *pc.ResourceClaimName, err)
 			}
 			spec = &c.Spec
+			what = "ResourceClaim " + pod.Namespace + "/" + c.Name
 		case pc.ResourceClaimTemplateName != nil:
 			var generated string
 			for _, st := range pod.Status.ResourceClaimStatuses {
@@ -135,6 +145,7 @@ func (p *Admission) podClaimCharges(ctx context.Context, pod *corev1.Pod, overri
 			if generated != "" {
 				if c, err := p.Claims.Claim(ctx, pod.Namespace, generated); err == nil {
 					spec = &c.Spec
+					what = "ResourceClaim " + pod.Namespace + "/" + c.Name
 					break
 				}
 			}
@@ -148,10 +159,14 @@ func (p *Admission) podClaimCharges(ctx context.Context, pod *corev1.Pod, overri
 				return nil, nil, fmt.Errorf("reading ResourceClaimTemplate %s/%s: %w", pod.Namespace, *pc.ResourceClaimTemplateName, err)
 			}
 			spec = &t.Spec.Spec
+			what = "ResourceClaimTemplate " + pod.Namespace + "/" + t.Name
+			specPath = specPath.Child("spec")
 		}
 		var mib int64
 		if spec != nil {
-			mib = kubeobj.ClaimChargeMiB(*spec, largest)
+			if mib, err = kubeobj.ClaimChargeMiB(*spec, specPath, largest); err != nil {
+				return nil, nil, fmt.Errorf("spec.resourceClaims[%s]: %s: %w", pc.Name, what, err)
+			}
 		}
 		charges = append(charges, mib)
 	}
@@ -189,7 +204,7 @@ func (p *Admission) mutateClaims(pod *corev1.Pod) (bool, error) {
 	changed := false
 	var total int64
 	for _, c := range charges {
-		total += c
+		total = kubeobj.AddMiB(total, c)
 	}
 	if total > 0 && (pod.Spec.SchedulerName == "" || pod.Spec.SchedulerName == corev1.DefaultSchedulerName) && p.SchedulerName != "" {
 		pod.Spec.SchedulerName = p.SchedulerName
@@ -210,54 +225,100 @@ func (p *Admission) mutateClaims(pod *corev1.Pod) (bool, error) {
 				}
 			}
 		}
-		add[at] += charges[i]
+		add[at] = kubeobj.AddMiB(add[at], charges[i])
 	}
 	for ci, mib := range add {
 		if mib == 0 {
 			continue
 		}
-		c := &pod.Spec.Containers[ci]
-		// The container's charge for device-plugin resources, written by
-		// writeQuotaCharge just before; any other value there is the
-		// pod's own, not Tessera's, and is replaced.
-		var q resource.Quantity
-		if r, err := kubeobj.ReadResources(c, p.Names); err == nil && r.Any() {
-			q = c.Resources.Requests[QuotaMemoryResource]
-		}
-		q.Add(*resource.NewQuantity(mib<<20, resource.BinarySI))
-		q = *resource.NewQuantity(q.Value(), resource.BinarySI)
-		for _, list := range []*corev1.ResourceList{&c.Resources.Limits, &c.Resources.Requests} {
-			if *list == nil {
-				*list = corev1.ResourceList{}
-			}
-			(*list)[QuotaMemoryResource] = q
-		}
+		p.addClaimCharge(&pod.Spec.Containers[ci], mib)
 		changed = true
+	}
+	// The claims are held from before the first init container starts:
+	// ResourceQuota counts a pod as the larger of its app containers' sum
+	// and each init container's request (plus the sidecars started before
+	// it), so an init container with device-plugin GPUs is charged the
+	// claims too, or it would hold them and its GPUs while the pod is
+	// charged only the larger. A sidecar (restartPolicy Always) is counted
+	// with the app containers, which carry the claims.
+	for i := range pod.Spec.InitContainers {
+		c := &pod.Spec.InitContainers[i]
+		if total == 0 || (c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways) {
+			continue
+		}
+		if r, err := kubeobj.ReadResources(c, p.Names); err == nil && r.Any() {
+			p.addClaimCharge(c, total)
+			changed = true
+		}
 	}
 	return changed, nil
 }
 
-// podChargeMiB is what the pod was charged in total, in MiB: the
-// tessera.io/gpu-memory requests of its containers (immutable once
-// admitted).
-func podChargeMiB(pod *corev1.Pod) int64 {
-	var sum int64
-	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
-		for _, c := range cs {
-			q := c.Resources.Requests[QuotaMemoryResource]
-			sum += q.Value() >> 20
-		}
+// addClaimCharge sets c's tessera.io/gpu-memory request and limit to mib
+// plus its device-plugin charge (written by writeQuotaCharge just
+// before); any other value there is the pod's own, not Tessera's, and is
+// replaced. Summed in MiB, saturating: writeQuotaCharge writes whole MiB.
+func (p *Admission) addClaimCharge(c *corev1.Container, mib int64) {
+	if r, err := kubeobj.ReadResources(c, p.Names); err == nil && r.Any() {
+		mib = kubeobj.AddMiB(mib, quantityMiB(c.Resources.Requests[QuotaMemoryResource]))
 	}
-	return sum
+	q := *resource.NewQuantity(mib<<20, resource.BinarySI)
+	for _, list := range []*corev1.ResourceList{&c.Resources.Limits, &c.Resources.Requests} {
+		if *list == nil {
+			*list = corev1.ResourceList{}
+		}
+		(*list)[QuotaMemoryResource] = q
+	}
+}
+
+// quantityMiB is a charge in whole MiB (rounded down; a charge too large
+// for an int64 of bytes reads as MaxChargeMiB, a negative one as 0).
+func quantityMiB(q resource.Quantity) int64 {
+	if q.Sign() <= 0 {
+		return 0
+	}
+	b, ok := q.AsInt64()
+	if !ok {
+		return kubeobj.MaxChargeMiB
+	}
+	return b >> 20
+}
+
+// podClaimsChargeMiB is what the pod was charged for its claims at
+// admission, in MiB: the tessera.io/gpu-memory requests of its app
+// containers (immutable once admitted; mutateClaims puts the claims'
+// charge there, and ResourceQuota counts their sum, while it counts init
+// containers only by the largest) less what their device-plugin GPU
+// resources are charged (pluginChargeMiB, the charge writeQuotaCharge
+// wrote), so that a claim never uses the charge of the pod's other GPUs.
+// With the largest GPU changed since admission the device-plugin part
+// may differ from what was charged then: a larger largest GPU makes the
+// check stricter, a smaller one leaves a whole or percentage GPU the
+// smaller charge it can now hold at most.
+func (p *Admission) podClaimsChargeMiB(pod *corev1.Pod) (claims, total, plugin int64, err error) {
+	for i := range pod.Spec.Containers {
+		c := &pod.Spec.Containers[i]
+		total = kubeobj.AddMiB(total, quantityMiB(c.Resources.Requests[QuotaMemoryResource]))
+		mib, err := p.pluginChargeMiB(c)
+		if err != nil {
+			return 0, 0, 0, fmt.Errorf("pod %s/%s spec.containers[%d]: %w", pod.Namespace, pod.Name, i, err)
+		}
+		plugin = kubeobj.AddMiB(plugin, mib)
+	}
+	return max(total-plugin, 0), total, plugin, nil
 }
 
 // reviewClaim checks a ResourceClaim being created against the pods that
 // will use it: the pod that owns it (a claim the resourceclaim controller
 // generates from the pod's template) and every pod that names it. Each
 // such pod's claims, this one included, must hold no more GPU memory
-// than the pod was charged at admission, or the claim is refused (a
-// template replaced after its pod was admitted; a named claim deleted
-// and created again bigger).
+// than the pod was charged for its claims at admission (its charge less
+// that of its device-plugin GPUs), or the claim is refused (a template
+// replaced after its pod was admitted; a named claim deleted and created
+// again bigger). A claim asking more memory per GPU than any GPU has is
+// refused everywhere; in a namespace without a GPU memory quota nothing
+// else is checked (mutateClaims admits pods there whose claims do not
+// exist yet, uncharged).
 func (p *Admission) reviewClaim(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
 	if req.Operation != admissionv1.Create || req.SubResource != "" || p.Claims == nil {
 		return &admissionv1.AdmissionResponse{Allowed: true}
@@ -269,11 +330,22 @@ func (p *Admission) reviewClaim(req *admissionv1.AdmissionRequest) *admissionv1.
 	if claim.Namespace == "" {
 		claim.Namespace = req.Namespace
 	}
-	if kubeobj.ClaimChargeMiB(claim.Spec, p.largest()) == 0 {
+	charge, err := kubeobj.ClaimChargeMiB(claim.Spec, field.NewPath("spec"), p.largest())
+	if err != nil {
+		return deny(http.StatusUnprocessableEntity, fmt.Sprintf("ResourceClaim %s/%s: %v", claim.Namespace, claimName(&claim), err))
+	}
+	if charge == 0 {
 		return &admissionv1.AdmissionResponse{Allowed: true}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
 	defer cancel()
+	quota, err := p.Claims.MemoryQuota(ctx, claim.Namespace)
+	if err != nil {
+		return deny(http.StatusInternalServerError, fmt.Sprintf("reading the ResourceQuotas of namespace %s: %v", claim.Namespace, err))
+	}
+	if !quota {
+		return &admissionv1.AdmissionResponse{Allowed: true}
+	}
 	pods, err := p.Claims.Pods(ctx, claim.Namespace)
 	if err != nil {
 		return deny(http.StatusInternalServerError, fmt.Sprintf("reading the pods of namespace %s: %v", claim.Namespace, err))
@@ -307,11 +379,15 @@ func (p *Admission) reviewClaim(req *admissionv1.AdmissionRequest) *admissionv1.
 		}
 		var sum int64
 		for _, c := range charges {
-			sum += c
+			sum = kubeobj.AddMiB(sum, c)
 		}
-		if charged := podChargeMiB(pod); sum > charged {
-			return deny(http.StatusForbidden, fmt.Sprintf("ResourceClaim %s/%s may hold %d MiB of GPU memory with the other claims of pod %s, which was charged %d MiB (%s) at admission: a claim may not ask more than its pod was charged; delete and recreate the pod to charge it anew",
-				claim.Namespace, claimName(&claim), sum, pod.Name, charged, QuotaMemoryResource))
+		charged, total, plugin, err := p.podClaimsChargeMiB(pod)
+		if err != nil {
+			return deny(http.StatusInternalServerError, err.Error())
+		}
+		if sum > charged {
+			return deny(http.StatusForbidden, fmt.Sprintf("ResourceClaim %s/%s may hold %d MiB of GPU memory with the other claims of pod %s, which was charged %d MiB for its claims at admission (%s %d MiB on its app containers, less %d MiB for their device-plugin GPUs): a claim may not ask more than its pod was charged; delete and recreate the pod to charge it anew",
+				claim.Namespace, claimName(&claim), sum, pod.Name, charged, QuotaMemoryResource, total, plugin))
 		}
 	}
 	return &admissionv1.AdmissionResponse{Allowed: true}

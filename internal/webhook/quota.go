@@ -39,12 +39,27 @@ func chargedMiB(d kubeobj.Resources, largestMiB int64) int64 {
 		return 0
 	}
 	if d.MIGProfile != "" {
-		return count * migProfileMiB(d.MIGProfile)
+		return kubeobj.MulMiB(count, migProfileMiB(d.MIGProfile))
 	}
 	if d.MemoryMiB > 0 {
-		return count * d.MemoryMiB
+		return kubeobj.MulMiB(count, d.MemoryMiB)
 	}
-	return count * ((d.MemoryPercent*largestMiB + 99) / 100)
+	return kubeobj.MulMiB(count, (kubeobj.MulMiB(d.MemoryPercent, largestMiB)+99)/100)
+}
+
+// pluginChargeMiB is what container c is charged for its device-plugin
+// GPU resources (what Mutate has writeQuotaCharge write), in MiB; 0 for
+// a container without any.
+func (p *Admission) pluginChargeMiB(c *corev1.Container) (int64, error) {
+	r, err := kubeobj.ReadResources(c, p.Names)
+	if err != nil || !r.Any() {
+		return 0, err
+	}
+	d, err := kubeobj.Defaulted(c.Name, r, p.Names)
+	if err != nil {
+		return 0, err
+	}
+	return chargedMiB(d, p.largest()), nil
 }
 
 // migProfileMiB is the memory a MIG profile's name states ("3g.20gb" →
@@ -70,11 +85,7 @@ func migProfileMiB(profile string) int64 {
 // charge (replacing whatever the pod wrote there: the value is Tessera's,
 // not the user's) and reports whether it changed.
 func (p *Admission) writeQuotaCharge(c *corev1.Container, d kubeobj.Resources) bool {
-	var largest int64
-	if p.LargestGPUMiB != nil {
-		largest = p.LargestGPUMiB()
-	}
-	q := *resource.NewQuantity(chargedMiB(d, largest)*1024*1024, resource.BinarySI)
+	q := *resource.NewQuantity(chargedMiB(d, p.largest())<<20, resource.BinarySI)
 	changed := false
 	for _, list := range []*corev1.ResourceList{&c.Resources.Limits, &c.Resources.Requests} {
 		if *list == nil {

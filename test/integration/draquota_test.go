@@ -259,6 +259,97 @@ func TestDRAGPUMemoryQuotaDodges(t *testing.T) {
 	if err := e.claim(ns, "other", claimSpec("other.example.com", "")); err != nil {
 		t.Errorf("claim of another class: %v", err)
 	}
+
+	// A pod's device-plugin GPU charge does not cover its claims: a pod
+	// with a 40 GiB device-plugin GPU and a 1 GiB template is charged
+	// 41 GiB; its template replaced with a 40 GiB one, the generated
+	// claim is refused (it passed as covered by the 41 GiB).
+	e.template(ns, "mixed", claimSpec(api.DeviceClassGPU, "1Gi"))
+	mp := draPod(ns, "mixed", "mixed", "", "main")
+	mp.Spec.Containers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceName(names.GPU): resource.MustParse("1"), corev1.ResourceName(names.Memory): resource.MustParse("40960")}
+	mixed, err := e.create(mp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := strings.Join(charged(mixed), " "); c != "41Gi" {
+		t.Errorf("pod with a 40960 MiB device-plugin GPU and a 1Gi template charged %q, want 41Gi", c)
+	}
+	if err := e.cp.Client.ResourceV1().ResourceClaimTemplates(ns).Delete(ctx, "mixed", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.template(ns, "mixed", claimSpec(api.DeviceClassGPU, "40Gi"))
+	err = generatedFor(ctx, e, mixed, claimSpec(api.DeviceClassGPU, "40Gi"))
+	if err == nil || !strings.Contains(err.Error(), "charged 1024 MiB for its claims") || !strings.Contains(err.Error(), "less 40960 MiB for their device-plugin GPUs") {
+		t.Errorf("40Gi claim of a pod charged 40Gi for its device-plugin GPU and 1Gi for claims: %v, want a refusal", err)
+	}
+	if err := generatedFor(ctx, e, mixed, claimSpec(api.DeviceClassGPU, "1Gi")); err != nil {
+		t.Errorf("the 1Gi claim the mixed pod was charged for was refused: %v", err)
+	}
+
+	// A memory request beyond any GPU (4 × 2^42+8 MiB, whose bytes
+	// wrapped to a 32 MiB charge), first in a prioritized list: refused
+	// naming the field, the value and the limit.
+	huge := claimSpec(api.DeviceClassGPU, "4611686018435776k")
+	alt := huge.Devices.Requests[0].Exactly
+	huge.Devices.Requests[0] = resourceapi.DeviceRequest{Name: "gpu", FirstAvailable: []resourceapi.DeviceSubRequest{
+		{Name: "huge", DeviceClassName: alt.DeviceClassName, AllocationMode: alt.AllocationMode, Count: 4, Capacity: alt.Capacity},
+		{Name: "eight", DeviceClassName: api.DeviceClassGPU, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 8}}}
+	err = e.claim(ns, "huge", huge)
+	if err == nil || !strings.Contains(err.Error(), "spec.devices.requests[0].firstAvailable[0].capacity.requests[memory]") || !strings.Contains(err.Error(), "4611686018435776k") || !strings.Contains(err.Error(), "16777216 MiB") {
+		t.Errorf("claim asking 4611686018435776k per GPU: %v, want a refusal naming the field, the value and the limit", err)
+	}
+	e.template(ns, "huge", huge)
+	if _, err := e.create(draPod(ns, "huge", "huge", "", "main")); err == nil || !strings.Contains(err.Error(), "ResourceClaimTemplate dra-c/huge: spec.spec.devices.requests[0].firstAvailable[0].capacity.requests[memory]") {
+		t.Errorf("pod whose template asks 4611686018435776k per GPU: %v, want a refusal naming the template and the field", err)
+	}
+
+	// An init container with a 40 GiB device-plugin GPU holds it with the
+	// pod's 10 GiB claim: charged 50 GiB, so the quota counts the pod 50
+	// GiB (it counted the larger of 40 and 10).
+	used := func() resource.Quantity {
+		q, err := e.cp.Client.CoreV1().ResourceQuotas(ns).Get(ctx, "gpu-memory", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return q.Status.Used[corev1.ResourceName("requests."+webhook.QuotaMemoryResource)]
+	}
+	e.template(ns, "ten", claimSpec(api.DeviceClassGPU, "10Gi"))
+	ip := draPod(ns, "initgpu", "ten", "", "main")
+	ip.Spec.InitContainers = []corev1.Container{{Name: "init", Image: "cuda", Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}},
+		Limits: corev1.ResourceList{corev1.ResourceName(names.GPU): resource.MustParse("1"), corev1.ResourceName(names.Memory): resource.MustParse("40960")}}}}
+	before := used()
+	withInit, err := e.create(ip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := used()
+	after.Sub(before)
+	if q := withInit.Spec.InitContainers[0].Resources.Requests[webhook.QuotaMemoryResource]; q.String() != "50Gi" || after.String() != "50Gi" {
+		t.Errorf("init container with a 40960 MiB GPU and a 10Gi claim charged %s, the quota counted the pod %s; want 50Gi and 50Gi", q.String(), after.String())
+	}
+
+	// In a namespace without a GPU memory quota, a pod admitted before
+	// its template exists (uncharged) gets its claim (it was refused,
+	// leaving the pod Pending for ever).
+	early, err := e.create(draPod(gpuNS, "early", "later", "", "main"))
+	if err != nil {
+		t.Fatalf("pod naming a missing template in a namespace without a quota: %v", err)
+	}
+	e.template(gpuNS, "later", claimSpec(api.DeviceClassGPU, "8Gi"))
+	if err := generatedFor(ctx, e, early, claimSpec(api.DeviceClassGPU, "8Gi")); err != nil {
+		t.Errorf("claim of a pod admitted before its template, namespace without a quota: %v", err)
+	}
+}
+
+// generatedFor creates the claim the resourceclaim controller generates
+// for pod claim "gpu" of pod.
+func generatedFor(ctx context.Context, e *env, pod *corev1.Pod, spec resourceapi.ResourceClaimSpec) error {
+	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, GenerateName: pod.Name + "-gpu-",
+		Annotations:     map[string]string{webhook.PodClaimNameAnnotation: "gpu"},
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID, Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)}}},
+		Spec: spec}
+	_, err := e.cp.Client.ResourceV1().ResourceClaims(pod.Namespace).Create(ctx, c, metav1.CreateOptions{})
+	return err
 }
 
 // TestDRAChargedPodScheduled: a pod whose claim is charged to the GPU

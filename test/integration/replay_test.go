@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -102,6 +103,17 @@ func replay(b *testing.B, trace *sim.Trace, policy string, seed int64, percentag
 		}
 	}
 	replayLog(b, "%s seed %d: simulator: %.2f %% unallocated, %d GPU tasks dropped of %d arrivals (%v)", policy, seed, want, simDropped, len(order), time.Since(start).Round(time.Millisecond))
+	// A policy given the trace's shapes up front in the simulator (FGD, as
+	// published) learns them online in the scheduler: the simulator's run
+	// learning online too is the scheduler's exact counterpart.
+	online, err := sim.RunOnline(context.Background(), trace, policy, seed)
+	if err != nil {
+		b.Fatal(err)
+	}
+	learns := !slices.Equal(online.Node, cv.Node)
+	if learns {
+		replayLog(b, "%s seed %d: simulator learning the workload online as the scheduler does: %.2f %% unallocated", policy, seed, online.Unallocated(100))
+	}
 
 	cp := testenv.StartControlPlane(b)
 	ctx := context.Background()
@@ -157,8 +169,9 @@ func replay(b *testing.B, trace *sim.Trace, policy string, seed int64, percentag
 	decided := map[string]bool{}
 	var bound, unschedulable int
 	var alloc int64
+	placed := make([]string, len(order)) // the node of each arrival, "" when unschedulable
 	var badName string
-	allDecided := make(chan struct{})
+	allDecided, firstDecided := make(chan struct{}), make(chan struct{})
 	toDelete := make(chan string, len(order))
 	handle := func(obj any) {
 		p, ok := obj.(*corev1.Pod)
@@ -178,6 +191,7 @@ func replay(b *testing.B, trace *sim.Trace, policy string, seed int64, percentag
 		switch {
 		case p.Spec.NodeName != "":
 			bound++
+			placed[k] = p.Spec.NodeName
 			alloc += sim.PlacedMilli(trace.Pods[order[k]])
 		case isUnschedulable(p):
 			unschedulable++
@@ -186,6 +200,9 @@ func replay(b *testing.B, trace *sim.Trace, policy string, seed int64, percentag
 			return
 		}
 		decided[p.Name] = true
+		if k == 0 {
+			close(firstDecided)
+		}
 		if len(decided) == len(order) {
 			close(allDecided)
 		}
@@ -211,17 +228,15 @@ func replay(b *testing.B, trace *sim.Trace, policy string, seed int64, percentag
 		}
 	}()
 
-	// Every pod exists before the scheduler starts: its informers list
-	// them in name order, which is arrival order, so its queue
+	// The pods are created one by one in arrival order once the scheduler
+	// runs: its pod informer hears of them in that order, so its queue
 	// (PrioritySort: equal priorities, first queued first) takes them in
-	// the simulator's arrival order, however fast they were created.
+	// the simulator's arrival order. Pods that exist before the scheduler
+	// starts are not queued in name order: the informer's initial list
+	// (a watch-list stream gathered in a map) hands them over in random
+	// order. The first pod is decided before the next is created, so that
+	// every later one reaches the scheduler through its watch.
 	b.ResetTimer()
-	start = time.Now()
-	createParallel(b, len(order), func(k int) error {
-		_, err := cp.Client.CoreV1().Pods(ns).Create(ctx, tracePod(ns, k, trace.Pods[order[k]]), metav1.CreateOptions{})
-		return err
-	})
-	created := time.Since(start)
 	start = time.Now()
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -232,6 +247,21 @@ func replay(b *testing.B, trace *sim.Trace, policy string, seed int64, percentag
 			b.Errorf("scheduler: %v", err)
 		}
 	}()
+	create := func(k int) {
+		if _, err := cp.Client.CoreV1().Pods(ns).Create(ctx, tracePod(ns, k, trace.Pods[order[k]]), metav1.CreateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	create(0)
+	select {
+	case <-firstDecided:
+	case <-time.After(5 * time.Minute):
+		b.Fatalf("after 5 minutes the first pod is neither bound nor unschedulable")
+	}
+	for k := 1; k < len(order); k++ {
+		create(k)
+	}
+	created := time.Since(start)
 
 	select {
 	case <-allDecided:
@@ -252,12 +282,41 @@ func replay(b *testing.B, trace *sim.Trace, policy string, seed int64, percentag
 	if percentage >= 0 {
 		pct = fmt.Sprint(percentage)
 	}
-	replayLog(b, "%s seed %d: scheduler (percentageOfNodesToScore %s): %.2f %% unallocated, %d bound, %d unschedulable of %d pods (created in %v, then all decided in %v); simulator %.2f %%; difference %+.2f points",
+	replayLog(b, "%s seed %d: scheduler (percentageOfNodesToScore %s): %.2f %% unallocated, %d bound, %d unschedulable of %d pods (all created in %v, all decided in %v, from the scheduler's start); simulator %.2f %%; difference %+.2f points",
 		policy, seed, pct, got, bound, unschedulable, len(order), created.Round(time.Second), elapsed.Round(time.Second), want, got-want)
+	replayDivergence(b, "simulator", trace, order, cv.Node, placed)
+	if learns {
+		replayLog(b, "%s seed %d: simulator learning online %.2f %%; difference %+.2f points", policy, seed, online.Unallocated(100), got-online.Unallocated(100))
+		replayDivergence(b, "simulator learning online", trace, order, online.Node, placed)
+		b.ReportMetric(got-online.Unallocated(100), "diff-online-points")
+	}
 	b.ReportMetric(got, "unalloc%")
 	b.ReportMetric(want, "sim-unalloc%")
 	b.ReportMetric(got-want, "diff-points")
 	b.ReportMetric(float64(len(order))/elapsed.Seconds(), "pods/s")
+}
+
+// replayDivergence logs where the scheduler first placed an arrival
+// elsewhere than the simulator (everything after it may differ as a
+// consequence) and how many arrivals differ in all.
+func replayDivergence(b *testing.B, what string, trace *sim.Trace, order []int, simNode, schedNode []string) {
+	b.Helper()
+	first, differ := -1, 0
+	for k := range order {
+		if simNode[k] != schedNode[k] {
+			differ++
+			if first < 0 {
+				first = k
+			}
+		}
+	}
+	if first < 0 {
+		replayLog(b, "every arrival placed on the node of the %s", what)
+		return
+	}
+	row := trace.Pods[order[first]]
+	replayLog(b, "%d of %d arrivals placed elsewhere than by the %s; first: arrival %d (%s: %d GPU x %d milli, %d mCPU, %d MiB, spec %q): simulator %q, scheduler %q",
+		differ, len(order), what, first, row.Name, row.NumGPU, row.GPUMilli, row.CPUMilli, row.MemMiB, row.Spec, simNode[first], schedNode[first])
 }
 
 // replayLog logs to the benchmark and to stderr (a benchmark's log is
