@@ -195,4 +195,21 @@ func TestUnchargedRecordActedOnOnce(t *testing.T) {
 	if got := counted() - before; got != 2 {
 		t.Errorf("%s counted %v times after a second record value, want 2", ReasonRecordIgnored, got)
 	}
+	// An annotation that does not decode: judged once too (the change
+	// to it releases what was charged, once).
+	pod = pod.DeepCopy()
+	pod.Annotations[api.AnnotationAllocation] = "{not a record"
+	releases = 0
+	for i := range updates {
+		pod.ResourceVersion = fmt.Sprint(200 + i)
+		if p.st.observePod(klog.Background(), pod) {
+			releases++
+		}
+	}
+	if releases != 1 {
+		t.Errorf("a pod with an undecodable record released at %d of %d updates, want 1 (when the value changed)", releases, updates)
+	}
+	if got := p.st.cluster.Node("a").CPUUsed; got != 1000 {
+		t.Errorf("node a CPU used %d, want the pod's 1000 charged once", got)
+	}
 }
