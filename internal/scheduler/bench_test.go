@@ -89,22 +89,33 @@ func (h benchHandle) Parallelizer() fwk.Parallelizer         { return h.par }
 // tolerations; candidates.go): "off" checks none (the candidates before
 // the rules), "on" checks them on an untainted cluster, "tolerated" on a
 // cluster whose nodes all carry a NoSchedule taint the pod tolerates,
-// "pinned" for a pod whose nodeSelector matches one node in 10. Between
-// timed pods (untimed) the pod is reserved on a candidate and the one
-// before it released, so two nodes change per pod and the memo works as
-// in a running cluster.
+// "pinned" for a pod whose nodeSelector matches one node in 10.
+// "pinned-unnarrowed" is the alternative of not narrowing such a pod: its
+// PreFilter, then the plugin's Filter and Score on each of the 500 nodes
+// its selector matches (the plugin's share only: kube-scheduler's own
+// filters on all 5,000 nodes come on top). Between timed pods (untimed)
+// the pod is reserved on a candidate and the one before it released, so
+// two nodes change per pod and the memo works as in a running cluster.
 //
 //	go test -run '^$' -bench PreFilterRules -cpu 1 ./internal/scheduler/
 func BenchmarkPreFilterRules(b *testing.B) {
 	for _, c := range []struct {
-		name              string
-		rules, taint, pin bool
-	}{{"off", false, false, false}, {"on", true, false, false}, {"tolerated", true, true, false}, {"pinned", true, false, true}} {
-		b.Run(c.name, func(b *testing.B) { benchPreFilterRules(b, c.rules, c.taint, c.pin) })
+		name string
+		m    rulesBench
+	}{
+		{"off", rulesBench{}},
+		{"on", rulesBench{rules: true}},
+		{"tolerated", rulesBench{rules: true, taint: true}},
+		{"pinned", rulesBench{rules: true, pin: true}},
+		{"pinned-unnarrowed", rulesBench{rules: true, pin: true, wide: true}},
+	} {
+		b.Run(c.name, func(b *testing.B) { benchPreFilterRules(b, c.m) })
 	}
 }
 
-func benchPreFilterRules(b *testing.B, rules, taint, pin bool) {
+type rulesBench struct{ rules, taint, pin, wide bool }
+
+func benchPreFilterRules(b *testing.B, m rulesBench) {
 	registerMetrics()
 	schedmetrics.Register() // the parallelizer's
 	p, err := newPlugin(api.ClusterConfig{PlacementPolicy: policies.NameTessera})
@@ -112,20 +123,24 @@ func benchPreFilterRules(b *testing.B, rules, taint, pin bool) {
 		b.Fatal(err)
 	}
 	var nodes []*corev1.Node
+	var matching []fwk.NodeInfo // the nodes a pinned pod's selector matches
 	for i := range 5000 {
 		name := fmt.Sprintf("n%04d", i)
 		n := fixtures.Node(name, fixtures.Inventory(name, 8, "NVIDIA A100-SXM4-80GB", 81920, 100), names)
 		if i%10 == 0 {
 			n.Labels["pool"] = "pinned"
+			ni := framework.NewNodeInfo()
+			ni.SetNode(n)
+			matching = append(matching, ni)
 		}
-		if taint {
+		if m.taint {
 			n.Spec.Taints = []corev1.Taint{{Key: "nvidia.com/gpu", Effect: corev1.TaintEffectNoSchedule}}
 		}
 		p.st.upsertNode(klog.Background(), n)
 		nodes = append(nodes, n)
 	}
 	h := benchHandle{par: parallelize.NewParallelizer(parallelize.DefaultParallelism)}
-	if rules {
+	if m.rules {
 		h.lister = schedcache.NewSnapshot(nil, nodes)
 	}
 	p.handle = h
@@ -141,7 +156,7 @@ func benchPreFilterRules(b *testing.B, rules, taint, pin bool) {
 		pod := fixtures.MakePod().Namespace("default").Name(name).UID(name).SchedulerName(SchedulerName).
 			Container("main", shapes[i%len(shapes)]).Obj()
 		pod.Spec.Tolerations = []corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
-		if pin {
+		if m.pin {
 			pod.Spec.NodeSelector = map[string]string{"pool": "pinned"}
 		}
 		return pod
@@ -179,16 +194,34 @@ func benchPreFilterRules(b *testing.B, rules, taint, pin bool) {
 	for i := 0; b.Loop(); i++ {
 		pd := pod(i)
 		cs := framework.NewCycleState()
+		if m.wide {
+			p.widen(pd.UID)
+		}
 		start := time.Now()
 		res, st := p.PreFilter(ctx, cs, pd, nil)
+		to := ""
+		if m.wide {
+			var best int64
+			for _, ni := range matching {
+				if p.Filter(ctx, cs, pd, ni).IsSuccess() {
+					if score, _ := p.Score(ctx, cs, pd, ni); to == "" || score > best {
+						to, best = ni.Node().Name, score
+					}
+				}
+			}
+		}
 		times = append(times, time.Since(start))
-		if !st.IsSuccess() || res.AllNodes() {
+		if !st.IsSuccess() || res.AllNodes() != m.wide {
 			b.Fatalf("PreFilter: %v %v", res, st)
 		}
 		b.StopTimer()
-		if st := p.Reserve(ctx, cs, pd, sets.List(res.NodeNames)[0]); !st.IsSuccess() {
+		if !m.wide {
+			to = sets.List(res.NodeNames)[0]
+		}
+		if st := p.Reserve(ctx, cs, pd, to); !st.IsSuccess() {
 			b.Fatal(st)
 		}
+		p.forget(pd.UID)
 		if prev != "" {
 			p.st.release("default/"+prev, types.UID(prev))
 		}

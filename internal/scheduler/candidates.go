@@ -58,6 +58,8 @@ type nodeRules struct {
 	affinity    nodeaffinity.RequiredNodeAffinity
 	tolerations []corev1.Toleration
 	compare     bool // TaintTolerationComparisonOperators
+	// selects: the pod has a nodeSelector or a required node affinity.
+	selects bool
 	// node is the cycle's snapshot of a node (nil: not in the snapshot).
 	node func(name string) *corev1.Node
 }
@@ -72,6 +74,8 @@ func (p *Plugin) rulesFor(ctx context.Context, pod *corev1.Pod, nodes []fwk.Node
 		affinity:    nodeaffinity.GetRequiredNodeAffinity(pod),
 		tolerations: pod.Spec.Tolerations,
 		compare:     utilfeature.DefaultFeatureGate.Enabled(features.TaintTolerationComparisonOperators),
+		selects: len(pod.Spec.NodeSelector) > 0 || pod.Spec.Affinity != nil && pod.Spec.Affinity.NodeAffinity != nil &&
+			pod.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil,
 	}
 	switch {
 	case p.handle != nil && p.handle.SnapshotSharedLister() != nil:
@@ -140,14 +144,18 @@ func (p *Plugin) candidates(ctx context.Context, s *cycleState) sets.Set[string]
 	// and score (placement.Memo): a lookup instead of a fit check.
 	scan := p.memo.Begin(s.cr, s.pol, s.ranker, len(nodes))
 	defer scan.End()
-	// rules is nil in the first pass: the policy's best nodes are
-	// usually all ones the pod may run on (a pod without a nodeSelector
-	// or affinity on nodes without taints, or with taints it tolerates),
-	// and checking 16 nodes costs less than checking each node as it
-	// enters a chunk's best. Only if one of them is not does a second
-	// pass (each node's verdict a lookup in the memo by then) keep the
-	// nodes the pod may not run on out as it goes.
+	// For a pod without a nodeSelector or required affinity, rules is
+	// nil in the first pass: the policy's best nodes are usually all ones
+	// the pod may run on (nodes without taints, or with taints it
+	// tolerates), and checking 16 nodes costs less than checking each
+	// node as it enters a chunk's best. Only if one of them is not does a
+	// second pass (each node's verdict a lookup in the memo by then) keep
+	// the nodes the pod may not run on out as it goes. A pod that selects
+	// nodes is checked in one pass.
 	var rules *nodeRules
+	if s.rules != nil && s.rules.selects {
+		rules = s.rules
+	}
 	search := func(k int) {
 		sc := p.scratchs.Get().(*scratch)
 		defer p.scratchs.Put(sc)
@@ -182,7 +190,7 @@ func (p *Plugin) candidates(ctx context.Context, s *cycleState) sets.Set[string]
 		return top
 	}
 	top := best()
-	if s.rules != nil && slices.ContainsFunc(top, func(c candidate) bool { return !s.rules.allow(c.name) }) {
+	if rules == nil && s.rules != nil && slices.ContainsFunc(top, func(c candidate) bool { return !s.rules.allow(c.name) }) {
 		rules = s.rules
 		top = best()
 	}
