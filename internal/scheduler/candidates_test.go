@@ -11,7 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/sets"
 	k8stesting "k8s.io/client-go/testing"
@@ -287,6 +286,7 @@ func TestPinnedPodBoundInOneCycle(t *testing.T) {
 		objs = append(objs, a100Node(fmt.Sprintf("n%02d", i), 1))
 	}
 	ts := newTestScheduler(t, nil, objs...)
+	ts.waitNodes(len(objs))
 	// The node to pin to: one the policy does not rank among its first
 	// Candidates for this pod shape.
 	pod := fixtures.MakePod().Name("pinned").Container("main", shareRequest()).Obj()
@@ -308,9 +308,9 @@ func TestPinnedPodBoundInOneCycle(t *testing.T) {
 	if _, err := ts.client.CoreV1().Nodes().Update(ts.ctx, node, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	testenv.WaitFor(t, "the label in the scheduler's cache", 10*time.Second, func() bool {
-		n, err := ts.plugin.handle.SharedInformerFactory().Core().V1().Nodes().Lister().Get(target)
-		return err == nil && n.Labels["pool"] == "pinned"
+	testenv.WaitFor(t, "the label in kube-scheduler's cache", 10*time.Second, func() bool {
+		ni := ts.sched.Cache.Dump().Nodes[target]
+		return ni != nil && ni.Node().Labels["pool"] == "pinned"
 	})
 	retries := ts.countActivations()
 	pod.Spec.NodeSelector = map[string]string{"pool": "pinned"}
@@ -339,6 +339,7 @@ func TestNarrowedAttemptPreemptsNothing(t *testing.T) {
 		objs = append(objs, a100Node(fmt.Sprintf("n%02d", i), 1))
 	}
 	ts := newTestScheduler(t, nil, objs...)
+	ts.waitNodes(len(objs))
 	hostPort := func(p *corev1.Pod) *corev1.Pod {
 		p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 8080, HostPort: 8080, Protocol: corev1.ProtocolTCP}}
 		return p
@@ -359,10 +360,11 @@ func TestNarrowedAttemptPreemptsNothing(t *testing.T) {
 		v.Spec.Priority = &low
 		ts.create(v)
 	}
-	pods := ts.plugin.handle.SharedInformerFactory().Core().V1().Pods().Lister()
-	testenv.WaitFor(t, "the low-priority pods in the scheduler's cache", 10*time.Second, func() bool {
-		l, err := pods.List(labels.Everything())
-		return err == nil && len(l) == Candidates
+	ts.waitCachedPods(Candidates)
+	testenv.WaitFor(t, "the low-priority pods in the plugin's state", 10*time.Second, func() bool {
+		ts.plugin.st.mu.RLock()
+		defer ts.plugin.st.mu.RUnlock()
+		return len(ts.plugin.st.holders) == Candidates
 	})
 	if again := ts.candidates(pod); !again.Equal(cands) {
 		t.Fatalf("the low-priority pods changed the candidates: %v, were %v", sets.List(again), sets.List(cands))

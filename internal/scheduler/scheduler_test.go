@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -44,6 +45,7 @@ type testScheduler struct {
 	ctx    context.Context
 	client *fake.Clientset
 	plugin *Plugin // the Tessera plugin of the profile
+	sched  *kubescheduler.Scheduler
 }
 
 // shippedConfig is deploy/scheduler/config.yaml as kube-scheduler loads
@@ -104,6 +106,7 @@ func newTestScheduler(t *testing.T, mutate func(*schedconfig.KubeSchedulerProfil
 		cancel()
 		t.Fatal(err)
 	}
+	ts.sched = sched
 	// Events reach the fake API server (trust_test.go reads them).
 	broadcaster.StartRecordingToSink(ctx.Done())
 	factory.Start(ctx.Done())
@@ -336,4 +339,26 @@ func (ts *testScheduler) events(pod, reason string) []string {
 		}
 	}
 	return out
+}
+
+// waitNodes waits until the plugin's informer handlers have given it n
+// nodes (the informers' caches being synced does not mean the handlers
+// have run).
+func (ts *testScheduler) waitNodes(n int) {
+	ts.t.Helper()
+	testenv.WaitFor(ts.t, fmt.Sprintf("%d nodes in the plugin's state", n), 10*time.Second, func() bool {
+		ts.plugin.st.mu.RLock()
+		defer ts.plugin.st.mu.RUnlock()
+		return len(ts.plugin.st.cluster.Nodes()) == n
+	})
+}
+
+// waitCachedPods waits until kube-scheduler's cache holds n pods, so
+// that its filters see them.
+func (ts *testScheduler) waitCachedPods(n int) {
+	ts.t.Helper()
+	testenv.WaitFor(ts.t, fmt.Sprintf("%d pods in kube-scheduler's cache", n), 10*time.Second, func() bool {
+		c, err := ts.sched.Cache.PodCount()
+		return err == nil && c == n
+	})
 }
