@@ -67,19 +67,23 @@ func BenchmarkReplay(b *testing.B) {
 	for _, policy := range strings.Split(*replayPolicies, ",") {
 		b.Run(policy, func(b *testing.B) {
 			for range b.N {
-				replay(b, trace, policy, *replaySeed, *replayPercentage)
+				replay(b, trace, policy, *replaySeed, *replayPercentage, 0)
 			}
 		})
 	}
 }
 
-func replay(b *testing.B, trace *sim.Trace, policy string, seed int64, percentage int) {
+// replay replays the arrivals up to arrived = 100 % (the first limit of
+// them when limit > 0) and returns how many the scheduler placed on
+// another node than the simulator (learning online, for a policy the
+// simulator gives the trace's shapes).
+func replay(b testing.TB, trace *sim.Trace, policy string, seed int64, percentage, limit int) int {
+	bench, _ := b.(*testing.B)
 	start := time.Now()
 	cv, err := sim.Run(trace, policy, seed)
 	if err != nil {
 		b.Fatal(err)
 	}
-	want := cv.Unallocated(100)
 	capacity := trace.CapacityMilli()
 	// The arrivals of the simulator's run up to arrived = 100 %.
 	var order []int
@@ -92,6 +96,15 @@ func replay(b *testing.B, trace *sim.Trace, policy string, seed int64, percentag
 		arrived += g
 		order = append(order, i)
 	}
+	if limit > 0 && len(order) > limit {
+		order = order[:limit]
+	}
+	// What the simulator left unallocated after the last arrival replayed
+	// (Unallocated(100) when every arrival up to 100 % is).
+	unallocated := func(cv *sim.Curve) float64 {
+		return 100 - float64(cv.Allocated[len(order)-1])*100/float64(capacity)
+	}
+	want := unallocated(cv)
 	simDropped := 0
 	for k := range order {
 		var before int64
@@ -112,7 +125,7 @@ func replay(b *testing.B, trace *sim.Trace, policy string, seed int64, percentag
 	}
 	learns := !slices.Equal(online.Node, cv.Node)
 	if learns {
-		replayLog(b, "%s seed %d: simulator learning the workload online as the scheduler does: %.2f %% unallocated", policy, seed, online.Unallocated(100))
+		replayLog(b, "%s seed %d: simulator learning the workload online as the scheduler does: %.2f %% unallocated", policy, seed, unallocated(online))
 	}
 
 	cp := testenv.StartControlPlane(b)
@@ -236,7 +249,9 @@ func replay(b *testing.B, trace *sim.Trace, policy string, seed int64, percentag
 	// (a watch-list stream gathered in a map) hands them over in random
 	// order. The first pod is decided before the next is created, so that
 	// every later one reaches the scheduler through its watch.
-	b.ResetTimer()
+	if bench != nil {
+		bench.ResetTimer()
+	}
 	start = time.Now()
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -276,7 +291,9 @@ func replay(b *testing.B, trace *sim.Trace, policy string, seed int64, percentag
 		b.Fatalf("unexpected pod %s", badName)
 	}
 	elapsed := time.Since(start)
-	b.StopTimer()
+	if bench != nil {
+		bench.StopTimer()
+	}
 	got := 100 - float64(alloc)*100/float64(capacity)
 	pct := "shipped"
 	if percentage >= 0 {
@@ -284,22 +301,47 @@ func replay(b *testing.B, trace *sim.Trace, policy string, seed int64, percentag
 	}
 	replayLog(b, "%s seed %d: scheduler (percentageOfNodesToScore %s): %.2f %% unallocated, %d bound, %d unschedulable of %d pods (all created in %v, all decided in %v, from the scheduler's start); simulator %.2f %%; difference %+.2f points",
 		policy, seed, pct, got, bound, unschedulable, len(order), created.Round(time.Second), elapsed.Round(time.Second), want, got-want)
-	replayDivergence(b, "simulator", trace, order, cv.Node, placed)
+	differ := replayDivergence(b, "simulator", trace, order, cv.Node, placed)
 	if learns {
-		replayLog(b, "%s seed %d: simulator learning online %.2f %%; difference %+.2f points", policy, seed, online.Unallocated(100), got-online.Unallocated(100))
-		replayDivergence(b, "simulator learning online", trace, order, online.Node, placed)
-		b.ReportMetric(got-online.Unallocated(100), "diff-online-points")
+		replayLog(b, "%s seed %d: simulator learning online %.2f %%; difference %+.2f points", policy, seed, unallocated(online), got-unallocated(online))
+		differ = replayDivergence(b, "simulator learning online", trace, order, online.Node, placed)
 	}
-	b.ReportMetric(got, "unalloc%")
-	b.ReportMetric(want, "sim-unalloc%")
-	b.ReportMetric(got-want, "diff-points")
-	b.ReportMetric(float64(len(order))/elapsed.Seconds(), "pods/s")
+	if bench != nil {
+		if learns {
+			bench.ReportMetric(got-unallocated(online), "diff-online-points")
+		}
+		bench.ReportMetric(got, "unalloc%")
+		bench.ReportMetric(want, "sim-unalloc%")
+		bench.ReportMetric(got-want, "diff-points")
+		bench.ReportMetric(float64(len(order))/elapsed.Seconds(), "pods/s")
+	}
+	return differ
+}
+
+// TestReplayMatchesSimulator: the real scheduler, in the shipped
+// configuration, places the first 1,500 arrivals of the openb trace (seed
+// 2, CPU-only tasks included) each on the node `tessera simulate` places
+// it on, for the shipped policy, a baseline and FGD (against the simulator
+// learning online, as the scheduler does): the policy measured is the
+// policy run. BenchmarkReplay runs the whole trace.
+func TestReplayMatchesSimulator(t *testing.T) {
+	trace, err := sim.LoadTrace("", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, policy := range []string{"tessera", "bestfit", "fgd"} {
+		t.Run(policy, func(t *testing.T) {
+			if differ := replay(t, trace, policy, 2, -1, 1500); differ != 0 {
+				t.Errorf("%s: %d of 1,500 arrivals placed on another node than the simulator's (log above: the first)", policy, differ)
+			}
+		})
+	}
 }
 
 // replayDivergence logs where the scheduler first placed an arrival
 // elsewhere than the simulator (everything after it may differ as a
-// consequence) and how many arrivals differ in all.
-func replayDivergence(b *testing.B, what string, trace *sim.Trace, order []int, simNode, schedNode []string) {
+// consequence) and returns how many arrivals differ in all.
+func replayDivergence(b testing.TB, what string, trace *sim.Trace, order []int, simNode, schedNode []string) int {
 	b.Helper()
 	first, differ := -1, 0
 	for k := range order {
@@ -312,16 +354,17 @@ func replayDivergence(b *testing.B, what string, trace *sim.Trace, order []int, 
 	}
 	if first < 0 {
 		replayLog(b, "every arrival placed on the node of the %s", what)
-		return
+		return 0
 	}
 	row := trace.Pods[order[first]]
 	replayLog(b, "%d of %d arrivals placed elsewhere than by the %s; first: arrival %d (%s: %d GPU x %d milli, %d mCPU, %d MiB, spec %q): simulator %q, scheduler %q",
 		differ, len(order), what, first, row.Name, row.NumGPU, row.GPUMilli, row.CPUMilli, row.MemMiB, row.Spec, simNode[first], schedNode[first])
+	return differ
 }
 
 // replayLog logs to the benchmark and to stderr (a benchmark's log is
 // cut short in go test's output).
-func replayLog(b *testing.B, format string, args ...any) {
+func replayLog(b testing.TB, format string, args ...any) {
 	b.Helper()
 	b.Logf(format, args...)
 	fmt.Fprintf(os.Stderr, "REPLAY "+format+"\n", args...)
@@ -340,7 +383,7 @@ func isUnschedulable(p *corev1.Pod) bool {
 }
 
 // createParallel runs create(0..n-1) from 16 goroutines.
-func createParallel(b *testing.B, n int, create func(i int) error) {
+func createParallel(b testing.TB, n int, create func(i int) error) {
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
 	next := make(chan int)
