@@ -215,7 +215,7 @@ func TestCandidatesRespectPodsNodeRules(t *testing.T) {
 	last := nodes[len(nodes)-1]
 	last.Labels["pool"] = "pinned"
 	// The first Candidates nodes are the policy's first choices (empty
-	// nodes tie; the plugin's node order breaks ties); taint them all
+	// nodes tie; their names break ties); taint them all
 	// but n00.
 	for _, n := range nodes[1:Candidates] {
 		n.Spec.Taints = []corev1.Taint{{Key: "dedicated", Value: "train", Effect: corev1.TaintEffectNoSchedule}}
