@@ -38,7 +38,13 @@
 # run at all. ONLY=memory,nccl,gpus,smi,kill,share,launch runs some of the
 # groups. PY, NVSMI and WORK override the tools and the work directory
 # (limiter/test/test_gpu_check.sh runs the script's logic without a GPU
-# through them).
+# through them). DIAG (default $WORK/diag; kept when given) receives what
+# explains a result: every python check's stdout/stderr, the limiter's
+# pacing traces (TESSERA_LIMITER_TRACE) of the share runs, nvidia-smi pmon
+# and utilisation samples during them, nvidia-smi's output in the
+# container. WORK_N sets the share workload's matrix size (default 8192:
+# the GPU stays busy between the loop's synchronisations, so a share of GPU
+# time is the same share of solo throughput).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 PY=${PY:-${PYTHON:-python3}}
@@ -59,6 +65,11 @@ fi
 
 WORK=${WORK:-$(mktemp -d /tmp/tessera-gpu-check.XXXXXX)}
 mkdir -p "$WORK"
+DIAG=${DIAG:-$WORK/diag}
+mkdir -p "$DIAG"
+# results are printed before a crash at exit can lose them (a pipe is
+# block-buffered); faulthandler (common.py) names where a process died
+export PYTHONUNBUFFERED=1
 BG=""
 cleanup() {
     for p in $BG; do kill -9 "$p" 2>/dev/null; done
@@ -88,6 +99,16 @@ record() { # name expected measured status(0 pass, 1 fail, NOTRUN)
     printf '%-7s %s: expected %s, measured %s\n' "$v" "$1" "$2" "$3"
 }
 notrun() { record "$1" "$2" "$3" NOTRUN; }
+info() { # name measured: a figure that explains others, neither pass nor fail
+    printf '%s\t%s\t%s\t%s\n' "$1" "-" "$2" INFO >>"$RESULTS"
+    printf '%-7s %s: %s\n' INFO "$1" "$2"
+}
+errtail() { # the last line of a check's stderr, for a result that is missing
+    tail -1 "$DIAG/$1.err" 2>/dev/null | cut -c1-160
+}
+exitdesc() { # exit status -> "0", or "139 (SIGSEGV)"
+    if [ "$1" -gt 128 ] 2>/dev/null; then echo "$1 (SIG$(kill -l $(($1 - 128)) 2>/dev/null))"; else echo "$1"; fi
+}
 within() { # value lo hi -> exit status
     awk -v v="$1" -v lo="$2" -v hi="$3" 'BEGIN { exit !(v != "" && v + 0 == v && v >= lo && v <= hi) }'
 }
@@ -129,7 +150,8 @@ physical() { # name max_mib -> records "<name> physical"
 
 # ---- the python side ----
 cat >"$WORK/common.py" <<'EOF'
-import os, sys, time
+import faulthandler, os, sys, time
+faulthandler.enable()
 def announce(name):
     # the process's pid for the host-side sampler
     with open(os.environ["GPU_CHECK_PIDS"], "a") as f:
@@ -151,6 +173,30 @@ assert nv.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h)) == 0
 free, total = torch.cuda.mem_get_info(0)
 assert nv.nvmlDeviceGetMemoryInfo(h, ctypes.byref(m)) == 0
 print("smifree", free, m.free, total, m.total)
+EOF
+
+# the container's process list through NVML's exported entry points (the
+# ones the limiter filters); nvidia-smi reads it another way (docs)
+cat >"$WORK/smiprocs.py" <<'EOF'
+import ctypes, struct
+nv = ctypes.CDLL("libnvidia-ml.so.1")
+assert nv.nvmlInit_v2() == 0
+h = ctypes.c_void_p()
+assert nv.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h)) == 0
+for name, stride in (("nvmlDeviceGetComputeRunningProcesses_v2", 24), ("nvmlDeviceGetComputeRunningProcesses_v3", 0)):
+    try:
+        f = getattr(nv, name)
+    except AttributeError:
+        continue
+    n = ctypes.c_uint(64); buf = ctypes.create_string_buffer(b"\xa5" * (64 * 32), 64 * 32)
+    r = f(h, ctypes.byref(n), buf)
+    if r != 0:
+        print("procs-error", name, r); continue
+    if stride == 0:  # 24 or 32 bytes an entry, depending on the driver
+        stride = 32 if any(b != 0xa5 for b in buf.raw[n.value * 24:n.value * 32]) else 24
+    pids = [struct.unpack_from("<I", buf.raw, i * stride)[0] for i in range(n.value)]
+    print("procs", name, " ".join(str(p) for p in sorted(pids)))
+    break
 EOF
 
 cat >"$WORK/meminfo.py" <<'EOF'
@@ -272,14 +318,19 @@ def capture(nbytes):
 ok_small = over_refused = 0
 try:
     g, x = capture(L // 2); ok_small = 1
+    print("phase small: captured and replayed", flush=True)
 except Exception as e:
-    print("small graph failed:", e, file=sys.stderr)
+    print("phase small: failed: %r" % (e,), flush=True)
 try:
     g2, x2 = capture(L); torch.cuda.synchronize()
-except Exception:
+    print("phase over: captured and replayed (not refused)", flush=True)
+except Exception as e:
     over_refused = 1
+    print("phase over: refused: %r" % (str(e)[:300],), flush=True)
 time.sleep(1.0)
-print("graph", ok_small, over_refused)
+print("graph", ok_small, over_refused, flush=True)
+# teardown (the graphs, the pools, the allocator) follows: a crash there
+# shows in the exit status, which the check reports apart
 EOF
 
 # NCCL all-reduce, two processes (one GPU each), the container's one limit each
@@ -321,11 +372,14 @@ except torch.cuda.OutOfMemoryError:
 EOF
 
 # saturating matmuls; a completion time every 4 (synchronised) iterations;
-# with "graph", the 4 matmuls are one CUDA graph
+# with "graph", the 4 matmuls are one CUDA graph. WORK_N x WORK_N (8192: a
+# few ms of GPU work per synchronisation, so the GPU is busy nearly all the
+# time when alone; run 1's 4096 left it idle ~20 % of the time between
+# synchronisations, and a share of GPU time then is more of solo throughput)
 cat >"$WORK/work.py" <<'EOF'
-import sys, time, torch
+import os, sys, time, torch
 dur, mode, out = float(sys.argv[1]), sys.argv[2], sys.argv[3]
-n = 4096
+n = int(os.environ.get("WORK_N", "8192"))
 a = torch.randn(n, n, device="cuda", dtype=torch.float16)
 b = torch.randn(n, n, device="cuda", dtype=torch.float16)
 c = torch.empty(n, n, device="cuda", dtype=torch.float16)
@@ -392,27 +446,28 @@ for conf in default expandable_segments:True backend:cudaMallocAsync; do
     GPU_CHECK_PIDS="$WORK/fill-$conf.pids"; sample_start "fill-$conf"
     if [ "$conf" = default ]; then ac=""; else ac="$conf"; fi
     out=$(limited "$WORK/s-$conf" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m PYTORCH_CUDA_ALLOC_CONF="$ac" \
-          "$PY" "$WORK/fill.py" 2>&1 | tail -1)
+          "$PY" "$WORK/fill.py" 2>"$DIAG/fill-$conf.err" | tail -1)
     max=$(sample_stop "fill-$conf")
     got=$(echo "$out" | awk '$1 == "filled" {print $2}')
     # the context and the allocator's rounding take a few hundred MiB
-    within "${got:-x}" $((LIMIT_MIB - 1024)) "$LIMIT_MIB"
-    record "fill-$conf allocated (MiB)" "$((LIMIT_MIB - 1024))..$LIMIT_MIB" "${got:-error: $out}" $?
+    within "${got:-x}" $((LIMIT_MIB - 1024)) "$LIMIT_MIB"; ok=$?
+    record "fill-$conf allocated (MiB)" "$((LIMIT_MIB - 1024))..$LIMIT_MIB" "${got:-error: $out $(errtail "fill-$conf")}" $ok
     physical "fill-$conf" "$max"
 done
 
 echo "== memory: VMM create/map/release"
 GPU_CHECK_PIDS="$WORK/vmm.pids"; sample_start vmm
-out=$(limited "$WORK/s-vmm" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m "$PY" "$WORK/vmm.py" 2>&1 | tail -1)
+out=$(limited "$WORK/s-vmm" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m "$PY" "$WORK/vmm.py" 2>"$DIAG/vmm.err" | tail -1)
 max=$(sample_stop vmm)
 a=$(echo "$out" | awk '$1 == "vmm" {print $2}'); b=$(echo "$out" | awk '$1 == "vmm" {print $3}')
-within "${a:-x}" $((LIMIT_MIB - 1024)) "$LIMIT_MIB"; record "vmm mapped until refused (MiB)" "$((LIMIT_MIB - 1024))..$LIMIT_MIB" "${a:-error: $out}" $?
+within "${a:-x}" $((LIMIT_MIB - 1024)) "$LIMIT_MIB"; ok=$?
+record "vmm mapped until refused (MiB)" "$((LIMIT_MIB - 1024))..$LIMIT_MIB" "${a:-error: $out $(errtail vmm)}" $ok
 [ -n "$a" ] && [ "$a" = "$b" ]; record "vmm same again after unmapping" "${a:-?}" "${b:-error}" $?
 physical vmm "$max"
 
 echo "== memory: the in-kernel malloc heap"
 GPU_CHECK_PIDS="$WORK/heap.pids"; sample_start heap
-out=$(limited "$WORK/s-heap" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m EXPECT_LIMIT=$LIMIT "$PY" "$WORK/heap.py" 2>&1 | tail -1)
+out=$(limited "$WORK/s-heap" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m EXPECT_LIMIT=$LIMIT "$PY" "$WORK/heap.py" 2>"$DIAG/heap.err" | tail -1)
 max=$(sample_stop heap)
 set -- $out
 [ "${1:-}" = heap ] && [ "${2:-}" = 0 ] && [ "${3:-}" = 1 ]
@@ -424,12 +479,20 @@ echo "== memory: graphs"
 for backend in default backend:cudaMallocAsync; do
     GPU_CHECK_PIDS="$WORK/graph-$backend.pids"; sample_start "graph-$backend"
     if [ "$backend" = default ]; then ac=""; else ac="$backend"; fi
-    out=$(limited "$WORK/s-g-$backend" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m EXPECT_LIMIT=$LIMIT \
-          PYTORCH_CUDA_ALLOC_CONF="$ac" "$PY" "$WORK/graph.py" 2>&1 | tail -1)
+    gn="graph-${backend#backend:}"
+    limited "$WORK/s-g-$backend" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m EXPECT_LIMIT=$LIMIT \
+        TESSERA_LIMITER_TRACE="$DIAG/trace-$gn" PYTORCH_CUDA_ALLOC_CONF="$ac" "$PY" "$WORK/graph.py" \
+        >"$DIAG/$gn.out" 2>"$DIAG/$gn.err"
+    rc=$?
     max=$(sample_stop "graph-$backend")
+    out=$(grep '^graph ' "$DIAG/$gn.out" | tail -1)
     set -- $out
-    [ "${1:-}" = graph ] && [ "${2:-}" = 1 ] && [ "${3:-}" = 1 ]
-    record "graph-$backend: L/2 captured and replayed, L refused" "1 1" "${2:-?} ${3:-?}" $?
+    [ "${1:-}" = graph ] && [ "${2:-}" = 1 ] && [ "${3:-}" = 1 ]; ok=$?
+    if [ -n "$out" ]; then m="${2:-?} ${3:-?}"
+    else m="no result line: $(grep '^phase' "$DIAG/$gn.out" | tail -1) $(errtail "$gn")"; fi
+    record "graph-$backend: L/2 captured and replayed, L refused" "1 1" "$m" $ok
+    if [ "$rc" = 0 ]; then record "graph-$backend: the process exits cleanly" "0" 0 0
+    else record "graph-$backend: the process exits cleanly" "0" "$(exitdesc "$rc"): $(errtail "$gn")" 1; fi
     physical "graph-$backend" "$max"
 done
 
@@ -443,7 +506,7 @@ elif ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.distributed.is_nccl_avai
     notrun "nccl two-process all-reduce" "physical <= limit per process" "no NCCL"
 else
     GPU_CHECK_PIDS="$WORK/nccl.pids"; sample_start nccl
-    out=$(limited "$WORK/s-nccl" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m EXPECT_LIMIT=$LIMIT "$PY" "$WORK/nccl.py" 2>&1 | tail -1)
+    out=$(limited "$WORK/s-nccl" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m EXPECT_LIMIT=$LIMIT "$PY" "$WORK/nccl.py" 2>"$DIAG/nccl.err" | tail -1)
     max=$(sample_stop nccl)
     [ "$out" = "nccl 1048576.0" ]; record "nccl all-reduce result" "nccl 1048576.0" "$out" $?
     # two processes on two GPUs: each GPU's limit; the sum is checked against both
@@ -484,8 +547,16 @@ limited "$S5" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m "$PY" "$WORK/hold.py" \
 BG="$BG $!"
 for _ in $(seq 1 600); do [ -s "$WORK/ready-nb" ] && [ -s "$WORK/ready-me" ] && break; sleep 0.1; done
 NB=$(cat "$WORK/ready-nb" 2>/dev/null); ME=$(cat "$WORK/ready-me" 2>/dev/null)
-apps=$(limited "$S5" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m "$NVSMI" --query-compute-apps=pid,used_memory \
-       --format=csv,noheader,nounits 2>&1 | awk -F, '{print $1 + 0}' | sort -n | paste -sd' ' -)
+apps=$(limited "$S5" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m TESSERA_LIMITER_TRACE="$DIAG/trace-smi-apps" \
+       "$NVSMI" --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>"$DIAG/smi-apps.err" |
+       tee "$DIAG/smi-apps.out" | awk -F, '{print $1 + 0}' | sort -n | paste -sd' ' -)
+# for the record: nvidia-smi's table in the container (traced: which NVML
+# entry points and private tables it used), and the host's
+limited "$S5" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m TESSERA_LIMITER_TRACE="$DIAG/trace-smi-table" \
+    TESSERA_LIMITER_DEBUG=1 "$NVSMI" >"$DIAG/smi-table-container.txt" 2>&1
+"$NVSMI" >"$DIAG/smi-table-host.txt" 2>&1
+pub=$(limited "$S5" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m TESSERA_LIMITER_TRACE="$DIAG/trace-smi-procs" \
+      "$PY" "$WORK/smiprocs.py" 2>"$DIAG/smiprocs.err" | tee "$DIAG/smiprocs.out" | grep '^procs' | tail -1)
 host=$("$NVSMI" --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>&1 | awk -F, '{print $1 + 0}' |
        sort -n | paste -sd' ' -)
 if [ -z "$NB" ] || [ -z "$ME" ] || ! echo " $host " | grep -q " $NB "; then
@@ -494,6 +565,11 @@ if [ -z "$NB" ] || [ -z "$ME" ] || ! echo " $host " | grep -q " $NB "; then
 else
     echo " $apps " | grep -q " $ME " && ! echo " $apps " | grep -q " $NB "
     record "nvidia-smi in the container lists only its processes" "$ME, not $NB" "${apps:-none}" $?
+    set -- $pub
+    pl=" ${pub#procs * } "
+    [ "${1:-}" = procs ] && echo "$pl" | grep -q " $ME " && ! echo "$pl" | grep -q " $NB "; ok=$?
+    if [ -n "$pub" ]; then m=$(echo $pl); else m="error: $(errtail smiprocs)"; fi
+    record "NVML process list (exported ${2:-?}) in the container: only its processes" "$ME, not $NB" "${m:-none}" $ok
 fi
 out=$(limited "$S5" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m CUDA_DEVICE_ORDER=PCI_BUS_ID "$PY" "$WORK/smifree.py" 2>&1 |
       tail -1)
@@ -513,25 +589,45 @@ fi
 
 if want kill; then
 echo "== two processes share one limit; kill -9 of the holder gives it back"
+# each process's context is charged too (about 576 MiB with PyTorch on an
+# H200): measured here, so the sizes hold on any GPU. The holder takes
+# 0.4 L; a 2nd process asking 0.6 L must be refused (0.4 L + 0.6 L + two
+# contexts > L); one asking what is left after both contexts, less 256 MiB
+# for the allocator's rounding, must get it.
+CTX_MIB=$(limited "$WORK/s-ctx" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m "$PY" "$WORK/meminfo.py" 2>"$DIAG/ctx.err" |
+          awk '$1 == 0 { printf "%d", ($3 - $2) / 1048576 }')
+info "context charge per process (MiB, limit - cuMemGetInfo free in a fresh process)" "${CTX_MIB:-unknown}"
+CTX=$(( ${CTX_MIB:-576} * 1048576 ))
+HOLD=$((LIMIT * 4 / 10)); OVER=$((LIMIT * 6 / 10)); FIT=$((LIMIT - HOLD - 2 * CTX - (256 << 20)))
+AFTER=$((LIMIT * 8 / 10)); [ $((LIMIT - CTX - (256 << 20))) -lt "$AFTER" ] && AFTER=$((LIMIT - CTX - (256 << 20)))
 S4="$WORK/s4"; rm -f "$WORK/ready4"
 GPU_CHECK_PIDS="$WORK/kill.pids"; sample_start kill
-limited "$S4" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m "$PY" "$WORK/hold.py" $((LIMIT * 6 / 10)) "$WORK/ready4" 600 \
-    >/dev/null 2>&1 &
+limited "$S4" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m "$PY" "$WORK/hold.py" "$HOLD" "$WORK/ready4" 600 \
+    >/dev/null 2>"$DIAG/kill-holder.err" &
 BG="$BG $!"
 for _ in $(seq 1 600); do [ -s "$WORK/ready4" ] && break; sleep 0.1; done
 HOLDER=$(cat "$WORK/ready4" 2>/dev/null) # the python process itself, not a shell around it
 # the host's sampler must have seen the holder's memory before it is killed
 for _ in $(seq 1 100); do grep -q " ${HOLDER:-x}," "$WORK/kill.samples" 2>/dev/null && break; sleep 0.1; done
-a=$(limited "$S4" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m "$PY" "$WORK/try.py" $((LIMIT * 6 / 10)) 2>&1 | tail -1)
-b=$(limited "$S4" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m "$PY" "$WORK/try.py" $((LIMIT * 2 / 10)) 2>&1 | tail -1)
-[ "$a" = oom ]; record "2nd process 0.6 L while the 1st holds 0.6 L" "oom" "$a" $?
-[ "$b" = ok ]; record "2nd process 0.2 L while the 1st holds 0.6 L" "ok" "$b" $?
+a=$(limited "$S4" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m "$PY" "$WORK/try.py" "$OVER" 2>"$DIAG/kill-over.err" | tail -1)
+[ "$a" = oom ]; ok=$?; record "2nd process 0.6 L while the 1st holds 0.4 L" "oom" "${a:-error: $(errtail kill-over)}" $ok
+if [ "$FIT" -lt $((64 << 20)) ]; then
+    notrun "2nd process L - 0.4 L - 2 contexts - 256 MiB while the 1st holds 0.4 L" "ok" \
+        "contexts of ${CTX_MIB:-?} MiB leave no room under a ${LIMIT_MIB} MiB limit"
+else
+    b=$(limited "$S4" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m "$PY" "$WORK/try.py" "$FIT" 2>"$DIAG/kill-fit.err" | tail -1)
+    [ "$b" = ok ]; ok=$?
+    record "2nd process $((FIT >> 20)) MiB (L - 0.4 L - 2 contexts - 256 MiB) while the 1st holds 0.4 L" "ok" \
+        "${b:-error: $(errtail kill-fit)}" $ok
+fi
 if [ -n "$HOLDER" ] && kill -9 "$HOLDER" 2>/dev/null; then
     for _ in $(seq 1 50); do kill -0 "$HOLDER" 2>/dev/null || break; sleep 0.1; done
-    c=$(limited "$S4" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m "$PY" "$WORK/try.py" $((LIMIT * 8 / 10)) 2>&1 | tail -1)
-    [ "$c" = ok ]; record "kill-9 of the holder, then 0.8 L" "ok" "$c" $?
+    c=$(limited "$S4" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m "$PY" "$WORK/try.py" "$AFTER" 2>"$DIAG/kill-after.err" |
+        tail -1)
+    [ "$c" = ok ]; ok=$?
+    record "kill-9 of the holder, then $((AFTER >> 20)) MiB (<= 0.8 L)" "ok" "${c:-error: $(errtail kill-after)}" $ok
 else
-    record "kill-9 of the holder, then 0.8 L" "ok" "holder pid unknown ($HOLDER)" 1
+    record "kill-9 of the holder, then $((AFTER >> 20)) MiB (<= 0.8 L)" "ok" "holder pid unknown ($HOLDER)" 1
 fi
 max=$(sample_stop kill)
 physical kill "$max"
@@ -539,11 +635,42 @@ physical kill "$max"
 fi
 
 if want share; then
-echo "== compute share (${SHARE}%), ${DURATION}s per run"
-"$PY" "$WORK/work.py" "$DURATION" plain "$WORK/solo.t" >/dev/null 2>&1
+echo "== compute share (${SHARE}%), ${DURATION}s per run, ${WORK_N:-8192}^2 fp16 products"
+# While each run goes: the host's nvidia-smi pmon (per-process SM %, the
+# figure the pacer steers by) and the GPU's utilisation and SM clock; the
+# limited runs write the pacer's trace (one line per 100 ms control step and
+# one per measured launch) to $DIAG/trace-share-NAME.<pid>.
+mon_start() {
+    ( exec "$NVSMI" pmon -s u -d 1 >"$DIAG/share-$1.pmon" 2>&1 ) &
+    MON1=$!
+    ( exec "$NVSMI" --query-gpu=timestamp,utilization.gpu,clocks.sm,power.draw --format=csv,noheader -lms 500 \
+          >"$DIAG/share-$1.gpu" 2>&1 ) &
+    MON2=$!
+    BG="$BG $MON1 $MON2"
+}
+mon_stop() { kill "$MON1" "$MON2" 2>/dev/null; wait "$MON1" "$MON2" 2>/dev/null; }
+gpu_util() { # mean utilization.gpu over the samples of a run
+    awk -F, '$2 + 0 == $2 + 0 && $2 ~ /[0-9]/ { s += $2; n++ } END { if (n) printf "%.0f", s / n; else print "?" }' \
+        "$DIAG/share-$1.gpu" 2>/dev/null
+}
+work() { # NAME DURATION MODE [limited SM%]: one run of work.py, monitored
+    local name=$1 dur=$2 mode=$3 sm=${4:-}
+    mon_start "$name"
+    if [ -n "$sm" ]; then
+        limited "$WORK/s-share-$name" CUDA_DEVICE_SM_LIMIT="$sm" TESSERA_LIMITER_TRACE="$DIAG/trace-share-$name" \
+            "$PY" "$WORK/work.py" "$dur" "$mode" "$WORK/$name.t" >"$DIAG/share-$name.out" 2>"$DIAG/share-$name.err"
+    else
+        "$PY" "$WORK/work.py" "$dur" "$mode" "$WORK/$name.t" >"$DIAG/share-$name.out" 2>"$DIAG/share-$name.err"
+    fi
+    mon_stop
+    cp "$WORK/$name.t" "$DIAG/share-$name.t" 2>/dev/null
+}
+work solo "$DURATION" plain
 solo=$(rate "$WORK/solo.t" "$DURATION")
-"$PY" "$WORK/work.py" "$DURATION" graph "$WORK/solog.t" >/dev/null 2>&1
+info "solo: iterations/s; GPU utilisation % (nvidia-smi)" "$solo; $(gpu_util solo)"
+work solog "$DURATION" graph
 solog=$(rate "$WORK/solog.t" "$DURATION")
+info "solo, CUDA graphs: iterations/s; GPU utilisation %" "$solog; $(gpu_util solog)"
 share_check() { # name file solo
     set -- "$1" "$2" "$3" $(series "$2" "$3" "$DURATION")
     within "$4" $((SHARE - 5)) $((SHARE + 5))
@@ -551,16 +678,29 @@ share_check() { # name file solo
     within "$6" 0 0.999
     record "$1: longest stall (s)" "< 1" "$6" $?
 }
-limited "$WORK/s5a" CUDA_DEVICE_SM_LIMIT=$SHARE "$PY" "$WORK/work.py" "$DURATION" plain "$WORK/alone.t" >/dev/null 2>&1
+work alone "$DURATION" plain "$SHARE"
 share_check "share-alone" "$WORK/alone.t" "$solo"
-limited "$WORK/s5g" CUDA_DEVICE_SM_LIMIT=$SHARE "$PY" "$WORK/work.py" "$DURATION" graph "$WORK/graph.t" >/dev/null 2>&1
+work graph "$DURATION" graph "$SHARE"
 share_check "share-cuda-graphs" "$WORK/graph.t" "$solog"
-"$PY" "$WORK/work.py" $((DURATION + 30)) plain "$WORK/neigh.t" >/dev/null 2>&1 &
+# one neighbour (no limiter) for two runs: the pair without a limiter (what
+# time-slicing alone gives), then the limited process
+"$PY" "$WORK/work.py" $((2 * DURATION + 40)) plain "$WORK/neigh.t" >"$DIAG/share-neighbour.out" 2>&1 &
 NEIGH=$!; BG="$BG $NEIGH"
+echo "$NEIGH" >"$DIAG/share-neighbour.pid"
 sleep "${NEIGHBOUR_WARMUP:-5}"
-limited "$WORK/s5b" CUDA_DEVICE_SM_LIMIT=$SHARE "$PY" "$WORK/work.py" "$DURATION" plain "$WORK/shared.t" >/dev/null 2>&1
+work pair "$DURATION" plain
+info "no limiter next to the neighbour: % of solo (time-slicing alone)" "$(series "$WORK/pair.t" "$solo" "$DURATION" | awk '{print $1}') % of solo"
+work shared "$DURATION" plain "$SHARE"
 kill -9 "$NEIGH" 2>/dev/null; wait "$NEIGH" 2>/dev/null
 share_check "share-vs-saturating-neighbour" "$WORK/shared.t" "$solo"
+# run 1's workload (4096^2: the GPU idles between the loop's synchronisations)
+if [ "${WORK_N:-8192}" != 4096 ] && [ -z "${NO_SHARE_4096:-}" ]; then
+    d4=$(( (DURATION + 1) / 2 ))
+    WORK_N=4096 work solo4096 "$d4" plain
+    WORK_N=4096 work alone4096 "$d4" plain "$SHARE"
+    info "4096^2 (run 1's workload), ${SHARE}% alone: % of solo; solo GPU utilisation %" \
+        "$(series "$WORK/alone4096.t" "$(rate "$WORK/solo4096.t" "$d4")" "$d4" | awk '{print $1}'); $(gpu_util solo4096)"
+fi
 
 fi
 

@@ -26,7 +26,8 @@
  * supported), FAKE_NVML_NO_V3=1 (only the _v2 and v1 lists) or =2 (only
  * v1), FAKE_NVML_V3_STRIDE=32 (the _v3 list has 32-byte entries, as in the
  * drivers that added usedGpuCcProtectedMemory), FAKE_NVML_SPARSE=1 (every
- * other utilisation query has no new sample), FAKE_NVML_LAG=1 (utilisation
+ * other utilisation query has no new sample), FAKE_NVML_UTIL_SCALE=f (the
+ * process's own SM % reported f times its busy fraction), FAKE_NVML_LAG=1 (utilisation
  * is reported one query late).
  */
 #define _GNU_SOURCE
@@ -223,7 +224,13 @@ static unsigned own_util(struct fake_nvdev *f)
     } else if (us[o].last_t == 0) {
         us[o].last_t = t;
     }
-    return getenv("FAKE_NVML_LAG") ? us[o].prev : us[o].util;
+    unsigned v = getenv("FAKE_NVML_LAG") ? us[o].prev : us[o].util;
+    const char *sc = getenv("FAKE_NVML_UTIL_SCALE");
+    if (sc && *sc) { /* NVML's per-process SM % as a fraction of busy time (a real GPU's may differ) */
+        double x = v * atof(sc);
+        v = x > 100 ? 100 : (unsigned)(x + 0.5);
+    }
+    return v;
 }
 
 /* The other processes of a GPU, with each one's utilisation since the

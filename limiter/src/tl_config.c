@@ -144,6 +144,16 @@ static int is_debug_value(const char *v)
     return !*v || !strcmp(v, "0") || !strcmp(v, "1");
 }
 
+/* TESSERA_LIMITER_TRACE: a path prefix; each process appends to
+ * "<prefix>.<pid>" (diagnostics, never limits). Empty: off. */
+static int set_trace(tl_config *c, const char *v)
+{
+    if (strlen(v) + 16 >= sizeof(c->trace_path))
+        return -1;
+    snprintf(c->trace_path, sizeof(c->trace_path), "%s", v);
+    return 0;
+}
+
 /* ---- environment ---- */
 
 #define MEM "CUDA_DEVICE_MEMORY_LIMIT"
@@ -248,6 +258,10 @@ int tl_config_parse(tl_config *c, char *const *envp)
             if (!is_debug_value(val))
                 bad(c, "tessera-limiter: invalid %.*s=\"%.200s\": want 0 or 1", (int)nlen, kv, val);
             c->debug = !strcmp(val, "1");
+        } else if (name_is(kv, nlen, "TESSERA_LIMITER_TRACE")) {
+            if (set_trace(c, val) != 0)
+                bad(c, "tessera-limiter: invalid %.*s=\"%.200s\": want a file path prefix (< %d bytes) or empty",
+                    (int)nlen, kv, val, (int)sizeof(c->trace_path));
         } else {
             bad(c, "tessera-limiter: invalid %.*s=\"%.200s\": not a variable of this limiter (bad device index "
                    "or unknown name; devices are _0 to _%d)", (int)nlen, kv, val, TL_MAX_DEVICES - 1);
@@ -282,6 +296,8 @@ int tl_config_parse_file(tl_config *c, const char *text, size_t len, const char 
     for (char *const *e = envp; e && *e; e++)
         if (!strncmp(*e, "TESSERA_LIMITER_DEBUG=", 22))
             c->debug = !strcmp(*e + 22, "1");
+        else if (!strncmp(*e, "TESSERA_LIMITER_TRACE=", 22))
+            (void)set_trace(c, *e + 22); /* diagnostics only: a bad one is ignored */
     int have[TL_MAX_DEVICES] = {0}, seen_version = 0, seen_state = 0, seen_elastic = 0;
     if (len > TL_CONF_MAX_BYTES) {
         bad(c, "tessera-limiter: %s: larger than %d bytes", path, TL_CONF_MAX_BYTES);

@@ -42,6 +42,8 @@ typedef struct tl_config {
     int sm_active;                      /* any SM limit below 100 */
     int elastic;                        /* lend idle capacity (TESSERA_SM_ELASTIC / elastic=1) */
     int debug;                          /* TESSERA_LIMITER_DEBUG=1 */
+    char trace_path[256];               /* TESSERA_LIMITER_TRACE=<prefix>: diagnostics to
+                                         * <prefix>.<pid> (tl_trace); "" = off */
     /* Limits per limiter device index. Environment: the index is the CUDA
      * ordinal. File: the index of device.<i>, matched to CUDA ordinals and
      * NVML handles by UUID. */
@@ -76,7 +78,7 @@ int tl_config_parse(tl_config *c, char *const *envp);
 
 /* Fill `c` from the text of a limits file (len bytes, not necessarily
  * NUL-terminated); `path` names it in messages. envp is read for
- * TESSERA_LIMITER_DEBUG only. Returns c->error. */
+ * TESSERA_LIMITER_DEBUG and TESSERA_LIMITER_TRACE only. Returns c->error. */
 int tl_config_parse_file(tl_config *c, const char *text, size_t len, const char *path, char *const *envp);
 
 /* The file at `path` when it exists (absent: ENOENT or ENOTDIR), else the

@@ -136,6 +136,8 @@ CUresult tl_graph_run(CUgraphExec e, CUstream s, int ptsz, int upload)
     pthread_mutex_lock(&graph_mu);
     if ((tag >> 8) == 0 && graph_prereserve(ld, bytes, &pre) < 0) {
         pthread_mutex_unlock(&graph_mu);
+        tl_trace("graph %s of exec %p (%llu bytes of alloc nodes) refused: over the limit",
+                 upload ? "upload" : "launch", (void *)e, (unsigned long long)bytes);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     CUresult r = call(e, s);
@@ -153,12 +155,14 @@ static CUresult graph_instantiated(CUgraphExec *pe, int ld, uint64_t bytes, int 
 {
     if (r == CUDA_SUCCESS && tl_table_put(TL_K_GEXEC, (uintptr_t)*pe, bytes, upload ? gexec_tag(ld) : ld) != 0) {
         (void)CALL_REAL(cuGraphExecDestroy, *pe);
+        *pe = NULL; /* never hand back a destroyed exec: a caller's cleanup would destroy it twice */
         r = CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (graph_sync(ld, pre) != 0 && r == CUDA_SUCCESS && upload) {
         tl_count_refused(ld);
         tl_table_take(TL_K_GEXEC, (uintptr_t)*pe, NULL, NULL);
         (void)CALL_REAL(cuGraphExecDestroy, *pe);
+        *pe = NULL;
         (void)CALL_REAL(cuDeviceGraphMemTrim, tl_ordinal_of_ld(ld));
         graph_sync(ld, 0);
         r = CUDA_ERROR_OUT_OF_MEMORY;

@@ -180,7 +180,8 @@ typedef unsigned int TL_DEVPTR_V1;
     X(nvmlDeviceGetMPSComputeRunningProcesses_v3, (nvmlDevice_t, unsigned int *, void *)) \
     X(nvmlDeviceGetProcessUtilization, (nvmlDevice_t, TL_NVML_PROC_UTIL_SAMPLE *, unsigned int *, unsigned long long)) \
     X(nvmlDeviceGetProcessesUtilizationInfo, (nvmlDevice_t, TL_NVML_PROCS_UTIL_INFO *)) \
-    X(nvmlDeviceGetRunningProcessDetailList, (nvmlDevice_t, TL_NVML_PROC_DETAIL_LIST *))
+    X(nvmlDeviceGetRunningProcessDetailList, (nvmlDevice_t, TL_NVML_PROC_DETAIL_LIST *)) \
+    X(nvmlInternalGetExportTable, (const void **, const void *))
 
 /* NVML functions the limiter calls but does not intercept. */
 #define NVML_AUX_LIST(X)                                                               \
@@ -262,6 +263,14 @@ void tl_account_prepare(int ld, uint64_t bytes);
  * devices): reconcile with NVML at the next entry. */
 void tl_mark_dirty(int ld);
 void tl_account_after_fork(void);
+
+/* ---- diagnostics (tl_resolve.c) ---- */
+/* One line to the trace file, "<TESSERA_LIMITER_TRACE>.<pid>", prefixed
+ * with the limiter's clock (simulated in the simulation build) and a
+ * wall-clock time; nothing when the variable is unset. One write() per
+ * line (O_APPEND): lines of threads and processes do not interleave. */
+#define TL_TRACING (cfg.trace_path[0] != 0)
+void tl_trace(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* ---- tl_nvml.c ---- */
 int tl_nvml_up(void);

@@ -160,11 +160,15 @@ static void hp_step(int ld)
         __atomic_store_n(&host_pid, (int32_t)r, __ATOMIC_RELEASE);
         if (sh.st && tl_ensure_registered() == 0)
             tl_shared_set_host_pid(&sh, (int32_t)r);
+        tl_trace("host-pid %u (pid %d here) from %s on device %d", r, (int)getpid(), hp[ld].how, ld);
         if (cfg.debug)
             fprintf(stderr, "tessera-limiter: host pid %u (pid %d here), from %s on device %d\n", r, (int)getpid(),
                     hp[ld].how, ld);
         return;
     }
+    if (hp[ld].ncand != had)
+        tl_trace("host-pid device %d: not resolved, %d candidates, %d processes listed", ld,
+                 hp[ld].ncand < 0 ? 0 : hp[ld].ncand, n);
     if (!hp[ld].have_before)
         hp_probed[ld] = 0; /* wait for a new context creation */
     if (cfg.debug && hp[ld].ncand != had)

@@ -97,6 +97,9 @@ typedef struct {
     double last_step;
     unsigned long long last_ts; /* NVML sample timestamps seen */
     unsigned no_sample;
+    /* diagnostics since the last step (TESSERA_LIMITER_TRACE) */
+    unsigned t_launches, t_learned;
+    double t_learned_s, t_held_s;
 } dev_pace;
 
 static dev_pace pace[TL_MAX_DEVICES];
@@ -114,8 +117,16 @@ static void poll_samples(dev_pace *p, double now)
             continue;
         float ms = 0;
         tl_cost_slot *slot = tl_costs_slot(&p->costs, x->kind, x->key, now);
-        if (real_cuEventElapsedTime && real_cuEventElapsedTime(&ms, x->a, x->b) == CUDA_SUCCESS)
+        if (real_cuEventElapsedTime && real_cuEventElapsedTime(&ms, x->a, x->b) == CUDA_SUCCESS) {
+            if (UNLIKELY(TL_TRACING)) {
+                p->t_learned++;
+                p->t_learned_s += ms * 1e-3;
+                tl_trace("sample dev %d %s %#llx units %.0f gpu_ms %.4f est_ms_before %.4f", (int)(p - pace),
+                         x->kind == TL_COST_GRAPH ? "graph" : "kernel", (unsigned long long)x->key, x->units,
+                         (double)ms, 1e3 * tl_costs_estimate(&p->costs, slot, x->units));
+            }
             tl_costs_learn(&p->costs, slot, x->units, ms * 1e-3);
+        }
         slot->pending = 0;
         x->state = S_FREE;
         p->nrecorded--;
@@ -238,6 +249,8 @@ static void pace_begin(launch_tok *t, int kind, uint64_t key, double units, CUst
     }
     held += now - from;
     p->used += est;
+    p->t_launches++;
+    p->t_held_s += held;
     /* sample this launch? (one in flight per kernel or graph) */
     if (waited) /* the lock was let go: the slot may hold another key now */
         slot = tl_costs_slot(&p->costs, kind, key, now);
@@ -296,8 +309,10 @@ static void pace_end(launch_tok *t, CUresult r)
  * included); before that, of the pids registered there and getpid() (right
  * when the container shares the host's pid namespace). Returns -1 if NVML
  * gave no sample for them. */
-static double container_util(nvmlDevice_t d, unsigned long long *last_ts)
+static double container_util(nvmlDevice_t d, unsigned long long *last_ts, char *desc, size_t dn)
 {
+    if (desc && dn)
+        snprintf(desc, dn, "nvml none");
     unsigned n = 0;
     if (!real_nvmlDeviceGetProcessUtilization)
         return -1;
@@ -326,6 +341,22 @@ static double container_util(nvmlDevice_t d, unsigned long long *last_ts)
     double sum = 0;
     int seen = 0;
     unsigned long long newest = *last_ts;
+    if (desc && dn) {
+        /* every sample NVML gave, ours marked '*': pid:sm%:age of the sample (ms) */
+        size_t o = (size_t)snprintf(desc, dn, "nvml r %d n %u since %llu host_pid %d:", (int)r, n, *last_ts,
+                                    (int)self);
+        unsigned long long nowts = 0;
+        for (unsigned i = 0; r == NVML_SUCCESS && i < n; i++)
+            if (s[i].timeStamp > nowts)
+                nowts = s[i].timeStamp;
+        for (unsigned i = 0; r == NVML_SUCCESS && i < n && i < 16 && o < dn; i++) {
+            int mine = 0;
+            for (int k = 0; k < np; k++)
+                mine |= (unsigned)pids[k] == s[i].pid;
+            o += (size_t)snprintf(desc + o, dn - o, " %s%u:%u:%llu", mine ? "*" : "", s[i].pid, s[i].smUtil,
+                                  (nowts - s[i].timeStamp) / 1000);
+        }
+    }
     if (r == NVML_SUCCESS) {
         for (unsigned i = 0; i < n; i++) {
             if (s[i].timeStamp > newest)
@@ -373,9 +404,17 @@ static void pace_period(void)
         dev_pace *p = &pace[ld];
         nvmlDevice_t d = NULL;
         double u = -1, others = 0;
+        char desc[640];
+        int tracing = TL_TRACING;
+        int devutil = -1;
+        desc[0] = 0;
         if (have_nvml && tl_nvml_of_ld(ld, &d) == 0) {
             tl_hp_period(ld);
-            u = container_util(d, &p->last_ts);
+            u = container_util(d, &p->last_ts, tracing ? desc : NULL, sizeof(desc));
+            TL_NVML_UTILIZATION du;
+            if (tracing && real_nvmlDeviceGetUtilizationRates &&
+                real_nvmlDeviceGetUtilizationRates(d, &du) == NVML_SUCCESS)
+                devutil = (int)du.gpu;
             TL_NVML_UTILIZATION ur;
             if (cfg.elastic && real_nvmlDeviceGetUtilizationRates &&
                 real_nvmlDeviceGetUtilizationRates(d, &ur) == NVML_SUCCESS)
@@ -385,6 +424,8 @@ static void pace_period(void)
         double dt = now - p->last_step;
         double used_rate = dt > 0 ? p->used / dt : 0;
         int thr = p->throttled;
+        double rate0 = p->pacer.rate, tokens = p->bucket.tokens;
+        const char *act = "step";
         double target = tl_pacer_effective_target(cfg.sm_limit[ld], others < 0 ? 0 : others, cfg.elastic);
         /* A step compares what was admitted since the last step with the
          * utilisation NVML measured. No launches: nothing to learn, hold
@@ -398,20 +439,37 @@ static void pace_period(void)
             p->throttled = 0;
             p->last_step = now;
         } else if (!have_nvml) {
+            act = "no-nvml";
             p->pacer.rate = target / 100.0; /* events alone: the share itself */
             p->used = 0;
             p->throttled = 0;
             p->last_step = now;
         } else if (!(used_rate > 0) && !thr) {
+            act = "idle";
             p->last_step = now; /* idle */
-        } else if (++p->no_sample == 50) {
+        } else if (act = "wait-sample", ++p->no_sample == 50) {
             fprintf(stderr, "tessera-limiter: device %d: NVML gave no utilisation sample for 5 s while kernels ran; "
                             "pacing on the driver's event timings alone\n", ld);
         }
         if (cfg.debug)
             fprintf(stderr, "tessera-limiter: dev %d util %.1f used %.3f GPU-s/s throttled %d -> rate %.3f\n", ld, u,
                     used_rate, thr, p->pacer.rate);
+        char line[1024];
+        line[0] = 0;
+        if (tracing && (strcmp(act, "idle") || u > 0 || devutil > 0)) {
+            snprintf(line, sizeof(line),
+                     "step dev %d %s target %.1f util %.1f devutil %d used %.4f throttled %d rate %.4f -> %.4f "
+                     "tokens %.4f launches %u held_s %.4f learned %u learned_ms %.4f dflt_kernel_us %.3f "
+                     "dflt_graph_ms %.4f | %s",
+                     ld, act, target, u, devutil, used_rate, thr, rate0, p->pacer.rate, tokens, p->t_launches,
+                     p->t_held_s, p->t_learned, p->t_learned ? 1e3 * p->t_learned_s / p->t_learned : 0.0,
+                     1e6 * p->costs.dflt[TL_COST_KERNEL], 1e3 * p->costs.dflt[TL_COST_GRAPH], desc);
+            p->t_launches = p->t_learned = 0;
+            p->t_learned_s = p->t_held_s = 0;
+        }
         spin_unlock(&p->mu);
+        if (line[0])
+            tl_trace("%s", line);
     }
 }
 

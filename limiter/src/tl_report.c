@@ -172,9 +172,10 @@ static size_t written_stride(const unsigned char *buf, unsigned n)
     return TL_PROCINFO_V2;
 }
 
-static nvmlReturn_t list(nvmlReturn_t (*fn)(nvmlDevice_t, unsigned int *, void *), nvmlDevice_t d,
+static nvmlReturn_t list(const char *name, nvmlReturn_t (*fn)(nvmlDevice_t, unsigned int *, void *), nvmlDevice_t d,
                          unsigned int *count, void *infos, size_t stride)
 {
+    tl_trace("nvml-list %s filtering %d", name, filtering());
     if (!fn)
         return NVML_ERROR_FUNCTION_NOT_FOUND;
     if (!filtering() || !count)
@@ -189,6 +190,7 @@ static nvmlReturn_t list(nvmlReturn_t (*fn)(nvmlDevice_t, unsigned int *, void *
         if (stride == 0)
             stride = written_stride(buf, n);
         unsigned k = keep_ours(buf, n, stride, 0);
+        tl_trace("nvml-list %s: %u of %u entries kept (stride %zu)", name, k, n, stride);
         if (!infos || *count < k) {
             r = k ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
         } else {
@@ -204,7 +206,7 @@ static nvmlReturn_t list(nvmlReturn_t (*fn)(nvmlDevice_t, unsigned int *, void *
     EXPORT nvmlReturn_t name(nvmlDevice_t d, unsigned int *count, void *infos)    \
     {                                                                             \
         ensure_nvml();                                                            \
-        return list(real_##name, d, count, infos, stride);                        \
+        return list(#name, real_##name, d, count, infos, stride);                        \
     }
 LIST_HOOK(nvmlDeviceGetComputeRunningProcesses, TL_PROCINFO_V1)
 LIST_HOOK(nvmlDeviceGetComputeRunningProcesses_v2, TL_PROCINFO_V2)
@@ -292,6 +294,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t d, TL_NVM
     if (r == NVML_SUCCESS) {
         unsigned k = keep_ours((unsigned char *)buf, mine.numProcArrayEntries, sizeof(buf[0]),
                                offsetof(TL_NVML_PROC_DETAIL, pid));
+        tl_trace("nvml-list nvmlDeviceGetRunningProcessDetailList: %u of %u kept", k, mine.numProcArrayEntries);
         if (!l->procArray || l->numProcArrayEntries < k)
             r = k ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
         else

@@ -18,11 +18,15 @@
 #include "tl_compat.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "tl_clock.h"
 #include "tl_internal.h"
 #include "tl_procaddr.h"
 
@@ -52,6 +56,8 @@ static NO_SANITIZE void resolve_real_dlsym(void)
         real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", vers[i]);
 }
 
+static void trace_after_fork(void);
+
 static void after_fork_child(void)
 {
     /* The child owns no GPU memory and no contexts, has no slot yet and no
@@ -66,6 +72,7 @@ static void after_fork_child(void)
     tl_vmm_after_fork();
     tl_pace_after_fork();
     tl_table_reset_after_fork();
+    trace_after_fork();
 }
 
 /* The configuration is read when the library is loaded, before the program
@@ -251,4 +258,81 @@ EXPORT NO_SANITIZE void *dlsym(void *handle, const char *name)
             return w;
     }
     return real_dlsym(handle, name);
+}
+
+/* ------------------------------------------------------------------ */
+/* diagnostics: TESSERA_LIMITER_TRACE                                  */
+
+static int trace_fd = -1;
+static pid_t trace_pid;
+static pthread_mutex_t trace_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void trace_after_fork(void)
+{
+    pthread_mutex_init(&trace_mu, NULL); /* the pid differs: reopened at the next line */
+}
+
+void tl_trace(const char *fmt, ...)
+{
+    if (!TL_TRACING)
+        return;
+    pid_t me = getpid();
+    if (__atomic_load_n(&trace_pid, __ATOMIC_ACQUIRE) != me) {
+        /* first line of this process (or of a forked child): its own file */
+        pthread_mutex_lock(&trace_mu);
+        if (trace_pid != me) {
+            char path[sizeof(cfg.trace_path) + 24];
+            snprintf(path, sizeof(path), "%s.%d", cfg.trace_path, (int)me);
+            if (trace_fd >= 0)
+                close(trace_fd); /* the parent's, inherited across fork */
+            __atomic_store_n(&trace_fd, open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644),
+                             __ATOMIC_RELEASE);
+            __atomic_store_n(&trace_pid, me, __ATOMIC_RELEASE);
+        }
+        pthread_mutex_unlock(&trace_mu);
+    }
+    int fd = __atomic_load_n(&trace_fd, __ATOMIC_ACQUIRE);
+    if (fd < 0)
+        return;
+    char line[2048];
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int n = snprintf(line, sizeof(line), "%.6f %ld.%06ld ", tl_clock_now(), (long)ts.tv_sec, ts.tv_nsec / 1000);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n > 0 && n < (int)sizeof(line))
+        n += vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
+    va_end(ap);
+    if (n >= (int)sizeof(line))
+        n = (int)sizeof(line) - 1;
+    if (n <= 0)
+        return;
+    if (line[n - 1] != '\n')
+        line[n++] = '\n';
+    ssize_t w = write(fd, line, (size_t)n);
+    (void)w;
+}
+
+/* NVML's private function tables (nvidia-smi reads its process lists
+ * through one of them, not through the exported entry points the limiter
+ * filters). Passed through; which tables a program asks for is traced. */
+EXPORT nvmlReturn_t nvmlInternalGetExportTable(const void **table, const void *id)
+{
+    ensure_nvml();
+    if (!real_nvmlInternalGetExportTable)
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    nvmlReturn_t r = real_nvmlInternalGetExportTable(table, id);
+    if (TL_TRACING || cfg.debug) {
+        char hex[40] = "?";
+        if (id)
+            for (int i = 0; i < 16; i++)
+                snprintf(hex + 2 * i, 3, "%02x", ((const unsigned char *)id)[i]);
+        size_t size = r == NVML_SUCCESS && table && *table ? *(const size_t *)*table : 0;
+        tl_trace("nvml-export-table id=%s r=%d size=%zu (process lists read through it are not filtered)", hex,
+                 (int)r, size);
+        if (cfg.debug)
+            fprintf(stderr, "tessera-limiter: nvmlInternalGetExportTable(%s) = %d, table of %zu bytes: not "
+                            "filtered\n", hex, (int)r, size);
+    }
+    return r;
 }

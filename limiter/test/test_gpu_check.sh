@@ -10,7 +10,7 @@ set -u
 LIB=$1
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 T=$(mktemp -d /tmp/tl-gpucheck.XXXXXX)
-trap 'rm -rf "$T"' EXIT
+trap '[ -n "${KEEP_T:-}" ] || rm -rf "$T"' EXIT
 REALPY=$(command -v python3)
 pass() { echo "PASS gpu-check: $1"; }
 fail() { echo "FAIL gpu-check: $1${2:+: $2}"; }
@@ -66,7 +66,18 @@ smifree.py) f=$(( (L - 1024) * 1048576 )); echo "smifree $f $((f + ${STUB_NVML_F
 fill.py) announce; sleep 0.3; echo "filled $((L - 320))" ;;
 vmm.py) announce; sleep 0.3; echo "vmm $((L - 512)) $((L - 512)) 2 2" ;;
 heap.py) announce; sleep 0.3; echo "heap 0 1 ${STUB_HEAP_KERNEL:-none}" ;;
-graph.py) announce; sleep 0.3; echo "graph 1 1" ;;
+graph.py)
+    # STUB_GRAPH_CRASH=before: killed by SIGSEGV before its result line;
+    # =after: after it (a crash at teardown)
+    announce; sleep 0.3
+    [ "${STUB_GRAPH_CRASH:-}" = before ] && kill -SEGV $$
+    echo "phase small: captured and replayed"; echo "graph 1 1"
+    if [ "${STUB_GRAPH_CRASH:-}" = after ]; then echo "Fatal Python error: Segmentation fault" >&2; kill -SEGV $$; fi
+    ;;
+smiprocs.py)
+    me=$(cat "$STUB_WORK/ready-me" 2>/dev/null); nb=""
+    [ -n "${STUB_NVML_UNFILTERED:-}" ] && nb=$(cat "$STUB_WORK/ready-nb" 2>/dev/null)
+    echo "procs nvmlDeviceGetComputeRunningProcesses_v2 $nb $me" ;;
 nccl.py) announce; sleep 0.3; echo "nccl 1048576.0" ;;
 hold.py) announce; echo $$ >"$2"; exec sleep "$3" ;;
 try.py)
@@ -127,6 +138,28 @@ gc leak STUB_USED_MIB=3000 STUB_SMI_UNFILTERED=1 STUB_NVML_FREE_OFF_MIB=64 ONLY=
     pass "a neighbour shown in the container: FAIL" || fail "neighbour shown: $(verdict leak "nvidia-smi in the container")"
 [ "$(verdict leak "NVML free = cuMemGetInfo free")" = FAIL ] &&
     pass "NVML free 64 MiB above cuMemGetInfo's: FAIL" || fail "NVML free off: $(verdict leak "NVML free = cuMemGetInfo free")"
+
+gc leak2 STUB_USED_MIB=3000 STUB_NVML_UNFILTERED=1 ONLY=smi >/dev/null
+[ "$(verdict leak2 "NVML process list (exported")" = FAIL ] && [ "$(verdict leak2 "nvidia-smi in the container")" = PASS ] &&
+    pass "a neighbour in NVML's exported process list: FAIL" || fail "NVML list leak: $(verdict leak2 "NVML process list")"
+[ "$(verdict good "NVML process list (exported")" = PASS ] && pass "NVML's exported process list filtered: PASS" ||
+    fail "NVML list: $(verdict good "NVML process list")" "$(grep -F "NVML process list" "$T/good.out")"
+
+# the kill checks' sizes follow the measured context (the stub's: 300 MiB)
+grep -q "context charge per process.*: 300$" "$T/good.out" && [ "$(verdict good "2nd process 0.6 L")" = PASS ] &&
+    [ "$(verdict good "MiB (L - 0.4 L - 2 contexts")" = PASS ] && pass "kill: sizes from the measured context" ||
+    fail "kill sizes" "$(grep -E "context charge|2nd process" "$T/good.out")"
+
+# a graph check that crashes: no result line, or a crash at teardown
+gc gcrash STUB_USED_MIB=3000 STUB_GRAPH_CRASH=before ONLY=memory >/dev/null
+[ "$(verdict gcrash "graph-default: L/2")" = FAIL ] && [ "$(verdict gcrash "graph-default: the process exits")" = FAIL ] &&
+    grep -q "exits cleanly.*139 (SIGSEGV)" "$T/work.gcrash/results" && pass "graph: crash before the result: both FAIL, SIGSEGV named" ||
+    fail "graph crash before" "$(grep graph- "$T/work.gcrash/results")"
+gc gcrash2 STUB_USED_MIB=3000 STUB_GRAPH_CRASH=after ONLY=memory >/dev/null
+[ "$(verdict gcrash2 "graph-default: L/2")" = PASS ] && [ "$(verdict gcrash2 "graph-default: the process exits")" = FAIL ] &&
+    grep -q "Segmentation fault" "$T/work.gcrash2/results" && [ -s "$T/work.gcrash2/diag/graph-default.err" ] &&
+    pass "graph: crash at teardown: result kept, exit FAIL, stderr kept" ||
+    fail "graph crash after" "$(grep graph- "$T/work.gcrash2/results")"
 
 # 2. physical use over the limit (what nvidia-smi on the host sees) fails
 rc=$(gc over STUB_USED_MIB=4500 ONLY=memory)

@@ -120,6 +120,11 @@ static void test_config_strict(void)
     CHECK(parse(&c, "CUDA_DISABLE_CONTROL=true", "CUDA_DEVICE_MEMORY_LIMIT=1g", NULL) == 0 &&
               strstr(c.notes, "CUDA_DISABLE_CONTROL") && c.mem_limit[0] == 1ull << 30,
           "HAMi's CUDA_DISABLE_CONTROL: noted, limits kept");
+    CHECK(parse(&c, "TESSERA_LIMITER_TRACE=/tmp/tr", "CUDA_DEVICE_SM_LIMIT=30", NULL) == 0 &&
+              !strcmp(c.trace_path, "/tmp/tr") && c.sm_limit[0] == 30,
+          "TESSERA_LIMITER_TRACE: a path prefix, diagnostics only");
+    CHECK(parse(&c, "TESSERA_LIMITER_TRACE=", "CUDA_DEVICE_SM_LIMIT=30", NULL) == 0 && !c.trace_path[0],
+          "TESSERA_LIMITER_TRACE empty: off");
 }
 
 static int file(tl_config *c, const char *text)
@@ -132,13 +137,15 @@ static int file(tl_config *c, const char *text)
 static void test_config_file(void)
 {
     tl_config c;
-    char *env[] = {"CUDA_DEVICE_MEMORY_LIMIT=1t", "CUDA_DEVICE_SM_LIMIT=100", "TESSERA_LIMITER_DEBUG=1", NULL};
+    char *env[] = {"CUDA_DEVICE_MEMORY_LIMIT=1t", "CUDA_DEVICE_SM_LIMIT=100", "TESSERA_LIMITER_DEBUG=1",
+                   "TESSERA_LIMITER_TRACE=/tmp/t", NULL};
     const char *ok = "# agent\nversion=1\nstate=/tessera/state/cache\nelastic=1\ncontext_reserve=64m\n"
                      "device.0.uuid=GPU-6A1F2B3C-0D4E-5F60-7182-93A4B5C6D7E8\ndevice.0.memory=4096m\ndevice.0.sm=30\n"
                      "device.1.uuid=" U1 "\ndevice.1.memory=0m\ndevice.1.sm=100\n";
     CHECK(tl_config_parse_file(&c, ok, strlen(ok), "limiter.conf", env) == 0 && c.from_file && c.ndev == 2 &&
               c.mem_limit[0] == 4096ull << 20 && c.sm_limit[0] == 30 && c.mem_limit[1] == 0 && c.sm_limit[1] == 0 &&
               c.mem_limit[2] == 0 && c.elastic && c.ctx_reserve_set && c.ctx_reserve == 64ull << 20 && c.debug &&
+              !strcmp(c.trace_path, "/tmp/t") &&
               !strcmp(c.state_path, "/tessera/state/cache") && !strcmp(c.uuid[0], U0) && c.uuid_bin[0][0] == 0x6a,
           "limits file: values, UUIDs lower-cased, the environment's limits ignored");
     struct {
