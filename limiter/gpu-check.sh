@@ -649,8 +649,8 @@ mon_start() {
     BG="$BG $MON1 $MON2"
 }
 mon_stop() { kill "$MON1" "$MON2" 2>/dev/null; wait "$MON1" "$MON2" 2>/dev/null; }
-gpu_util() { # mean utilization.gpu over the samples of a run
-    awk -F, '$2 + 0 == $2 + 0 && $2 ~ /[0-9]/ { s += $2; n++ } END { if (n) printf "%.0f", s / n; else print "?" }' \
+gpu_util() { # mean utilization.gpu over a run's samples, leaving out the idle start-up (0 %)
+    awk -F, '$2 ~ /[0-9]/ && $2 + 0 > 0 { s += $2; n++ } END { if (n) printf "%.0f", s / n; else print "?" }' \
         "$DIAG/share-$1.gpu" 2>/dev/null
 }
 work() { # NAME DURATION MODE [limited SM%]: one run of work.py, monitored
