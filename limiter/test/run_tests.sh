@@ -253,8 +253,8 @@ hpcheck hostpid-concurrent-b "$T/hp.b" "usedGpuMemory"
 HPM="TESSERA_LIMITER_DEBUG=1 FAKE_NVML_PID_OFFSET=$OFF FAKE_NVML_NEIGHBOURS=3999000:50:300"
 for c in a b; do
     env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state hpm$c)" LD_PRELOAD="$PRE" $HPM FAKE_GPU_STATE_DIR="$T/procs1m" \
-        FAKE_CTX_RENDEZVOUS=2 CUDA_DEVICE_MEMORY_LIMIT=1g TESSERA_CONTEXT_RESERVE=0 \
-        "$B/client_sym" hostpid 1 $([ $c = a ] && echo $((64 * L)) || echo $((512 * L))) >/dev/null 2>"$T/hp.$c" &
+        FAKE_CTX_RENDEZVOUS=2 CUDA_DEVICE_MEMORY_LIMIT=2g TESSERA_CONTEXT_RESERVE=0 \
+        "$B/client_sym" hostpid 1 $([ $c = a ] && echo $((256 * L)) || echo $((1024 * L))) >/dev/null 2>"$T/hp.$c" &
     eval "P$c=\$!"
 done
 wait $Pa; wait $Pb
