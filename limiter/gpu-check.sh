@@ -393,13 +393,22 @@ if mode == "graph":
     step = g.replay
 for _ in range(3): step()
 torch.cuda.synchronize()
+# WORK_DEPTH steps stay queued: the GPU never waits for Python (run 2: one
+# synchronisation per step kept it ~84 % busy solo, so 30 % of GPU time was
+# 37 % of that solo's throughput). Each step's completion time is when the
+# loop sees its event done (at most a step late).
+depth = max(1, int(os.environ.get("WORK_DEPTH", "3")))
+q = []
 t0 = time.time()
 with open(out, "w") as f:
     while True:
-        step(); torch.cuda.synchronize()
+        step(); e = torch.cuda.Event(); e.record(); q.append(e)
+        if len(q) < depth: continue
+        q.pop(0).synchronize()
         now = time.time()
         f.write("%.4f\n" % (now - t0))
         if now - t0 >= dur: break
+torch.cuda.synchronize()
 EOF
 
 # launch-bound: many tiny kernels
@@ -657,8 +666,12 @@ work() { # NAME DURATION MODE [limited SM%]: one run of work.py, monitored
     local name=$1 dur=$2 mode=$3 sm=${4:-}
     mon_start "$name"
     if [ -n "$sm" ]; then
-        limited "$WORK/s-share-$name" CUDA_DEVICE_SM_LIMIT="$sm" TESSERA_LIMITER_TRACE="$DIAG/trace-share-$name" \
-            "$PY" "$WORK/work.py" "$dur" "$mode" "$WORK/$name.t" >"$DIAG/share-$name.out" 2>"$DIAG/share-$name.err"
+        # env execs python: $! is the pid pmon reports (no pid namespace between)
+        env LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/s-share-$name" CUDA_DEVICE_SM_LIMIT="$sm" \
+            TESSERA_LIMITER_TRACE="$DIAG/trace-share-$name" \
+            "$PY" "$WORK/work.py" "$dur" "$mode" "$WORK/$name.t" >"$DIAG/share-$name.out" 2>"$DIAG/share-$name.err" &
+        WORKPID=$!
+        wait "$WORKPID"
     else
         "$PY" "$WORK/work.py" "$dur" "$mode" "$WORK/$name.t" >"$DIAG/share-$name.out" 2>"$DIAG/share-$name.err"
     fi
@@ -671,7 +684,12 @@ info "solo: iterations/s; GPU utilisation % (nvidia-smi)" "$solo; $(gpu_util sol
 work solog "$DURATION" graph
 solog=$(rate "$WORK/solog.t" "$DURATION")
 info "solo, CUDA graphs: iterations/s; GPU utilisation %" "$solog; $(gpu_util solog)"
-share_check() { # name file solo
+pmon_sm() { # RUN PID -> mean pmon SM % of PID over the run's samples after the first numeric one
+    awk -v pid="$2" '$2 == pid && $4 ~ /^[0-9]+$/ { if (seen++) { s += $4; n++ } }
+        END { if (n) printf "%.1f (%d samples)", s / n, n; else print "no samples" }' "$DIAG/share-$1.pmon" 2>/dev/null
+}
+share_check() { # name file solo [run]
+    [ -n "${4:-}" ] && info "$1: limited process's mean SM % (host nvidia-smi pmon)" "$(pmon_sm "$4" "$WORKPID")"
     set -- "$1" "$2" "$3" $(series "$2" "$3" "$DURATION")
     within "$4" $((SHARE - 5)) $((SHARE + 5))
     record "$1: mean % of solo, 1 s windows (min $5)" "$SHARE+-5" "$4" $?
@@ -679,9 +697,9 @@ share_check() { # name file solo
     record "$1: longest stall (s)" "< 1" "$6" $?
 }
 work alone "$DURATION" plain "$SHARE"
-share_check "share-alone" "$WORK/alone.t" "$solo"
+share_check "share-alone" "$WORK/alone.t" "$solo" alone
 work graph "$DURATION" graph "$SHARE"
-share_check "share-cuda-graphs" "$WORK/graph.t" "$solog"
+share_check "share-cuda-graphs" "$WORK/graph.t" "$solog" graph
 # one neighbour (no limiter) for two runs: the pair without a limiter (what
 # time-slicing alone gives), then the limited process
 "$PY" "$WORK/work.py" $((2 * DURATION + 40)) plain "$WORK/neigh.t" >"$DIAG/share-neighbour.out" 2>&1 &
@@ -692,12 +710,12 @@ work pair "$DURATION" plain
 info "no limiter next to the neighbour: % of solo (time-slicing alone)" "$(series "$WORK/pair.t" "$solo" "$DURATION" | awk '{print $1}') % of solo"
 work shared "$DURATION" plain "$SHARE"
 kill -9 "$NEIGH" 2>/dev/null; wait "$NEIGH" 2>/dev/null
-share_check "share-vs-saturating-neighbour" "$WORK/shared.t" "$solo"
+share_check "share-vs-saturating-neighbour" "$WORK/shared.t" "$solo" shared
 # run 1's workload (4096^2: the GPU idles between the loop's synchronisations)
 if [ "${WORK_N:-8192}" != 4096 ] && [ -z "${NO_SHARE_4096:-}" ]; then
     d4=$(( (DURATION + 1) / 2 ))
-    WORK_N=4096 work solo4096 "$d4" plain
-    WORK_N=4096 work alone4096 "$d4" plain "$SHARE"
+    WORK_N=4096 WORK_DEPTH=1 work solo4096 "$d4" plain
+    WORK_N=4096 WORK_DEPTH=1 work alone4096 "$d4" plain "$SHARE"
     info "4096^2 (run 1's workload), ${SHARE}% alone: % of solo; solo GPU utilisation %" \
         "$(series "$WORK/alone4096.t" "$(rate "$WORK/solo4096.t" "$d4")" "$d4" | awk '{print $1}'); $(gpu_util solo4096)"
 fi

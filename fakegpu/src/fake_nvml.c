@@ -28,7 +28,9 @@
  * drivers that added usedGpuCcProtectedMemory), FAKE_NVML_SPARSE=1 (every
  * other utilisation query has no new sample), FAKE_NVML_UTIL_SCALE=f (the
  * process's own SM % reported f times its busy fraction), FAKE_NVML_LAG=1 (utilisation
- * is reported one query late).
+ * is reported one query late), FAKE_NVML_SLICED=1 (the process's own SM %
+ * reads 99 whenever it had work, as a real GPU time-sliced with a neighbour
+ * reports it: run 2, H200; list the neighbour with FAKE_NVML_NEIGHBOURS).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -230,6 +232,9 @@ static unsigned own_util(struct fake_nvdev *f)
         double x = v * atof(sc);
         v = x > 100 ? 100 : (unsigned)(x + 0.5);
     }
+    const char *sl = getenv("FAKE_NVML_SLICED");
+    if (sl && *sl == '1' && v > 0)
+        v = 99; /* a GPU time-sliced between contexts: ~99 % for whichever one is sampled */
     return v;
 }
 

@@ -255,8 +255,10 @@ void tl_force_charge(int ld, uint64_t bytes)
 
 int tl_track(int kind, uint64_t key, uint64_t bytes, int ld)
 {
-    if (tl_table_put(kind, key, bytes, ld) == 0)
+    if (tl_table_put(kind, key, bytes, ld) == 0) {
+        tl_hp_after_alloc(ld);
         return 0;
+    }
     switch (kind) {
     case TL_K_PTR: CALL_REAL(cuMemFree_v2, (CUdeviceptr)key); break;
     case TL_K_ARRAY: CALL_REAL(cuArrayDestroy, (CUarray)(uintptr_t)key); break;

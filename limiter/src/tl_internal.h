@@ -286,6 +286,7 @@ int tl_hp_ctx_begin(int ordinal);
 void tl_hp_ctx_end(int ordinal, int token, CUresult r);
 /* One step of host pid discovery on ld, from the pacing period. */
 void tl_hp_period(int ld);
+void tl_hp_after_alloc(int ld); /* after a tracked allocation: retry the host pid */
 /* Host pids of the container's processes (own included when known). */
 int tl_container_host_pids(int32_t *out, int n);
 void tl_nvml_after_fork(void);

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tl_clock.h"
 #include "tl_internal.h"
 
 static pthread_once_t up_once = PTHREAD_ONCE_INIT;
@@ -223,6 +224,28 @@ void tl_hp_period(int ld)
     if (!host_pid && hp_probed[ld])
         hp_step(ld);
     pthread_mutex_unlock(&hp_mu);
+}
+
+/* After an allocation: a process with a memory limit but no SM limit has
+ * no pacing step to resolve its host pid later, and at its context's
+ * creation it may be ambiguous (another process created one at the same
+ * moment: run 2's holder next to the neighbour, both ~the context's size,
+ * nothing accounted yet to compare) or not listed yet. Its allocations are
+ * when usedGpuMemory tells it apart: observe again, the first few times
+ * and then at most every 100 ms, until resolved. */
+void tl_hp_after_alloc(int ld)
+{
+    static double last;
+    static unsigned n;
+    if (LIKELY(tl_host_pid() != 0) || ld < 0 || ld >= TL_MAX_DEVICES ||
+        !__atomic_load_n(&hp_probed[ld], __ATOMIC_ACQUIRE))
+        return;
+    double now = tl_clock_coarse();
+    if (__atomic_load_n(&n, __ATOMIC_RELAXED) >= 8 && now - last < 0.1)
+        return;
+    __atomic_add_fetch(&n, 1, __ATOMIC_RELAXED);
+    last = now;
+    tl_hp_period(ld);
 }
 
 int tl_container_host_pids(int32_t *out, int n)

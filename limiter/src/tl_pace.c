@@ -50,6 +50,11 @@
  * so their estimates can be many times their GPU time; NVML's low
  * utilisation then lifts the rate until the gate no longer binds. */
 #define TL_RATE_MAX 16.0
+/* Processes outside the container count as present for this long after
+ * their last busy sample (NVML often returns one process per query), and
+ * the per-process figures must add up to the device's within this slack. */
+#define CONTENDED_S 1.0
+#define CONTENDED_SLACK 10.0
 
 enum { S_FREE = 0, S_RESERVED, S_RECORDED };
 
@@ -97,6 +102,8 @@ typedef struct {
     double last_step;
     unsigned long long last_ts; /* NVML sample timestamps seen */
     unsigned no_sample;
+    double others_util; /* SM % of processes outside the container, latest */
+    double others_at;   /* when they last had a busy sample (s), 0 = never */
     /* diagnostics since the last step (TESSERA_LIMITER_TRACE) */
     unsigned t_launches, t_learned;
     double t_learned_s, t_held_s;
@@ -309,8 +316,9 @@ static void pace_end(launch_tok *t, CUresult r)
  * included); before that, of the pids registered there and getpid() (right
  * when the container shares the host's pid namespace). Returns -1 if NVML
  * gave no sample for them. */
-static double container_util(nvmlDevice_t d, unsigned long long *last_ts, char *desc, size_t dn)
+static double container_util(nvmlDevice_t d, unsigned long long *last_ts, double *others, char *desc, size_t dn)
 {
+    *others = -1;
     if (desc && dn)
         snprintf(desc, dn, "nvml none");
     unsigned n = 0;
@@ -341,6 +349,11 @@ static double container_util(nvmlDevice_t d, unsigned long long *last_ts, char *
     double sum = 0;
     int seen = 0;
     unsigned long long newest = *last_ts;
+    /* the processes outside the container: each one's latest busy sample */
+    uint32_t opid[16];
+    unsigned long long ots[16];
+    unsigned outil[16];
+    int no = 0;
     if (desc && dn) {
         /* every sample NVML gave, ours marked '*': pid:sm%:age of the sample (ms) */
         size_t o = (size_t)snprintf(desc, dn, "nvml r %d n %u since %llu host_pid %d:", (int)r, n, *last_ts,
@@ -370,7 +383,26 @@ static double container_util(nvmlDevice_t d, unsigned long long *last_ts, char *
                     have[k] = 1;
                     break;
                 }
+            int mine = 0;
+            for (int k = 0; k < np; k++)
+                mine |= (unsigned)pids[k] == s[i].pid;
+            if (mine || !s[i].smUtil)
+                continue;
+            int j = 0;
+            while (j < no && opid[j] != s[i].pid)
+                j++;
+            if (j == no && no < 16) {
+                opid[no] = s[i].pid;
+                ots[no] = 0;
+                no++;
+            }
+            if (j < no && s[i].timeStamp >= ots[j]) {
+                ots[j] = s[i].timeStamp;
+                outil[j] = s[i].smUtil;
+            }
         }
+        for (int j = 0; j < no; j++)
+            *others = (*others < 0 ? 0 : *others) + outil[j];
         for (int k = 0; k < np; k++)
             if (have[k]) {
                 sum += best_util[k];
@@ -406,15 +438,27 @@ static void pace_period(void)
         double u = -1, others = 0;
         char desc[640];
         int tracing = TL_TRACING;
-        int devutil = -1;
+        int devutil = -1, contended = 0;
         desc[0] = 0;
         if (have_nvml && tl_nvml_of_ld(ld, &d) == 0) {
             tl_hp_period(ld);
-            u = container_util(d, &p->last_ts, tracing ? desc : NULL, sizeof(desc));
+            double ou;
+            u = container_util(d, &p->last_ts, &ou, tracing ? desc : NULL, sizeof(desc));
+            if (ou > 0) {
+                p->others_util = ou;
+                p->others_at = now;
+            }
             TL_NVML_UTILIZATION du;
-            if (tracing && real_nvmlDeviceGetUtilizationRates &&
+            int recent = p->others_at > 0 && now - p->others_at < CONTENDED_S;
+            if ((tracing || (u > 0 && recent)) && real_nvmlDeviceGetUtilizationRates &&
                 real_nvmlDeviceGetUtilizationRates(d, &du) == NVML_SUCCESS)
                 devutil = (int)du.gpu;
+            /* Per-process SM % is a share of GPU time only if the processes'
+             * figures add up to the device's. On a GPU time-sliced between
+             * contexts NVML reports ~99 % for whichever process it samples
+             * (run 2, H200): ours and a neighbour's together far above the
+             * device's 100 %. Then NVML cannot say we had too much. */
+            contended = u > 0 && recent && u + p->others_util > (devutil >= 0 ? devutil : 100) + CONTENDED_SLACK;
             TL_NVML_UTILIZATION ur;
             if (cfg.elastic && real_nvmlDeviceGetUtilizationRates &&
                 real_nvmlDeviceGetUtilizationRates(d, &ur) == NVML_SUCCESS)
@@ -434,6 +478,14 @@ static void pace_period(void)
          * must not read as 0 % or the rate would run away. */
         if ((used_rate > 0 || thr) && u >= 0) {
             tl_pacer_step(&p->pacer, target, u, used_rate, thr);
+            if (contended) {
+                /* NVML's word may still lift the rate (estimates too high:
+                 * tiny kernels), never take it below the share: there the
+                 * event timings alone pace, as without NVML. */
+                act = "step-contended";
+                if (p->pacer.rate < target / 100.0)
+                    p->pacer.rate = target / 100.0;
+            }
             p->no_sample = 0;
             p->used = 0;
             p->throttled = 0;
@@ -458,10 +510,11 @@ static void pace_period(void)
         line[0] = 0;
         if (tracing && (strcmp(act, "idle") || u > 0 || devutil > 0)) {
             snprintf(line, sizeof(line),
-                     "step dev %d %s target %.1f util %.1f devutil %d used %.4f throttled %d rate %.4f -> %.4f "
+                     "step dev %d %s target %.1f util %.1f devutil %d others %.0f used %.4f throttled %d rate %.4f -> %.4f "
                      "tokens %.4f launches %u held_s %.4f learned %u learned_ms %.4f dflt_kernel_us %.3f "
                      "dflt_graph_ms %.4f | %s",
-                     ld, act, target, u, devutil, used_rate, thr, rate0, p->pacer.rate, tokens, p->t_launches,
+                     ld, act, target, u, devutil, p->others_at > 0 && now - p->others_at < CONTENDED_S ? p->others_util : 0.0,
+                     used_rate, thr, rate0, p->pacer.rate, tokens, p->t_launches,
                      p->t_held_s, p->t_learned, p->t_learned ? 1e3 * p->t_learned_s / p->t_learned : 0.0,
                      1e6 * p->costs.dflt[TL_COST_KERNEL], 1e3 * p->costs.dflt[TL_COST_GRAPH], desc);
             p->t_launches = p->t_learned = 0;

@@ -192,6 +192,13 @@ done
 run pacesim-mixed-60 sim CUDA_DEVICE_SM_LIMIT=60 "$B/client_sym" pacesim mixed 60 20
 # next to a saturating neighbour (time-slicing): 30 % of solo throughput
 run pacesim-neighbour sim CUDA_DEVICE_SM_LIMIT=30 FAKE_GPU_NEIGHBOUR=1 "$B/client_sym" pacesim mixed 30 20
+# a time-sliced GPU as NVML reports it (run 2, H200): ~99 % for ours and
+# for the neighbour alike, whatever the GPU time; NVML's word must not
+# throttle below the share (before: the rate fell to its floor, ~0 %)
+run pacesim-sliced-nvml sim CUDA_DEVICE_SM_LIMIT=30 FAKE_NVML_SLICED=1 FAKE_NVML_NEIGHBOURS=3999000:99 \
+    "$B/client_sym" pacesim mixed 30 20
+run pacesim-sliced-nvml-grids sim CUDA_DEVICE_SM_LIMIT=30 FAKE_NVML_SLICED=1 FAKE_NVML_NEIGHBOURS=3999000:99 \
+    "$B/client_sym" pacesim grids 30 20
 # NVML with a new sample only every other period, reported one sample late
 run pacesim-sparse-late sim CUDA_DEVICE_SM_LIMIT=30 FAKE_NVML_SPARSE=1 FAKE_NVML_LAG=1 "$B/client_sym" \
     pacesim graphs-then-grids 30 20
@@ -240,6 +247,19 @@ wait $Pa; wait $Pb
 grep -q "not resolved yet (2 candidates)" "$T/hp.a"; check "hostpid-concurrent: ambiguous at first" $?
 hpcheck hostpid-concurrent-a "$T/hp.a" "usedGpuMemory"
 hpcheck hostpid-concurrent-b "$T/hp.b" "usedGpuMemory"
+# the same with a memory limit only (no pacing step to retry later; run 2's
+# holder next to the neighbour): resolved once an allocation tells them
+# apart, so the NVML process-list filter keeps the container's own process
+HPM="TESSERA_LIMITER_DEBUG=1 FAKE_NVML_PID_OFFSET=$OFF FAKE_NVML_NEIGHBOURS=3999000:50:300"
+for c in a b; do
+    env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state hpm$c)" LD_PRELOAD="$PRE" $HPM FAKE_GPU_STATE_DIR="$T/procs1m" \
+        FAKE_CTX_RENDEZVOUS=2 CUDA_DEVICE_MEMORY_LIMIT=2g TESSERA_CONTEXT_RESERVE=0 \
+        "$B/client_sym" hostpid 1 $([ $c = a ] && echo $((256 * L)) || echo $((1024 * L))) >/dev/null 2>"$T/hp.$c" &
+    eval "P$c=\$!"
+done
+wait $Pa; wait $Pb
+hpcheck hostpid-memory-only-concurrent-a "$T/hp.a" "usedGpuMemory"
+hpcheck hostpid-memory-only-concurrent-b "$T/hp.b" "usedGpuMemory"
 # the same with nothing to compare (no memory limit): resolved by
 # intersecting the candidates over time once the other process has gone
 env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state hpi)" LD_PRELOAD="$PRE" $HP FAKE_GPU_STATE_DIR="$T/procs2" \

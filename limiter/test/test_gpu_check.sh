@@ -26,6 +26,15 @@ case "$*" in
 *--query-gpu=name*) echo "Stub GPU" ;;
 *--query-gpu=driver_version*) echo "535.0" ;;
 *--query-gpu=memory.free*) echo 12000 ;;
+*pmon*)
+    # the work.py processes (their pids in work.pids) at STUB_PMON_SM % each
+    echo "# gpu         pid   type     sm    mem"
+    while :; do
+        while read -r p; do
+            kill -0 "$p" 2>/dev/null && echo "    0       $p     C     ${STUB_PMON_SM:-30}      7   -   python3"
+        done <"$STUB_WORK/work.pids" 2>/dev/null
+        sleep 0.1
+    done ;;
 *--query-compute-apps*)
     # run in the nvidia-smi check's container (its state file s5), the
     # limiter lists only that container's holder, unless told to leak
@@ -87,9 +96,11 @@ work.py)
     # synthetic completion times (4 iterations each): 100 it/s solo, the
     # share when limited, a stall if asked
     dur=$1; out=$3
+    echo $$ >>"$STUB_WORK/work.pids"
     share=${CUDA_DEVICE_SM_LIMIT:+${STUB_SHARE:-30}}; share=${share:-100}
     awk -v dur="$dur" -v r="$share" -v stall="${STUB_STALL:-0}" -v lim="${CUDA_DEVICE_SM_LIMIT:-}" 'BEGIN {
-        t = 0; while (t < dur) { t += 4 / r; if (stall && lim != "" && t > dur * 0.7 && t < dur * 0.7 + 1.5) t = dur * 0.7 + 1.5; printf "%.4f\n", t } }' >"$out" ;;
+        t = 0; while (t < dur) { t += 4 / r; if (stall && lim != "" && t > dur * 0.7 && t < dur * 0.7 + 1.5) t = dur * 0.7 + 1.5; printf "%.4f\n", t } }' >"$out"
+    sleep 0.5 ;;
 launch.py)
     echo "$script SM=${CUDA_DEVICE_SM_LIMIT:-none}" >>"$STUB_WORK/launch.log"
     echo 100000 ;;
@@ -175,3 +186,7 @@ gc off STUB_USED_MIB=3000 STUB_SHARE=50 ONLY=share >/dev/null
 [ "$(verdict off "share-alone: mean")" = FAIL ] && pass "50 % for a 30 % share: FAIL" || fail "share off target: $(verdict off "share-alone: mean")"
 gc stall STUB_USED_MIB=3000 STUB_STALL=1 ONLY=share >/dev/null
 [ "$(verdict stall "share-alone: longest stall")" = FAIL ] && pass "a 1.5 s stall: FAIL" || fail "stall: $(verdict stall "share-alone: longest stall")"
+# the limited process's SM % from the host's pmon is reported (INFO)
+grep -q "share-alone: limited process's mean SM % (host nvidia-smi pmon): 30.0 (" "$T/good.out" &&
+    pass "share-alone: the limited process's pmon SM % reported" ||
+    fail "pmon SM % not reported" "$(grep -F "pmon" "$T/good.out")"
