@@ -35,6 +35,15 @@ case "$*" in
         done <"$STUB_WORK/work.pids" 2>/dev/null
         sleep 0.1
     done ;;
+*utilization.gpu*)
+    # the GPU's utilisation: what the running work.py stub wrote (its
+    # share, 100 solo), 0 between runs; the SM clock boosts below 50 %
+    while :; do
+        u=$(cat "$STUB_WORK/util" 2>/dev/null); u=${u:-0}
+        if [ "$u" -lt 50 ]; then c=1980; else c=1430; fi
+        echo "2026/01/01 00:00:00.000, $u %, $c MHz, 300.00 W"
+        sleep 0.05
+    done ;;
 *--query-compute-apps*)
     # run in the nvidia-smi check's container (its state file s5), the
     # limiter lists only that container's holder, unless told to leak
@@ -100,7 +109,9 @@ work.py)
     share=${CUDA_DEVICE_SM_LIMIT:+${STUB_SHARE:-30}}; share=${share:-100}
     awk -v dur="$dur" -v r="$share" -v stall="${STUB_STALL:-0}" -v lim="${CUDA_DEVICE_SM_LIMIT:-}" 'BEGIN {
         t = 0; while (t < dur) { t += 4 / r; if (stall && lim != "" && t > dur * 0.7 && t < dur * 0.7 + 1.5) t = dur * 0.7 + 1.5; printf "%.4f\n", t } }' >"$out"
-    sleep 0.5 ;;
+    echo "$share" >"$STUB_WORK/util"
+    sleep 0.5
+    rm -f "$STUB_WORK/util" ;;
 launch.py)
     echo "$script SM=${CUDA_DEVICE_SM_LIMIT:-none}" >>"$STUB_WORK/launch.log"
     echo 100000 ;;
@@ -128,7 +139,7 @@ for c in "nccl two-process" "two-gpus different limits" "heap backed by an in-ke
     [ "$(verdict good "$c")" = "NOT RUN" ] && pass "'$c' NOT RUN on one GPU" || fail "'$c' is $(verdict good "$c"), want NOT RUN"
 done
 for c in "mem-info total" "fill-default physical" "fill-backend:cudaMallocAsync allocated" "vmm physical" \
-         "kill-9 of the holder" "share-alone: mean" "share-vs-saturating-neighbour: longest stall" "launch-bound slowdown"; do
+         "kill-9 of the holder" "share-alone: GPU utilisation" "share-vs-saturating-neighbour: mean" "share-vs-saturating-neighbour: longest stall" "launch-bound slowdown"; do
     [ "$(verdict good "$c")" = PASS ] && pass "'$c' passes" || fail "'$c' is $(verdict good "$c")" "$(grep -F "$c" "$T/good.out")"
 done
 grep -q "passed, 0 failed, 3 not run" "$T/good.out" && pass "summary counts NOT RUN apart" || fail "summary" "$(tail -1 "$T/good.out")"
@@ -183,7 +194,12 @@ rc=$(gc full STUB_USED_MIB=3000 STUB_NGPU=2 STUB_NCCL=1 STUB_HEAP_KERNEL=ran ONL
 
 # 4. a share off target, and a stall, fail
 gc off STUB_USED_MIB=3000 STUB_SHARE=50 ONLY=share >/dev/null
-[ "$(verdict off "share-alone: mean")" = FAIL ] && pass "50 % for a 30 % share: FAIL" || fail "share off target: $(verdict off "share-alone: mean")"
+[ "$(verdict off "share-alone: GPU utilisation")" = FAIL ] && [ "$(verdict off "share-vs-saturating-neighbour: mean")" = FAIL ] &&
+    pass "50 % for a 30 % share (GPU time alone, throughput next to the neighbour): FAIL" ||
+    fail "share off target: $(verdict off "share-alone: GPU utilisation") $(verdict off "share-vs-saturating-neighbour: mean")"
+# alone, throughput against solo is reported with the clocks, not judged
+grep -q "share-alone: mean % of solo throughput, 1 s windows (min [0-9.]*); SM clock MHz, limited vs solo.*1980 vs 1430" "$T/good.out" &&
+    pass "share-alone: throughput and clocks reported" || fail "share-alone throughput INFO" "$(grep -F "share-alone: mean" "$T/good.out")"
 gc stall STUB_USED_MIB=3000 STUB_STALL=1 ONLY=share >/dev/null
 [ "$(verdict stall "share-alone: longest stall")" = FAIL ] && pass "a 1.5 s stall: FAIL" || fail "stall: $(verdict stall "share-alone: longest stall")"
 # the limited process's SM % from the host's pmon is reported (INFO)
