@@ -50,10 +50,10 @@ func inMountNamespace(t *testing.T) bool {
 		return true
 	}
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: the kubelet's device manager serves the fixed /var/lib/kubelet/device-plugins, mounted over in a private mount namespace")
+		t.Fatal("needs root (CI runs as root): the kubelet's device manager serves the fixed /var/lib/kubelet/device-plugins, mounted over in a private mount namespace")
 	}
 	if _, err := exec.LookPath("unshare"); err != nil {
-		t.Skip("needs unshare (util-linux) for a private mount namespace")
+		t.Fatal("needs unshare (util-linux) for a private mount namespace")
 	}
 	exe, err := os.Executable()
 	if err != nil {
