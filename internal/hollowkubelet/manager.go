@@ -27,6 +27,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
 	internalapi "k8s.io/cri-api/pkg/apis"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 	"k8s.io/kubernetes/pkg/kubelet/apis/podresources"
@@ -70,16 +71,66 @@ func (g *ContainerManager) Start(ctx context.Context, node *v1.Node, activePods 
 	if err := g.StartDRA(ctx, activePods, getNode, sources); err != nil {
 		return err
 	}
-	return g.StartDeviceManager(klog.FromContext(ctx), activePods, sources)
+	containers, running := RuntimeContainers(ctx, rs)
+	return g.startDeviceManager(klog.FromContext(ctx), activePods, sources, containers, running)
 }
 
 // StartDeviceManager starts the device manager alone: it serves
 // kubelet.sock, takes plugin registrations and reads its checkpoint.
 // activePods are the pods it keeps devices for; while sources are not all
 // ready (a restarted kubelet) it also keeps checkpointed devices of pods
-// it has not seen.
+// it has not seen. It knows of no running container (a bare device
+// manager has no runtime; Start gives it the runtime's).
 func (g *ContainerManager) StartDeviceManager(logger klog.Logger, activePods cm.ActivePodsFunc, sources config.SourcesReady) error {
-	return g.dm.Start(logger, devicemanager.ActivePodsFunc(activePods), sources, containermap.NewContainerMap(), sets.New[string]())
+	return g.startDeviceManager(logger, activePods, sources, containermap.NewContainerMap(), sets.New[string]())
+}
+
+func (g *ContainerManager) startDeviceManager(logger klog.Logger, activePods cm.ActivePodsFunc, sources config.SourcesReady, containers containermap.ContainerMap, running sets.Set[string]) error {
+	return g.dm.Start(logger, devicemanager.ActivePodsFunc(activePods), sources, containers, running)
+}
+
+// RuntimeContainers is what the kubelet's container manager reads from the
+// runtime when it starts (pkg/kubelet/cm's unexported
+// buildContainerMapAndRunningSetFromRuntime, which the stub container
+// manager skips): every container by pod UID and name, and the IDs of
+// those running. The device manager needs them after a kubelet restart:
+// while the config sources are not all ready it admits a pod whose
+// container the runtime reports running without asking for devices, as
+// that container already has them. Without them a restarted kubelet
+// whose device plugin has not registered again yet rejects the pods that
+// ran on through the restart ("no healthy devices present",
+// UnexpectedAdmissionError) and kills their containers.
+func RuntimeContainers(ctx context.Context, rs internalapi.RuntimeService) (containermap.ContainerMap, sets.Set[string]) {
+	containers, running := containermap.NewContainerMap(), sets.New[string]()
+	if rs == nil {
+		return containers, running
+	}
+	logger := klog.FromContext(ctx)
+	sandboxes, err := rs.ListPodSandbox(ctx, nil)
+	if err != nil {
+		logger.Error(err, "Listing the runtime's pod sandboxes for the device manager")
+	}
+	podOf := map[string]string{}
+	for _, sb := range sandboxes {
+		if sb.Metadata != nil {
+			podOf[sb.Id] = sb.Metadata.Uid
+		}
+	}
+	list, err := rs.ListContainers(ctx, nil)
+	if err != nil {
+		logger.Error(err, "Listing the runtime's containers for the device manager")
+	}
+	for _, c := range list {
+		uid, ok := podOf[c.PodSandboxId]
+		if !ok || c.Metadata == nil {
+			continue
+		}
+		containers.Add(uid, c.Metadata.Name, c.Id)
+		if c.State == runtimeapi.ContainerState_CONTAINER_RUNNING {
+			running.Insert(c.Id)
+		}
+	}
+	return containers, running
 }
 
 // StopDeviceManager stops the device manager (a kubelet going down).

@@ -396,13 +396,17 @@ func ServeRegistered(ctx context.Context, logger klog.Logger, dir, endpoint stri
 		}()
 	}
 	for ctx.Err() == nil {
-		id, srv, err := serveAndRegister(ctx, kubeletSock, sock, endpoint, register, serve)
+		id, srv, err := serveAndRegister(ctx, kubeletSock, sock, endpoint, events, register, serve)
 		if err != nil {
 			logger.Error(err, "Device plugin registration failed; retrying")
+			wait := min(interval, 200*time.Millisecond)
+			if errors.Is(err, errSocketGone) {
+				wait = 20 * time.Millisecond // the kubelet is up; serve again at once
+			}
 			select {
 			case <-ctx.Done():
 			case <-events:
-			case <-time.After(min(interval, 200*time.Millisecond)):
+			case <-time.After(wait):
 			}
 			continue
 		}
@@ -411,7 +415,14 @@ func ServeRegistered(ctx context.Context, logger klog.Logger, dir, endpoint stri
 	}
 }
 
-func serveAndRegister(ctx context.Context, kubeletSock, sock, endpoint string, register func(context.Context, string) error, serve func(*grpc.Server)) (string, *grpc.Server, error) {
+// errSocketGone: the plugin socket was removed while registering.
+var errSocketGone = errors.New("plugin socket removed while registering")
+
+// registerPoll is how often serveAndRegister checks, besides on every
+// watch event, that its socket is still there while it registers.
+const registerPoll = 100 * time.Millisecond
+
+func serveAndRegister(ctx context.Context, kubeletSock, sock, endpoint string, events <-chan struct{}, register func(context.Context, string) error, serve func(*grpc.Server)) (string, *grpc.Server, error) {
 	id, err := inode(kubeletSock)
 	if err != nil {
 		return "", nil, fmt.Errorf("kubelet socket %s: %w", kubeletSock, err)
@@ -423,10 +434,51 @@ func serveAndRegister(ctx context.Context, kubeletSock, sock, endpoint string, r
 	if err != nil {
 		return "", nil, err
 	}
+	own, err := inode(sock)
+	if err != nil {
+		lis.Close()
+		return "", nil, err
+	}
 	srv := grpc.NewServer()
 	serve(srv)
 	go func() { _ = srv.Serve(lis) }()
-	if err := register(ctx, kubeletSock); err != nil {
+	// A kubelet that is starting removes every socket of the directory
+	// before it serves kubelet.sock. If that removal lands between our
+	// Listen and its Listen, our registration reaches the new kubelet
+	// with an endpoint that is gone: the kubelet's device manager then
+	// dials it until the Register call ends, which Register bounds at
+	// 10 s, and pods it admits meanwhile meet no healthy device. So the
+	// call is given up as soon as our socket is gone, and the loop serves
+	// a fresh one at once.
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	watching := make(chan struct{})
+	go func() {
+		defer close(watching)
+		t := time.NewTicker(registerPoll)
+		defer t.Stop()
+		for {
+			if cur, err := inode(sock); err != nil || cur != own {
+				cancel()
+				return
+			}
+			select {
+			case <-rctx.Done():
+				return
+			case <-events:
+			case <-t.C:
+			}
+		}
+	}()
+	err = register(rctx, kubeletSock)
+	cancel()
+	<-watching
+	if cur, serr := inode(sock); serr != nil || cur != own {
+		// Registered or not, the kubelet cannot reach what it was told.
+		srv.Stop()
+		return "", nil, fmt.Errorf("%w (%s; the registration: %v)", errSocketGone, sock, err)
+	}
+	if err != nil {
 		srv.Stop()
 		return "", nil, err
 	}

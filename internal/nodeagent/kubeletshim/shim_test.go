@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -250,4 +251,71 @@ func TestShimRegistersAgainWhenDropped(t *testing.T) {
 	start := time.Now()
 	waitFor(t, "registration after the kubelet dropped the plugin", dropGrace+5*time.Second, func() bool { return kubelet.count() == 2 })
 	t.Logf("registered again %v after the kubelet dropped the stream", time.Since(start).Round(time.Millisecond))
+}
+
+// dialingKubelet answers Register as the kubelet's device manager does:
+// it dials the plugin's endpoint, retrying, for as long as the call lasts
+// (the kubelet's blocking gRPC dial), and answers once connected. The
+// first call finds the endpoint removed first, as when the shim served
+// its socket just before a starting kubelet cleaned the directory.
+type dialingKubelet struct {
+	pluginapi.UnimplementedRegistrationServer
+	dir       string
+	calls     atomic.Int32
+	connected atomic.Int32
+}
+
+func (k *dialingKubelet) Register(ctx context.Context, r *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
+	sock := filepath.Join(k.dir, r.Endpoint)
+	if k.calls.Add(1) == 1 {
+		_ = os.Remove(sock)
+	}
+	for {
+		if c, err := net.Dial("unix", sock); err == nil {
+			c.Close()
+			k.connected.Add(1)
+			return &pluginapi.Empty{}, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// TestShimRegistersAgainWhenItsSocketGoesMidRegistration: a starting
+// kubelet that removes the shim's socket while the shim registers would
+// dial the missing endpoint until Register's 10 s timeout, leaving the
+// node without GPUs for the pods it admits meanwhile; the shim gives the
+// call up as soon as its socket is gone and registers a fresh one.
+func TestShimRegistersAgainWhenItsSocketGoesMidRegistration(t *testing.T) {
+	dir := t.TempDir()
+	agentSock := filepath.Join(t.TempDir(), "agent.sock")
+	agent := startAgent(t, agentSock)
+	defer agent.Stop()
+	lis, err := net.Listen("unix", filepath.Join(dir, "kubelet.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubelet := &dialingKubelet{dir: dir}
+	srv := grpc.NewServer()
+	pluginapi.RegisterRegistrationServer(srv, kubelet)
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	s, err := New(Options{Resource: "nvidia.com/gpu", PluginDir: dir, Endpoint: "shim.sock", AgentSocket: agentSock,
+		AgentWait: 2 * time.Second, CheckInterval: time.Hour}, ktesting.NewLogger(t, ktesting.NewConfig()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	start := time.Now()
+	go func() { defer close(done); _ = s.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, "the kubelet connected to the shim's socket", 3*time.Second, func() bool { return kubelet.connected.Load() == 1 })
+	t.Logf("registered %v after the first attempt's socket was removed (%d Register calls)", time.Since(start).Round(time.Millisecond), kubelet.calls.Load())
+	if _, err := os.Stat(filepath.Join(dir, "shim.sock")); err != nil {
+		t.Errorf("the shim's socket: %v", err)
+	}
 }
