@@ -167,9 +167,8 @@ static void hp_step(int ld)
                     hp[ld].how, ld);
         return;
     }
-    if (hp[ld].ncand != had)
-        tl_trace("host-pid device %d: not resolved, %d candidates, %d processes listed", ld,
-                 hp[ld].ncand < 0 ? 0 : hp[ld].ncand, n);
+    if (hp[ld].ncand != had) /* not how many processes the GPU has: the NVML hooks hide that */
+        tl_trace("host-pid device %d: not resolved, %d candidates", ld, hp[ld].ncand < 0 ? 0 : hp[ld].ncand);
     if (!hp[ld].have_before)
         hp_probed[ld] = 0; /* wait for a new context creation */
     if (cfg.debug && hp[ld].ncand != had)

@@ -357,10 +357,22 @@ static void pace_end(launch_tok *t, CUresult r)
  * those of the host pids the container's processes published (ours
  * included); before that, of the pids registered there and getpid() (right
  * when the container shares the host's pid namespace). Returns -1 if NVML
- * gave no sample for them. */
-static double container_util(nvmlDevice_t d, unsigned long long *last_ts, double *others, char *desc, size_t dn)
+ * gave no sample for them.
+ *
+ * *others: the summed SM % of the processes outside the container (each
+ * one's latest busy sample), -1 if none; only once our host pid is known:
+ * before, our own samples carry a pid we cannot recognise and would count
+ * as a neighbour's. *devfallback: set when the figure returned is the whole
+ * device's utilisation (host pid unknown, no pid matched).
+ *
+ * desc (the trace, a file the tenant can read): the container's own
+ * samples and the others' summed SM % only, never a neighbour's pid, SM %
+ * or how many there are: the limiter's NVML hooks hide exactly that. */
+static double container_util(nvmlDevice_t d, unsigned long long *last_ts, double *others, int *devfallback,
+                             char *desc, size_t dn)
 {
     *others = -1;
+    *devfallback = 0;
     if (desc && dn)
         snprintf(desc, dn, "nvml none");
     unsigned n = 0;
@@ -391,27 +403,13 @@ static double container_util(nvmlDevice_t d, unsigned long long *last_ts, double
     double sum = 0;
     int seen = 0;
     unsigned long long newest = *last_ts;
-    /* the processes outside the container: each one's latest busy sample */
+    /* the processes not recognised as the container's: each one's latest
+     * busy sample */
     uint32_t opid[16];
     unsigned long long ots[16];
     unsigned outil[16];
     int no = 0;
-    if (desc && dn) {
-        /* every sample NVML gave, ours marked '*': pid:sm%:age of the sample (ms) */
-        size_t o = (size_t)snprintf(desc, dn, "nvml r %d n %u since %llu host_pid %d:", (int)r, n, *last_ts,
-                                    (int)self);
-        unsigned long long nowts = 0;
-        for (unsigned i = 0; r == NVML_SUCCESS && i < n; i++)
-            if (s[i].timeStamp > nowts)
-                nowts = s[i].timeStamp;
-        for (unsigned i = 0; r == NVML_SUCCESS && i < n && i < 16 && o < dn; i++) {
-            int mine = 0;
-            for (int k = 0; k < np; k++)
-                mine |= (unsigned)pids[k] == s[i].pid;
-            o += (size_t)snprintf(desc + o, dn - o, " %s%u:%u:%llu", mine ? "*" : "", s[i].pid, s[i].smUtil,
-                                  (nowts - s[i].timeStamp) / 1000);
-        }
-    }
+    double osum = -1;
     if (r == NVML_SUCCESS) {
         for (unsigned i = 0; i < n; i++) {
             if (s[i].timeStamp > newest)
@@ -444,12 +442,28 @@ static double container_util(nvmlDevice_t d, unsigned long long *last_ts, double
             }
         }
         for (int j = 0; j < no; j++)
-            *others = (*others < 0 ? 0 : *others) + outil[j];
+            osum = (osum < 0 ? 0 : osum) + outil[j];
+        if (self)
+            *others = osum;
         for (int k = 0; k < np; k++)
             if (have[k]) {
                 sum += best_util[k];
                 seen++;
             }
+    }
+    if (desc && dn) {
+        /* the container's samples: pid:sm%:age of the sample (ms) */
+        size_t o = (size_t)snprintf(desc, dn, "nvml r %d since %llu host_pid %d:", (int)r, *last_ts, (int)self);
+        unsigned long long nowts = 0;
+        for (unsigned i = 0; r == NVML_SUCCESS && i < n; i++)
+            if (s[i].timeStamp > nowts)
+                nowts = s[i].timeStamp;
+        for (int k = 0; k < np && o < dn; k++)
+            if (have[k])
+                o += (size_t)snprintf(desc + o, dn - o, " %d:%u:%llu", (int)pids[k], best_util[k],
+                                      (nowts - best_ts[k]) / 1000);
+        if (o < dn)
+            snprintf(desc + o, dn - o, " others-sm-sum %.0f", osum < 0 ? 0.0 : osum);
     }
     free(s);
     *last_ts = newest;
@@ -460,8 +474,10 @@ static double container_util(nvmlDevice_t d, unsigned long long *last_ts, double
      * GPU, conservative (less than its share) next to busy neighbours. */
     TL_NVML_UTILIZATION ur;
     if (r == NVML_SUCCESS && n > 0 && real_nvmlDeviceGetUtilizationRates &&
-        real_nvmlDeviceGetUtilizationRates(d, &ur) == NVML_SUCCESS)
+        real_nvmlDeviceGetUtilizationRates(d, &ur) == NVML_SUCCESS) {
+        *devfallback = 1;
         return ur.gpu;
+    }
     return -1;
 }
 
@@ -480,12 +496,12 @@ static void pace_period(void)
         double u = -1, others = 0;
         char desc[640];
         int tracing = TL_TRACING;
-        int devutil = -1, contended = 0;
+        int devutil = -1, contended = 0, devfallback = 0;
         desc[0] = 0;
         if (have_nvml && tl_nvml_of_ld(ld, &d) == 0) {
             tl_hp_period(ld);
             double ou;
-            u = container_util(d, &p->last_ts, &ou, tracing ? desc : NULL, sizeof(desc));
+            u = container_util(d, &p->last_ts, &ou, &devfallback, tracing ? desc : NULL, sizeof(desc));
             if (ou > 0) {
                 p->others_util = ou;
                 p->others_at = now;
@@ -499,8 +515,11 @@ static void pace_period(void)
              * figures add up to the device's. On a GPU time-sliced between
              * contexts NVML reports ~99 % for whichever process it samples
              * (run 2, H200): ours and a neighbour's together far above the
-             * device's 100 %. Then NVML cannot say we had too much. */
-            contended = u > 0 && recent && u + p->others_util > (devutil >= 0 ? devutil : 100) + CONTENDED_SLACK;
+             * device's 100 %. Then NVML cannot say we had too much. The
+             * rule needs our own figure: not the device's (our host pid
+             * unknown), which already holds any neighbour's time. */
+            contended = u > 0 && !devfallback && recent &&
+                        u + p->others_util > (devutil >= 0 ? devutil : 100) + CONTENDED_SLACK;
             TL_NVML_UTILIZATION ur;
             if (cfg.elastic && real_nvmlDeviceGetUtilizationRates &&
                 real_nvmlDeviceGetUtilizationRates(d, &ur) == NVML_SUCCESS)
