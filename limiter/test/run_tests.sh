@@ -266,6 +266,10 @@ grep -q "step dev 0" "$T"/tr/hpc.* && grep -q "not resolved" "$T"/tr/hpc.* && gr
 check "trace-written" $? "$(ls "$T/tr")"
 leak=$(grep -hE '3999000|[0-9]+ of [0-9]+|processes listed' "$T"/tr/* | head -n 3)
 check "trace-holds-no-neighbour" "$([ -z "$leak" ]; echo $?)" "$leak"
+# the trace across fork (the child's own descriptors untouched, its own
+# file) and a symbolic link planted at the trace path (not followed)
+run trace-fork env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state trf)" LD_PRELOAD="$PRE" \
+    TESSERA_LIMITER_TRACE="$T/tr/fork" "$B/client_sym" tracefork "$T/tr/victim"
 # the same with a memory limit only (no pacing step to retry later; run 2's
 # holder next to the neighbour): resolved once an allocation tells them
 # apart, so the NVML process-list filter keeps the container's own process
