@@ -273,16 +273,21 @@ run trace-fork env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state trf)" LD_PRELOAD="$P
 # the same with a memory limit only (no pacing step to retry later; run 2's
 # holder next to the neighbour): resolved once an allocation tells them
 # apart, so the NVML process-list filter keeps the container's own process
+# (also when the memory comes from cuMemCreate or a stream-ordered pool)
 HPM="TESSERA_LIMITER_DEBUG=1 FAKE_NVML_PID_OFFSET=$OFF FAKE_NVML_NEIGHBOURS=3999000:50:300"
-for c in a b; do
-    env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state hpm$c)" LD_PRELOAD="$PRE" $HPM FAKE_GPU_STATE_DIR="$T/procs1m" \
-        FAKE_CTX_RENDEZVOUS=2 CUDA_DEVICE_MEMORY_LIMIT=2g TESSERA_CONTEXT_RESERVE=0 \
-        "$B/client_sym" hostpid 1 $([ $c = a ] && echo $((256 * L)) || echo $((1024 * L))) >/dev/null 2>"$T/hp.$c" &
-    eval "P$c=\$!"
+for via in cuMemAlloc_v2 cuMemCreate cuMemAllocAsync; do
+    for c in a b; do
+        env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state hpm$via$c)" LD_PRELOAD="$PRE" $HPM HOSTPID_ALLOC=$via \
+            FAKE_GPU_STATE_DIR="$T/procs1m$via" FAKE_CTX_RENDEZVOUS=2 CUDA_DEVICE_MEMORY_LIMIT=2g \
+            TESSERA_CONTEXT_RESERVE=0 "$B/client_sym" hostpid 1 $([ $c = a ] && echo $((256 * L)) || echo $((1024 * L))) \
+            >/dev/null 2>"$T/hp.$c" &
+        eval "P$c=\$!"
+    done
+    wait $Pa; wait $Pb
+    sfx=$([ $via = cuMemAlloc_v2 ] || echo "-$via")
+    hpcheck "hostpid-memory-only-concurrent$sfx-a" "$T/hp.a" "usedGpuMemory"
+    hpcheck "hostpid-memory-only-concurrent$sfx-b" "$T/hp.b" "usedGpuMemory"
 done
-wait $Pa; wait $Pb
-hpcheck hostpid-memory-only-concurrent-a "$T/hp.a" "usedGpuMemory"
-hpcheck hostpid-memory-only-concurrent-b "$T/hp.b" "usedGpuMemory"
 # the same with nothing to compare (no memory limit): resolved by
 # intersecting the candidates over time once the other process has gone
 env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state hpi)" LD_PRELOAD="$PRE" $HP FAKE_GPU_STATE_DIR="$T/procs2" \
