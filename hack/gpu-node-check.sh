@@ -17,6 +17,7 @@ set -u
 cd "$(dirname "$0")/.."
 if [ -z "${BIN:-}" ]; then
     BIN=$(mktemp -d)
+    trap 'rm -rf "$BIN"' EXIT # ours: removed at the end
     go test -tags gpu -c -o "$BIN/discovery.test" ./internal/nodeagent/discovery/ &&
         go test -tags gpu -c -o "$BIN/mps.test" ./internal/nodeagent/mps/ || exit 1
 fi

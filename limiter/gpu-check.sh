@@ -658,8 +658,12 @@ mon_start() {
     BG="$BG $MON1 $MON2"
 }
 mon_stop() { kill "$MON1" "$MON2" 2>/dev/null; wait "$MON1" "$MON2" 2>/dev/null; }
-gpu_util() { # mean utilization.gpu over a run's samples, leaving out the idle start-up (0 %)
-    awk -F, '$2 ~ /[0-9]/ && $2 + 0 > 0 { s += $2; n++ } END { if (n) printf "%.0f", s / n; else print "?" }' \
+gpu_util() { # mean utilization.gpu over a run's samples from its first busy one to its last: the idle
+    # start-up and teardown (0 %) left out, never an idle sample in between (a limiter alternating
+    # 30 % and 0 % gives 15 %, not 30)
+    awk -F, '$2 ~ /[0-9]/ { v[n++] = $2 + 0 }
+        END { a = 0; while (a < n && v[a] == 0) a++; b = n - 1; while (b >= a && v[b] == 0) b--
+              if (b < a) { print "?"; exit } for (i = a; i <= b; i++) s += v[i]; printf "%.0f", s / (b - a + 1) }' \
         "$DIAG/share-$1.gpu" 2>/dev/null
 }
 work() { # NAME DURATION MODE [limited SM%]: one run of work.py, monitored
@@ -693,7 +697,8 @@ gpu_clock() { # mean clocks.sm (MHz) over a run's busy samples
         "$DIAG/share-$1.gpu" 2>/dev/null
 }
 # share_check NAME FILE SOLO RUN CRITERION: CRITERION "time" judges the
-# share by the GPU's own utilisation (host nvidia-smi, busy samples) and
+# share by the GPU's own utilisation (host nvidia-smi, from the first busy
+# sample to the last: idle start-up and teardown left out) and
 # reports throughput as INFO: alone on the GPU, a 30 % duty cycle leaves
 # the GPU below its power limit, so its clocks boost above the solo run's
 # (run 3 on an H200: 1,980 against 1,432 MHz) and each kernel runs faster;
@@ -707,7 +712,7 @@ share_check() {
     if [ "$crit" = time ]; then
         u=$(gpu_util "$run")
         within "${u:-x}" $((SHARE - 5)) $((SHARE + 5))
-        record "$name: GPU utilisation % (host nvidia-smi, busy samples)" "$SHARE+-5" "$u" $?
+        record "$name: GPU utilisation % (host nvidia-smi, first to last busy sample)" "$SHARE+-5" "$u" $?
         info "$name: mean % of solo throughput, 1 s windows (min $5); SM clock MHz, limited vs solo" \
             "$4; $(gpu_clock "$run") vs $(gpu_clock solo)"
     else

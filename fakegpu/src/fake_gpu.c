@@ -400,7 +400,8 @@ FAKE_EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b)
     double now = fake_now();
     if (x->t > now || y->t > now)
         return CUDA_ERROR_NOT_READY;
-    *ms = (float)((y->t - x->t) * 1e3);
+    const char *sc = getenv("FAKE_EVENT_SCALE"); /* timings that miss part of the work (README) */
+    *ms = (float)((y->t - x->t) * 1e3 * (sc && *sc ? atof(sc) : 1.0));
     return CUDA_SUCCESS;
 }
 

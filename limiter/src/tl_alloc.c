@@ -401,6 +401,8 @@ static CUresult async_alloc(CUdeviceptr *dptr, size_t n, CUmemoryPool p, CUstrea
     if (r == CUDA_SUCCESS)
         tl_table_put_aux(TL_K_APTR, *dptr, n, ld, (uint64_t)(uintptr_t)e->p);
     pthread_mutex_unlock(&pool_mu);
+    if (r == CUDA_SUCCESS)
+        tl_hp_after_alloc(ld); /* as tl_track: a memory-only process's host pid (outside pool_mu) */
     return r;
 }
 

@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <unistd.h>
 
 int tl_parse_size(const char *s, uint64_t *out)
@@ -144,14 +145,53 @@ static int is_debug_value(const char *v)
     return !*v || !strcmp(v, "0") || !strcmp(v, "1");
 }
 
-/* TESSERA_LIMITER_TRACE: a path prefix; each process appends to
- * "<prefix>.<pid>" (diagnostics, never limits). Empty: off. */
-static int set_trace(tl_config *c, const char *v)
+static void note(tl_config *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void note(tl_config *c, const char *fmt, ...)
 {
-    if (strlen(v) + 16 >= sizeof(c->trace_path))
-        return -1;
+    size_t used = strlen(c->notes);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->notes + used, sizeof(c->notes) - used, fmt, ap);
+    va_end(ap);
+}
+
+/* TESSERA_LIMITER_TRACE: a path prefix; each process appends to
+ * "<prefix>.<pid>" (diagnostics, never limits). Empty: off. Too long: off
+ * as well (a diagnostics variable never changes enforcement); said on
+ * stderr with TESSERA_LIMITER_DEBUG=1 (trace_finish). */
+static void set_trace(tl_config *c, const char *v, int *too_long)
+{
+    if (strlen(v) + 16 >= sizeof(c->trace_path)) {
+        c->trace_path[0] = 0;
+        *too_long = 1;
+        return;
+    }
     snprintf(c->trace_path, sizeof(c->trace_path), "%s", v);
-    return 0;
+    *too_long = 0;
+}
+
+static void trace_finish(tl_config *c, int too_long)
+{
+    if (too_long && c->debug)
+        note(c, "tessera-limiter: TESSERA_LIMITER_TRACE longer than %d bytes; ignored (no trace)\n",
+             (int)sizeof(c->trace_path) - 17);
+}
+
+/* The diagnostics variables (TESSERA_LIMITER_DEBUG, TESSERA_LIMITER_TRACE)
+ * are not taken from the environment of a program run with more privilege
+ * than its caller (setuid, setgid, file capabilities: AT_SECURE): the trace
+ * file would be created or appended to, as root, at a path the caller
+ * chose. */
+static int is_diag(const char *kv)
+{
+    return !strncmp(kv, "TESSERA_LIMITER_DEBUG=", 22) || !strncmp(kv, "TESSERA_LIMITER_TRACE=", 22);
+}
+
+static void secure_note(tl_config *c, int ignored)
+{
+    if (ignored)
+        note(c, "tessera-limiter: TESSERA_LIMITER_DEBUG/TESSERA_LIMITER_TRACE ignored in a setuid, setgid or "
+                "file-capability program\n");
 }
 
 /* ---- environment ---- */
@@ -185,9 +225,10 @@ static int index_suffix(const char *kv, size_t nlen, const char *prefix)
     return (int)v;
 }
 
-int tl_config_parse(tl_config *c, char *const *envp)
+static int parse_env(tl_config *c, char *const *envp, int secure)
 {
     reset(c);
+    int trace_too_long = 0, diag_ignored = 0;
     uint64_t mem_all = 0, mem_dev[TL_MAX_DEVICES] = {0};
     uint32_t sm_all = 0, sm_dev[TL_MAX_DEVICES] = {0};
     int have_mem_dev[TL_MAX_DEVICES] = {0}, have_sm_dev[TL_MAX_DEVICES] = {0};
@@ -210,6 +251,10 @@ int tl_config_parse(tl_config *c, char *const *envp)
             }
         if (!owned)
             continue;
+        if (secure && is_diag(kv)) {
+            diag_ignored = 1;
+            continue;
+        }
         /* a second definition of the same name (execve allows it): which one
          * a program sees is unclear, so neither is trusted */
         for (char *const *f = envp; f != e; f++)
@@ -259,9 +304,7 @@ int tl_config_parse(tl_config *c, char *const *envp)
                 bad(c, "tessera-limiter: invalid %.*s=\"%.200s\": want 0 or 1", (int)nlen, kv, val);
             c->debug = !strcmp(val, "1");
         } else if (name_is(kv, nlen, "TESSERA_LIMITER_TRACE")) {
-            if (set_trace(c, val) != 0)
-                bad(c, "tessera-limiter: invalid %.*s=\"%.200s\": want a file path prefix (< %d bytes) or empty",
-                    (int)nlen, kv, val, (int)sizeof(c->trace_path));
+            set_trace(c, val, &trace_too_long);
         } else {
             bad(c, "tessera-limiter: invalid %.*s=\"%.200s\": not a variable of this limiter (bad device index "
                    "or unknown name; devices are _0 to _%d)", (int)nlen, kv, val, TL_MAX_DEVICES - 1);
@@ -271,8 +314,15 @@ int tl_config_parse(tl_config *c, char *const *envp)
         c->mem_limit[i] = have_mem_dev[i] ? mem_dev[i] : mem_all;
         c->sm_limit[i] = have_sm_dev[i] ? sm_dev[i] : sm_all;
     }
+    trace_finish(c, trace_too_long);
+    secure_note(c, diag_ignored);
     finish(c);
     return c->error;
+}
+
+int tl_config_parse(tl_config *c, char *const *envp)
+{
+    return parse_env(c, envp, 0);
 }
 
 /* ---- limits file ---- */
@@ -289,15 +339,20 @@ static int parse_mib(const char *v, size_t len, uint64_t *bytes)
 
 enum { F_UUID = 1, F_MEM = 2, F_SM = 4 };
 
-int tl_config_parse_file(tl_config *c, const char *text, size_t len, const char *path, char *const *envp)
+static int parse_file(tl_config *c, const char *text, size_t len, const char *path, char *const *envp, int secure)
 {
     reset(c);
     c->from_file = 1;
+    int trace_too_long = 0, diag_ignored = 0;
     for (char *const *e = envp; e && *e; e++)
-        if (!strncmp(*e, "TESSERA_LIMITER_DEBUG=", 22))
+        if (secure && is_diag(*e))
+            diag_ignored = 1;
+        else if (!strncmp(*e, "TESSERA_LIMITER_DEBUG=", 22))
             c->debug = !strcmp(*e + 22, "1");
         else if (!strncmp(*e, "TESSERA_LIMITER_TRACE=", 22))
-            (void)set_trace(c, *e + 22); /* diagnostics only: a bad one is ignored */
+            set_trace(c, *e + 22, &trace_too_long); /* diagnostics only: a bad one is ignored */
+    trace_finish(c, trace_too_long);
+    secure_note(c, diag_ignored);
     int have[TL_MAX_DEVICES] = {0}, seen_version = 0, seen_state = 0, seen_elastic = 0;
     if (len > TL_CONF_MAX_BYTES) {
         bad(c, "tessera-limiter: %s: larger than %d bytes", path, TL_CONF_MAX_BYTES);
@@ -431,11 +486,21 @@ int tl_config_parse_file(tl_config *c, const char *text, size_t len, const char 
     return c->error;
 }
 
+int tl_config_parse_file(tl_config *c, const char *text, size_t len, const char *path, char *const *envp)
+{
+    return parse_file(c, text, len, path, envp, 0);
+}
+
 int tl_config_load(tl_config *c, const char *path, char *const *envp)
+{
+    return tl_config_load_as(c, path, envp, getauxval(AT_SECURE) != 0);
+}
+
+int tl_config_load_as(tl_config *c, const char *path, char *const *envp, int secure)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
     if (fd < 0 && (errno == ENOENT || errno == ENOTDIR))
-        return tl_config_parse(c, envp);
+        return parse_env(c, envp, secure);
     if (fd < 0) {
         int e = errno;
         reset(c);
@@ -464,5 +529,5 @@ int tl_config_load(tl_config *c, const char *path, char *const *envp)
         bad(c, "tessera-limiter: cannot read %s: %s", path, strerror(err));
         return c->error;
     }
-    return tl_config_parse_file(c, buf, n, path, envp);
+    return parse_file(c, buf, n, path, envp, secure);
 }

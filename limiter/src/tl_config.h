@@ -82,7 +82,13 @@ int tl_config_parse(tl_config *c, char *const *envp);
 int tl_config_parse_file(tl_config *c, const char *text, size_t len, const char *path, char *const *envp);
 
 /* The file at `path` when it exists (absent: ENOENT or ENOTDIR), else the
- * environment. Returns c->error. */
+ * environment. Returns c->error. In a program run with more privilege than
+ * its caller (getauxval(AT_SECURE): setuid, setgid, file capabilities) the
+ * diagnostics variables TESSERA_LIMITER_DEBUG and TESSERA_LIMITER_TRACE are
+ * ignored (a note says so). */
 int tl_config_load(tl_config *c, const char *path, char *const *envp);
+/* The same with AT_SECURE given: `secure` nonzero ignores the diagnostics
+ * variables. */
+int tl_config_load_as(tl_config *c, const char *path, char *const *envp, int secure);
 
 #endif

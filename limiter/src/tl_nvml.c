@@ -115,10 +115,17 @@ static void hp_reset(void)
     nspid_read = 0;
 }
 
+/* tl_hp_after_alloc's pace: retries so far and when the last was (ns of
+ * the coarse clock), read and written by any allocating thread */
+static unsigned hp_alloc_n;
+static int64_t hp_alloc_last_ns;
+
 void tl_nvml_after_fork(void)
 {
     pthread_mutex_init(&hp_mu, NULL);
     hp_reset(); /* the child has another host pid and no context */
+    __atomic_store_n(&hp_alloc_n, 0, __ATOMIC_RELAXED); /* its own first few retries */
+    __atomic_store_n(&hp_alloc_last_ns, 0, __ATOMIC_RELAXED);
 }
 
 static void read_nspid(void)
@@ -167,9 +174,8 @@ static void hp_step(int ld)
                     hp[ld].how, ld);
         return;
     }
-    if (hp[ld].ncand != had)
-        tl_trace("host-pid device %d: not resolved, %d candidates, %d processes listed", ld,
-                 hp[ld].ncand < 0 ? 0 : hp[ld].ncand, n);
+    if (hp[ld].ncand != had) /* not how many processes the GPU has: the NVML hooks hide that */
+        tl_trace("host-pid device %d: not resolved, %d candidates", ld, hp[ld].ncand < 0 ? 0 : hp[ld].ncand);
     if (!hp[ld].have_before)
         hp_probed[ld] = 0; /* wait for a new context creation */
     if (cfg.debug && hp[ld].ncand != had)
@@ -235,16 +241,15 @@ void tl_hp_period(int ld)
  * and then at most every 100 ms, until resolved. */
 void tl_hp_after_alloc(int ld)
 {
-    static double last;
-    static unsigned n;
     if (LIKELY(tl_host_pid() != 0) || ld < 0 || ld >= TL_MAX_DEVICES ||
         !__atomic_load_n(&hp_probed[ld], __ATOMIC_ACQUIRE))
         return;
-    double now = tl_clock_coarse();
-    if (__atomic_load_n(&n, __ATOMIC_RELAXED) >= 8 && now - last < 0.1)
+    int64_t now = (int64_t)(tl_clock_coarse() * 1e9);
+    if (__atomic_load_n(&hp_alloc_n, __ATOMIC_RELAXED) >= 8 &&
+        now - __atomic_load_n(&hp_alloc_last_ns, __ATOMIC_RELAXED) < 100000000)
         return;
-    __atomic_add_fetch(&n, 1, __ATOMIC_RELAXED);
-    last = now;
+    __atomic_add_fetch(&hp_alloc_n, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&hp_alloc_last_ns, now, __ATOMIC_RELAXED);
     tl_hp_period(ld);
 }
 

@@ -26,8 +26,9 @@
  * the bucket) is added to the shared state's throttled_ns[ld], which the
  * node agent exports as tessera_container_throttled_seconds_total.
  *
- * pace[ld].mu (a spin lock) is never held across a launch, an event record
- * or a sleep.
+ * pace[ld].mu (a spin lock) is never held across a launch, an event record,
+ * a sleep or any I/O (stderr, the trace file): what is printed is copied
+ * into locals under the lock and written after it is let go.
  */
 #include "tl_compat.h"
 
@@ -115,8 +116,33 @@ static pthread_mutex_t pace_start_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* ---- measuring: events around sampled launches ---- */
 
-/* With p->mu held: learn from the samples that completed. */
-static void poll_samples(dev_pace *p, double now)
+/* What a learned sample is traced as (TESSERA_LIMITER_TRACE): figures
+ * copied under p->mu, written after it is let go (a trace write is a
+ * mutex, an open() and a write() on a path the tenant chose). */
+typedef struct {
+    int n;
+    struct {
+        int kind;
+        uint64_t key;
+        double units, gpu_ms, est_ms;
+    } r[NSAMPLE];
+} sample_trace;
+
+static void trace_samples(int ld, sample_trace *t)
+{
+    for (int i = 0; t && i < t->n; i++)
+        tl_trace("sample dev %d %s %#llx units %.0f gpu_ms %.4f est_ms_before %.4f", ld,
+                 t->r[i].kind == TL_COST_GRAPH ? "graph" : "kernel", (unsigned long long)t->r[i].key, t->r[i].units,
+                 t->r[i].gpu_ms, t->r[i].est_ms);
+    if (t)
+        t->n = 0;
+}
+
+/* With p->mu held: learn from the samples that completed. What is to be
+ * traced goes to *t (NULL: not tracing), for trace_samples() once the lock
+ * is let go; a sample that does not fit (more than NSAMPLE between two
+ * flushes) is left out of the trace. */
+static void poll_samples(dev_pace *p, double now, sample_trace *t)
 {
     for (int i = 0; p->nrecorded && i < NSAMPLE; i++) {
         sample *x = &p->s[i];
@@ -125,12 +151,17 @@ static void poll_samples(dev_pace *p, double now)
         float ms = 0;
         tl_cost_slot *slot = tl_costs_slot(&p->costs, x->kind, x->key, now);
         if (real_cuEventElapsedTime && real_cuEventElapsedTime(&ms, x->a, x->b) == CUDA_SUCCESS) {
-            if (UNLIKELY(TL_TRACING)) {
+            if (UNLIKELY(t != NULL)) {
                 p->t_learned++;
                 p->t_learned_s += ms * 1e-3;
-                tl_trace("sample dev %d %s %#llx units %.0f gpu_ms %.4f est_ms_before %.4f", (int)(p - pace),
-                         x->kind == TL_COST_GRAPH ? "graph" : "kernel", (unsigned long long)x->key, x->units,
-                         (double)ms, 1e3 * tl_costs_estimate(&p->costs, slot, x->units));
+                if (t->n < NSAMPLE) {
+                    t->r[t->n].kind = x->kind;
+                    t->r[t->n].key = x->key;
+                    t->r[t->n].units = x->units;
+                    t->r[t->n].gpu_ms = (double)ms;
+                    t->r[t->n].est_ms = 1e3 * tl_costs_estimate(&p->costs, slot, x->units);
+                    t->n++;
+                }
             }
             tl_costs_learn(&p->costs, slot, x->units, ms * 1e-3);
         }
@@ -212,6 +243,11 @@ static void pace_begin(launch_tok *t, int kind, uint64_t key, double units, CUst
             spin_unlock(&p->mu);
         }
     }
+    sample_trace tr_, *tr = NULL; /* learned samples to trace, after the lock */
+    if (UNLIKELY(TL_TRACING)) {
+        tr = &tr_;
+        tr->n = 0;
+    }
     spin_lock(&p->mu);
     /* the clock is read when the bucket may need the time to refill, and
      * every 64 launches (sampling, least recently used slots): a launch with
@@ -219,7 +255,7 @@ static void pace_begin(launch_tok *t, int kind, uint64_t key, double units, CUst
     double now = p->now;
     if (p->bucket.tokens <= 0 || p->nrecorded || (++p->launches & 63) == 0)
         now = p->now = tl_clock_coarse();
-    poll_samples(p, now);
+    poll_samples(p, now, tr);
     tl_cost_slot *slot = tl_costs_slot(&p->costs, kind, key, now);
     double held = 0; /* how long this launch is held back (shared-state counter) */
     if (!slot->measured && slot->pending) {
@@ -227,11 +263,13 @@ static void pace_begin(launch_tok *t, int kind, uint64_t key, double units, CUst
         double until = now + FIRST_SAMPLE_WAIT_S, from = now;
         while (now < until && !slot_measured(p, kind, key, now)) {
             spin_unlock(&p->mu);
+            if (UNLIKELY(tr != NULL))
+                trace_samples(ld, tr);
             tl_clock_sleep(0.001);
             now = tl_clock_coarse();
             spin_lock(&p->mu);
             p->now = now;
-            poll_samples(p, now);
+            poll_samples(p, now, tr);
         }
         slot = tl_costs_slot(&p->costs, kind, key, now);
         held += now - from;
@@ -249,6 +287,8 @@ static void pace_begin(launch_tok *t, int kind, uint64_t key, double units, CUst
             break;
         }
         spin_unlock(&p->mu);
+        if (UNLIKELY(tr != NULL))
+            trace_samples(ld, tr);
         tl_clock_sleep(w < 0.01 ? w : 0.01);
         now = tl_clock_coarse();
         spin_lock(&p->mu);
@@ -274,6 +314,8 @@ static void pace_begin(launch_tok *t, int kind, uint64_t key, double units, CUst
             break;
         }
     spin_unlock(&p->mu);
+    if (UNLIKELY(tr != NULL))
+        trace_samples(ld, tr);
     if (held > 0)
         tl_shared_add_throttled(&sh, ld, (uint64_t)(held * 1e9));
     t->ld = ld;
@@ -315,10 +357,22 @@ static void pace_end(launch_tok *t, CUresult r)
  * those of the host pids the container's processes published (ours
  * included); before that, of the pids registered there and getpid() (right
  * when the container shares the host's pid namespace). Returns -1 if NVML
- * gave no sample for them. */
-static double container_util(nvmlDevice_t d, unsigned long long *last_ts, double *others, char *desc, size_t dn)
+ * gave no sample for them.
+ *
+ * *others: the summed SM % of the processes outside the container (each
+ * one's latest busy sample), -1 if none; only once our host pid is known:
+ * before, our own samples carry a pid we cannot recognise and would count
+ * as a neighbour's. *devfallback: set when the figure returned is the whole
+ * device's utilisation (host pid unknown, no pid matched).
+ *
+ * desc (the trace, a file the tenant can read): the container's own
+ * samples and the others' summed SM % only, never a neighbour's pid, SM %
+ * or how many there are: the limiter's NVML hooks hide exactly that. */
+static double container_util(nvmlDevice_t d, unsigned long long *last_ts, double *others, int *devfallback,
+                             char *desc, size_t dn)
 {
     *others = -1;
+    *devfallback = 0;
     if (desc && dn)
         snprintf(desc, dn, "nvml none");
     unsigned n = 0;
@@ -349,27 +403,13 @@ static double container_util(nvmlDevice_t d, unsigned long long *last_ts, double
     double sum = 0;
     int seen = 0;
     unsigned long long newest = *last_ts;
-    /* the processes outside the container: each one's latest busy sample */
+    /* the processes not recognised as the container's: each one's latest
+     * busy sample */
     uint32_t opid[16];
     unsigned long long ots[16];
     unsigned outil[16];
     int no = 0;
-    if (desc && dn) {
-        /* every sample NVML gave, ours marked '*': pid:sm%:age of the sample (ms) */
-        size_t o = (size_t)snprintf(desc, dn, "nvml r %d n %u since %llu host_pid %d:", (int)r, n, *last_ts,
-                                    (int)self);
-        unsigned long long nowts = 0;
-        for (unsigned i = 0; r == NVML_SUCCESS && i < n; i++)
-            if (s[i].timeStamp > nowts)
-                nowts = s[i].timeStamp;
-        for (unsigned i = 0; r == NVML_SUCCESS && i < n && i < 16 && o < dn; i++) {
-            int mine = 0;
-            for (int k = 0; k < np; k++)
-                mine |= (unsigned)pids[k] == s[i].pid;
-            o += (size_t)snprintf(desc + o, dn - o, " %s%u:%u:%llu", mine ? "*" : "", s[i].pid, s[i].smUtil,
-                                  (nowts - s[i].timeStamp) / 1000);
-        }
-    }
+    double osum = -1;
     if (r == NVML_SUCCESS) {
         for (unsigned i = 0; i < n; i++) {
             if (s[i].timeStamp > newest)
@@ -402,12 +442,28 @@ static double container_util(nvmlDevice_t d, unsigned long long *last_ts, double
             }
         }
         for (int j = 0; j < no; j++)
-            *others = (*others < 0 ? 0 : *others) + outil[j];
+            osum = (osum < 0 ? 0 : osum) + outil[j];
+        if (self)
+            *others = osum;
         for (int k = 0; k < np; k++)
             if (have[k]) {
                 sum += best_util[k];
                 seen++;
             }
+    }
+    if (desc && dn) {
+        /* the container's samples: pid:sm%:age of the sample (ms) */
+        size_t o = (size_t)snprintf(desc, dn, "nvml r %d since %llu host_pid %d:", (int)r, *last_ts, (int)self);
+        unsigned long long nowts = 0;
+        for (unsigned i = 0; r == NVML_SUCCESS && i < n; i++)
+            if (s[i].timeStamp > nowts)
+                nowts = s[i].timeStamp;
+        for (int k = 0; k < np && o < dn; k++)
+            if (have[k])
+                o += (size_t)snprintf(desc + o, dn - o, " %d:%u:%llu", (int)pids[k], best_util[k],
+                                      (nowts - best_ts[k]) / 1000);
+        if (o < dn)
+            snprintf(desc + o, dn - o, " others-sm-sum %.0f", osum < 0 ? 0.0 : osum);
     }
     free(s);
     *last_ts = newest;
@@ -418,8 +474,10 @@ static double container_util(nvmlDevice_t d, unsigned long long *last_ts, double
      * GPU, conservative (less than its share) next to busy neighbours. */
     TL_NVML_UTILIZATION ur;
     if (r == NVML_SUCCESS && n > 0 && real_nvmlDeviceGetUtilizationRates &&
-        real_nvmlDeviceGetUtilizationRates(d, &ur) == NVML_SUCCESS)
+        real_nvmlDeviceGetUtilizationRates(d, &ur) == NVML_SUCCESS) {
+        *devfallback = 1;
         return ur.gpu;
+    }
     return -1;
 }
 
@@ -438,12 +496,12 @@ static void pace_period(void)
         double u = -1, others = 0;
         char desc[640];
         int tracing = TL_TRACING;
-        int devutil = -1, contended = 0;
+        int devutil = -1, contended = 0, devfallback = 0;
         desc[0] = 0;
         if (have_nvml && tl_nvml_of_ld(ld, &d) == 0) {
             tl_hp_period(ld);
             double ou;
-            u = container_util(d, &p->last_ts, &ou, tracing ? desc : NULL, sizeof(desc));
+            u = container_util(d, &p->last_ts, &ou, &devfallback, tracing ? desc : NULL, sizeof(desc));
             if (ou > 0) {
                 p->others_util = ou;
                 p->others_at = now;
@@ -457,8 +515,11 @@ static void pace_period(void)
              * figures add up to the device's. On a GPU time-sliced between
              * contexts NVML reports ~99 % for whichever process it samples
              * (run 2, H200): ours and a neighbour's together far above the
-             * device's 100 %. Then NVML cannot say we had too much. */
-            contended = u > 0 && recent && u + p->others_util > (devutil >= 0 ? devutil : 100) + CONTENDED_SLACK;
+             * device's 100 %. Then NVML cannot say we had too much. The
+             * rule needs our own figure: not the device's (our host pid
+             * unknown), which already holds any neighbour's time. */
+            contended = u > 0 && !devfallback && recent &&
+                        u + p->others_util > (devutil >= 0 ? devutil : 100) + CONTENDED_SLACK;
             TL_NVML_UTILIZATION ur;
             if (cfg.elastic && real_nvmlDeviceGetUtilizationRates &&
                 real_nvmlDeviceGetUtilizationRates(d, &ur) == NVML_SUCCESS)
@@ -470,6 +531,7 @@ static void pace_period(void)
         int thr = p->throttled;
         double rate0 = p->pacer.rate, tokens = p->bucket.tokens;
         const char *act = "step";
+        int no_sample_5s = 0;
         double target = tl_pacer_effective_target(cfg.sm_limit[ld], others < 0 ? 0 : others, cfg.elastic);
         /* A step compares what was admitted since the last step with the
          * utilisation NVML measured. No launches: nothing to learn, hold
@@ -500,12 +562,9 @@ static void pace_period(void)
             act = "idle";
             p->last_step = now; /* idle */
         } else if (act = "wait-sample", ++p->no_sample == 50) {
-            fprintf(stderr, "tessera-limiter: device %d: NVML gave no utilisation sample for 5 s while kernels ran; "
-                            "pacing on the driver's event timings alone\n", ld);
+            no_sample_5s = 1;
         }
-        if (cfg.debug)
-            fprintf(stderr, "tessera-limiter: dev %d util %.1f used %.3f GPU-s/s throttled %d -> rate %.3f\n", ld, u,
-                    used_rate, thr, p->pacer.rate);
+        double rate1 = p->pacer.rate;
         char line[1024];
         line[0] = 0;
         if (tracing && (strcmp(act, "idle") || u > 0 || devutil > 0)) {
@@ -521,6 +580,13 @@ static void pace_period(void)
             p->t_learned_s = p->t_held_s = 0;
         }
         spin_unlock(&p->mu);
+        /* stderr and the trace only once the lock is let go */
+        if (no_sample_5s)
+            fprintf(stderr, "tessera-limiter: device %d: NVML gave no utilisation sample for 5 s while kernels ran; "
+                            "pacing on the driver's event timings alone\n", ld);
+        if (cfg.debug)
+            fprintf(stderr, "tessera-limiter: dev %d util %.1f used %.3f GPU-s/s throttled %d -> rate %.3f\n", ld, u,
+                    used_rate, thr, rate1);
         if (line[0])
             tl_trace("%s", line);
     }

@@ -190,7 +190,9 @@ static nvmlReturn_t list(const char *name, nvmlReturn_t (*fn)(nvmlDevice_t, unsi
         if (stride == 0)
             stride = written_stride(buf, n);
         unsigned k = keep_ours(buf, n, stride, 0);
-        tl_trace("nvml-list %s: %u of %u entries kept (stride %zu)", name, k, n, stride);
+        /* the container's entries only: how many others there were is
+         * what the filter hides */
+        tl_trace("nvml-list %s: %u entries kept (stride %zu)", name, k, stride);
         if (!infos || *count < k) {
             r = k ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
         } else {
@@ -206,7 +208,7 @@ static nvmlReturn_t list(const char *name, nvmlReturn_t (*fn)(nvmlDevice_t, unsi
     EXPORT nvmlReturn_t name(nvmlDevice_t d, unsigned int *count, void *infos)    \
     {                                                                             \
         ensure_nvml();                                                            \
-        return list(#name, real_##name, d, count, infos, stride);                        \
+        return list(#name, real_##name, d, count, infos, stride);                 \
     }
 LIST_HOOK(nvmlDeviceGetComputeRunningProcesses, TL_PROCINFO_V1)
 LIST_HOOK(nvmlDeviceGetComputeRunningProcesses_v2, TL_PROCINFO_V2)
@@ -294,7 +296,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t d, TL_NVM
     if (r == NVML_SUCCESS) {
         unsigned k = keep_ours((unsigned char *)buf, mine.numProcArrayEntries, sizeof(buf[0]),
                                offsetof(TL_NVML_PROC_DETAIL, pid));
-        tl_trace("nvml-list nvmlDeviceGetRunningProcessDetailList: %u of %u kept", k, mine.numProcArrayEntries);
+        tl_trace("nvml-list nvmlDeviceGetRunningProcessDetailList: %u entries kept", k);
         if (!l->procArray || l->numProcArrayEntries < k)
             r = k ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
         else

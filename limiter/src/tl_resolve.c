@@ -267,9 +267,18 @@ static int trace_fd = -1;
 static pid_t trace_pid;
 static pthread_mutex_t trace_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* In the child (atfork, before the program runs again): the parent's
+ * trace file is closed here, while trace_fd surely still is that file, and
+ * the child opens its own at its first line. Closing it later, from
+ * tl_trace, could close a descriptor of the program's that has reused the
+ * number in between. */
 static void trace_after_fork(void)
 {
-    pthread_mutex_init(&trace_mu, NULL); /* the pid differs: reopened at the next line */
+    pthread_mutex_init(&trace_mu, NULL);
+    int fd = trace_fd;
+    trace_fd = -1;
+    if (fd >= 0)
+        close(fd);
 }
 
 void tl_trace(const char *fmt, ...)
@@ -283,9 +292,11 @@ void tl_trace(const char *fmt, ...)
         if (trace_pid != me) {
             char path[sizeof(cfg.trace_path) + 24];
             snprintf(path, sizeof(path), "%s.%d", cfg.trace_path, (int)me);
-            if (trace_fd >= 0)
-                close(trace_fd); /* the parent's, inherited across fork */
-            __atomic_store_n(&trace_fd, open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644),
+            /* never close trace_fd here: after a fork without the atfork
+             * handler (a raw clone) the number may be the program's by now.
+             * O_NOFOLLOW: a symbolic link planted at the path is not
+             * followed. */
+            __atomic_store_n(&trace_fd, open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0644),
                              __ATOMIC_RELEASE);
             __atomic_store_n(&trace_pid, me, __ATOMIC_RELEASE);
         }

@@ -79,6 +79,8 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, c
         }
     }
     pthread_mutex_unlock(&vmm_mu);
+    if (c > 0 && r == CUDA_SUCCESS)
+        tl_hp_after_alloc(ld); /* as tl_track: a memory-only process's host pid (outside vmm_mu) */
     return r;
 }
 

@@ -866,10 +866,18 @@ static void t_hostpid(double seconds, unsigned long long bytes)
     CUcontext pc;
     CUresult r = api.cuDevicePrimaryCtxRetain(&pc, 0);
     check(r == CUDA_SUCCESS, "hostpid-ctx", "r=%d", r);
-    CUdeviceptr p = 0;
+    /* HOSTPID_ALLOC: the allocation path by name (paths[]), else cuMemAlloc_v2 */
+    const char *via = getenv("HOSTPID_ALLOC");
+    const path *pa = &paths[0];
+    for (size_t i = 0; via && i < NPATHS; i++)
+        if (!strcmp(paths[i].name, via)) {
+            pa = &paths[i];
+            api.cuCtxSetCurrent(pc); /* the stream-ordered ones use the current device's pool */
+        }
+    unsigned long long p = 0;
     if (bytes) {
-        r = api.cuMemAlloc_v2(&p, bytes);
-        check(r == CUDA_SUCCESS, "hostpid-alloc", "r=%d", r);
+        r = pa->alloc(bytes, &p);
+        check(r == CUDA_SUCCESS, "hostpid-alloc", "%s r=%d", pa->name, r);
     }
     double t0 = now_s();
     while (now_s() - t0 < seconds) {
@@ -878,7 +886,7 @@ static void t_hostpid(double seconds, unsigned long long bytes)
         nanosleep(&ts, NULL);
     }
     if (p)
-        api.cuMemFree_v2(p);
+        pa->release(p);
     api.cuDevicePrimaryCtxRelease_v2(0);
 }
 

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -640,6 +642,71 @@ static void t_envtwice(const char *self, const char *kv)
     check(0, "envtwice-exec", "execve failed");
 }
 
+/* TESSERA_LIMITER_TRACE across fork, and a planted link. The parent plants
+ * a symbolic link at its own trace path (<prefix>.<pid>) to `victim`, then
+ * makes a traced call (an NVML process list): the link is not followed.
+ * A traced call again (its file may now be open), then fork: the child
+ * puts a descriptor of its own on every number it has open from 3 up (as a
+ * program redirecting its files would), makes a traced call, and its
+ * descriptors must all still be open (before: the child's first trace line
+ * closed whatever number the parent's trace descriptor had), and its own
+ * trace file <prefix>.<child pid> written. */
+static void nvml_traced_call(void)
+{
+    nvmlDevice_t n;
+    unsigned cnt = 0;
+    if (api.nvmlInit_v2() == NVML_SUCCESS && api.nvmlDeviceGetHandleByIndex_v2(0, &n) == NVML_SUCCESS)
+        api.nvmlDeviceGetComputeRunningProcesses_v2(n, &cnt, NULL);
+}
+
+static void t_tracefork(const char *victim)
+{
+    const char *pre = getenv("TESSERA_LIMITER_TRACE");
+    if (!pre || !*pre || !api.nvmlInit_v2) {
+        check(0, "tracefork-setup", "needs TESSERA_LIMITER_TRACE and NVML");
+        return;
+    }
+    char path[512];
+    snprintf(path, sizeof(path), "%s.%d", pre, (int)getpid());
+    unlink(path);
+    int linked = symlink(victim, path) == 0;
+    nvml_traced_call();
+    struct stat st;
+    check(linked && stat(victim, &st) != 0, "trace-does-not-follow-a-planted-link", "linked %d, %s %s", linked,
+          victim, stat(victim, &st) == 0 ? "exists" : "absent");
+    unlink(path);
+    nvml_traced_call(); /* now with its file open, if it could be */
+    pid_t p = fork();
+    if (p == 0) {
+        int mine[256], nmine = 0;
+        for (int fd = 3; fd < 256; fd++)
+            if (fcntl(fd, F_GETFD) >= 0) {
+                int d = open("/dev/null", O_RDONLY);
+                if (d >= 0 && d != fd) {
+                    dup2(d, fd);
+                    close(d);
+                }
+                mine[nmine++] = fd;
+            }
+        nvml_traced_call();
+        /* each still open and still /dev/null (the trace may have
+         * reopened its file on a number it closed) */
+        struct stat dn, x;
+        int lost = stat("/dev/null", &dn) != 0;
+        for (int i = 0; i < nmine; i++)
+            lost += fstat(mine[i], &x) != 0 || !S_ISCHR(x.st_mode) || x.st_rdev != dn.st_rdev;
+        char own[512];
+        snprintf(own, sizeof(own), "%s.%d", pre, (int)getpid());
+        _exit((lost ? 1 : 0) | (stat(own, &st) == 0 && st.st_size > 0 ? 0 : 2));
+    }
+    int status = 0;
+    waitpid(p, &status, 0);
+    int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 99;
+    check(p > 0 && rc != 99 && !(rc & 1), "trace-after-fork-keeps-the-childs-descriptors",
+          "child exit %d", rc);
+    check(p > 0 && rc == 0, "trace-after-fork-child-writes-its-own-file", "child exit %d", rc);
+}
+
 int holes_main(const char *t, int argc, char **argv)
 {
     unsigned long long a = argc > 2 ? strtoull(argv[2], NULL, 0) : 0;
@@ -661,6 +728,8 @@ int holes_main(const char *t, int argc, char **argv)
         t_gpacheck(argv[2]);
     else if (!strcmp(t, "gpareplay") && argc > 2)
         t_gpareplay(argv[2]);
+    else if (!strcmp(t, "tracefork") && argc > 2)
+        t_tracefork(argv[2]);
     else if (!strcmp(t, "envtwice") && argc > 2)
         t_envtwice(argv[0], argv[2]);
     else if (!strcmp(t, "trydev") && argc > 5)

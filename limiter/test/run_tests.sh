@@ -207,6 +207,13 @@ run pacesim-no-nvml sim CUDA_DEVICE_SM_LIMIT=30 FAKE_NVML_FAIL=1 "$B/client_sym"
 # host pids (a container's pid namespace), with and without process lists
 run pacesim-pidns-fallback sim CUDA_DEVICE_SM_LIMIT=30 FAKE_NVML_PID_OFFSET=1000000 FAKE_NVML_NO_PROCLIST=1 \
     "$B/client_sym" pacesim grids 30 20
+# its host pid never resolved (no process lists) and alone on the GPU, with
+# event timings that see half the work (estimates too low): its samples,
+# under a pid it cannot recognise, are no neighbour, so NVML (the device's
+# utilisation) must still pull the rate below the share (before: the
+# contention rule held it at the share, ~60 %)
+run pacesim-pidns-alone-underestimated sim CUDA_DEVICE_SM_LIMIT=30 FAKE_NVML_PID_OFFSET=1000000 \
+    FAKE_NVML_NO_PROCLIST=1 FAKE_EVENT_SCALE=0.5 "$B/client_sym" pacesim grids 30 20
 run pacesim-pidns-neighbour sim CUDA_DEVICE_SM_LIMIT=30 FAKE_NVML_PID_OFFSET=1000000 \
     FAKE_NVML_NEIGHBOURS=3999000:100,3999001:0 "$B/client_sym" pacesim grids 30 20
 # every launch variant is paced (NVML unavailable: the share on event timings)
@@ -215,6 +222,7 @@ grep -q "NVML unavailable" "$T/err"; check "NVML unavailable: warned on stderr" 
 run pace-each-off lim "$(state pe)" FAKE_NVML_FAIL=1 FAKE_BLOCK_US=1 "$B/client_dl" paceeach 0
 run nopace lim "$(state p)" CUDA_DEVICE_MEMORY_LIMIT=$L FAKE_BLOCK_US=10 "$B/client_sym" nopace
 
+mkdir -p "$T/tr"
 # 10b. host pid discovery. hpcheck NAME ERRFILE [HOW]: the limiter's debug
 # line names pid + FAKE_NVML_PID_OFFSET as this process's host pid (and was
 # found by HOW)
@@ -239,7 +247,7 @@ done
 # usedGpuMemory against what each has accounted
 for c in a b; do
     env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state hpc$c)" LD_PRELOAD="$PRE" $HP FAKE_GPU_STATE_DIR="$T/procs1" \
-        FAKE_CTX_RENDEZVOUS=2 CUDA_DEVICE_MEMORY_LIMIT=1g TESSERA_CONTEXT_RESERVE=0 \
+        FAKE_CTX_RENDEZVOUS=2 CUDA_DEVICE_MEMORY_LIMIT=1g TESSERA_CONTEXT_RESERVE=0 TESSERA_LIMITER_TRACE="$T/tr/hpc" \
         "$B/client_sym" hostpid 2 $([ $c = a ] && echo $((64 * L)) || echo $((512 * L))) >/dev/null 2>"$T/hp.$c" &
     eval "P$c=\$!"
 done
@@ -247,19 +255,39 @@ wait $Pa; wait $Pb
 grep -q "not resolved yet (2 candidates)" "$T/hp.a"; check "hostpid-concurrent: ambiguous at first" $?
 hpcheck hostpid-concurrent-a "$T/hp.a" "usedGpuMemory"
 hpcheck hostpid-concurrent-b "$T/hp.b" "usedGpuMemory"
+# the trace (TESSERA_LIMITER_TRACE, a file the tenant reads) holds nothing
+# of the neighbours the NVML hooks hide: no pid, no SM %, no count of their
+# entries (the pacing steps and host pid lines of the run above, the NVML
+# list lines of nvidia-smi's calls next to a neighbour)
+env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state trs)" LD_PRELOAD="$PRE" TESSERA_LIMITER_TRACE="$T/tr/smi" \
+    CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_MEM=2g FAKE_NVML_NEIGHBOURS=3999000:50:1536 "$B/client_sym" smi $G 3999000 \
+    >/dev/null 2>&1
+grep -q "step dev 0" "$T"/tr/hpc.* && grep -q "not resolved" "$T"/tr/hpc.* && grep -q "nvml-list" "$T"/tr/smi.*
+check "trace-written" $? "$(ls "$T/tr")"
+leak=$(grep -hE '3999000|[0-9]+ of [0-9]+|processes listed' "$T"/tr/* | head -n 3)
+check "trace-holds-no-neighbour" "$([ -z "$leak" ]; echo $?)" "$leak"
+# the trace across fork (the child's own descriptors untouched, its own
+# file) and a symbolic link planted at the trace path (not followed)
+run trace-fork env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state trf)" LD_PRELOAD="$PRE" \
+    TESSERA_LIMITER_TRACE="$T/tr/fork" "$B/client_sym" tracefork "$T/tr/victim"
 # the same with a memory limit only (no pacing step to retry later; run 2's
 # holder next to the neighbour): resolved once an allocation tells them
 # apart, so the NVML process-list filter keeps the container's own process
+# (also when the memory comes from cuMemCreate or a stream-ordered pool)
 HPM="TESSERA_LIMITER_DEBUG=1 FAKE_NVML_PID_OFFSET=$OFF FAKE_NVML_NEIGHBOURS=3999000:50:300"
-for c in a b; do
-    env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state hpm$c)" LD_PRELOAD="$PRE" $HPM FAKE_GPU_STATE_DIR="$T/procs1m" \
-        FAKE_CTX_RENDEZVOUS=2 CUDA_DEVICE_MEMORY_LIMIT=2g TESSERA_CONTEXT_RESERVE=0 \
-        "$B/client_sym" hostpid 1 $([ $c = a ] && echo $((256 * L)) || echo $((1024 * L))) >/dev/null 2>"$T/hp.$c" &
-    eval "P$c=\$!"
+for via in cuMemAlloc_v2 cuMemCreate cuMemAllocAsync; do
+    for c in a b; do
+        env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state hpm$via$c)" LD_PRELOAD="$PRE" $HPM HOSTPID_ALLOC=$via \
+            FAKE_GPU_STATE_DIR="$T/procs1m$via" FAKE_CTX_RENDEZVOUS=2 CUDA_DEVICE_MEMORY_LIMIT=2g \
+            TESSERA_CONTEXT_RESERVE=0 "$B/client_sym" hostpid 1 $([ $c = a ] && echo $((256 * L)) || echo $((1024 * L))) \
+            >/dev/null 2>"$T/hp.$c" &
+        eval "P$c=\$!"
+    done
+    wait $Pa; wait $Pb
+    sfx=$([ $via = cuMemAlloc_v2 ] || echo "-$via")
+    hpcheck "hostpid-memory-only-concurrent$sfx-a" "$T/hp.a" "usedGpuMemory"
+    hpcheck "hostpid-memory-only-concurrent$sfx-b" "$T/hp.b" "usedGpuMemory"
 done
-wait $Pa; wait $Pb
-hpcheck hostpid-memory-only-concurrent-a "$T/hp.a" "usedGpuMemory"
-hpcheck hostpid-memory-only-concurrent-b "$T/hp.b" "usedGpuMemory"
 # the same with nothing to compare (no memory limit): resolved by
 # intersecting the candidates over time once the other process has gone
 env CUDA_DEVICE_MEMORY_SHARED_CACHE="$(state hpi)" LD_PRELOAD="$PRE" $HP FAKE_GPU_STATE_DIR="$T/procs2" \

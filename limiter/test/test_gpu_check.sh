@@ -109,8 +109,16 @@ work.py)
     share=${CUDA_DEVICE_SM_LIMIT:+${STUB_SHARE:-30}}; share=${share:-100}
     awk -v dur="$dur" -v r="$share" -v stall="${STUB_STALL:-0}" -v lim="${CUDA_DEVICE_SM_LIMIT:-}" 'BEGIN {
         t = 0; while (t < dur) { t += 4 / r; if (stall && lim != "" && t > dur * 0.7 && t < dur * 0.7 + 1.5) t = dur * 0.7 + 1.5; printf "%.4f\n", t } }' >"$out"
-    echo "$share" >"$STUB_WORK/util"
-    sleep 0.5
+    if [ -n "${STUB_UTIL_ALT:-}" ] && [ -n "${CUDA_DEVICE_SM_LIMIT:-}" ]; then
+        # a limiter that alternates busy (the share) and idle phases
+        for i in 1 2 3 4 5 6; do
+            echo "$share" >"$STUB_WORK/util"; sleep 0.15; echo 0 >"$STUB_WORK/util"; sleep 0.15
+        done
+        echo "$share" >"$STUB_WORK/util"; sleep 0.15
+    else
+        echo "$share" >"$STUB_WORK/util"
+        sleep 0.5
+    fi
     rm -f "$STUB_WORK/util" ;;
 launch.py)
     echo "$script SM=${CUDA_DEVICE_SM_LIMIT:-none}" >>"$STUB_WORK/launch.log"
@@ -197,6 +205,12 @@ gc off STUB_USED_MIB=3000 STUB_SHARE=50 ONLY=share >/dev/null
 [ "$(verdict off "share-alone: GPU utilisation")" = FAIL ] && [ "$(verdict off "share-vs-saturating-neighbour: mean")" = FAIL ] &&
     pass "50 % for a 30 % share (GPU time alone, throughput next to the neighbour): FAIL" ||
     fail "share off target: $(verdict off "share-alone: GPU utilisation") $(verdict off "share-vs-saturating-neighbour: mean")"
+# GPU utilisation alternating 30 % and 0 % is 15 %, not 30 (only the idle
+# start-up and teardown are left out of the mean)
+gc alt STUB_USED_MIB=3000 STUB_UTIL_ALT=1 ONLY=share >/dev/null
+[ "$(verdict alt "share-alone: GPU utilisation")" = FAIL ] &&
+    pass "utilisation alternating 30 % and 0 %: share-alone FAIL" ||
+    fail "alternating 30/0 %: $(verdict alt "share-alone: GPU utilisation")" "$(grep -F "share-alone: GPU utilisation" "$T/work.alt/results")"
 # alone, throughput against solo is reported with the clocks, not judged
 grep -q "share-alone: mean % of solo throughput, 1 s windows (min [0-9.]*); SM clock MHz, limited vs solo.*1980 vs 1430" "$T/good.out" &&
     pass "share-alone: throughput and clocks reported" || fail "share-alone throughput INFO" "$(grep -F "share-alone: mean" "$T/good.out")"

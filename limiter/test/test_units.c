@@ -127,6 +127,53 @@ static void test_config_strict(void)
           "TESSERA_LIMITER_TRACE empty: off");
 }
 
+/* The diagnostics variables never change enforcement (a trace prefix too
+ * long is ignored, said with TESSERA_LIMITER_DEBUG=1, in both modes), and a
+ * program with more privilege than its caller (AT_SECURE) takes neither
+ * from its environment: as root, the trace would be created or appended to
+ * at a path the caller chose. */
+static void test_config_diag(void)
+{
+    tl_config c;
+    static char longv[400];
+    snprintf(longv, sizeof(longv), "TESSERA_LIMITER_TRACE=/");
+    memset(longv + 23, 'a', 300);
+    CHECK(parse(&c, longv, "CUDA_DEVICE_SM_LIMIT=30", NULL) == 0 && !c.trace_path[0] && c.sm_limit[0] == 30 &&
+              !c.notes[0],
+          "env: TESSERA_LIMITER_TRACE too long: ignored, limits in force (no fail closed)");
+    CHECK(parse(&c, longv, "CUDA_DEVICE_SM_LIMIT=30", "TESSERA_LIMITER_DEBUG=1") == 0 && !c.trace_path[0] &&
+              strstr(c.notes, "TESSERA_LIMITER_TRACE longer than"),
+          "env: TESSERA_LIMITER_TRACE too long: noted with TESSERA_LIMITER_DEBUG=1");
+    const char *conf = "version=1\nstate=/s\ndevice.0.uuid=GPU-6a1f2b3c-0d4e-5f60-7182-93a4b5c6d7e8\n"
+                       "device.0.memory=1m\ndevice.0.sm=30\n";
+    char *fenv[] = {"TESSERA_LIMITER_DEBUG=1", longv, NULL};
+    CHECK(tl_config_parse_file(&c, conf, strlen(conf), "limiter.conf", fenv) == 0 && !c.trace_path[0] &&
+              c.sm_limit[0] == 30 && strstr(c.notes, "TESSERA_LIMITER_TRACE longer than"),
+          "file: TESSERA_LIMITER_TRACE too long: ignored, noted with TESSERA_LIMITER_DEBUG=1");
+    char *env[] = {"TESSERA_LIMITER_TRACE=/tmp/tr", "TESSERA_LIMITER_DEBUG=1", "CUDA_DEVICE_SM_LIMIT=30", NULL};
+    CHECK(tl_config_load_as(&c, "/nonexistent/limiter.conf", env, 0) == 0 && !strcmp(c.trace_path, "/tmp/tr") &&
+              c.debug && c.sm_limit[0] == 30,
+          "env: diagnostics taken from an ordinary program's environment");
+    CHECK(tl_config_load_as(&c, "/nonexistent/limiter.conf", env, 1) == 0 && !c.trace_path[0] && !c.debug &&
+              c.sm_limit[0] == 30 && strstr(c.notes, "setuid"),
+          "env: AT_SECURE: TESSERA_LIMITER_TRACE and _DEBUG ignored, limits in force");
+    char *benv[] = {"TESSERA_LIMITER_DEBUG=yes", "CUDA_DEVICE_SM_LIMIT=30", NULL};
+    CHECK(tl_config_load_as(&c, "/nonexistent/limiter.conf", benv, 1) == 0 && !c.debug && c.sm_limit[0] == 30,
+          "env: AT_SECURE: a diagnostics variable is not even parsed");
+    char path[] = "/tmp/tl-units-conf.XXXXXX";
+    int fd = mkstemp(path);
+    int ok = fd >= 0 && write(fd, conf, strlen(conf)) == (ssize_t)strlen(conf);
+    if (fd >= 0)
+        close(fd);
+    CHECK(ok && tl_config_load_as(&c, path, env, 0) == 0 && c.from_file && !strcmp(c.trace_path, "/tmp/tr") &&
+              c.debug,
+          "file: diagnostics taken from an ordinary program's environment");
+    CHECK(ok && tl_config_load_as(&c, path, env, 1) == 0 && c.from_file && !c.trace_path[0] && !c.debug &&
+              c.sm_limit[0] == 30 && strstr(c.notes, "setuid"),
+          "file: AT_SECURE: TESSERA_LIMITER_TRACE and _DEBUG ignored");
+    unlink(path);
+}
+
 static int file(tl_config *c, const char *text)
 {
     return tl_config_parse_file(c, text, strlen(text), "limiter.conf", NULL);
@@ -639,6 +686,7 @@ int main(int argc, char **argv)
     test_sizes();
     test_config();
     test_config_strict();
+    test_config_diag();
     test_config_file();
     test_uuid();
     test_procaddr();

@@ -60,10 +60,28 @@ type mpsRun struct {
 	rate     float64
 }
 
+// clientEnv is the manager's client environment without what this test's
+// own environment would carry into it: an MPS setting of the caller's (a
+// thread percentage, a pinned limit, another pipe directory) or a preloaded
+// library (the limiter). Only the inherited part is filtered: m.env
+// appends the manager's own CUDA_MPS_* settings to os.Environ().
+func clientEnv(m *Manager, uuid string) []string {
+	inherited := len(os.Environ())
+	env := m.env(uuid)
+	out := make([]string, 0, len(env))
+	for i, kv := range env {
+		if i < inherited && (strings.HasPrefix(kv, "CUDA_MPS_") || strings.HasPrefix(kv, "LD_PRELOAD=")) {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
+}
+
 func runMPSClient(t *testing.T, m *Manager, uuid, py, script string, extraEnv ...string) mpsRun {
 	t.Helper()
 	cmd := exec.Command(py, script, "6")
-	cmd.Env = append(m.env(uuid), extraEnv...)
+	cmd.Env = append(clientEnv(m, uuid), extraEnv...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("MPS client %v: %v\n%s", extraEnv, err, out)
