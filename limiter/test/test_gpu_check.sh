@@ -74,6 +74,15 @@ case "$1" in
 esac
 script=$(basename "$1"); shift
 announce() { echo $$ >>"$GPU_CHECK_PIDS"; }
+# seen: stay alive until the check's sampler has listed this process (at
+# most 10 s), as a real allocation would hold its memory that long: a
+# fixed short sleep left no sample on a loaded 2-core CI machine
+seen() {
+    i=0
+    while [ $i -lt 200 ] && ! grep -q " $$," "${GPU_CHECK_PIDS%.pids}.samples" 2>/dev/null; do
+        sleep 0.05; i=$((i + 1))
+    done
+}
 case $script in
 meminfo.py)
     l0=${CUDA_DEVICE_MEMORY_LIMIT_0:-${L}m}; l0=${l0%m}
@@ -81,13 +90,13 @@ meminfo.py)
     [ -n "${CUDA_DEVICE_MEMORY_LIMIT_1:-}" ] && echo "1 0 $((${CUDA_DEVICE_MEMORY_LIMIT_1%m} * 1048576))"
     ;;
 smifree.py) f=$(( (L - 1024) * 1048576 )); echo "smifree $f $((f + ${STUB_NVML_FREE_OFF_MIB:-0} * 1048576)) $((L * 1048576)) $((L * 1048576))" ;;
-fill.py) announce; sleep 0.3; echo "filled $((L - 320))" ;;
-vmm.py) announce; sleep 0.3; echo "vmm $((L - 512)) $((L - 512)) 2 2" ;;
-heap.py) announce; sleep 0.3; echo "heap 0 1 ${STUB_HEAP_KERNEL:-none}" ;;
+fill.py) announce; seen; echo "filled $((L - 320))" ;;
+vmm.py) announce; seen; echo "vmm $((L - 512)) $((L - 512)) 2 2" ;;
+heap.py) announce; seen; echo "heap 0 1 ${STUB_HEAP_KERNEL:-none}" ;;
 graph.py)
     # STUB_GRAPH_CRASH=before: killed by SIGSEGV before its result line;
     # =after: after it (a crash at teardown)
-    announce; sleep 0.3
+    announce; seen
     [ "${STUB_GRAPH_CRASH:-}" = before ] && kill -SEGV $$
     echo "phase small: captured and replayed"; echo "graph 1 1"
     if [ "${STUB_GRAPH_CRASH:-}" = after ]; then echo "Fatal Python error: Segmentation fault" >&2; kill -SEGV $$; fi
@@ -96,7 +105,7 @@ smiprocs.py)
     me=$(cat "$STUB_WORK/ready-me" 2>/dev/null); nb=""
     [ -n "${STUB_NVML_UNFILTERED:-}" ] && nb=$(cat "$STUB_WORK/ready-nb" 2>/dev/null)
     echo "procs nvmlDeviceGetComputeRunningProcesses_v2 $nb $me" ;;
-nccl.py) announce; sleep 0.3; echo "nccl 1048576.0" ;;
+nccl.py) announce; seen; echo "nccl 1048576.0" ;;
 hold.py) announce; echo $$ >"$2"; exec sleep "$3" ;;
 try.py)
     holder=$(cat "$STUB_WORK/ready4" 2>/dev/null)
