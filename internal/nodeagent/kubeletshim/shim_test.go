@@ -113,15 +113,8 @@ func TestShimOutlivesTheAgent(t *testing.T) {
 	agentSock := filepath.Join(t.TempDir(), "agent.sock")
 	kubelet := startKubelet(t, dir)
 	agent := startAgent(t, agentSock)
-	s, err := New(Options{Resource: "nvidia.com/gpu", PluginDir: dir, Endpoint: "shim.sock", AgentSocket: agentSock,
-		AgentWait: 2 * time.Second, StaleAfter: 1500 * time.Millisecond, CheckInterval: time.Hour}, ktesting.NewLogger(t, ktesting.NewConfig()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = s.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	runShim(t, dir, agentSock, 1500*time.Millisecond)
+	ctx := t.Context()
 	waitFor(t, "registration", 5*time.Second, func() bool { return kubelet.count() == 1 })
 
 	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "shim.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -218,15 +211,7 @@ func TestShimRegistersAgainWhenDropped(t *testing.T) {
 	kubelet := startKubelet(t, dir)
 	agent := startAgent(t, agentSock)
 	defer agent.Stop()
-	s, err := New(Options{Resource: "nvidia.com/gpu", PluginDir: dir, Endpoint: "shim.sock", AgentSocket: agentSock,
-		AgentWait: 2 * time.Second, CheckInterval: time.Hour}, ktesting.NewLogger(t, ktesting.NewConfig()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = s.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	runShim(t, dir, agentSock, 0)
 	waitFor(t, "registration", 5*time.Second, func() bool { return kubelet.count() == 1 })
 	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "shim.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -234,7 +219,7 @@ func TestShimRegistersAgainWhenDropped(t *testing.T) {
 	}
 	defer conn.Close()
 	// The kubelet's stream: while it is open, nothing happens.
-	sctx, drop := context.WithCancel(ctx)
+	sctx, drop := context.WithCancel(t.Context())
 	stream, err := pluginapi.NewDevicePluginClient(conn).ListAndWatch(sctx, &pluginapi.Empty{})
 	if err != nil {
 		t.Fatal(err)
@@ -303,19 +288,26 @@ func TestShimRegistersAgainWhenItsSocketGoesMidRegistration(t *testing.T) {
 	pluginapi.RegisterRegistrationServer(srv, kubelet)
 	go func() { _ = srv.Serve(lis) }()
 	defer srv.Stop()
-	s, err := New(Options{Resource: "nvidia.com/gpu", PluginDir: dir, Endpoint: "shim.sock", AgentSocket: agentSock,
-		AgentWait: 2 * time.Second, CheckInterval: time.Hour}, ktesting.NewLogger(t, ktesting.NewConfig()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
 	start := time.Now()
-	go func() { defer close(done); _ = s.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	runShim(t, dir, agentSock, 0)
 	waitFor(t, "the kubelet connected to the shim's socket", 3*time.Second, func() bool { return kubelet.connected.Load() == 1 })
 	t.Logf("registered %v after the first attempt's socket was removed (%d Register calls)", time.Since(start).Round(time.Millisecond), kubelet.calls.Load())
 	if _, err := os.Stat(filepath.Join(dir, "shim.sock")); err != nil {
 		t.Errorf("the shim's socket: %v", err)
 	}
+}
+
+// runShim runs a shim for the kubelet in dir and the agent at agentSock
+// until the test ends (staleAfter 0: the default).
+func runShim(t *testing.T, dir, agentSock string, staleAfter time.Duration) {
+	t.Helper()
+	s, err := New(Options{Resource: "nvidia.com/gpu", PluginDir: dir, Endpoint: "shim.sock", AgentSocket: agentSock,
+		AgentWait: 2 * time.Second, StaleAfter: staleAfter, CheckInterval: time.Hour}, ktesting.NewLogger(t, ktesting.NewConfig()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
 }
