@@ -109,15 +109,21 @@ static int parse_percent(const char *s, uint32_t *out)
     return 0;
 }
 
+/* appends to a NUL-terminated buffer of size n, truncating */
+static void vappend(char *buf, size_t n, const char *fmt, va_list ap)
+{
+    size_t used = strlen(buf);
+    vsnprintf(buf + used, n - used, fmt, ap);
+}
+
 static void bad(tl_config *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void bad(tl_config *c, const char *fmt, ...)
 {
-    size_t used = strlen(c->errmsg);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(c->errmsg + used, sizeof(c->errmsg) - used, fmt, ap);
+    vappend(c->errmsg, sizeof(c->errmsg), fmt, ap);
     va_end(ap);
-    used = strlen(c->errmsg);
+    size_t used = strlen(c->errmsg);
     snprintf(c->errmsg + used, sizeof(c->errmsg) - used, "; refusing GPU allocations (fail closed)\n");
     c->error = 1;
 }
@@ -148,10 +154,9 @@ static int is_debug_value(const char *v)
 static void note(tl_config *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void note(tl_config *c, const char *fmt, ...)
 {
-    size_t used = strlen(c->notes);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(c->notes + used, sizeof(c->notes) - used, fmt, ap);
+    vappend(c->notes, sizeof(c->notes), fmt, ap);
     va_end(ap);
 }
 
