@@ -116,8 +116,11 @@ type Agent struct {
 	mpsErr     string
 	// plugins serve one resource each (reconcile starts and stops them).
 	plugins map[string]*pluginRun
-	runCtx  context.Context
-	wg      sync.WaitGroup
+	// withdrawn: plugins of resources no longer offered that keep serving
+	// an empty list to the kubelet shim (syncPlugins).
+	withdrawn map[string]*pluginRun
+	runCtx    context.Context
+	wg        sync.WaitGroup
 	// recorder posts Node events (MIG layout reports); nil before Run.
 	recorder record.EventRecorder
 	// dra is the DRA kubelet plugin (nodes in mode dra).
@@ -176,14 +179,15 @@ func New(lib nvml.Interface, client kubernetes.Interface, opts Options, logger k
 	}
 	a := &Agent{
 		opts: opts, client: client, logger: logger, devices: res.Devices,
-		monitor: health.New(lib, handles, opts.Health, logger.WithName("health")),
-		config:  config.NewStore(names),
-		names:   names,
-		state:   statedir.Dirs{Root: opts.Paths.StateRoot},
-		trigger: make(chan struct{}, 1),
-		plugins: map[string]*pluginRun{},
-		metrics: newAgentMetrics(),
-		driver:  driverInfo(lib),
+		monitor:   health.New(lib, handles, opts.Health, logger.WithName("health")),
+		config:    config.NewStore(names),
+		names:     names,
+		state:     statedir.Dirs{Root: opts.Paths.StateRoot},
+		trigger:   make(chan struct{}, 1),
+		plugins:   map[string]*pluginRun{},
+		withdrawn: map[string]*pluginRun{},
+		metrics:   newAgentMetrics(),
+		driver:    driverInfo(lib),
 	}
 	cmd := opts.MPSControl
 	if len(cmd) == 0 {

@@ -42,8 +42,17 @@ func (a *Agent) Resources() []string {
 
 // syncPlugins runs one device plugin per resource of the offer (the GPU
 // resource, its shared rename, MIG profiles) with its devices and the
-// configuration's policy, and stops the plugins of resources no longer
-// offered (the kubelet then sees their devices go).
+// configuration's policy, and withdraws the plugins of resources no longer
+// offered, so that the kubelet sees their devices go.
+//
+// Registered with the kubelet directly, a withdrawn plugin stops: the
+// kubelet's device manager marks a disconnected resource's devices
+// unhealthy itself. Behind the kubelet shim it keeps serving an empty
+// list instead: the shim keeps reporting the last list it got while the
+// agent is away, so a stopped plugin whose empty list the shim had not
+// received (its stream reconnecting, or the list still queued when the
+// server stopped) would leave the kubelet offering the old devices until
+// the shim's StaleAfter. A re-offered resource's plugin resumes.
 func (a *Agent) syncPlugins(cfg config.Node, offer Offer) {
 	if a.opts.NoPlugin || a.runCtx == nil {
 		return
@@ -56,6 +65,15 @@ func (a *Agent) syncPlugins(cfg config.Node, offer Offer) {
 	defer a.mu.Unlock()
 	for res, gpus := range offer {
 		r := a.plugins[res]
+		if r == nil && a.withdrawn[res] != nil {
+			r = a.withdrawn[res]
+			delete(a.withdrawn, res)
+			a.plugins[res] = r
+			if res == a.opts.Resource {
+				a.plugin = r.plugin
+			}
+			a.logger.Info("Device plugin resumed: resource offered again", "resource", res)
+		}
 		fresh := r == nil
 		if fresh {
 			r = a.newPluginLocked(res)
@@ -75,14 +93,20 @@ func (a *Agent) syncPlugins(cfg config.Node, offer Offer) {
 	}
 	for res, r := range a.plugins {
 		if _, ok := offer[res]; !ok {
-			r.plugin.Withdraw(time.Second)
-			r.cancel()
-			<-r.done
-			r.pr.Close()
 			delete(a.plugins, res)
 			if a.plugin == r.plugin {
 				a.plugin = nil
 			}
+			if a.opts.PluginSocketDir != "" {
+				r.plugin.SetGPUs(nil, cfg.Sharing)
+				a.withdrawn[res] = r
+				a.logger.Info("Device plugin withdrawn: resource no longer offered; the kubelet shim is told it has no devices", "resource", res)
+				continue
+			}
+			r.plugin.Withdraw(time.Second)
+			r.cancel()
+			<-r.done
+			r.pr.Close()
 			a.logger.Info("Device plugin stopped: resource no longer offered", "resource", res)
 		}
 	}
@@ -120,10 +144,12 @@ func (a *Agent) newPluginLocked(res string) *pluginRun {
 func (a *Agent) stopPlugins() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for res, r := range a.plugins {
-		r.cancel()
-		<-r.done
-		r.pr.Close()
-		delete(a.plugins, res)
+	for _, m := range []map[string]*pluginRun{a.plugins, a.withdrawn} {
+		for res, r := range m {
+			r.cancel()
+			<-r.done
+			r.pr.Close()
+			delete(m, res)
+		}
 	}
 }
