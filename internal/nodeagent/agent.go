@@ -119,8 +119,12 @@ type Agent struct {
 	// withdrawn: plugins of resources no longer offered that keep serving
 	// an empty list to the kubelet shim (syncPlugins).
 	withdrawn map[string]*pluginRun
-	runCtx    context.Context
-	wg        sync.WaitGroup
+	// offeredRead: the previous agent's served resources were read;
+	// offeredWritten: what this one last wrote (plugins.go).
+	offeredRead    bool
+	offeredWritten string
+	runCtx         context.Context
+	wg             sync.WaitGroup
 	// recorder posts Node events (MIG layout reports); nil before Run.
 	recorder record.EventRecorder
 	// dra is the DRA kubelet plugin (nodes in mode dra).
@@ -367,7 +371,7 @@ func (a *Agent) reconcile(ctx context.Context) {
 	inv, offer := BuildInventory(a.devices, a.monitor.Snapshot(), cfg.NodeConfig, a.names)
 	a.devMu.Unlock()
 	a.remember(inv)
-	a.syncPlugins(cfg, offer)
+	a.syncPlugins(cfg, offer, node != nil)
 	a.syncDRA(ctx, cfg.NodeConfig, inv)
 	a.reconcileMPS(ctx, cfg, inv)
 	if node == nil {

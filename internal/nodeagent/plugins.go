@@ -2,8 +2,14 @@ package nodeagent
 
 import (
 	"context"
+	"errors"
+	"os"
 	"path/filepath"
+	"sort"
+	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/tessera-gpu/tessera/internal/nodeagent/config"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
@@ -52,8 +58,13 @@ func (a *Agent) Resources() []string {
 // agent is away, so a stopped plugin whose empty list the shim had not
 // received (its stream reconnecting, or the list still queued when the
 // server stopped) would leave the kubelet offering the old devices until
-// the shim's StaleAfter. A re-offered resource's plugin resumes.
-func (a *Agent) syncPlugins(cfg config.Node, offer Offer) {
+// the shim's StaleAfter. A re-offered resource's plugin resumes. The
+// resources served are written to the socket directory (offeredFile), so
+// that an agent restarted with fewer resources (the MIG label changed
+// while it was down) withdraws the others the same way, at its first
+// offer made from the Node's configuration (configured: the Node was
+// read; an offer from the defaults withdraws nothing of the record).
+func (a *Agent) syncPlugins(cfg config.Node, offer Offer, configured bool) {
 	if a.opts.NoPlugin || a.runCtx == nil {
 		return
 	}
@@ -83,12 +94,21 @@ func (a *Agent) syncPlugins(cfg config.Node, offer Offer) {
 		if fresh {
 			// Started once it has its devices: the first ListAndWatch
 			// already lists them.
-			a.wg.Add(1)
-			go func() {
-				defer a.wg.Done()
-				defer close(r.done)
-				_ = r.plugin.Run(r.ctx)
-			}()
+			a.startPluginLocked(r)
+		}
+	}
+	if a.opts.PluginSocketDir != "" && configured && !a.offeredRead {
+		// The first offer after a start: what the previous agent served
+		// and this one does not is withdrawn below, like a live change.
+		a.offeredRead = true
+		for _, res := range a.readOffered() {
+			if _, ok := offer[res]; ok || a.plugins[res] != nil || a.withdrawn[res] != nil {
+				continue
+			}
+			r := a.newPluginLocked(res)
+			r.plugin.SetPolicy(pol)
+			r.plugin.SetGPUs(nil, cfg.Sharing)
+			a.startPluginLocked(r)
 		}
 	}
 	for res, r := range a.plugins {
@@ -110,6 +130,83 @@ func (a *Agent) syncPlugins(cfg config.Node, offer Offer) {
 			a.logger.Info("Device plugin stopped: resource no longer offered", "resource", res)
 		}
 	}
+	if a.offeredRead { // not before: the previous agent's record is still to be read
+		a.writeOfferedLocked()
+	}
+}
+
+func (a *Agent) startPluginLocked(r *pluginRun) {
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		defer close(r.done)
+		_ = r.plugin.Run(r.ctx)
+	}()
+}
+
+// offeredFile, in the agent's socket directory, lists the resources the
+// agent serves the kubelet shim (offered or withdrawn), one per line. The
+// shim manager ignores it (not a socket).
+const offeredFile = "tessera-resources"
+
+// maxOffered bounds what readOffered takes from the file (a node offers
+// its GPU resource, a shared rename and a few dozen MIG profiles).
+const maxOffered = 256
+
+// readOffered is the resources a previous agent served; a missing or
+// unreadable file is nothing (logged), a malformed line is skipped.
+func (a *Agent) readOffered() []string {
+	path := filepath.Join(a.opts.PluginSocketDir, offeredFile)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			a.logger.Error(err, "Reading the resources the previous agent served; those it no longer offers stay with the kubelet shim until its --stale-after", "file", path)
+		}
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if line == "" {
+			continue
+		}
+		if len(out) == maxOffered {
+			a.logger.Error(nil, "Too many resources in the file of served resources; the rest ignored", "file", path, "limit", maxOffered)
+			break
+		}
+		if res, ok := kubeletshim.ResourceOfSocket(kubeletshim.AgentSocketName(line)); !ok || res != line || len(validation.IsQualifiedName(line)) > 0 {
+			a.logger.Error(nil, "Ignoring a malformed line in the file of served resources", "file", path, "line", line)
+			continue
+		}
+		out = append(out, line)
+	}
+	return out
+}
+
+// writeOfferedLocked records the resources served (offered and withdrawn)
+// when they change; written to a temporary file and renamed.
+func (a *Agent) writeOfferedLocked() {
+	var all []string
+	for _, m := range []map[string]*pluginRun{a.plugins, a.withdrawn} {
+		for res := range m {
+			all = append(all, res)
+		}
+	}
+	sort.Strings(all)
+	content := strings.Join(all, "\n") + "\n"
+	if content == a.offeredWritten {
+		return
+	}
+	path := filepath.Join(a.opts.PluginSocketDir, offeredFile)
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		a.logger.Error(err, "Recording the resources served for the next agent", "file", path)
+		return
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		a.logger.Error(err, "Recording the resources served for the next agent", "file", path)
+		return
+	}
+	a.offeredWritten = content
 }
 
 func (a *Agent) newPluginLocked(res string) *pluginRun {

@@ -2,8 +2,10 @@ package nodeagent
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -43,17 +45,17 @@ func firstList(t *testing.T, dir, res string) int {
 	return len(resp.Devices)
 }
 
-// TestWithdrawnResourceKeepsServingTheShim: behind the kubelet shim, a
-// resource no longer offered (a MIG layout changed by its node label) is
-// served with an empty list, so a shim whose stream was down when the
-// resource went still learns it has no devices (a stopped plugin left the
-// shim reporting the old devices to the kubelet until its StaleAfter: a
-// CI failure, lab-mig still allocatable mig-1g.5gb = 7 two minutes after
-// the relabel). Offered again, the resource gets its devices back.
-func TestWithdrawnResourceKeepsServingTheShim(t *testing.T) {
-	dir := t.TempDir()
+const shimGPU, shimMIG = "nvidia.com/gpu", "nvidia.com/mig-1g.5gb"
+
+var gpus = []deviceplugin.GPU{{UUID: "GPU-a", Healthy: true, Slots: 2}, {UUID: "GPU-b", Healthy: true, Slots: 2}}
+
+// shimAgent is an agent serving its plugins for a kubelet shim in dir,
+// without running its loops (the test calls syncPlugins); stop stops its
+// plugins as Run's end does.
+func shimAgent(t *testing.T, dir string) (*Agent, func()) {
+	t.Helper()
 	a, err := New(nvmltest.DGXA100(), fake.NewClientset(), Options{
-		NodeName: "n1", Resource: "nvidia.com/gpu",
+		NodeName: "n1", Resource: shimGPU,
 		Health:          health.Options{IgnoredXIDs: health.DefaultIgnoredXIDs, RecoveryPeriod: time.Second, WaitTimeout: 5 * time.Millisecond},
 		Paths:           deviceplugin.Paths{StateRoot: t.TempDir()},
 		PluginSocketDir: dir,
@@ -63,31 +65,106 @@ func TestWithdrawnResourceKeepsServingTheShim(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	a.runCtx = ctx
-	defer func() { cancel(); a.stopPlugins(); a.wg.Wait() }()
+	var once sync.Once
+	return a, func() { once.Do(func() { cancel(); a.stopPlugins(); a.wg.Wait() }) }
+}
 
-	const gpu, mig = "nvidia.com/gpu", "nvidia.com/mig-1g.5gb"
-	gpus := []deviceplugin.GPU{{UUID: "GPU-a", Healthy: true, Slots: 2}, {UUID: "GPU-b", Healthy: true, Slots: 2}}
-	a.syncPlugins(config.Node{}, Offer{gpu: gpus, mig: gpus})
-	if n := firstList(t, dir, mig); n != 4 {
-		t.Fatalf("offered: %s lists %d devices, want 4", mig, n)
+// TestWithdrawnResourceKeepsServingTheShim: behind the kubelet shim, a
+// resource no longer offered (a MIG layout changed by its node label) is
+// served with an empty list, so a shim whose stream was down when the
+// resource went still learns it has no devices (a stopped plugin left the
+// shim reporting the old devices to the kubelet until its StaleAfter: a
+// CI failure, lab-shimMIG still allocatable shimMIG-1g.5gb = 7 two minutes after
+// the relabel). Offered again, the resource gets its devices back.
+func TestWithdrawnResourceKeepsServingTheShim(t *testing.T) {
+	dir := t.TempDir()
+	a, stop := shimAgent(t, dir)
+	defer stop()
+	a.syncPlugins(config.Node{}, Offer{shimGPU: gpus, shimMIG: gpus}, true)
+	if n := firstList(t, dir, shimMIG); n != 4 {
+		t.Fatalf("offered: %s lists %d devices, want 4", shimMIG, n)
 	}
 
-	a.syncPlugins(config.Node{}, Offer{gpu: gpus})
-	if n := firstList(t, dir, mig); n != 0 {
-		t.Errorf("withdrawn: %s lists %d devices to a reconnecting shim, want 0", mig, n)
+	a.syncPlugins(config.Node{}, Offer{shimGPU: gpus}, true)
+	if n := firstList(t, dir, shimMIG); n != 0 {
+		t.Errorf("withdrawn: %s lists %d devices to a reconnecting shim, want 0", shimMIG, n)
 	}
-	if got := a.Resources(); slices.Contains(got, mig) || !slices.Contains(got, gpu) {
-		t.Errorf("withdrawn: the agent serves %v, want %s and not %s", got, gpu, mig)
+	if got := a.Resources(); slices.Contains(got, shimMIG) || !slices.Contains(got, shimGPU) {
+		t.Errorf("withdrawn: the agent serves %v, want %s and not %s", got, shimGPU, shimMIG)
 	}
-	if a.PluginFor(mig) != nil {
-		t.Errorf("withdrawn: PluginFor(%s) is not nil", mig)
+	if a.PluginFor(shimMIG) != nil {
+		t.Errorf("withdrawn: PluginFor(%s) is not nil", shimMIG)
 	}
 
-	a.syncPlugins(config.Node{}, Offer{gpu: gpus, mig: gpus[:1]})
-	if n := firstList(t, dir, mig); n != 2 {
-		t.Errorf("offered again: %s lists %d devices, want 2", mig, n)
+	a.syncPlugins(config.Node{}, Offer{shimGPU: gpus, shimMIG: gpus[:1]}, true)
+	if n := firstList(t, dir, shimMIG); n != 2 {
+		t.Errorf("offered again: %s lists %d devices, want 2", shimMIG, n)
 	}
-	if a.PluginFor(mig) == nil {
-		t.Errorf("offered again: no plugin for %s", mig)
+	if a.PluginFor(shimMIG) == nil {
+		t.Errorf("offered again: no plugin for %s", shimMIG)
+	}
+}
+
+// TestRestartedAgentWithdrawsWhatItNoLongerOffers: an agent restarted
+// with fewer resources (the MIG label changed while it was down) serves
+// the ones the previous agent offered and it does not with an empty list,
+// so the kubelet shim, which keeps the last list it got, does not offer
+// them until its StaleAfter. Malformed lines in the record are skipped;
+// an offer made before the Node's configuration was read withdraws
+// nothing.
+func TestRestartedAgentWithdrawsWhatItNoLongerOffers(t *testing.T) {
+	dir := t.TempDir()
+	a, stop := shimAgent(t, dir)
+	a.syncPlugins(config.Node{}, Offer{shimGPU: gpus, shimMIG: gpus}, true)
+	if n := firstList(t, dir, shimMIG); n != 4 {
+		t.Fatalf("offered: %s lists %d devices, want 4", shimMIG, n)
+	}
+	stop()
+	f, err := os.OpenFile(filepath.Join(dir, offeredFile), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("../../etc/x\nnvidia.com/a/b\nnot a resource\n"); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+
+	b, stop := shimAgent(t, dir)
+	defer stop()
+	// An offer from the defaults (the Node not read) withdraws nothing of
+	// the record.
+	b.syncPlugins(config.Node{}, Offer{shimGPU: gpus}, false)
+	if _, err := os.Stat(filepath.Join(dir, kubeletshim.AgentSocketName(shimMIG))); !os.IsNotExist(err) {
+		t.Errorf("an offer made without the Node's configuration withdrew %s (socket: %v)", shimMIG, err)
+	}
+	b.syncPlugins(config.Node{}, Offer{shimGPU: gpus}, true)
+	if n := firstList(t, dir, shimMIG); n != 0 {
+		t.Errorf("after the restart: %s lists %d devices to the shim, want 0", shimMIG, n)
+	}
+	if n := firstList(t, dir, shimGPU); n != 4 {
+		t.Errorf("after the restart: %s lists %d devices, want 4", shimGPU, n)
+	}
+	if got := b.Resources(); !slices.Equal(got, []string{shimGPU}) {
+		t.Errorf("after the restart the agent serves %v, want [%s]", got, shimGPU)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	want := []string{kubeletshim.AgentSocketName(shimGPU), kubeletshim.AgentSocketName(shimMIG), offeredFile}
+	slices.Sort(want)
+	if !slices.Equal(names, want) {
+		t.Errorf("socket directory holds %v, want %v (nothing made from the malformed lines)", names, want)
+	}
+	rec, err := os.ReadFile(filepath.Join(dir, offeredFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(rec) != shimGPU+"\n"+shimMIG+"\n" {
+		t.Errorf("record of served resources %q, want both resources only", rec)
 	}
 }

@@ -18,9 +18,8 @@ import (
 // Manager runs one Shim per resource whose socket has appeared there, and
 // keeps it: a socket that goes away is an agent restarting (its Shim waits
 // for it and reports the devices unhealthy after StaleAfter). A resource
-// no longer offered keeps its socket, serving an empty list, while the
-// agent runs; one the agent stopped offering while it was down goes the
-// StaleAfter way.
+// no longer offered keeps its socket, serving an empty list, also across
+// agent restarts (the agent records what it served in the directory).
 
 // AgentSocketName is the file name of the agent's socket for a resource
 // in the agent's socket directory: the resource with its first "/" as "_"
