@@ -371,7 +371,7 @@ func (a *Agent) reconcile(ctx context.Context) {
 	inv, offer := BuildInventory(a.devices, a.monitor.Snapshot(), cfg.NodeConfig, a.names)
 	a.devMu.Unlock()
 	a.remember(inv)
-	a.syncPlugins(cfg, offer, node != nil)
+	a.syncPlugins(cfg, offer, node != nil && (a.cms == nil || a.ConfigError() == ""))
 	a.syncDRA(ctx, cfg.NodeConfig, inv)
 	a.reconcileMPS(ctx, cfg, inv)
 	if node == nil {

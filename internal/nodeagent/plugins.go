@@ -3,6 +3,8 @@ package nodeagent
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -35,7 +37,8 @@ func (a *Agent) PluginFor(resource string) *deviceplugin.Plugin {
 	return nil
 }
 
-// Resources lists the resources the agent's plugins serve.
+// Resources lists the resources the agent offers (not the withdrawn ones
+// whose plugins serve an empty list to the kubelet shim).
 func (a *Agent) Resources() []string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -63,7 +66,10 @@ func (a *Agent) Resources() []string {
 // that an agent restarted with fewer resources (the MIG label changed
 // while it was down) withdraws the others the same way, at its first
 // offer made from the Node's configuration (configured: the Node was
-// read; an offer from the defaults withdraws nothing of the record).
+// read and its configuration applied; an offer from the defaults
+// withdraws nothing of the record). Withdrawn resources are not
+// forgotten: they stay registered, at 0, until the socket directory is
+// cleared.
 func (a *Agent) syncPlugins(cfg config.Node, offer Offer, configured bool) {
 	if a.opts.NoPlugin || a.runCtx == nil {
 		return
@@ -150,14 +156,20 @@ func (a *Agent) startPluginLocked(r *pluginRun) {
 const offeredFile = "tessera-resources"
 
 // maxOffered bounds what readOffered takes from the file (a node offers
-// its GPU resource, a shared rename and a few dozen MIG profiles).
-const maxOffered = 256
+// its GPU resource, a shared rename and a few dozen MIG profiles), and
+// maxOfferedBytes what it reads of it.
+const (
+	maxOffered      = 256
+	maxOfferedBytes = 64 << 10
+)
 
-// readOffered is the resources a previous agent served; a missing or
-// unreadable file is nothing (logged), a malformed line is skipped.
+// readOffered is the resources a previous agent served under this agent's
+// resource prefix; a missing or unreadable file is nothing (logged), a
+// line that is not such a resource name is skipped (another prefix's
+// resources are not this agent's to withdraw).
 func (a *Agent) readOffered() []string {
 	path := filepath.Join(a.opts.PluginSocketDir, offeredFile)
-	b, err := os.ReadFile(path)
+	b, err := readLimited(path, maxOfferedBytes)
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
 			a.logger.Error(err, "Reading the resources the previous agent served; those it no longer offers stay with the kubelet shim until its --stale-after", "file", path)
@@ -165,6 +177,7 @@ func (a *Agent) readOffered() []string {
 		return nil
 	}
 	var out []string
+	skipped := 0
 	for _, line := range strings.Split(string(b), "\n") {
 		if line == "" {
 			continue
@@ -173,13 +186,26 @@ func (a *Agent) readOffered() []string {
 			a.logger.Error(nil, "Too many resources in the file of served resources; the rest ignored", "file", path, "limit", maxOffered)
 			break
 		}
-		if res, ok := kubeletshim.ResourceOfSocket(kubeletshim.AgentSocketName(line)); !ok || res != line || len(validation.IsQualifiedName(line)) > 0 {
-			a.logger.Error(nil, "Ignoring a malformed line in the file of served resources", "file", path, "line", line)
+		name, ok := strings.CutPrefix(line, a.names.Prefix+"/")
+		if res, rok := kubeletshim.ResourceOfSocket(kubeletshim.AgentSocketName(line)); !ok || name == "" || !rok || res != line || len(validation.IsQualifiedName(line)) > 0 {
+			if skipped++; skipped <= 3 {
+				a.logger.Error(nil, "Ignoring a line of the file of served resources: not a resource name under the agent's prefix", "file", path, "line", fmt.Sprintf("%.80q", line), "prefix", a.names.Prefix)
+			}
 			continue
 		}
 		out = append(out, line)
 	}
 	return out
+}
+
+// readLimited reads at most limit bytes of a file.
+func readLimited(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, limit))
 }
 
 // writeOfferedLocked records the resources served (offered and withdrawn)
@@ -198,6 +224,10 @@ func (a *Agent) writeOfferedLocked() {
 	}
 	path := filepath.Join(a.opts.PluginSocketDir, offeredFile)
 	tmp := path + ".tmp"
+	if err := os.MkdirAll(a.opts.PluginSocketDir, 0o755); err != nil {
+		a.logger.Error(err, "Recording the resources served for the next agent", "file", path)
+		return
+	}
 	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
 		a.logger.Error(err, "Recording the resources served for the next agent", "file", path)
 		return

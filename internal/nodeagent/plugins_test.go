@@ -47,7 +47,7 @@ func firstList(t *testing.T, dir, res string) int {
 
 const shimGPU, shimMIG = "nvidia.com/gpu", "nvidia.com/mig-1g.5gb"
 
-var gpus = []deviceplugin.GPU{{UUID: "GPU-a", Healthy: true, Slots: 2}, {UUID: "GPU-b", Healthy: true, Slots: 2}}
+var shimGPUs = []deviceplugin.GPU{{UUID: "GPU-a", Healthy: true, Slots: 2}, {UUID: "GPU-b", Healthy: true, Slots: 2}}
 
 // shimAgent is an agent serving its plugins for a kubelet shim in dir,
 // without running its loops (the test calls syncPlugins); stop stops its
@@ -74,18 +74,18 @@ func shimAgent(t *testing.T, dir string) (*Agent, func()) {
 // served with an empty list, so a shim whose stream was down when the
 // resource went still learns it has no devices (a stopped plugin left the
 // shim reporting the old devices to the kubelet until its StaleAfter: a
-// CI failure, lab-shimMIG still allocatable shimMIG-1g.5gb = 7 two minutes after
+// CI failure, lab-mig still allocatable mig-1g.5gb = 7 two minutes after
 // the relabel). Offered again, the resource gets its devices back.
 func TestWithdrawnResourceKeepsServingTheShim(t *testing.T) {
 	dir := t.TempDir()
 	a, stop := shimAgent(t, dir)
 	defer stop()
-	a.syncPlugins(config.Node{}, Offer{shimGPU: gpus, shimMIG: gpus}, true)
+	a.syncPlugins(config.Node{}, Offer{shimGPU: shimGPUs, shimMIG: shimGPUs}, true)
 	if n := firstList(t, dir, shimMIG); n != 4 {
 		t.Fatalf("offered: %s lists %d devices, want 4", shimMIG, n)
 	}
 
-	a.syncPlugins(config.Node{}, Offer{shimGPU: gpus}, true)
+	a.syncPlugins(config.Node{}, Offer{shimGPU: shimGPUs}, true)
 	if n := firstList(t, dir, shimMIG); n != 0 {
 		t.Errorf("withdrawn: %s lists %d devices to a reconnecting shim, want 0", shimMIG, n)
 	}
@@ -96,7 +96,7 @@ func TestWithdrawnResourceKeepsServingTheShim(t *testing.T) {
 		t.Errorf("withdrawn: PluginFor(%s) is not nil", shimMIG)
 	}
 
-	a.syncPlugins(config.Node{}, Offer{shimGPU: gpus, shimMIG: gpus[:1]}, true)
+	a.syncPlugins(config.Node{}, Offer{shimGPU: shimGPUs, shimMIG: shimGPUs[:1]}, true)
 	if n := firstList(t, dir, shimMIG); n != 2 {
 		t.Errorf("offered again: %s lists %d devices, want 2", shimMIG, n)
 	}
@@ -115,7 +115,7 @@ func TestWithdrawnResourceKeepsServingTheShim(t *testing.T) {
 func TestRestartedAgentWithdrawsWhatItNoLongerOffers(t *testing.T) {
 	dir := t.TempDir()
 	a, stop := shimAgent(t, dir)
-	a.syncPlugins(config.Node{}, Offer{shimGPU: gpus, shimMIG: gpus}, true)
+	a.syncPlugins(config.Node{}, Offer{shimGPU: shimGPUs, shimMIG: shimGPUs}, true)
 	if n := firstList(t, dir, shimMIG); n != 4 {
 		t.Fatalf("offered: %s lists %d devices, want 4", shimMIG, n)
 	}
@@ -124,7 +124,7 @@ func TestRestartedAgentWithdrawsWhatItNoLongerOffers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.WriteString("../../etc/x\nnvidia.com/a/b\nnot a resource\n"); err != nil {
+	if _, err := f.WriteString("../../etc/x\nnvidia.com/a/b\nnot a resource\nexample.com/gpu\nnvidia.com/\n"); err != nil {
 		t.Fatal(err)
 	}
 	f.Close()
@@ -133,11 +133,18 @@ func TestRestartedAgentWithdrawsWhatItNoLongerOffers(t *testing.T) {
 	defer stop()
 	// An offer from the defaults (the Node not read) withdraws nothing of
 	// the record.
-	b.syncPlugins(config.Node{}, Offer{shimGPU: gpus}, false)
-	if _, err := os.Stat(filepath.Join(dir, kubeletshim.AgentSocketName(shimMIG))); !os.IsNotExist(err) {
-		t.Errorf("an offer made without the Node's configuration withdrew %s (socket: %v)", shimMIG, err)
+	before, err := os.ReadFile(filepath.Join(dir, offeredFile))
+	if err != nil {
+		t.Fatal(err)
 	}
-	b.syncPlugins(config.Node{}, Offer{shimGPU: gpus}, true)
+	b.syncPlugins(config.Node{}, Offer{shimGPU: shimGPUs}, false)
+	b.mu.Lock()
+	made := b.withdrawn[shimMIG] != nil || b.plugins[shimMIG] != nil
+	b.mu.Unlock()
+	if after, err := os.ReadFile(filepath.Join(dir, offeredFile)); made || err != nil || string(after) != string(before) {
+		t.Errorf("an offer made without the Node's configuration: plugin for %s made %v; record %q (%v), was %q", shimMIG, made, after, err, before)
+	}
+	b.syncPlugins(config.Node{}, Offer{shimGPU: shimGPUs}, true)
 	if n := firstList(t, dir, shimMIG); n != 0 {
 		t.Errorf("after the restart: %s lists %d devices to the shim, want 0", shimMIG, n)
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -59,6 +60,27 @@ func TestAllocateMIG(t *testing.T) {
 	e.api.put(mixed)
 	if _, err := e.admit(mixed); err == nil || !strings.Contains(err.Error(), "mixes MIG devices and GPU shares") {
 		t.Errorf("mixed grants: %v", err)
+	}
+}
+
+// TestWithdrawnPluginAllocatesNothing: a plugin offering no GPUs (its
+// resource withdrawn; behind the kubelet shim it keeps serving) refuses
+// Allocate before anything is prepared: no MIG instance is made for a
+// resource the node no longer offers.
+func TestWithdrawnPluginAllocatesNothing(t *testing.T) {
+	e := newEnv(t, api.SharingMIGDynamic, 7)
+	f := &fakeMIG{}
+	e.plugin.SetPolicy(Policy{MIG: f})
+	e.plugin.SetGPUs(nil, api.SharingMIGDynamic)
+	p := pod("late", spec{name: "main", grants: []api.DeviceGrant{migGrant(2, "3g.20gb", "")}})
+	e.api.put(p)
+	e.kubelet.add(p)
+	_, err := e.plugin.Allocate(context.Background(), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{SlotID(uuid(2), 0)}}}})
+	if !errors.Is(err, ErrNoMatch) || !strings.Contains(err.Error(), "is no longer offered") {
+		t.Errorf("Allocate on a withdrawn plugin: %v", err)
+	}
+	if len(f.asked) != 0 {
+		t.Errorf("a withdrawn plugin asked for MIG instances %v", f.asked)
 	}
 }
 

@@ -126,11 +126,11 @@ func (p *Plugin) SetGPUs(gpus []GPU, mode api.SharingMode) {
 }
 
 // Withdraw offers no devices any more and waits (up to timeout) until
-// every open ListAndWatch stream has sent the empty list. A resource the
-// node stops offering is withdrawn before its plugin stops: a kubelet
-// shim in front of the plugin (which keeps the last list through agent
-// restarts) then reports it gone, as the kubelet would have seen it go
-// without the shim.
+// every open ListAndWatch stream has sent the empty list; the node agent
+// calls it before it stops the plugin of a resource no longer offered
+// when the plugin is registered with the kubelet directly. (Behind the
+// kubelet shim the plugin is not stopped: it goes on serving the empty
+// list, since the shim keeps the last list it received.)
 func (p *Plugin) Withdraw(timeout time.Duration) {
 	p.SetGPUs(nil, p.sharing())
 	deadline := time.Now().Add(timeout)
@@ -322,6 +322,11 @@ func (p *Plugin) allocate(ctx context.Context, n int) (*pluginapi.ContainerAlloc
 		return nil, err
 	}
 	gpus, mode := p.offered()
+	if len(gpus) == 0 {
+		// Withdrawn (the resource is no longer offered): nothing to give,
+		// and nothing to prepare (no MIG instance made for it).
+		return nil, fmt.Errorf("%w: pod %s container %s: resource %s is no longer offered on node %s", ErrNoMatch, kubeobj.Key(t.Pod), t.Container, p.opts.Resource, p.opts.Matcher.Node)
+	}
 	// The node's own checks of the record (guard.go) come first, for
 	// every kind of grant; the ledger check and entry are one step.
 	p.allocMu.Lock()
