@@ -186,8 +186,9 @@ func (a *Agent) readOffered() []string {
 			a.logger.Error(nil, "Too many resources in the file of served resources; the rest ignored", "file", path, "limit", maxOffered)
 			break
 		}
-		name, ok := strings.CutPrefix(line, a.names.Prefix+"/")
-		if res, rok := kubeletshim.ResourceOfSocket(kubeletshim.AgentSocketName(line)); !ok || name == "" || !rok || res != line || len(validation.IsQualifiedName(line)) > 0 {
+		// A qualified name (one "/", a DNS-subdomain prefix without "_")
+		// under the agent's prefix: its socket name maps back to it.
+		if !strings.HasPrefix(line, a.names.Prefix+"/") || len(validation.IsQualifiedName(line)) > 0 {
 			if skipped++; skipped <= 3 {
 				a.logger.Error(nil, "Ignoring a line of the file of served resources: not a resource name under the agent's prefix", "file", path, "line", fmt.Sprintf("%.80q", line), "prefix", a.names.Prefix)
 			}

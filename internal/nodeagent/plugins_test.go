@@ -11,6 +11,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/klog/v2/ktesting"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -173,5 +175,63 @@ func TestRestartedAgentWithdrawsWhatItNoLongerOffers(t *testing.T) {
 	}
 	if string(rec) != shimGPU+"\n"+shimMIG+"\n" {
 		t.Errorf("record of served resources %q, want both resources only", rec)
+	}
+}
+
+// TestRecordReadOnceConfigured: a restarted agent whose node configuration
+// cannot be applied (its ConfigMap missing) offers from its defaults and
+// withdraws nothing of the previous agent's record; once the ConfigMap is
+// there, what the record lists and the configuration does not offer is
+// withdrawn (served with an empty list).
+func TestRecordReadOnceConfigured(t *testing.T) {
+	dir, root := t.TempDir(), t.TempDir()
+	record := shimGPU + "\n" + shimMIG + "\n"
+	if err := os.WriteFile(filepath.Join(dir, offeredFile), []byte(record), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	client := fake.NewClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	a, err := New(nvmltest.DGXA100(), client, Options{
+		NodeName: "n1", Resource: shimGPU,
+		ConfigMapNamespace: "tessera-system", ConfigMapName: "node-agent",
+		Health:          health.Options{IgnoredXIDs: health.DefaultIgnoredXIDs, RecoveryPeriod: time.Second, WaitTimeout: 5 * time.Millisecond},
+		Paths:           deviceplugin.Paths{StateRoot: filepath.Join(root, "state"), PreloadHost: filepath.Join(root, "ld.so.preload")},
+		Resync:          20 * time.Millisecond,
+		PluginSocketDir: dir,
+	}, ktesting.NewLogger(t, ktesting.NewConfig()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- a.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	migSock := filepath.Join(dir, kubeletshim.AgentSocketName(shimMIG))
+	eventually(t, "the agent serving its GPU resource from its defaults", func() bool {
+		_, err := os.Stat(filepath.Join(dir, kubeletshim.AgentSocketName(shimGPU)))
+		return err == nil && a.ConfigError() != ""
+	})
+	time.Sleep(200 * time.Millisecond) // several resyncs
+	if _, err := os.Stat(migSock); !os.IsNotExist(err) {
+		t.Errorf("without its configuration the agent withdrew %s (socket: %v)", shimMIG, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, offeredFile)); err != nil || string(b) != record {
+		t.Errorf("without its configuration the agent rewrote the record: %q (%v)", b, err)
+	}
+
+	cm := &v1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "tessera-system", Name: "node-agent"}, Data: map[string]string{"default": "sharesPerGPU: 4"}}
+	if _, err := client.CoreV1().ConfigMaps("tessera-system").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the configuration applied and "+shimMIG+" withdrawn", func() bool {
+		_, err := os.Stat(migSock)
+		return a.ConfigError() == "" && err == nil
+	})
+	if n := firstList(t, dir, shimMIG); n != 0 {
+		t.Errorf("configured: %s lists %d devices, want 0", shimMIG, n)
 	}
 }
