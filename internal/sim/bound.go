@@ -9,10 +9,12 @@ import (
 )
 
 // Floor is how little GPU any run of one seed's arrivals can leave
-// unallocated at arrived = 100%, as % of capacity. Both figures come from
+// unallocated at arrived = 100%, as % of capacity. The figures come from
 // a relaxation that ignores CPU, memory, GPU models and node boundaries
-// and lets whole-GPU tasks use any GPU no share touches, so no real policy
-// can go below them.
+// and lets whole-GPU tasks use any GPU no share touches, except for large
+// tasks (see largeDropped): no node takes two of them, so those the nodes
+// cannot all take are dropped whatever the policy. No real policy can go
+// below them.
 //
 // At arrived = 100% the unallocated GPU equals the GPU of the tasks
 // dropped so far (plus the few thousandths by which arrivals fall short of
@@ -31,6 +33,10 @@ type Floor struct {
 	// nowhere, as the methodology does (see neverRefuse): once a task is
 	// dropped, every later task needing at least as much is dropped too.
 	NeverRefuse float64 `json:"neverRefuse"`
+	// Large is the GPU of the large tasks (more than half the GPUs of
+	// every node they fit) that the nodes cannot all take, one per node:
+	// dropped by every run, and part of the three floors above.
+	Large float64 `json:"largeTasks"`
 }
 
 // Floor computes the floors for one seed's arrivals (see Floor).
@@ -42,6 +48,7 @@ func (t *Trace) Floor(seed int64) (Floor, error) {
 	var counts shareCounts
 	var arrived int64
 	var tasks []nrTask
+	var whole []PodRow
 	for _, i := range t.Arrivals(seed, Inflation) {
 		p := t.Pods[i]
 		g := p.GPURequestMilli()
@@ -52,6 +59,9 @@ func (t *Trace) Floor(seed int64) (Floor, error) {
 		if p.NumGPU == 0 {
 			continue
 		}
+		if p.GPUMilli >= 1000 {
+			whole = append(whole, p)
+		}
 		task := nrTask{need: p.NumGPU, cpu: p.CPUMilli, mem: p.MemMiB, spec: sortedModels(p.Spec)}
 		if p.NumGPU == 1 && p.GPUMilli < 1000 {
 			counts[SharePercent(p.GPUMilli)]++
@@ -59,8 +69,14 @@ func (t *Trace) Floor(seed int64) (Floor, error) {
 		}
 		tasks = append(tasks, task)
 	}
-	// Arrivals short of 100% are unallocated whatever happens.
+	// Arrivals short of 100% are unallocated whatever happens, and so are
+	// the large tasks no node is left for.
+	large, err := largeDropped(t.Nodes, whole)
+	if err != nil {
+		return Floor{}, fmt.Errorf("seed %d: large tasks: %w", seed, err)
+	}
 	short := float64(capacity-arrived) / 10 // in % of one GPU
+	forced := short + float64(large)*100
 	pct := func(units float64) float64 { return units * 1000 / float64(capacity) }
 
 	bins, err := counts.minGPUs()
@@ -68,19 +84,124 @@ func (t *Trace) Floor(seed int64) (Floor, error) {
 		return Floor{}, fmt.Errorf("seed %d: %w", seed, err)
 	}
 	waste := float64(bins*100 - counts.volume())
-	anyPolicy, err := counts.minUnallocated(short)
+	anyPolicy, err := counts.minUnallocated(forced)
 	if err != nil {
 		return Floor{}, fmt.Errorf("seed %d: %w", seed, err)
 	}
 	// The LP's rounding noise must not put the floor below what is certain.
-	anyPolicy = math.Max(anyPolicy, short)
+	anyPolicy = math.Max(anyPolicy, forced)
 	never, err := neverRefuse(tasks, int(capacity/1000), short)
 	if err != nil {
 		return Floor{}, fmt.Errorf("seed %d: never-refuse floor: %w", seed, err)
 	}
 	// A never-refusing run is one policy among all.
 	never = math.Max(never, anyPolicy)
-	return Floor{Seed: seed, AnyPolicy: pct(anyPolicy), AllShares: pct(math.Max(waste, short)), NeverRefuse: pct(never)}, nil
+	return Floor{Seed: seed, AnyPolicy: pct(anyPolicy), AllShares: pct(math.Max(waste, forced)), NeverRefuse: pct(never),
+		Large: pct(float64(large) * 100)}, nil
+}
+
+// largeDropped is how many GPUs of the whole-GPU tasks given every run
+// must drop because no node can take two large ones. A task is large when
+// it asks for more than half the GPUs of every node it fits (GPU count,
+// CPU, memory, model): two large tasks never share a node, so at most one
+// per node is placed, and the most GPU the nodes can take of them is a
+// maximum-weight matching of large tasks to nodes. Its LP relaxation
+// (tasks and nodes grouped by shape; a bipartite transportation problem,
+// whose optimum is integral) gives that maximum exactly; what it cannot
+// place is dropped by every policy. A task that fits no node counts too.
+func largeDropped(nodes []NodeRow, tasks []PodRow) (int64, error) {
+	type nodeKind struct {
+		gpus     int
+		cpu, mem int64
+		model    string
+	}
+	type taskKind struct {
+		gpus     int
+		cpu, mem int64
+		spec     string
+	}
+	kinds := map[nodeKind]int{}
+	var order []nodeKind
+	for _, n := range nodes {
+		if n.GPUs == 0 {
+			continue
+		}
+		k := nodeKind{n.GPUs, n.CPUMilli, n.MemMiB, n.Model}
+		if kinds[k] == 0 {
+			order = append(order, k)
+		}
+		kinds[k]++
+	}
+	fits := func(t taskKind, n nodeKind) bool {
+		if t.gpus > n.gpus || t.cpu > n.cpu || t.mem > n.mem {
+			return false
+		}
+		if t.spec == "" {
+			return true
+		}
+		return slices.Contains(SpecModels(t.spec), n.model)
+	}
+	counts := map[taskKind]int{}
+	var shapes []taskKind
+	var dropped int64
+	for _, p := range tasks {
+		k := taskKind{p.NumGPU, p.CPUMilli, p.MemMiB, p.Spec}
+		if counts[k] == 0 {
+			shapes = append(shapes, k)
+		}
+		counts[k]++
+	}
+	var prob lp.Problem
+	largeShapes := 0
+	perNode := make([][]lp.Term, len(order))
+	for _, t := range shapes {
+		large, fitsSome := true, false
+		for _, n := range order {
+			if fits(t, n) {
+				fitsSome = true
+				large = large && 2*t.gpus > n.gpus
+			}
+		}
+		switch {
+		case !fitsSome:
+			dropped += int64(t.gpus) * int64(counts[t])
+			continue
+		case !large:
+			continue
+		}
+		dropped += int64(t.gpus) * int64(counts[t])
+		var row []lp.Term
+		for j, n := range order {
+			if fits(t, n) {
+				x := prob.NewVar(-float64(t.gpus)) // GPUs placed, maximised
+				row = append(row, lp.Term{Var: x, Coeff: 1})
+				perNode[j] = append(perNode[j], lp.Term{Var: x, Coeff: 1})
+			}
+		}
+		if err := prob.AddRow(row, lp.LE, float64(counts[t])); err != nil {
+			return 0, err
+		}
+		largeShapes++
+	}
+	if largeShapes == 0 {
+		return dropped, nil
+	}
+	for j, terms := range perNode {
+		if len(terms) == 0 {
+			continue
+		}
+		if err := prob.AddRow(terms, lp.LE, float64(kinds[order[j]])); err != nil {
+			return 0, err
+		}
+	}
+	v, _, err := prob.Solve()
+	if err != nil {
+		return 0, err
+	}
+	// v is minus the most GPU the nodes take; the optimum is integral, so
+	// rounding only removes the solver's noise (never raising the floor
+	// above what is certain).
+	return max(0, int64(math.Floor(float64(dropped)+v+1e-6))), nil
 }
 
 // sortedModels is a gpu_spec's models, sorted; nil for none.

@@ -348,3 +348,107 @@ func exactNeverRefuse(t *testing.T, tasks []nrTask, gpus int, short float64) flo
 	}
 	return best
 }
+
+// largeDropped by hand: one 128-core and two 96-core 8-GPU nodes and a
+// 2-GPU node. Three 8-GPU tasks of 120 cores fit only the 128-core node;
+// an 8-GPU 64-core task and two 5-GPU tasks compete for the 96-core nodes
+// (and the 128-core one). The most GPU placed, one large task per node:
+// 120-core task on the 128-core node, the 8-GPU and one 5-GPU task on the
+// 96-core nodes: 21 of 42 GPUs, so 21 are dropped. A 4-GPU task (half a
+// node, two fit) and a 1-GPU task are not large; a task asking for a model
+// no node has fits nowhere and counts whole.
+func TestLargeDroppedHandCase(t *testing.T) {
+	nodes := []NodeRow{
+		{Name: "g3", CPUMilli: 128000, MemMiB: 1 << 20, GPUs: 8, Model: "G3"},
+		{Name: "g2a", CPUMilli: 96000, MemMiB: 1 << 20, GPUs: 8, Model: "G2"},
+		{Name: "g2b", CPUMilli: 96000, MemMiB: 1 << 20, GPUs: 8, Model: "G2"},
+		{Name: "t4", CPUMilli: 104000, MemMiB: 1 << 20, GPUs: 2, Model: "T4"},
+		{Name: "cpu", CPUMilli: 256000, MemMiB: 1 << 20},
+	}
+	task := func(gpus int, cpu int64, spec string) PodRow {
+		return PodRow{CPUMilli: cpu, MemMiB: 1024, NumGPU: gpus, GPUMilli: 1000, Spec: spec}
+	}
+	cases := []struct {
+		name  string
+		tasks []PodRow
+		want  int64
+	}{
+		{"none", nil, 0},
+		{"not large", []PodRow{task(4, 32000, ""), task(4, 32000, ""), task(4, 32000, ""), task(1, 8000, "")}, 0},
+		{"one per node", []PodRow{task(8, 120000, ""), task(8, 120000, ""), task(8, 120000, ""), task(8, 64000, ""), task(5, 8000, ""), task(5, 8000, "")}, 21},
+		{"fits the 2-GPU node too", []PodRow{task(2, 8000, ""), task(2, 8000, ""), task(2, 8000, ""), task(2, 8000, "")}, 0},
+		{"no such model", []PodRow{task(8, 8000, "A100")}, 8},
+		{"model", []PodRow{task(8, 8000, "G3"), task(8, 8000, "G3|A100")}, 8},
+		{"memory", []PodRow{{CPUMilli: 1000, MemMiB: 2 << 20, NumGPU: 8, GPUMilli: 1000}}, 8},
+	}
+	for _, c := range cases {
+		got, err := largeDropped(nodes, c.tasks)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got != c.want {
+			t.Errorf("%s: %d GPUs dropped, want %d", c.name, got, c.want)
+		}
+	}
+}
+
+// On the multi-GPU mixes large 8-GPU tasks outnumber the nodes that can
+// take them (the 120-core tasks and the 39 G3 nodes), so the floors must
+// count them; and no policy may ever leave less than a floor.
+func TestFloorsHoldOnMultiGPUMixes(t *testing.T) {
+	base := bundledTrace(t)
+	for _, g := range []int64{1, 3} {
+		pods, err := Variant(base, "multigpu50", g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr := &Trace{Nodes: base.Nodes, Pods: pods}
+		fl, err := tr.Floor(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fl.Large <= 0 {
+			t.Fatalf("generator seed %d: no large tasks dropped in the floor (%+v)", g, fl)
+		}
+		if fl.AnyPolicy < fl.Large || fl.AllShares < fl.Large || fl.NeverRefuse < fl.Large {
+			t.Fatalf("generator seed %d: a floor below its large tasks: %+v", g, fl)
+		}
+		for _, pol := range []string{"random", "bestfit", "fgd", "tessera"} {
+			cv, err := Run(tr, pol, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := cv.Unallocated(100); got < fl.NeverRefuse-1e-9 {
+				t.Errorf("generator seed %d, %s: %.3f%% unallocated, below the floor %.3f%%", g, pol, got, fl.NeverRefuse)
+			}
+		}
+		t.Logf("generator seed %d: floors %.2f / %.2f / %.2f, large tasks %.2f", g, fl.AnyPolicy, fl.NeverRefuse, fl.AllShares, fl.Large)
+	}
+}
+
+// A base policy at the floor up to the float noise of a mean has no gap to
+// close: the table says so instead of dividing by the noise.
+func TestGapClosedAtTheFloor(t *testing.T) {
+	at := func(v float64) PolicyResult {
+		r := PolicyResult{Unallocated: make([]Stat, len(Checkpoints))}
+		r.Unallocated[checkpointIndex(100)] = Stat{Mean: v}
+		return r
+	}
+	fl := &FloorResult{NeverRefuse: Stat{Mean: 1.9368426701008825}}
+	base, ours := at(1.9368426701008825+2e-16), at(2.1729)
+	base.Policy, ours.Policy = "fgd", "tessera"
+	if g := GapClosed(&base, &ours, fl); !math.IsNaN(g) {
+		t.Fatalf("gap closed %v%% with fgd at the floor, want none", g)
+	}
+	var out strings.Builder
+	if err := WriteTable(&out, []PolicyResult{base, ours}, fl, 3); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "fgd is at the never-refuse floor at arrived = 100% (no gap to close); tessera leaves +0.24 points against it") {
+		t.Fatalf("table:\n%s", out.String())
+	}
+	far := at(2.9368426701008825)
+	if g := GapClosed(&far, &ours, fl); math.Abs(g-76.4) > 0.1 {
+		t.Fatalf("gap closed %v%%, want 76.4%%", g)
+	}
+}

@@ -142,6 +142,7 @@ type FloorResult struct {
 	AnyPolicy   Stat    `json:"anyPolicy"`
 	AllShares   Stat    `json:"allShares"`
 	NeverRefuse Stat    `json:"neverRefuse"`
+	Large       Stat    `json:"largeTasks"`
 }
 
 // Floors computes the floors of the experiment's seeds, Parallel at a
@@ -163,10 +164,11 @@ func (e *Experiment) Floors() (*FloorResult, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	var anyP, all, never []float64
+	var anyP, all, never, large []float64
 	for _, f := range fr.Seeds {
 		anyP, all, never = append(anyP, f.AnyPolicy), append(all, f.AllShares), append(never, f.NeverRefuse)
+		large = append(large, f.Large)
 	}
-	fr.AnyPolicy, fr.AllShares, fr.NeverRefuse = statOf(anyP), statOf(all), statOf(never)
+	fr.AnyPolicy, fr.AllShares, fr.NeverRefuse, fr.Large = statOf(anyP), statOf(all), statOf(never), statOf(large)
 	return fr, nil
 }
