@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 
 	"github.com/tessera-gpu/tessera/internal/lp"
+	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 // Floor is how little GPU any run of one seed's arrivals can leave
@@ -33,10 +35,10 @@ type Floor struct {
 	// nowhere, as the methodology does (see neverRefuse): once a task is
 	// dropped, every later task needing at least as much is dropped too.
 	NeverRefuse float64 `json:"neverRefuse"`
-	// Large is the GPU of the large tasks (more than half the GPUs of
-	// every node they fit) that the nodes cannot all take, one per node:
-	// dropped by every run, and part of the three floors above.
-	Large float64 `json:"largeTasks"`
+	// LargeTasks is the GPU of the large tasks (more than half the GPUs
+	// of every node they fit) that the nodes cannot all take, one per
+	// node: dropped by every run, and part of the three floors above.
+	LargeTasks float64 `json:"largeTasks"`
 }
 
 // Floor computes the floors for one seed's arrivals (see Floor).
@@ -97,18 +99,21 @@ func (t *Trace) Floor(seed int64) (Floor, error) {
 	// A never-refusing run is one policy among all.
 	never = math.Max(never, anyPolicy)
 	return Floor{Seed: seed, AnyPolicy: pct(anyPolicy), AllShares: pct(math.Max(waste, forced)), NeverRefuse: pct(never),
-		Large: pct(float64(large) * 100)}, nil
+		LargeTasks: pct(float64(large) * 100)}, nil
 }
 
 // largeDropped is how many GPUs of the whole-GPU tasks given every run
 // must drop because no node can take two large ones. A task is large when
 // it asks for more than half the GPUs of every node it fits (GPU count,
-// CPU, memory, model): two large tasks never share a node, so at most one
-// per node is placed, and the most GPU the nodes can take of them is a
-// maximum-weight matching of large tasks to nodes. Its LP relaxation
-// (tasks and nodes grouped by shape; a bipartite transportation problem,
-// whose optimum is integral) gives that maximum exactly; what it cannot
-// place is dropped by every policy. A task that fits no node counts too.
+// CPU, memory, model as the placement core matches it): two large tasks
+// never share a node, so at most one per node is placed, and the most GPU
+// of them the nodes can take is a maximum-weight matching of large tasks to
+// nodes. The tasks a matching can cover form a transversal matroid, so with
+// weights the tasks' GPU counts the greedy is exact: the most GPU is the
+// sum over the distinct counts g₁ > g₂ > … of (gᵢ − gᵢ₊₁) times the largest
+// matching of the tasks of at least gᵢ GPUs, an integer maximum flow
+// (tasks and nodes grouped by shape). What it cannot place is dropped by
+// every policy; a task that fits no node counts too.
 func largeDropped(nodes []NodeRow, tasks []PodRow) (int64, error) {
 	type nodeKind struct {
 		gpus     int
@@ -118,19 +123,28 @@ func largeDropped(nodes []NodeRow, tasks []PodRow) (int64, error) {
 	type taskKind struct {
 		gpus     int
 		cpu, mem int64
-		spec     string
+		spec     string // sorted models, '|'-separated
 	}
-	kinds := map[nodeKind]int{}
-	var order []nodeKind
+	kinds := map[nodeKind]int64{}
+	var nodeKinds []nodeKind
 	for _, n := range nodes {
 		if n.GPUs == 0 {
 			continue
 		}
 		k := nodeKind{n.GPUs, n.CPUMilli, n.MemMiB, n.Model}
 		if kinds[k] == 0 {
-			order = append(order, k)
+			nodeKinds = append(nodeKinds, k)
 		}
 		kinds[k]++
+	}
+	counts := map[taskKind]int64{}
+	var shapes []taskKind
+	for _, p := range tasks {
+		k := taskKind{p.NumGPU, p.CPUMilli, p.MemMiB, strings.Join(sortedModels(p.Spec), "|")}
+		if counts[k] == 0 {
+			shapes = append(shapes, k)
+		}
+		counts[k]++
 	}
 	fits := func(t taskKind, n nodeKind) bool {
 		if t.gpus > n.gpus || t.cpu > n.cpu || t.mem > n.mem {
@@ -139,69 +153,71 @@ func largeDropped(nodes []NodeRow, tasks []PodRow) (int64, error) {
 		if t.spec == "" {
 			return true
 		}
-		return slices.Contains(SpecModels(t.spec), n.model)
+		for _, m := range strings.Split(t.spec, "|") {
+			if api.ModelMatches(m, n.model) {
+				return true
+			}
+		}
+		return false
 	}
-	counts := map[taskKind]int{}
-	var shapes []taskKind
+	// Network: source 0, one node per large shape, one per node kind, sink.
 	var dropped int64
-	for _, p := range tasks {
-		k := taskKind{p.NumGPU, p.CPUMilli, p.MemMiB, p.Spec}
-		if counts[k] == 0 {
-			shapes = append(shapes, k)
-		}
-		counts[k]++
-	}
-	var prob lp.Problem
-	largeShapes := 0
-	perNode := make([][]lp.Term, len(order))
+	var large []taskKind
+	var hosts [][]int
 	for _, t := range shapes {
-		large, fitsSome := true, false
-		for _, n := range order {
+		var fit []int
+		isLarge := true
+		for j, n := range nodeKinds {
 			if fits(t, n) {
-				fitsSome = true
-				large = large && 2*t.gpus > n.gpus
+				fit = append(fit, j)
+				isLarge = isLarge && 2*t.gpus > n.gpus
 			}
 		}
-		switch {
-		case !fitsSome:
-			dropped += int64(t.gpus) * int64(counts[t])
-			continue
-		case !large:
-			continue
+		if len(fit) == 0 || isLarge {
+			dropped += int64(t.gpus) * counts[t]
 		}
-		dropped += int64(t.gpus) * int64(counts[t])
-		var row []lp.Term
-		for j, n := range order {
-			if fits(t, n) {
-				x := prob.NewVar(-float64(t.gpus)) // GPUs placed, maximised
-				row = append(row, lp.Term{Var: x, Coeff: 1})
-				perNode[j] = append(perNode[j], lp.Term{Var: x, Coeff: 1})
-			}
+		if len(fit) > 0 && isLarge {
+			large = append(large, t)
+			hosts = append(hosts, fit)
 		}
-		if err := prob.AddRow(row, lp.LE, float64(counts[t])); err != nil {
-			return 0, err
-		}
-		largeShapes++
 	}
-	if largeShapes == 0 {
+	if len(large) == 0 {
 		return dropped, nil
 	}
-	for j, terms := range perNode {
-		if len(terms) == 0 {
-			continue
-		}
-		if err := prob.AddRow(terms, lp.LE, float64(kinds[order[j]])); err != nil {
-			return 0, err
+	src, sink := 0, 1+len(large)+len(nodeKinds)
+	g := lp.NewNetwork(sink + 1)
+	supply := make([]int, len(large))
+	for i, t := range large {
+		supply[i] = g.AddArc(src, 1+i, counts[t])
+		for _, j := range hosts[i] {
+			g.AddArc(1+i, 1+len(large)+j, lp.Infinite)
 		}
 	}
-	v, _, err := prob.Solve()
-	if err != nil {
-		return 0, err
+	for j, n := range nodeKinds {
+		g.AddArc(1+len(large)+j, sink, kinds[n])
 	}
-	// v is minus the most GPU the nodes take; the optimum is integral, so
-	// rounding only removes the solver's noise (never raising the floor
-	// above what is certain).
-	return max(0, int64(math.Floor(float64(dropped)+v+1e-6))), nil
+	levels := make([]int, 0, len(large))
+	for _, t := range large {
+		levels = append(levels, t.gpus)
+	}
+	slices.Sort(levels)
+	levels = slices.Compact(levels)
+	var placed int64
+	for i := len(levels) - 1; i >= 0; i-- {
+		for k, t := range large {
+			c := int64(0)
+			if t.gpus >= levels[i] {
+				c = counts[t]
+			}
+			g.SetCap(supply[k], c)
+		}
+		next := 0
+		if i > 0 {
+			next = levels[i-1]
+		}
+		placed += int64(levels[i]-next) * g.MaxFlow(src, sink)
+	}
+	return dropped - placed, nil
 }
 
 // sortedModels is a gpu_spec's models, sorted; nil for none.

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 func counts(sizes ...int) *shareCounts {
@@ -380,6 +382,21 @@ func TestLargeDroppedHandCase(t *testing.T) {
 		{"no such model", []PodRow{task(8, 8000, "A100")}, 8},
 		{"model", []PodRow{task(8, 8000, "G3"), task(8, 8000, "G3|A100")}, 8},
 		{"memory", []PodRow{{CPUMilli: 1000, MemMiB: 2 << 20, NumGPU: 8, GPUMilli: 1000}}, 8},
+		{"more GPUs than any node", []PodRow{task(16, 8000, "")}, 16},
+		// Models match as the placement core matches them: any case, or a
+		// whole word of the node's model.
+		{"model case", []PodRow{task(8, 8000, "g3"), task(8, 8000, "t4|G2"), task(8, 8000, "g2")}, 0},
+		{"model word", []PodRow{task(8, 8000, "A100|G3")}, 0},
+	}
+	a100 := []NodeRow{{Name: "a", CPUMilli: 128000, MemMiB: 1 << 20, GPUs: 8, Model: "NVIDIA-A100-SXM4-80GB"}}
+	for _, c := range []struct {
+		spec string
+		want int64
+	}{{"a100", 0}, {"A100|T4", 0}, {"A10", 8}, {"SXM", 8}} {
+		got, err := largeDropped(a100, []PodRow{task(8, 8000, c.spec)})
+		if err != nil || got != c.want {
+			t.Errorf("spec %q on an NVIDIA-A100-SXM4-80GB node: %d GPUs dropped (%v), want %d", c.spec, got, err, c.want)
+		}
 	}
 	for _, c := range cases {
 		got, err := largeDropped(nodes, c.tasks)
@@ -407,13 +424,32 @@ func TestFloorsHoldOnMultiGPUMixes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if fl.Large <= 0 {
-			t.Fatalf("generator seed %d: no large tasks dropped in the floor (%+v)", g, fl)
+		// Counted directly: 8-GPU tasks of more than 96 cores arrived by
+		// 100% fit only the 8-GPU nodes of more than 96 cores, one each.
+		var big, homes, arrived int64
+		for _, n := range tr.Nodes {
+			if n.GPUs >= 8 && n.CPUMilli > 96000 {
+				homes++
+			}
 		}
-		if fl.AnyPolicy < fl.Large || fl.AllShares < fl.Large || fl.NeverRefuse < fl.Large {
+		for _, i := range tr.Arrivals(1, Inflation) {
+			p := tr.Pods[i]
+			if arrived+p.GPURequestMilli() > tr.CapacityMilli() {
+				break
+			}
+			arrived += p.GPURequestMilli()
+			if p.NumGPU == 8 && p.CPUMilli > 96000 {
+				big++
+			}
+		}
+		atLeast := float64((big-homes)*8*1000) * 100 / float64(tr.CapacityMilli())
+		if big <= homes || fl.LargeTasks < atLeast-1e-9 {
+			t.Fatalf("generator seed %d: %d 8-GPU tasks of more than 96 cores for %d nodes (%.2f%% of the GPU dropped), large tasks in the floor %.2f%%", g, big, homes, atLeast, fl.LargeTasks)
+		}
+		if fl.AnyPolicy < fl.LargeTasks || fl.AllShares < fl.LargeTasks || fl.NeverRefuse < fl.LargeTasks {
 			t.Fatalf("generator seed %d: a floor below its large tasks: %+v", g, fl)
 		}
-		for _, pol := range []string{"random", "bestfit", "fgd", "tessera"} {
+		for _, pol := range []string{"bestfit", "fgd", "tessera"} {
 			cv, err := Run(tr, pol, 1)
 			if err != nil {
 				t.Fatal(err)
@@ -422,7 +458,7 @@ func TestFloorsHoldOnMultiGPUMixes(t *testing.T) {
 				t.Errorf("generator seed %d, %s: %.3f%% unallocated, below the floor %.3f%%", g, pol, got, fl.NeverRefuse)
 			}
 		}
-		t.Logf("generator seed %d: floors %.2f / %.2f / %.2f, large tasks %.2f", g, fl.AnyPolicy, fl.NeverRefuse, fl.AllShares, fl.Large)
+		t.Logf("generator seed %d: floors %.2f / %.2f / %.2f, large tasks %.2f", g, fl.AnyPolicy, fl.NeverRefuse, fl.AllShares, fl.LargeTasks)
 	}
 }
 
@@ -444,11 +480,116 @@ func TestGapClosedAtTheFloor(t *testing.T) {
 	if err := WriteTable(&out, []PolicyResult{base, ours}, fl, 3); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out.String(), "fgd is at the never-refuse floor at arrived = 100% (no gap to close); tessera leaves +0.24 points against it") {
+	if !strings.Contains(out.String(), "fgd is at the never-refuse floor at arrived = 100% (no gap to close); tessera leaves +0.24 points of unallocated GPU against fgd") {
+		t.Fatalf("table:\n%s", out.String())
+	}
+	// Below the floor is a broken floor, not "at the floor".
+	below := at(1.8)
+	below.Policy = "fgd"
+	out.Reset()
+	if err := WriteTable(&out, []PolicyResult{below, ours}, fl, 3); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "fgd leaves 0.137 points less than the never-refuse floor at arrived = 100%: the floor is wrong") {
 		t.Fatalf("table:\n%s", out.String())
 	}
 	far := at(2.9368426701008825)
 	if g := GapClosed(&far, &ours, fl); math.Abs(g-76.4) > 0.1 {
 		t.Fatalf("gap closed %v%%, want 76.4%%", g)
 	}
+}
+
+// largeDropped against every placement of small random instances: never
+// above the least GPU any placement must drop (it is a floor), and equal
+// to it when every task is large (asks for more than half of every node).
+func TestLargeDroppedAgainstExhaustiveSearch(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	models := []string{"A", "B"}
+	specs := []string{"", "A", "b", "A|B", "C"}
+	equal := 0
+	for inst := 0; inst < 3000; inst++ {
+		allLarge := inst%2 == 0
+		var nodes []NodeRow
+		for i := 0; i < 1+rng.IntN(3); i++ {
+			gpus := []int{2, 4, 8}[rng.IntN(3)]
+			if allLarge {
+				gpus = 8
+			}
+			nodes = append(nodes, NodeRow{Name: fmt.Sprint("n", i), CPUMilli: []int64{32000, 64000, 128000}[rng.IntN(3)], MemMiB: 1 << 20, GPUs: gpus, Model: models[rng.IntN(2)]})
+		}
+		var tasks []PodRow
+		for i := 0; i < 1+rng.IntN(5); i++ {
+			gpus := 1 + rng.IntN(8)
+			if allLarge {
+				gpus = 5 + rng.IntN(4)
+			}
+			tasks = append(tasks, PodRow{CPUMilli: []int64{8000, 48000, 100000}[rng.IntN(3)], MemMiB: 1024, NumGPU: gpus, GPUMilli: 1000, Spec: specs[rng.IntN(len(specs))]})
+		}
+		got, err := largeDropped(nodes, tasks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		best := exactLeastDropped(nodes, tasks)
+		if got > best {
+			t.Fatalf("instance %d: largeDropped %d GPUs, but a placement drops only %d\nnodes %+v\ntasks %+v", inst, got, best, nodes, tasks)
+		}
+		if allLarge {
+			if got != best {
+				t.Fatalf("instance %d (every task large): largeDropped %d GPUs, the least any placement drops is %d\nnodes %+v\ntasks %+v", inst, got, best, nodes, tasks)
+			}
+			equal++
+		}
+	}
+	if equal == 0 {
+		t.Fatal("no all-large instance checked")
+	}
+}
+
+// exactLeastDropped tries every assignment of tasks to nodes (or none) and
+// returns the least GPU dropped by one that fits every node's GPUs, CPU,
+// memory and models.
+func exactLeastDropped(nodes []NodeRow, tasks []PodRow) int64 {
+	best := int64(-1)
+	assign := make([]int, len(tasks))
+	var try func(k int)
+	try = func(k int) {
+		if k == len(tasks) {
+			gpus := make([]int, len(nodes))
+			cpu := make([]int64, len(nodes))
+			mem := make([]int64, len(nodes))
+			var dropped int64
+			for i, p := range tasks {
+				j := assign[i]
+				if j < 0 {
+					dropped += int64(p.NumGPU)
+					continue
+				}
+				ok := p.Spec == ""
+				for _, m := range SpecModels(p.Spec) {
+					ok = ok || api.ModelMatches(m, nodes[j].Model)
+				}
+				if !ok {
+					return
+				}
+				gpus[j] += p.NumGPU
+				cpu[j] += p.CPUMilli
+				mem[j] += p.MemMiB
+			}
+			for j, n := range nodes {
+				if gpus[j] > n.GPUs || cpu[j] > n.CPUMilli || mem[j] > n.MemMiB {
+					return
+				}
+			}
+			if best < 0 || dropped < best {
+				best = dropped
+			}
+			return
+		}
+		for j := -1; j < len(nodes); j++ {
+			assign[k] = j
+			try(k + 1)
+		}
+	}
+	try(0)
+	return best
 }

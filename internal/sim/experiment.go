@@ -142,7 +142,7 @@ type FloorResult struct {
 	AnyPolicy   Stat    `json:"anyPolicy"`
 	AllShares   Stat    `json:"allShares"`
 	NeverRefuse Stat    `json:"neverRefuse"`
-	Large       Stat    `json:"largeTasks"`
+	LargeTasks  Stat    `json:"largeTasks"`
 }
 
 // Floors computes the floors of the experiment's seeds, Parallel at a
@@ -167,8 +167,8 @@ func (e *Experiment) Floors() (*FloorResult, error) {
 	var anyP, all, never, large []float64
 	for _, f := range fr.Seeds {
 		anyP, all, never = append(anyP, f.AnyPolicy), append(all, f.AllShares), append(never, f.NeverRefuse)
-		large = append(large, f.Large)
+		large = append(large, f.LargeTasks)
 	}
-	fr.AnyPolicy, fr.AllShares, fr.NeverRefuse, fr.Large = statOf(anyP), statOf(all), statOf(never), statOf(large)
+	fr.AnyPolicy, fr.AllShares, fr.NeverRefuse, fr.LargeTasks = statOf(anyP), statOf(all), statOf(never), statOf(large)
 	return fr, nil
 }

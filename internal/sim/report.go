@@ -41,9 +41,9 @@ func WriteTable(w io.Writer, rs []PolicyResult, fl *FloorResult, seeds int) erro
 		"  a policy that drops a task only when it fits nowhere     %s\n"+
 		"    (then every later task needing as much CPU, memory and GPU is dropped too)\n"+
 		"  a run that places every share that arrives               %s\n"+
-		"  (each includes the large tasks no node is left for       %s:\n"+
-		"   tasks asking for more than half the GPUs of every node they fit, one per node)\n",
-		fmtStat(fl.AnyPolicy), fmtStat(fl.NeverRefuse), fmtStat(fl.AllShares), fmtStat(fl.Large)); err != nil {
+		"  each includes the large tasks no node is left for        %s\n"+
+		"    (tasks asking for more than half the GPUs of every node they fit: one per node)\n",
+		fmtStat(fl.AnyPolicy), fmtStat(fl.NeverRefuse), fmtStat(fl.AllShares), fmtStat(fl.LargeTasks)); err != nil {
 		return err
 	}
 	for _, pair := range [][2]string{{"fgd", "tessera"}} {
@@ -51,13 +51,16 @@ func WriteTable(w io.Writer, rs []PolicyResult, fl *FloorResult, seeds int) erro
 		if base == nil || ours == nil {
 			continue
 		}
+		i := checkpointIndex(100)
 		var line string
-		if g := GapClosed(base, ours, fl); !math.IsNaN(g) {
-			line = fmt.Sprintf("%s closes %.0f%% of the gap between %s and the never-refuse floor at arrived = 100%%", pair[1], g, pair[0])
-		} else {
-			i := checkpointIndex(100)
-			line = fmt.Sprintf("%s is at the never-refuse floor at arrived = 100%% (no gap to close); %s leaves %+.2f points against it",
-				pair[0], pair[1], ours.Unallocated[i].Mean-base.Unallocated[i].Mean)
+		switch gap := base.Unallocated[i].Mean - fl.NeverRefuse.Mean; {
+		case gap <= -minGap:
+			line = fmt.Sprintf("%s leaves %.3f points less than the never-refuse floor at arrived = 100%%: the floor is wrong (a bug; please report it)", pair[0], -gap)
+		case gap < minGap:
+			line = fmt.Sprintf("%s is at the never-refuse floor at arrived = 100%% (no gap to close); %s leaves %+.2f points of unallocated GPU against %s",
+				pair[0], pair[1], ours.Unallocated[i].Mean-base.Unallocated[i].Mean, pair[0])
+		default:
+			line = fmt.Sprintf("%s closes %.0f%% of the gap between %s and the never-refuse floor at arrived = 100%%", pair[1], GapClosed(base, ours, fl), pair[0])
 		}
 		if _, err := fmt.Fprintf(w, "\n%s\n", line); err != nil {
 			return err
