@@ -13,6 +13,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/tessera-gpu/tessera/internal/atomicfile"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/config"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/kubeletshim"
@@ -210,7 +211,7 @@ func readLimited(path string, limit int64) ([]byte, error) {
 }
 
 // writeOfferedLocked records the resources served (offered and withdrawn)
-// when they change; written to a temporary file and renamed.
+// when they change, replacing the file atomically.
 func (a *Agent) writeOfferedLocked() {
 	var all []string
 	for _, m := range []map[string]*pluginRun{a.plugins, a.withdrawn} {
@@ -224,16 +225,11 @@ func (a *Agent) writeOfferedLocked() {
 		return
 	}
 	path := filepath.Join(a.opts.PluginSocketDir, offeredFile)
-	tmp := path + ".tmp"
-	if err := os.MkdirAll(a.opts.PluginSocketDir, 0o755); err != nil {
-		a.logger.Error(err, "Recording the resources served for the next agent", "file", path)
-		return
+	err := os.MkdirAll(a.opts.PluginSocketDir, 0o755)
+	if err == nil {
+		err = atomicfile.Write(path, []byte(content), 0o644)
 	}
-	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
-		a.logger.Error(err, "Recording the resources served for the next agent", "file", path)
-		return
-	}
-	if err := os.Rename(tmp, path); err != nil {
+	if err != nil {
 		a.logger.Error(err, "Recording the resources served for the next agent", "file", path)
 		return
 	}
