@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/tessera-gpu/tessera/internal/lp"
-	"github.com/tessera-gpu/tessera/pkg/api"
+	"github.com/tessera-gpu/tessera/internal/placement/policies"
 )
 
 // Floor is how little GPU any run of one seed's arrivals can leave
@@ -147,18 +147,7 @@ func largeDropped(nodes []NodeRow, tasks []PodRow) (int64, error) {
 		counts[k]++
 	}
 	fits := func(t taskKind, n nodeKind) bool {
-		if t.gpus > n.gpus || t.cpu > n.cpu || t.mem > n.mem {
-			return false
-		}
-		if t.spec == "" {
-			return true
-		}
-		for _, m := range strings.Split(t.spec, "|") {
-			if api.ModelMatches(m, n.model) {
-				return true
-			}
-		}
-		return false
+		return t.gpus <= n.gpus && t.cpu <= n.cpu && t.mem <= n.mem && policies.ModelAllowed(t.spec, n.model)
 	}
 	// Network: source 0, one node per large shape, one per node kind, sink.
 	var dropped int64

@@ -125,13 +125,17 @@ func (m *fragModel) accessFor(model string) []bool {
 	}
 	a := make([]bool, len(m.gpu))
 	for j, w := range m.gpu {
-		a[j] = modelAllowed(w.Spec, model)
+		a[j] = ModelAllowed(w.Spec, model)
 	}
 	m.access.Store(model, a) // racing stores are equal
 	return a
 }
 
-func modelAllowed(spec, model string) bool {
+// ModelAllowed reports whether a shape's model constraint (spec: models
+// joined by "|", as Shape.Spec and the trace's gpu_spec write them; empty
+// for none) allows a GPU of the given model, matched as the placement core
+// matches selectors (api.ModelMatches).
+func ModelAllowed(spec, model string) bool {
 	if spec == "" {
 		return true
 	}

@@ -135,7 +135,7 @@ func weighByScarcity(target []WeightedShape, c *placement.Cluster, alpha float64
 		if w.NumGPU > 0 && w.Spec != "" {
 			var usable float64
 			for m, g := range perModel {
-				if modelAllowed(w.Spec, m) {
+				if ModelAllowed(w.Spec, m) {
 					usable += g
 				}
 			}
