@@ -26,6 +26,21 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
+// runAgent runs a until stop is called; stop waits for Run to return and
+// reports its error. ctx is Run's context.
+func runAgent(t *testing.T, a *Agent) (ctx context.Context, stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- a.Run(ctx) }()
+	return ctx, func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}
+}
+
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
@@ -61,15 +76,8 @@ func TestPublishHealthAndConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- a.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	ctx, stop := runAgent(t, a)
+	defer stop()
 
 	inv := func() *api.NodeInventory {
 		nd, err := client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
@@ -248,10 +256,8 @@ func TestDynamicMIGAdoption(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error)
-		go func() { done <- a.Run(ctx) }()
-		return a, func() { cancel(); <-done }
+		_, stop := runAgent(t, a)
+		return a, stop
 	}
 	a, stop := start()
 	eventually(t, "MIG mode on", func() bool { return len(a.MIGReports()) == 1 && strings.Contains(a.MIGReports()[gpu], "MIG mode") })
@@ -298,12 +304,9 @@ func TestMPSDaemonsRestarted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- a.Run(ctx) }()
+	_, stop := runAgent(t, a)
 	defer func() {
-		cancel()
-		<-done
+		stop()
 		_ = a.mps.Stop(context.Background())
 	}()
 	u := n.Device(1).UUID

@@ -201,15 +201,8 @@ func TestRecordReadOnceConfigured(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- a.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	ctx, stop := runAgent(t, a)
+	defer stop()
 	migSock := filepath.Join(dir, kubeletshim.AgentSocketName(shimMIG))
 	eventually(t, "the agent serving its GPU resource from its defaults", func() bool {
 		_, err := os.Stat(filepath.Join(dir, kubeletshim.AgentSocketName(shimGPU)))
