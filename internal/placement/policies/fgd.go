@@ -29,8 +29,9 @@ type FGD struct {
 	// learnMu serialises Observe's learning; scoring never takes it.
 	learnMu sync.Mutex
 	learn   *learner // nil once a target was set
-	// newModel builds the fragmentation model of a workload's tasks.
-	newModel func([]Shape) *fragModel
+	// newModel builds the fragmentation model of a workload's tasks,
+	// learned from observed pods or given by SetTarget.
+	newModel func(tasks []Shape, learned bool) *fragModel
 	// scoring turns fragmentation changes into scores.
 	scoring scoring
 	// tables caches per pod shape each node's values (shapeTables);
@@ -102,10 +103,10 @@ func fgdQuantised(delta float64) float64 {
 // pods it observes until SetTarget gives it one.
 func NewFGD(seed int64) *FGD {
 	return newFGD(NameFGD, seed, scoring{node: fgdQuantised, gpu: fgdQuantised},
-		func(t []Shape) *fragModel { return newFragModel(PopularShapes(t, 0.95), false) })
+		func(t []Shape, _ bool) *fragModel { return newFragModel(PopularShapes(t, 0.95), false) })
 }
 
-func newFGD(name string, seed int64, sc scoring, newModel func([]Shape) *fragModel) *FGD {
+func newFGD(name string, seed int64, sc scoring, newModel func(tasks []Shape, learned bool) *fragModel) *FGD {
 	f := &FGD{base: base{seed: seed}, name: name, learn: newLearner(), newModel: newModel, scoring: sc}
 	f.snap.Store(&snapshot{})
 	f.tables.Store(new(shapeTables))
@@ -119,7 +120,7 @@ func (f *FGD) SetTarget(tasks []Shape) {
 	f.learnMu.Lock()
 	defer f.learnMu.Unlock()
 	f.learn = nil
-	f.publish(f.newModel(tasks))
+	f.publish(f.newModel(tasks, false))
 }
 
 // publish makes a model the one scoring uses. Called with learnMu held.
@@ -138,7 +139,7 @@ func (f *FGD) Observe(cr *placement.Compiled) {
 	s := ShapeOf(cr)
 	f.learnMu.Lock()
 	if f.learn != nil && f.learn.add(s) {
-		f.publish(f.newModel(f.learn.seen))
+		f.publish(f.newModel(f.learn.seen, true))
 	}
 	f.learnMu.Unlock()
 	f.last.Store(f.prepare(cr, s))

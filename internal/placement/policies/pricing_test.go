@@ -2,6 +2,7 @@ package policies
 
 import (
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
@@ -182,6 +183,84 @@ func TestTesseraLearnsOnline(t *testing.T) {
 	m := pol.snap.Load().model
 	if m == nil || len(m.gpu) != 1 || m.gpu[0].GPUMilli != 300 || m.prices == nil {
 		t.Fatalf("model after one 300m pod: %+v, want that shape, priced", m)
+	}
+}
+
+// While it warms up, tessera's learned model adds WarmUpPrior to every
+// seen shape's count, so one 8-GPU pod among seven shares is not weighed
+// as a mere 1/8; from the first model after WarmUpTasks pods the counts
+// stand alone; a target given by SetTarget is never smoothed.
+func TestTesseraWarmUpPrior(t *testing.T) {
+	c := placement.NewCluster()
+	compile := func(gpus, pct int) *placement.Compiled {
+		cr, err := c.Compile(&placement.Request{Pod: "p", CPUMilli: 1000, Containers: []placement.Container{{Name: "main", GPUs: gpus, MemoryPercent: pct, Cores: pct}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cr
+	}
+	large, share := compile(8, 100), compile(1, 30)
+	largeWeight := func(pol *Tessera) float64 {
+		t.Helper()
+		m := pol.snap.Load().model
+		if m == nil {
+			t.Fatal("no model")
+		}
+		for _, w := range m.gpu {
+			if w.NumGPU == 8 {
+				return w.Weight
+			}
+		}
+		t.Fatalf("no 8-GPU shape in %+v", m.gpu)
+		return 0
+	}
+	p := DefaultTesseraParams()
+	if p.WarmUpPrior != 20 {
+		t.Fatalf("default WarmUpPrior %v, want 20 (docs/simulation.md)", p.WarmUpPrior)
+	}
+	pol := NewTessera(c, 1, p)
+	pol.Observe(large)
+	for range 7 {
+		pol.Observe(share)
+	}
+	// Rebuilt at 8 pods: (1 + 20) / (8 + 2·20).
+	if got, want := largeWeight(pol), 21.0/48; math.Abs(got-want) > 1e-12 {
+		t.Errorf("after 8 pods the 8-GPU shape weighs %v, want %v (smoothed)", got, want)
+	}
+	for range 1024 - 8 {
+		pol.Observe(share)
+	}
+	if got, want := largeWeight(pol), 21.0/1064; math.Abs(got-want) > 1e-12 {
+		t.Errorf("after 1024 pods the 8-GPU shape weighs %v, want %v (still warming up)", got, want)
+	}
+	for range 1024 {
+		pol.Observe(share)
+	}
+	if got, want := largeWeight(pol), 1.0/2048; math.Abs(got-want) > 1e-12 {
+		t.Errorf("after 2048 pods the 8-GPU shape weighs %v, want %v (counts alone)", got, want)
+	}
+
+	p.UseTarget = true
+	given := NewTessera(c, 1, p)
+	given.SetTarget(append([]Shape{ShapeOf(large)}, slices.Repeat([]Shape{ShapeOf(share)}, 7)...))
+	if got, want := largeWeight(given), 1.0/8; math.Abs(got-want) > 1e-12 {
+		t.Errorf("given target: the 8-GPU shape weighs %v, want %v (not smoothed)", got, want)
+	}
+}
+
+// smooth adds the prior to counts out of the tasks the shapes cover, not
+// out of all tasks.
+func TestSmoothCountsCoveredTasks(t *testing.T) {
+	a := Shape{NumGPU: 1, GPUMilli: 500}
+	b := Shape{NumGPU: 1, GPUMilli: 1000}
+	tasks := append(append(slices.Repeat([]Shape{a}, 8), slices.Repeat([]Shape{b}, 3)...), Shape{CPUMilli: 500})
+	target, covered := popularShapes(tasks, 0.7)
+	if covered != 11 || len(target) != 2 {
+		t.Fatalf("covered %v with %d shapes, want 11 with 2", covered, len(target))
+	}
+	smooth(target, covered, 1)
+	if math.Abs(target[0].Weight-9.0/13) > 1e-12 || math.Abs(target[1].Weight-4.0/13) > 1e-12 {
+		t.Errorf("smoothed weights %v, %v, want 9/13 and 4/13", target[0].Weight, target[1].Weight)
 	}
 }
 

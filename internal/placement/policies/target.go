@@ -34,6 +34,13 @@ type TargetSetter interface {
 // scheduler fed pods of ever-new shapes would otherwise slow down with
 // every one.
 func PopularShapes(tasks []Shape, cover float64) []WeightedShape {
+	out, _ := popularShapes(tasks, cover)
+	return out
+}
+
+// popularShapes is PopularShapes that also returns how many of the tasks
+// its shapes cover (the count the weights are shares of).
+func popularShapes(tasks []Shape, cover float64) ([]WeightedShape, float64) {
 	counts := map[Shape]float64{}
 	mem := map[Shape]float64{}
 	var total float64
@@ -67,7 +74,7 @@ func PopularShapes(tasks []Shape, cover float64) []WeightedShape {
 		out[i].MemMiB = int64(mem[out[i].Shape] / out[i].Weight)
 		out[i].Weight /= cum
 	}
-	return out
+	return out, cum
 }
 
 // maxTargetShapes bounds a target workload's shapes (PopularShapes). The
