@@ -240,6 +240,22 @@ func TestTesseraWarmUpPrior(t *testing.T) {
 		t.Errorf("after 2048 pods the 8-GPU shape weighs %v, want %v (counts alone)", got, want)
 	}
 
+	// The prior is added to counts out of the tasks the target covers:
+	// with cover 0.8, of 6 shares, 1 8-GPU task and 1 200m share, the
+	// 200m share (a tie, the smaller shape) is left out, so
+	// (1 + 20) / (7 + 2·20).
+	pc := p
+	pc.Cover = 0.8
+	covered := NewTessera(c, 1, pc)
+	covered.Observe(large)
+	covered.Observe(compile(1, 20))
+	for range 6 {
+		covered.Observe(share)
+	}
+	if got, want := largeWeight(covered), 21.0/47; math.Abs(got-want) > 1e-12 {
+		t.Errorf("cover 0.8: the 8-GPU shape weighs %v, want %v (counts of the 7 covered tasks)", got, want)
+	}
+
 	p.UseTarget = true
 	given := NewTessera(c, 1, p)
 	given.SetTarget(append([]Shape{ShapeOf(large)}, slices.Repeat([]Shape{ShapeOf(share)}, 7)...))

@@ -58,8 +58,9 @@ type TesseraParams struct {
 	// nodes from being given away on that evidence. Not applied to a
 	// target given by SetTarget. 0 disables.
 	WarmUpPrior float64
-	// WarmUpTasks is how many learned pods the warm-up lasts (0: 1024,
-	// the last model the learner builds on a doubling; see learner).
+	// WarmUpTasks is how many learned pods the warm-up lasts (0 or less:
+	// 1024, the last model the learner builds on a doubling; see
+	// learner). At most maxSeen−1, the learner's window.
 	WarmUpTasks int
 }
 
@@ -93,9 +94,11 @@ func NewTessera(c *placement.Cluster, seed int64, p TesseraParams) *Tessera {
 		cover = 0.95
 	}
 	warmUp := p.WarmUpTasks
-	if warmUp == 0 {
+	if warmUp <= 0 {
 		warmUp = 1024
 	}
+	// The model sees the learner's window, which stops growing at maxSeen.
+	warmUp = min(warmUp, maxSeen-1)
 	newModel := func(tasks []Shape, learned bool) *fragModel {
 		target, covered := popularShapes(tasks, cover)
 		if learned && p.WarmUpPrior > 0 && len(tasks) <= warmUp {
@@ -139,7 +142,7 @@ func (t *Tessera) SetTarget(tasks []Shape) {
 }
 
 // smooth adds prior to the count of each shape of target, whose weights
-// are counts out of covered, and renormalises.
+// are shares of covered tasks, and renormalises.
 func smooth(target []WeightedShape, covered, prior float64) {
 	total := covered + prior*float64(len(target))
 	for i := range target {
