@@ -52,11 +52,11 @@ type TesseraParams struct {
 	MultiCPUFit bool
 	// WarmUpPrior is a pseudo-count added to the count of every shape
 	// seen while the target is learned from at most WarmUpTasks pods
-	// (additive smoothing). Early counts of a rare shape are noisy (5 of
-	// the first 512 pods where the workload has 2.7 %), and what is
-	// placed against them stays placed; the prior keeps a rare shape's
-	// nodes from being given away on that evidence. Not applied to a
-	// target given by SetTarget. 0 disables.
+	// (additive smoothing). Early counts of a rare shape are noisy, and
+	// what is placed against them stays placed; the prior keeps a rare
+	// shape's nodes from being given away on that evidence
+	// (docs/simulation.md, tessera item 8). Not applied to a target given
+	// by SetTarget. 0 disables.
 	WarmUpPrior float64
 	// WarmUpTasks is how many learned pods the warm-up lasts (0 or less:
 	// 1024, the last model the learner builds on a doubling; see
