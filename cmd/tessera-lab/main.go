@@ -27,14 +27,19 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/cli"
 	"github.com/tessera-gpu/tessera/internal/lab"
-	"github.com/tessera-gpu/tessera/internal/nodeagent/nvmltest"
+	"github.com/tessera-gpu/tessera/internal/lab/component"
+	"github.com/tessera-gpu/tessera/internal/lab/labdir"
+	"github.com/tessera-gpu/tessera/internal/lab/modes"
+	"github.com/tessera-gpu/tessera/internal/lab/nvmlemu"
+	"github.com/tessera-gpu/tessera/internal/lab/status"
+	"github.com/tessera-gpu/tessera/internal/lab/tools"
 )
 
 var errUsage = cli.ErrUsage
 
 func main() {
 	args := os.Args[1:]
-	if len(args) > 0 && args[0] == lab.ComponentCommand {
+	if len(args) > 0 && args[0] == component.Command {
 		os.Exit(runComponent(args[1:]))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -63,11 +68,11 @@ GPU models: %s
 `
 
 func usage(w io.Writer) {
-	var modes []string
-	for _, m := range lab.Modes {
-		modes = append(modes, m.Name+" ("+m.Summary+")")
+	var names []string
+	for _, m := range modes.All() {
+		names = append(names, m.Name+" ("+m.Summary+")")
 	}
-	fmt.Fprintf(w, usageText, strings.Join(modes, "; "), strings.Join(nvmltest.ModelNames(), ", "))
+	fmt.Fprintf(w, usageText, strings.Join(names, "; "), strings.Join(nvmlemu.ModelNames(), ", "))
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -98,7 +103,7 @@ type labFlags struct {
 	model  *string
 	groups *string
 	tools  *string
-	// sharing adds lab.SharingNodes.
+	// sharing adds modes.SharingNodes.
 	sharing    *bool
 	nodeConfig *string
 }
@@ -108,34 +113,34 @@ func addLabFlags(fs *flag.FlagSet, defaultDir string, defaultNodes int) labFlags
 		dir:        fs.String("dir", defaultDir, "state directory (kubeconfig, logs, etcd data)"),
 		nodes:      fs.Int("nodes", defaultNodes, "emulated GPU nodes"),
 		gpus:       fs.Int("gpus-per-node", 8, "GPUs per node"),
-		model:      fs.String("gpu-model", "A100-40GB", "GPU model of every node: "+strings.Join(nvmltest.ModelNames(), ", ")),
+		model:      fs.String("gpu-model", "A100-40GB", "GPU model of every node: "+strings.Join(nvmlemu.ModelNames(), ", ")),
 		groups:     fs.String("node-groups", "", `heterogeneous nodes instead of --nodes/--gpu-model, e.g. "2xA100-40GB:8,1xH100-80GB:4"`),
-		tools:      fs.String("tools", lab.DefaultTools(), "the containers' tools (make lab-tools builds them)"),
+		tools:      fs.String("tools", tools.Default(), "the containers' tools (make lab-tools builds them)"),
 		sharing:    fs.Bool("sharing-nodes", true, "also start one node of every other mode: "+modeList()),
 		nodeConfig: fs.String("node-config", "", "a ConfigMap manifest of node agent profiles (as deploy/node-agent/configmap.yaml) added to the lab's; label a node tessera.io/node-config=PROFILE to use one"),
 	}
 }
 
 func (f labFlags) config(stdout io.Writer) (lab.Config, error) {
-	var nodes []lab.NodeSpec
+	var nodes []modes.NodeSpec
 	var err error
 	if *f.groups != "" {
-		nodes, err = lab.ParseNodes(*f.groups)
+		nodes, err = modes.ParseNodes(*f.groups)
 	} else {
-		nodes, err = lab.Uniform(*f.nodes, *f.gpus, *f.model)
+		nodes, err = modes.Uniform(*f.nodes, *f.gpus, *f.model)
 	}
 	if err != nil {
 		return lab.Config{}, fmt.Errorf("%w: %v", errUsage, err)
 	}
 	if *f.sharing {
-		nodes = append(nodes, lab.SharingNodes()...)
+		nodes = append(nodes, modes.SharingNodes()...)
 	}
-	if err := lab.Validate(nodes); err != nil {
+	if err := modes.Validate(nodes); err != nil {
 		return lab.Config{}, fmt.Errorf("%w: %v", errUsage, err)
 	}
 	var profiles map[string]string
 	if *f.nodeConfig != "" {
-		if profiles, err = lab.ReadNodeConfig(*f.nodeConfig); err != nil {
+		if profiles, err = modes.ReadNodeConfig(*f.nodeConfig); err != nil {
 			return lab.Config{}, fmt.Errorf("%w: %v", errUsage, err)
 		}
 	}
@@ -143,17 +148,17 @@ func (f labFlags) config(stdout io.Writer) (lab.Config, error) {
 	if err != nil {
 		return lab.Config{}, err
 	}
-	tools, err := filepath.Abs(*f.tools)
+	toolsDir, err := filepath.Abs(*f.tools)
 	if err != nil {
 		return lab.Config{}, err
 	}
-	return lab.Config{Dir: lab.Dir(*f.dir), Nodes: nodes, Exe: exe, Tools: lab.Tools(tools), NodeConfig: profiles, Out: stdout}, nil
+	return lab.Config{Dir: labdir.Dir(*f.dir), Nodes: nodes, Exe: exe, Tools: tools.Dir(toolsDir), NodeConfig: profiles, Out: stdout}, nil
 }
 
-// modeList names the modes besides the fractional one, with their nodes.
+// modeList names the modes besides the default one, with their nodes.
 func modeList() string {
 	var out []string
-	for _, m := range lab.Modes[1:] {
+	for _, m := range modes.All()[1:] {
 		out = append(out, fmt.Sprintf("%s (%s, %dx%s)", m.Name, m.Node, m.GPUs, m.Model))
 	}
 	return strings.Join(out, ", ")
@@ -164,7 +169,7 @@ func parse(fs *flag.FlagSet, args []string) error { return cli.ParseFlags(fs, ar
 func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("up", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	f := addLabFlags(fs, lab.DefaultDir(), 1)
+	f := addLabFlags(fs, labdir.Default(), 1)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -185,13 +190,13 @@ func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
   tessera-lab status%s
 
 Logs: %s
-`, st.Kubeconfig, lab.LabelMode, dirFlag(*f.dir), cfg.Dir.Logs())
+`, st.Kubeconfig, modes.Label, dirFlag(*f.dir), cfg.Dir.Logs())
 	})
 }
 
 // dirFlag repeats --dir in printed commands when it is not the default.
 func dirFlag(dir string) string {
-	if dir == lab.DefaultDir() {
+	if dir == labdir.Default() {
 		return ""
 	}
 	return " --dir " + dir
@@ -241,12 +246,12 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	dir := fs.String("dir", lab.DefaultDir(), "state directory")
+	dir := fs.String("dir", labdir.Default(), "state directory")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	d := lab.Dir(*dir)
-	st, err := d.ReadState()
+	d := labdir.Dir(*dir)
+	st, err := lab.ReadState(d)
 	if err != nil {
 		return err
 	}
@@ -261,7 +266,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	r, err := lab.Collect(ctx, client)
+	r, err := status.Collect(ctx, client)
 	if err != nil {
 		return err
 	}
@@ -279,11 +284,11 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 func runDown(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("down", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	dir := fs.String("dir", lab.DefaultDir(), "state directory")
+	dir := fs.String("dir", labdir.Default(), "state directory")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	d := lab.Dir(*dir)
+	d := labdir.Dir(*dir)
 	if _, err := os.Stat(*dir); os.IsNotExist(err) {
 		fmt.Fprintf(stdout, "no lab in %s\n", d)
 		return nil
@@ -305,7 +310,7 @@ func runComponent(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := lab.RunComponent(ctx, args[0], args[1:]); err != nil {
+	if err := component.Run(ctx, args[0], args[1:]); err != nil {
 		fmt.Fprintf(os.Stderr, "tessera-lab component %s: %v\n", args[0], err)
 		return 1
 	}

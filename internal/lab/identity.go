@@ -12,6 +12,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/internal/install"
+	"github.com/tessera-gpu/tessera/internal/lab/labdir"
+	"github.com/tessera-gpu/tessera/internal/lab/pki"
 )
 
 // Identities are the kubeconfigs of the components that do not run as the
@@ -20,15 +22,9 @@ type Identities struct {
 	Scheduler, NodeAgent string
 }
 
-// SchedulerKubeconfig is the scheduler's kubeconfig (its ServiceAccount).
-func (d Dir) SchedulerKubeconfig() string { return d.path("scheduler.kubeconfig") }
-
-// NodeAgentKubeconfig is the node agents' kubeconfig.
-func (d Dir) NodeAgentKubeconfig() string { return d.path("node-agent.kubeconfig") }
-
 // setUpIdentities installs the identities and policies and writes a
 // kubeconfig per identity.
-func setUpIdentities(ctx context.Context, client kubernetes.Interface, d Dir, p pki, apiURL string) (Identities, error) {
+func setUpIdentities(ctx context.Context, client kubernetes.Interface, d labdir.Dir, p pki.PKI, apiURL string) (Identities, error) {
 	if err := install.Identities(ctx, client, false); err != nil {
 		return Identities{}, err
 	}
@@ -38,7 +34,7 @@ func setUpIdentities(ctx context.Context, client kubernetes.Interface, d Dir, p 
 		if err != nil {
 			return Identities{}, err
 		}
-		if err := p.writeKubeconfigFor(x.path, apiURL, x.sa, token); err != nil {
+		if err := p.WriteKubeconfigFor(x.path, apiURL, x.sa, token); err != nil {
 			return Identities{}, err
 		}
 	}

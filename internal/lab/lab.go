@@ -3,190 +3,71 @@
 // that Deployments and Jobs need, Tessera's scheduler and webhook, and
 // emulated GPU nodes, each a hollow kubelet (the real kubelet code with a
 // fake container runtime and the real device manager) beside a real
-// Tessera node agent over go-nvml's mock NVML. Everything runs on one
+// Tessera node agent over an emulated NVML. Everything runs on one
 // machine: etcd inside the supervisor process (package etcd), every other
-// component as its child process, with their state in one directory.
+// component as its child process (packages supervisor, component), with
+// their state in one directory (package labdir).
+//
+// This package starts and stops a lab (Up, Stop, Demo) and publishes its
+// state (lab.json); its parts are the packages below it: the node modes
+// (modes), credentials (pki), the emulated GPUs (nvmlemu, fakegpu), what
+// the lab shows (status) and the demo (demo).
 package lab
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
-	"path/filepath"
-	"regexp"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/internal/atomicfile"
-	"github.com/tessera-gpu/tessera/internal/nodeagent/nvmltest"
+	"github.com/tessera-gpu/tessera/internal/lab/demo"
+	"github.com/tessera-gpu/tessera/internal/lab/labdir"
+	"github.com/tessera-gpu/tessera/internal/lab/modes"
+	"github.com/tessera-gpu/tessera/internal/lab/supervisor"
+	"github.com/tessera-gpu/tessera/internal/lab/tools"
 )
 
-// NodeSpec is one emulated GPU node.
-type NodeSpec struct {
-	Name  string `json:"name"`
-	Model string `json:"model"`
-	GPUs  int    `json:"gpus"`
-	// Mode is the node's mode (Modes).
-	Mode string `json:"mode"`
-	// Labels are the Node's labels (e.g. tessera.io/node-config, which
-	// picks the node agent's profile, and nvidia.com/mig.config).
-	Labels map[string]string `json:"labels,omitempty"`
-	// Taints are the Node's taints.
-	Taints []corev1.Taint `json:"taints,omitempty"`
+// Config is what `tessera-lab up` starts.
+type Config struct {
+	Dir   labdir.Dir
+	Nodes []modes.NodeSpec
+	// Exe is the tessera-lab binary the components run from.
+	Exe string
+	// Tools are the containers' tools (default: tools.Default).
+	Tools tools.Dir
+	// NodeConfig are node agent profiles to add to the lab's (the data of
+	// the --node-config ConfigMap; modes.ReadNodeConfig).
+	NodeConfig map[string]string
+	// Out receives progress lines.
+	Out io.Writer
+	// ReadyTimeout bounds the wait for every component (default 3m).
+	ReadyTimeout time.Duration
 }
-
-// Uniform returns n fractional nodes of gpus GPUs of one model, named
-// lab-gpu-01…
-func Uniform(n, gpus int, model string) ([]NodeSpec, error) {
-	if n < 1 || n > 64 {
-		return nil, fmt.Errorf("--nodes %d: want 1 to 64", n)
-	}
-	m, err := ModeNamed(FractionalMode)
-	if err != nil {
-		return nil, err
-	}
-	var out []NodeSpec
-	for i := range n {
-		out = append(out, m.spec(fmt.Sprintf("lab-gpu-%02d", i+1), model, gpus))
-	}
-	return out, validate(out)
-}
-
-var groupRE = regexp.MustCompile(`^(\d+)x([A-Za-z0-9-]+):(\d+)(?:@([a-z0-9-]+))?$`)
-
-// Validate checks a list of nodes as Up will start them.
-func Validate(nodes []NodeSpec) error {
-	if len(nodes) == 0 || len(nodes) > 64 {
-		return fmt.Errorf("%d nodes, want 1 to 64", len(nodes))
-	}
-	return validate(nodes)
-}
-
-// ParseNodes reads a heterogeneous node list such as
-// "2xA100-40GB:8,1xH100-80GB:4@time-slicing" (count x model : GPUs per
-// node, and the nodes' mode when not fractional). Fractional nodes are
-// named lab-gpu-01…, the others lab-<mode>-01….
-func ParseNodes(s string) ([]NodeSpec, error) {
-	var out []NodeSpec
-	perMode := map[string]int{}
-	for _, part := range strings.Split(s, ",") {
-		part = strings.TrimSpace(part)
-		m := groupRE.FindStringSubmatch(part)
-		if m == nil {
-			return nil, fmt.Errorf("--node-groups entry %q: want COUNTxMODEL:GPUS[@MODE], e.g. 2xA100-40GB:8 or 1xA100-40GB:1@time-slicing", part)
-		}
-		count, _ := strconv.Atoi(m[1])
-		gpus, _ := strconv.Atoi(m[3])
-		modeName := m[4]
-		if modeName == "" {
-			modeName = FractionalMode
-		}
-		mode, err := ModeNamed(modeName)
-		if err != nil {
-			return nil, fmt.Errorf("--node-groups entry %q: %w", part, err)
-		}
-		prefix := "lab-" + mode.Name
-		if mode.Name == FractionalMode {
-			prefix = "lab-gpu"
-		}
-		for range count {
-			perMode[mode.Name]++
-			out = append(out, mode.spec(fmt.Sprintf("%s-%02d", prefix, perMode[mode.Name]), m[2], gpus))
-		}
-	}
-	if len(out) == 0 || len(out) > 64 {
-		return nil, fmt.Errorf("--node-groups %q: %d nodes, want 1 to 64", s, len(out))
-	}
-	return out, validate(out)
-}
-
-// validate builds each node's mock once, so a bad model or GPU count is
-// reported before anything starts, and checks that names are unique.
-func validate(nodes []NodeSpec) error {
-	seen := map[string]bool{}
-	for _, n := range nodes {
-		if seen[n.Name] {
-			return fmt.Errorf("node %s given twice", n.Name)
-		}
-		seen[n.Name] = true
-		if _, err := nvmltest.NewModel(n.Model, n.GPUs, n.Name); err != nil {
-			return fmt.Errorf("node %s: %w", n.Name, err)
-		}
-	}
-	return nil
-}
-
-// Dir is the lab's state directory and the layout inside it.
-type Dir string
-
-// DefaultDir is $HOME/.tessera-lab (or a directory under the temporary
-// directory when there is no home).
-func DefaultDir() string {
-	if home, err := os.UserHomeDir(); err == nil && home != "" && home != "/" {
-		return filepath.Join(home, ".tessera-lab")
-	}
-	return filepath.Join(os.TempDir(), fmt.Sprintf("tessera-lab-%d", os.Getuid()))
-}
-
-func (d Dir) path(p ...string) string { return filepath.Join(append([]string{string(d)}, p...)...) }
-
-// Kubeconfig is the cluster-admin kubeconfig users and tools take.
-func (d Dir) Kubeconfig() string { return d.path("kubeconfig") }
-
-// StateFile describes the running lab (State).
-func (d Dir) StateFile() string { return d.path("lab.json") }
-
-// Logs holds one log file per component.
-func (d Dir) Logs() string { return d.path("logs") }
-
-// Node is an emulated node's directory; its kubelet's root directory is
-// Node(name)/kubelet and the containers its fake runtime created are in
-// Containers(name).
-func (d Dir) Node(name string) string { return d.path("nodes", name) }
-
-// Containers holds one JSON file (hollowkubelet.Container) per container
-// of the node's runtime.
-func (d Dir) Containers(node string) string { return d.path("nodes", node, "containers") }
-
-// nodeDir is one node's directory and the layout inside it.
-type nodeDir string
-
-func (n nodeDir) path(p ...string) string { return filepath.Join(append([]string{string(n)}, p...)...) }
-
-// criSocket is where the node's container runtime serves the kubelet.
-func (n nodeDir) criSocket() string { return n.path("cri.sock") }
-
-// limiter is the limiter library the node's agent mounts into containers.
-func (n nodeDir) limiter() string { return n.path("limiter", "libtessera-limiter.so") }
 
 // State is what a running lab publishes in lab.json for status, down and
 // tests.
 type State struct {
-	PID        int        `json:"pid"`
-	Started    time.Time  `json:"started"`
-	Ready      bool       `json:"ready"`
-	Stopped    bool       `json:"stopped,omitempty"`
-	APIServer  string     `json:"apiServer"`
-	Kubeconfig string     `json:"kubeconfig"`
-	Nodes      []NodeSpec `json:"nodes"`
-	// Components maps each child process's name (apiserver, scheduler,
-	// kubelet/<node>, node-agent/<node>, …) to its PID and restart count.
-	Components map[string]Component `json:"components"`
+	PID        int              `json:"pid"`
+	Started    time.Time        `json:"started"`
+	Ready      bool             `json:"ready"`
+	Stopped    bool             `json:"stopped,omitempty"`
+	APIServer  string           `json:"apiServer"`
+	Kubeconfig string           `json:"kubeconfig"`
+	Nodes      []modes.NodeSpec `json:"nodes"`
+	// Components maps each child process's name (kube-apiserver,
+	// scheduler, kubelet/<node>, node-agent/<node>, …) to its PID and
+	// restart count.
+	Components map[string]supervisor.Component `json:"components"`
 }
 
-// Component is one supervised child process.
-type Component struct {
-	PID      int `json:"pid"`
-	Restarts int `json:"restarts"`
-}
-
-// ReadState reads lab.json.
-func (d Dir) ReadState() (*State, error) {
+// ReadState reads the lab's lab.json.
+func ReadState(d labdir.Dir) (*State, error) {
 	b, err := os.ReadFile(d.StateFile())
 	if err != nil {
 		if os.IsNotExist(err) {
@@ -201,7 +82,7 @@ func (d Dir) ReadState() (*State, error) {
 	return &s, nil
 }
 
-func (d Dir) writeState(s *State) error {
+func writeState(d labdir.Dir, s *State) error {
 	b, err := json.MarshalIndent(s, "", "  ")
 	if err != nil {
 		return err
@@ -210,13 +91,13 @@ func (d Dir) writeState(s *State) error {
 }
 
 // Alive reports whether the lab's supervisor process still runs.
-func (s *State) Alive() bool { return !s.Stopped && ProcessAlive(s.PID) }
+func (s *State) Alive() bool { return !s.Stopped && supervisor.ProcessAlive(s.PID) }
 
 // Stop asks the lab's supervisor to stop (SIGTERM, as Ctrl-C does) and
 // waits until it has; after timeout it kills it, and with it every
 // component (they die with their parent).
-func Stop(ctx context.Context, d Dir, timeout time.Duration) error {
-	st, err := d.ReadState()
+func Stop(ctx context.Context, d labdir.Dir, timeout time.Duration) error {
+	st, err := ReadState(d)
 	if err != nil || !st.Alive() {
 		return nil // nothing runs
 	}
@@ -224,7 +105,7 @@ func Stop(ctx context.Context, d Dir, timeout time.Duration) error {
 		return fmt.Errorf("stopping the lab (pid %d): %w", st.PID, err)
 	}
 	deadline := time.Now().Add(timeout)
-	for ProcessAlive(st.PID) {
+	for supervisor.ProcessAlive(st.PID) {
 		if time.Now().After(deadline) {
 			_ = syscall.Kill(st.PID, syscall.SIGKILL)
 			time.Sleep(time.Second)
@@ -237,4 +118,24 @@ func Stop(ctx context.Context, d Dir, timeout time.Duration) error {
 		}
 	}
 	return nil
+}
+
+// Demo starts the lab, runs the demo (package demo) once it serves, and
+// stops the lab.
+func Demo(ctx context.Context, cfg Config) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	out := cfg.Out
+	if out == nil {
+		out = io.Discard
+	}
+	var demoErr error
+	err := Up(ctx, cfg, func(st *State, client kubernetes.Interface) {
+		defer cancel()
+		demoErr = demo.Run(ctx, cfg.Dir, st.Nodes, client, out)
+	})
+	if err != nil {
+		return err
+	}
+	return demoErr
 }

@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -17,22 +16,24 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	k8sversion "k8s.io/component-base/version"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/deploy"
-	"github.com/tessera-gpu/tessera/internal/kubeobj"
+	"github.com/tessera-gpu/tessera/internal/install"
+	"github.com/tessera-gpu/tessera/internal/lab/component"
 	"github.com/tessera-gpu/tessera/internal/lab/etcd"
+	"github.com/tessera-gpu/tessera/internal/lab/modes"
+	"github.com/tessera-gpu/tessera/internal/lab/pki"
+	"github.com/tessera-gpu/tessera/internal/lab/poll"
+	"github.com/tessera-gpu/tessera/internal/lab/supervisor"
+	"github.com/tessera-gpu/tessera/internal/lab/tools"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/config"
 	"github.com/tessera-gpu/tessera/internal/scheduler"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
-
-// systemNamespace holds Tessera's own objects (scheduler lease, webhook CA).
-const systemNamespace = "tessera-system"
 
 // controllers are the kube-controller-manager controllers the lab runs:
 // what a user's Deployments, StatefulSets, DaemonSets, Jobs and CronJobs
@@ -49,23 +50,6 @@ var controllers = []string{
 	"resourcequota-controller", "resourceclaim-controller",
 }
 
-// Config is what `tessera-lab up` starts.
-type Config struct {
-	Dir   Dir
-	Nodes []NodeSpec
-	// Exe is the tessera-lab binary the components run from.
-	Exe string
-	// Tools are the containers' tools (default: DefaultTools).
-	Tools Tools
-	// NodeConfig are node agent profiles to add to the lab's (the data of
-	// the --node-config ConfigMap; ReadNodeConfig).
-	NodeConfig map[string]string
-	// Out receives progress lines.
-	Out io.Writer
-	// ReadyTimeout bounds the wait for every component (default 3m).
-	ReadyTimeout time.Duration
-}
-
 // Up starts the lab, calls ready once every component serves, and runs
 // until ctx ends; then it stops every component and leaves the state
 // directory for `tessera-lab down` (or another Up) to take.
@@ -80,7 +64,7 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 		cfg.ReadyTimeout = 3 * time.Minute
 	}
 	if cfg.Tools == "" {
-		cfg.Tools = Tools(DefaultTools())
+		cfg.Tools = tools.Dir(tools.Default())
 	}
 	if !filepath.IsAbs(string(cfg.Tools)) {
 		return fmt.Errorf("tools directory %q: want an absolute path", cfg.Tools)
@@ -91,10 +75,10 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	if v := k8sversion.Get().GitVersion; strings.HasPrefix(v, "v0.0.0") {
 		fmt.Fprintf(out, "warning: tessera-lab was built without the Kubernetes version (it reports %q): kubectl version and clients that check the server's version fail; build it with `make lab` (the flags of internal/version.KubernetesLDFlags)\n", v)
 	}
-	if old, err := d.ReadState(); err == nil && old.Alive() {
+	if old, err := ReadState(d); err == nil && old.Alive() {
 		return fmt.Errorf("a lab already runs in %s (pid %d); stop it with `tessera-lab down --dir %s` or pick another --dir", d, old.PID, d)
 	}
-	for _, p := range []string{d.Logs(), d.path("pki")} {
+	for _, p := range []string{d.Logs(), d.PKI()} {
 		if err := os.MkdirAll(p, 0o755); err != nil {
 			return err
 		}
@@ -103,11 +87,11 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	step := func(format string, args ...any) {
 		fmt.Fprintf(out, "[%5.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
 	}
-	p, err := ensurePKI(d.path("pki"))
+	p, err := pki.Ensure(d.PKI())
 	if err != nil {
 		return fmt.Errorf("credentials: %w", err)
 	}
-	etcdURL, stopEtcd, err := etcd.Start(d.path("etcd"))
+	etcdURL, stopEtcd, err := etcd.Start(d.Etcd())
 	if err != nil {
 		return fmt.Errorf("etcd: %w", err)
 	}
@@ -119,12 +103,12 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 		return err
 	}
 	apiURL := fmt.Sprintf("https://127.0.0.1:%d", ports[0])
-	if err := p.writeKubeconfig(d.Kubeconfig(), apiURL); err != nil {
+	if err := p.WriteKubeconfig(d.Kubeconfig(), apiURL); err != nil {
 		return err
 	}
 	state := &State{PID: os.Getpid(), Started: start, APIServer: apiURL, Kubeconfig: d.Kubeconfig(), Nodes: cfg.Nodes}
 	var stateMu sync.Mutex
-	var sup *supervisor
+	var sup *supervisor.Supervisor
 	save := func(mutate func(*State)) {
 		stateMu.Lock()
 		defer stateMu.Unlock()
@@ -132,29 +116,28 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 			mutate(state)
 		}
 		if sup != nil {
-			state.Components = sup.components()
+			state.Components = sup.Components()
 		}
-		if err := d.writeState(state); err != nil {
+		if err := writeState(d, state); err != nil {
 			logger.Error(err, "Writing the lab state")
 		}
 	}
-	sup = newSupervisor(cfg.Exe, d.Logs(), logger, func() { go save(nil) })
+	sup = supervisor.New(cfg.Exe, d.Log, logger, func() { go save(nil) })
 	defer func() {
-		sup.stopAll(5 * time.Second)
+		sup.StopAll(5 * time.Second)
 		save(func(s *State) { s.Ready, s.Stopped = false, true })
 	}()
 	save(nil)
 
-	comp := func(name string, args ...string) []string { return append([]string{ComponentCommand, name}, args...) }
-	if err := sup.start("kube-apiserver", comp("kube-apiserver",
+	if err := sup.Start(component.APIServer, component.Args(component.APIServer,
 		"--etcd-servers="+etcdURL,
 		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", ports[0]),
-		"--cert-dir="+d.path("pki", "apiserver-generated"),
-		"--tls-cert-file="+p.file("apiserver.crt"), "--tls-private-key-file="+p.file("apiserver.key"),
-		"--token-auth-file="+p.file("tokens.csv"),
+		"--cert-dir="+filepath.Join(d.PKI(), "apiserver-generated"),
+		"--tls-cert-file="+p.File("apiserver.crt"), "--tls-private-key-file="+p.File("apiserver.key"),
+		"--token-auth-file="+p.File("tokens.csv"),
 		"--authorization-mode=RBAC",
 		"--service-account-issuer=https://kubernetes.default.svc",
-		"--service-account-key-file="+p.file("sa.key"), "--service-account-signing-key-file="+p.file("sa.key"),
+		"--service-account-key-file="+p.File("sa.key"), "--service-account-signing-key-file="+p.File("sa.key"),
 		"--service-cluster-ip-range=10.96.0.0/16",
 		"--allow-privileged=true",
 		// No pod gets a service-account token volume (the hollow kubelet
@@ -163,20 +146,20 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 		"--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
 		// kubectl logs: the kubelets authenticate the API server by this
 		// certificate; it verifies theirs with the lab CA.
-		"--kubelet-client-certificate="+p.file("kubelet-client.crt"), "--kubelet-client-key="+p.file("kubelet-client.key"),
-		"--kubelet-certificate-authority="+p.file("ca.crt"),
+		"--kubelet-client-certificate="+p.File("kubelet-client.crt"), "--kubelet-client-key="+p.File("kubelet-client.key"),
+		"--kubelet-certificate-authority="+p.File("ca.crt"),
 		"--kubelet-preferred-address-types=InternalIP,Hostname",
 		"--profiling=false",
 	), nil, false); err != nil {
 		return err
 	}
-	client, err := clientFrom(d.Kubeconfig())
+	client, err := component.Client(d.Kubeconfig())
 	if err != nil {
 		return err
 	}
-	if err := waitUntil(ctx, 2*time.Minute, func(ctx context.Context) (bool, error) {
-		if !sup.alive("kube-apiserver") {
-			return false, fmt.Errorf("kube-apiserver exited; see %s", filepath.Join(d.Logs(), "kube-apiserver.log"))
+	if err := poll.Until(ctx, 2*time.Minute, func(ctx context.Context) (bool, error) {
+		if !sup.Alive(component.APIServer) {
+			return false, fmt.Errorf("kube-apiserver exited; see %s", d.Log(component.APIServer))
 		}
 		_, err := client.CoreV1().Namespaces().Get(ctx, metav1.NamespaceDefault, metav1.GetOptions{})
 		return err == nil, nil
@@ -184,7 +167,7 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 		return fmt.Errorf("kube-apiserver not ready: %w", err)
 	}
 	step("kube-apiserver serving at %s", apiURL)
-	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: systemNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: install.Namespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
 	ids, err := setUpIdentities(ctx, client, d, p, apiURL)
@@ -192,67 +175,41 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 		return fmt.Errorf("identities and admission policies: %w", err)
 	}
 	step("scheduler and node agents have their own identities; admission policies in force")
-	profiles, err := ensureNodeConfigMap(ctx, client, cfg.NodeConfig, cfg.Nodes)
+	profiles, err := modes.EnsureConfigMap(ctx, client, cfg.NodeConfig, cfg.Nodes)
 	if err != nil {
 		return err
 	}
 
-	schedConfig, err := writeSchedulerConfig(d.path("scheduler.yaml"), ids.Scheduler)
+	schedConfig, err := writeSchedulerConfig(d.SchedulerConfig(), ids.Scheduler)
 	if err != nil {
 		return err
 	}
-	if err := sup.start("kube-controller-manager", comp("kube-controller-manager",
+	if err := sup.Start(component.ControllerManager, component.Args(component.ControllerManager,
 		"--kubeconfig="+d.Kubeconfig(), "--controllers="+strings.Join(controllers, ","),
 		"--leader-elect=false", "--use-service-account-credentials=false", "--secure-port=0",
 	), nil, false); err != nil {
 		return err
 	}
-	if err := sup.start("webhook", comp("webhook", "--kubeconfig="+d.Kubeconfig(), fmt.Sprintf("--listen=127.0.0.1:%d", ports[1])), nil, false); err != nil {
+	if err := sup.Start(component.Webhook, component.WebhookArgs(d.Kubeconfig(), fmt.Sprintf("127.0.0.1:%d", ports[1])), nil, false); err != nil {
 		return err
 	}
-	if err := sup.start("scheduler", comp("scheduler", "--config="+schedConfig, "--secure-port=0"), nil, false); err != nil {
+	if err := sup.Start(component.Scheduler, component.Args(component.Scheduler, "--config="+schedConfig, "--secure-port=0"), nil, false); err != nil {
 		return err
 	}
-	if err := setupModes(ctx, client, cfg.Nodes); err != nil {
+	if err := modes.SetUp(ctx, client, cfg.Nodes); err != nil {
 		return err
 	}
 	for i, n := range cfg.Nodes {
-		dir := d.Node(n.Name)
-		if err := os.MkdirAll(filepath.Join(dir, "tmp"), 0o755); err != nil {
-			return err
-		}
-		if err := installLimiter(cfg.Tools, nodeDir(dir).limiter()); err != nil {
-			return fmt.Errorf("node %s: installing the limiter: %w", n.Name, err)
-		}
-		// The GPUs' state files, before the node's agent reads them.
-		if _, err := newNodeGPUs(nodeDir(dir).path("gpus"), n.Name, n.Model, n.GPUs); err != nil {
-			return err
-		}
-		common := append([]string{"--kubeconfig=" + d.Kubeconfig(), "--node=" + n.Name, "--dir=" + dir, "--lab=" + string(d)}, nodeArgs(n)...)
-		args := func(component string, own ...string) []string {
-			return comp(component, slices.Concat(common, own, componentArgs(n, component))...)
-		}
-		if err := sup.start("runtime/"+n.Name, args("runtime", "--tools="+string(cfg.Tools), "--model="+n.Model, fmt.Sprintf("--gpus=%d", n.GPUs)), nil, true); err != nil {
-			return err
-		}
-		if err := sup.start("kubelet/"+n.Name, args("kubelet", fmt.Sprintf("--port=%d", ports[2+i])), []string{"TMPDIR=" + filepath.Join(dir, "tmp")}, true); err != nil {
-			return err
-		}
-		if err := startShim(sup, comp, d, n.Name); err != nil {
-			return err
-		}
-		// The agent under its own identity (the later --kubeconfig wins),
-		// serving the shim.
-		if err := sup.start("node-agent/"+n.Name, args("node-agent", "--kubeconfig="+ids.NodeAgent, "--shim", "--model="+n.Model, fmt.Sprintf("--gpus=%d", n.GPUs)), nil, false); err != nil {
-			return err
+		if err := startNode(sup, d, cfg.Tools, n, ids.NodeAgent, ports[2+i]); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
 		}
 	}
 	step("started kube-controller-manager, scheduler, webhook and %d emulated GPU nodes", len(cfg.Nodes))
 
 	if err := waitReady(ctx, client, cfg.Nodes, profiles, cfg.ReadyTimeout, func() error {
-		for name, c := range sup.components() {
+		for name, c := range sup.Components() {
 			if c.Restarts >= 3 {
-				return fmt.Errorf("%s keeps exiting (%d restarts); see %s", name, c.Restarts, filepath.Join(d.Logs(), sanitize(name)+".log"))
+				return fmt.Errorf("%s keeps exiting (%d restarts); see %s", name, c.Restarts, d.Log(name))
 			}
 		}
 		return nil
@@ -298,7 +255,7 @@ func writeSchedulerConfig(path, kubeconfig string) (string, error) {
 // and every node is Ready with its inventory and GPU slots published.
 // crashing, polled meanwhile, ends the wait early when a component keeps
 // failing (no root, a port taken, …).
-func waitReady(ctx context.Context, client kubernetes.Interface, nodes []NodeSpec, profiles map[string]config.Node, timeout time.Duration, crashing func() error) error {
+func waitReady(ctx context.Context, client kubernetes.Interface, nodes []modes.NodeSpec, profiles map[string]config.Node, timeout time.Duration, crashing func() error) error {
 	// Half a GPU: the webhook must route it to Tessera (a dry run, so
 	// nothing is created).
 	probe := &corev1.Pod{
@@ -311,7 +268,7 @@ func waitReady(ctx context.Context, client kubernetes.Interface, nodes []NodeSpe
 		}}},
 	}
 	var missing []string
-	err := waitUntil(ctx, timeout, func(ctx context.Context) (bool, error) {
+	err := poll.Until(ctx, timeout, func(ctx context.Context) (bool, error) {
 		if err := crashing(); err != nil {
 			return false, err
 		}
@@ -321,108 +278,14 @@ func waitReady(ctx context.Context, client kubernetes.Interface, nodes []NodeSpe
 			missing = append(missing, "webhook")
 		}
 		for _, n := range nodes {
-			if !nodeReady(ctx, client, n, profiles[n.Name]) {
+			if !modes.NodeReady(ctx, client, n, profiles[n.Name]) {
 				missing = append(missing, "node "+n.Name)
 			}
 		}
 		return len(missing) == 0, nil
 	})
-	if errors.Is(err, errTimeout) {
+	if errors.Is(err, poll.ErrTimeout) {
 		return fmt.Errorf("not ready after %v: waiting for %s", timeout, strings.Join(missing, ", "))
-	}
-	return err
-}
-
-// nodeReady: the node is Ready and serves its GPUs as its profile says
-// (sharing: its agent has applied it; an agent publishes an inventory
-// before its ConfigMap cache has synced) — its mode's Serving, by default
-// its inventory published and a device-plugin resource allocatable.
-func nodeReady(ctx context.Context, client kubernetes.Interface, spec NodeSpec, profile config.Node) bool {
-	n, err := client.CoreV1().Nodes().Get(ctx, spec.Name, metav1.GetOptions{})
-	if err != nil {
-		return false
-	}
-	if m, err := ModeNamed(spec.Mode); err == nil && m.Serving != nil {
-		if !m.Serving(ctx, client, n) {
-			return false
-		}
-	} else if !servesDevicePlugin(n) || !sharesAs(n, profile) {
-		return false
-	}
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
-
-// servesDevicePlugin: the node agent published the inventory and the
-// device plugin serves some GPU device resource: the GPU's, its shared
-// rename, a MIG profile's.
-func servesDevicePlugin(n *corev1.Node) bool {
-	if n.Annotations[api.AnnotationInventory] == "" {
-		return false
-	}
-	for r, q := range n.Status.Allocatable {
-		if api.DefaultResourceNames.IsCountResource(string(r)) && q.Value() > 0 {
-			return true
-		}
-	}
-	return false
-}
-
-// sharesAs: the node's inventory shares its GPUs as the profile says
-// (a zero profile accepts any).
-func sharesAs(n *corev1.Node, profile config.Node) bool {
-	if profile.Sharing == "" {
-		return true
-	}
-	inv, err := kubeobj.Inventory(n)
-	if err != nil || inv == nil {
-		return false
-	}
-	for _, g := range inv.GPUs {
-		if !gpuSharesAs(g, profile) {
-			return false
-		}
-	}
-	return true
-}
-
-// gpuSharesAs: the GPU is shared as the profile says once applied. On a
-// MIG node a GPU without MIG is published exclusive: a GPU that is not
-// MIG-capable always, and one whose MIG mode a static layout turns off or
-// leaves alone.
-func gpuSharesAs(g api.GPU, profile config.Node) bool {
-	switch profile.Sharing {
-	case api.SharingMIGDynamic:
-		return g.Sharing == api.SharingMIGDynamic || !g.MIG.Capable && g.Sharing == api.SharingExclusive
-	case api.SharingMIG:
-		either := g.Sharing == api.SharingMIG || g.Sharing == api.SharingExclusive
-		l := profile.Layout
-		if l == nil || len(l.Entries) == 0 || !g.MIG.Capable {
-			return either
-		}
-		for _, e := range l.Entries {
-			if e.Devices != nil || len(e.DeviceFilter) > 0 || e.MIGEnabled != l.Entries[0].MIGEnabled {
-				return either // per GPU: which entry applies needs the PCI ID
-			}
-		}
-		if l.Entries[0].MIGEnabled {
-			return g.Sharing == api.SharingMIG
-		}
-		return g.Sharing == api.SharingExclusive
-	}
-	return g.Sharing == profile.Sharing
-}
-
-var errTimeout = errors.New("timed out")
-
-func waitUntil(ctx context.Context, timeout time.Duration, cond func(context.Context) (bool, error)) error {
-	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, timeout, true, cond)
-	if errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("%w after %v", errTimeout, timeout)
 	}
 	return err
 }

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/tessera-gpu/tessera/internal/testenv"
 )
@@ -129,7 +128,6 @@ func TestCreateKeepsAndReplaces(t *testing.T) {
 		t.Errorf("file of %d bytes, mode %v; want %d, 0666", fi.Size(), fi.Mode(), FileSize)
 	}
 	before, _ := os.Stat(path)
-	time.Sleep(10 * time.Millisecond)
 	if err := Create(path, g); err != nil {
 		t.Fatal(err)
 	}

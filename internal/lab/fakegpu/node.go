@@ -32,7 +32,7 @@ func (n *Node) Socket() string { return filepath.Join(n.Dir, DriverSocket) }
 const DriverSocket = "driver.sock"
 
 // UsedBytes is the device memory the GPU's processes hold
-// (nvmltest.Usage).
+// (nvmlemu.Usage).
 func (n *Node) UsedBytes(uuid string) (uint64, error) {
 	_, procs, err := Read(n.File(uuid))
 	if err != nil {
@@ -46,7 +46,7 @@ func (n *Node) UsedBytes(uuid string) (uint64, error) {
 }
 
 // Processes are the GPU's processes by host pid, with the memory each
-// holds (nvmltest.Usage).
+// holds (nvmlemu.Usage).
 func (n *Node) Processes(uuid string) ([]nvml.ProcessInfo, error) {
 	_, procs, err := Read(n.File(uuid))
 	if err != nil {
@@ -60,7 +60,7 @@ func (n *Node) Processes(uuid string) ([]nvml.ProcessInfo, error) {
 }
 
 // Utilization is the GPU's SM utilisation and each process's since the
-// previous call (nvmltest.Usage).
+// previous call (nvmlemu.Usage).
 func (n *Node) Utilization(uuid string) (uint32, []nvml.ProcessUtilizationSample, error) {
 	path := n.File(uuid)
 	_, procs, err := Read(path)

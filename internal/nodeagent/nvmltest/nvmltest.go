@@ -1,11 +1,11 @@
-// Package nvmltest completes go-nvml's mock servers (dgxa100, dgxh100) with
-// what they leave unset and the node agent reads: PCI bus IDs, NUMA nodes,
-// NVLink wiring, PCIe topology and an event set tests can inject events
-// into. It is used by tests only.
+// Package nvmltest is for tests only: the emulated NVML of
+// internal/lab/nvmlemu with what tests script on top of it — events
+// injected into the event set (XIDs, ECC errors), utilisation figures set
+// by hand — and fixtures of go-nvml's DGX servers. No binary links it
+// (cmd/tessera-lab runs nvmlemu itself).
 package nvmltest
 
 import (
-	"fmt"
 	"sync"
 	"time"
 
@@ -14,19 +14,71 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+
+	"github.com/tessera-gpu/tessera/internal/lab/nvmlemu"
 )
 
-// Node is a mock server plus the event queue behind its event set.
+// Node is an emulated node whose events and utilisation a test sets.
 type Node struct {
-	*server.Server
+	*nvmlemu.Node
 	Events *EventQueue
-
-	migMu sync.Mutex
-	mig   map[int]*migGPU // by device position; see mig.go
 
 	utilMu sync.Mutex
 	util   map[int]nvml.Utilization  // by device position; zero when unset
 	procSM map[int]map[uint32]uint32 // device position → host PID → SM %
+}
+
+// Wiring says how the GPUs of a mock node are connected.
+type Wiring = nvmlemu.Wiring
+
+// Complete is nvmlemu.Complete with the test's event queue and
+// utilisation figures.
+func Complete(s *server.Server, w Wiring) *Node { return scripted(nvmlemu.Complete(s, w)) }
+
+// NewModel is nvmlemu.NewModel with the test's event queue and
+// utilisation figures.
+func NewModel(name string, count int, seed string) (*Node, error) {
+	n, err := nvmlemu.NewModel(name, count, seed)
+	if err != nil {
+		return nil, err
+	}
+	return scripted(n), nil
+}
+
+// DGXA100 is an 8× A100 node: 12 NVLinks per GPU through NVSwitch, GPUs 0-3
+// on NUMA node 0 and 4-7 on node 1.
+func DGXA100() *Node { return Complete(dgxa100.New(), Wiring{SwitchLinks: 12, GPUsPerNUMA: 4}) }
+
+// DGXH100 is an 8× H100 node with 18 NVLinks per GPU.
+func DGXH100() *Node { return Complete(dgxh100.New(), Wiring{SwitchLinks: 18, GPUsPerNUMA: 4}) }
+
+// PCIeA100 is the dgxa100 server's GPUs without NVLink: the links come
+// from the PCIe topology.
+func PCIeA100() *Node { return Complete(dgxa100.New(), Wiring{GPUsPerNUMA: 4}) }
+
+// scripted answers the node's event set from a queue the test fills and
+// its utilisation queries from SetUtilization and SetProcessSM.
+func scripted(e *nvmlemu.Node) *Node {
+	n := &Node{Node: e, Events: NewEventQueue(), util: map[int]nvml.Utilization{}, procSM: map[int]map[uint32]uint32{}}
+	for i, d := range e.Devices {
+		dev := d.(*server.Device)
+		dev.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) {
+			n.utilMu.Lock()
+			defer n.utilMu.Unlock()
+			return n.util[i], nvml.SUCCESS
+		}
+		dev.GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+			n.utilMu.Lock()
+			defer n.utilMu.Unlock()
+			var out []nvml.ProcessUtilizationSample
+			for pid, sm := range n.procSM[i] {
+				out = append(out, nvml.ProcessUtilizationSample{Pid: pid, SmUtil: sm, TimeStamp: uint64(time.Now().UnixMicro())})
+			}
+			return out, nvml.SUCCESS
+		}
+	}
+	e.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) { return n.Events.set, nvml.SUCCESS }
+	return n
 }
 
 // SetUtilization sets what GetUtilizationRates reports for device i.
@@ -49,115 +101,6 @@ func (n *Node) SetProcessSM(i int, hostPID, sm uint32) {
 		return
 	}
 	n.procSM[i][hostPID] = sm
-}
-
-// Wiring says how the GPUs of a mock node are connected.
-type Wiring struct {
-	// SwitchLinks is the number of NVLinks from each GPU to NVSwitches
-	// (12 on DGX A100, 18 on DGX H100); 0 = no NVLink.
-	SwitchLinks int
-	// GPUsPerNUMA is how many consecutive GPUs share a NUMA node and, on
-	// PCIe, a host bridge; pairs of consecutive GPUs share a PCIe switch.
-	GPUsPerNUMA int
-	// NoNUMA makes GetNumaNodeId unsupported (older drivers).
-	NoNUMA bool
-}
-
-// DGXA100 is an 8× A100 node: 12 NVLinks per GPU through NVSwitch, GPUs 0-3
-// on NUMA node 0 and 4-7 on node 1.
-func DGXA100() *Node { return Complete(dgxa100.New(), Wiring{SwitchLinks: 12, GPUsPerNUMA: 4}) }
-
-// DGXH100 is an 8× H100 node with 18 NVLinks per GPU.
-func DGXH100() *Node { return Complete(dgxh100.New(), Wiring{SwitchLinks: 18, GPUsPerNUMA: 4}) }
-
-// PCIeA100 is the dgxa100 server's GPUs without NVLink: the links come
-// from the PCIe topology.
-func PCIeA100() *Node { return Complete(dgxa100.New(), Wiring{GPUsPerNUMA: 4}) }
-
-// Complete fills in the functions the agent calls that the mock leaves nil.
-func Complete(s *server.Server, w Wiring) *Node {
-	n := &Node{Server: s, Events: NewEventQueue(), util: map[int]nvml.Utilization{}, procSM: map[int]map[uint32]uint32{}}
-	busOf := func(i int) string { return fmt.Sprintf("00000000:%02X:00.0", 0x10*(i+1)) }
-	for i, d := range s.Devices {
-		dev := d.(*server.Device)
-		dev.PciBusID = busOf(i)
-		i := i
-		dev.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
-			p := nvml.PciInfo{PciDeviceId: dev.Config.PciDeviceId, Bus: uint32(0x10 * (i + 1))}
-			copy(p.BusId[:], toInt8(dev.PciBusID))
-			return p, nvml.SUCCESS
-		}
-		dev.GetNumaNodeIdFunc = func() (int, nvml.Return) {
-			if w.NoNUMA {
-				return 0, nvml.ERROR_NOT_SUPPORTED
-			}
-			return i / max(w.GPUsPerNUMA, 1), nvml.SUCCESS
-		}
-		dev.GetAttributesFunc = func() (nvml.DeviceAttributes, nvml.Return) {
-			return nvml.DeviceAttributes{}, nvml.ERROR_NOT_SUPPORTED
-		}
-		dev.GetNvLinkStateFunc = func(link int) (nvml.EnableState, nvml.Return) {
-			if w.SwitchLinks == 0 {
-				return 0, nvml.ERROR_NOT_SUPPORTED
-			}
-			if link < w.SwitchLinks {
-				return nvml.FEATURE_ENABLED, nvml.SUCCESS
-			}
-			return nvml.FEATURE_DISABLED, nvml.SUCCESS
-		}
-		dev.GetNvLinkRemotePciInfoFunc = func(link int) (nvml.PciInfo, nvml.Return) {
-			var p nvml.PciInfo
-			copy(p.BusId[:], toInt8(fmt.Sprintf("00000000:%02X:00.0", 0xC0+link%6))) // six NVSwitches
-			return p, nvml.SUCCESS
-		}
-		dev.GetTopologyCommonAncestorFunc = func(other nvml.Device) (nvml.GpuTopologyLevel, nvml.Return) {
-			j := other.(*server.Device).Index
-			per := max(w.GPUsPerNUMA, 1)
-			switch {
-			case i/2 == j/2:
-				return nvml.TOPOLOGY_SINGLE, nvml.SUCCESS
-			case i/per == j/per:
-				return nvml.TOPOLOGY_NODE, nvml.SUCCESS
-			}
-			return nvml.TOPOLOGY_SYSTEM, nvml.SUCCESS
-		}
-		dev.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) {
-			return nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeSingleBitEccError, nvml.SUCCESS
-		}
-		dev.RegisterEventsFunc = func(types uint64, set nvml.EventSet) nvml.Return {
-			return nvml.SUCCESS
-		}
-		dev.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) {
-			n.utilMu.Lock()
-			defer n.utilMu.Unlock()
-			return n.util[i], nvml.SUCCESS
-		}
-		dev.GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
-			n.utilMu.Lock()
-			defer n.utilMu.Unlock()
-			var out []nvml.ProcessUtilizationSample
-			for pid, sm := range n.procSM[i] {
-				out = append(out, nvml.ProcessUtilizationSample{Pid: pid, SmUtil: sm, TimeStamp: uint64(time.Now().UnixMicro())})
-			}
-			return out, nvml.SUCCESS
-		}
-	}
-	s.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) {
-		return n.Events.set, nvml.SUCCESS
-	}
-	n.emulateMIG()
-	return n
-}
-
-// Device returns the mock device at index i.
-func (n *Node) Device(i int) *server.Device { return n.Devices[i].(*server.Device) }
-
-func toInt8(s string) []int8 {
-	b := make([]int8, len(s))
-	for i := range s {
-		b[i] = int8(s[i])
-	}
-	return b
 }
 
 // EventQueue feeds events to the mock event set's Wait.

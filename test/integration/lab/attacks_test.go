@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
+
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -23,8 +25,11 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/tessera-gpu/tessera/internal/install"
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/lab"
+	"github.com/tessera-gpu/tessera/internal/lab/status"
+	"github.com/tessera-gpu/tessera/internal/lab/supervisor"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/scheduler"
 	"github.com/tessera-gpu/tessera/internal/testenv"
@@ -257,12 +262,25 @@ func TestForgedInventoryHeldToNVML(t *testing.T) {
 			return gpus[0].MemoryMiB == 40960
 		})
 	})
-	withoutPolicyBinding(t, webhook.InventoryPolicyName, forge)
-	testenv.WaitFor(t, "the forged inventory to stay", 30*time.Second, func() bool {
-		_ = forge()
-		time.Sleep(300 * time.Millisecond)
-		return nodeGPUs(t, victimNode)[0].MemoryMiB == 409600
+	// Once the API server's authorizer denies the agent every write to
+	// Nodes, nothing repairs the annotation: the forged value stays.
+	testenv.WaitFor(t, "the node agent unable to write Nodes", 30*time.Second, func() bool {
+		for _, verb := range []string{"patch", "update"} {
+			r, err := client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+				User:               webhook.DefaultNodeAgentUser,
+				Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:" + install.Namespace, "system:authenticated"},
+				ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: verb, Resource: "nodes", Name: victimNode},
+			}}, metav1.CreateOptions{})
+			if err != nil || r.Status.Allowed {
+				return false
+			}
+		}
+		return true
 	})
+	withoutPolicyBinding(t, webhook.InventoryPolicyName, forge)
+	if got := nodeGPUs(t, victimNode)[0].MemoryMiB; got != 409600 {
+		t.Fatalf("the forged inventory did not stay: GPU 0 has %d MiB", got)
+	}
 
 	var pods []*corev1.Pod
 	for i := range 16 {
@@ -272,7 +290,7 @@ func TestForgedInventoryHeldToNVML(t *testing.T) {
 		pods = append(pods, p)
 	}
 	createAll(t, pods)
-	if err := lab.WaitSettled(ctx, client, ns, 3*time.Minute); err != nil {
+	if err := status.WaitSettled(ctx, client, ns, 3*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	list, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
@@ -331,7 +349,7 @@ func TestRemovedRecordAndRestartedScheduler(t *testing.T) {
 	if _, err := tenant.CoreV1().Pods(ns).Create(ctx, big("a"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := lab.WaitSettled(ctx, client, ns, 2*time.Minute); err != nil {
+	if err := status.WaitSettled(ctx, client, ns, 2*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	remove := []byte(`{"metadata":{"annotations":{"` + api.AnnotationAllocation + `":null}}}`)
@@ -367,7 +385,7 @@ func TestRemovedRecordAndRestartedScheduler(t *testing.T) {
 	withoutPolicyBinding(t, webhook.RecordPolicyName, strip)
 
 	// The scheduler restarts and forgets pod a.
-	st, err := dir.ReadState()
+	st, err := lab.ReadState(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,8 +394,8 @@ func TestRemovedRecordAndRestartedScheduler(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.WaitFor(t, "the scheduler restarted", time.Minute, func() bool {
-		now, err := dir.ReadState()
-		return err == nil && now.Components["scheduler"].PID != old.PID && lab.ProcessAlive(now.Components["scheduler"].PID)
+		now, err := lab.ReadState(dir)
+		return err == nil && now.Components["scheduler"].PID != old.PID && supervisor.ProcessAlive(now.Components["scheduler"].PID)
 	})
 	if _, err := tenant.CoreV1().Pods(ns).Create(ctx, big("b"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

@@ -26,6 +26,8 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/hollowkubelet"
 	"github.com/tessera-gpu/tessera/internal/lab"
+	"github.com/tessera-gpu/tessera/internal/lab/labdir"
+	"github.com/tessera-gpu/tessera/internal/lab/supervisor"
 	"github.com/tessera-gpu/tessera/internal/limiterconf"
 	"github.com/tessera-gpu/tessera/internal/testenv"
 	"github.com/tessera-gpu/tessera/pkg/api"
@@ -54,7 +56,7 @@ func draNamespace(t *testing.T, ns string) {
 // its CDI devices gave it.
 func draContainer(t *testing.T, ns, pod, name string) (*hollowkubelet.Container, string) {
 	t.Helper()
-	c, err := lab.ContainerIn(dir, draNode, ns, pod, name)
+	c, err := dir.Node(draNode).Container(ns, pod, name)
 	if err != nil {
 		t.Fatalf("%s/%s: %v", pod, name, err)
 	}
@@ -463,7 +465,7 @@ spec:
 		c, _ := draContainer(t, ns, p, "main")
 		before[p] = c.PID
 	}
-	st, err := dir.ReadState()
+	st, err := lab.ReadState(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -473,15 +475,15 @@ spec:
 		t.Fatalf("killing %s (pid %d): %v", victim, old, err)
 	}
 	testenv.WaitFor(t, victim+" restarted", time.Minute, func() bool {
-		now, err := dir.ReadState()
-		return err == nil && now.Components[victim].PID != old && lab.ProcessAlive(now.Components[victim].PID)
+		now, err := lab.ReadState(dir)
+		return err == nil && now.Components[victim].PID != old && supervisor.ProcessAlive(now.Components[victim].PID)
 	})
 	apply(t, pod("r2"))
 	waitRunning(t, ns, "r2")
 	for _, p := range []string{"r0", "r1"} {
 		c, _ := draContainer(t, ns, p, "main")
-		if c.PID != before[p] || !lab.ProcessAlive(c.PID) {
-			t.Errorf("%s: container pid %d (alive %v), was %d: want it kept running across the agent's restart", p, c.PID, lab.ProcessAlive(c.PID), before[p])
+		if c.PID != before[p] || !supervisor.ProcessAlive(c.PID) {
+			t.Errorf("%s: container pid %d (alive %v), was %d: want it kept running across the agent's restart", p, c.PID, supervisor.ProcessAlive(c.PID), before[p])
 		}
 	}
 	zero := int64(0)
@@ -498,9 +500,9 @@ spec:
 }
 
 // leftovers lists the CDI specs and claim directories on the node.
-func leftovers(node string) []string {
+func leftovers(node labdir.NodeDir) []string {
 	var out []string
-	for _, d := range []string{filepath.Join(node, "cdi"), filepath.Join(node, "claims")} {
+	for _, d := range []string{node.CDI(), node.Claims()} {
 		entries, _ := os.ReadDir(d)
 		for _, e := range entries {
 			if e.Name() != "checkpoint.json" {

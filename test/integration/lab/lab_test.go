@@ -26,12 +26,14 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/tessera-gpu/tessera/internal/lab"
+	"github.com/tessera-gpu/tessera/internal/lab/labdir"
+	"github.com/tessera-gpu/tessera/internal/lab/status"
 	"github.com/tessera-gpu/tessera/internal/testenv"
 )
 
 var (
 	labBin, kubectlBin string
-	dir                lab.Dir
+	dir                labdir.Dir
 	client             kubernetes.Interface
 )
 
@@ -67,7 +69,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	dir = lab.Dir(filepath.Join(tmp, "lab"))
+	dir = labdir.Dir(filepath.Join(tmp, "lab"))
 	up := exec.Command(labBin, "up", "--dir", string(dir), "--nodes", "4", "--gpus-per-node", "8", "--gpu-model", "A100-40GB",
 		"--tools", tools, "--node-config", nodeConfig)
 	var out bytes.Buffer
@@ -91,7 +93,7 @@ func run(m *testing.M) int {
 	}
 	defer stop()
 	for {
-		st, err := dir.ReadState()
+		st, err := lab.ReadState(dir)
 		if err == nil && st.Ready {
 			break
 		}
@@ -174,10 +176,10 @@ func labCmd(t *testing.T, args ...string) string {
 
 // checkInvariant runs the placement core's checker over what the API
 // server holds, and the physical checker over what the containers were
-// given and what NVML reports (lab.CheckPhysical).
-func checkInvariant(t *testing.T) *lab.Report {
+// given and what NVML reports (status.CheckPhysical).
+func checkInvariant(t *testing.T) *status.Report {
 	t.Helper()
-	r, err := lab.Collect(context.Background(), client)
+	r, err := status.Collect(context.Background(), client)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,13 +194,13 @@ func checkInvariant(t *testing.T) *lab.Report {
 }
 
 // checkPhysical reads what the lab's containers were given.
-func checkPhysical(t *testing.T) *lab.PhysicalReport {
+func checkPhysical(t *testing.T) *status.PhysicalReport {
 	t.Helper()
-	st, err := dir.ReadState()
+	st, err := lab.ReadState(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ph, err := lab.CheckPhysical(context.Background(), client, dir, st.Nodes)
+	ph, err := status.CheckPhysical(context.Background(), client, dir, st.Nodes)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
-	"github.com/tessera-gpu/tessera/internal/lab"
 	"github.com/tessera-gpu/tessera/internal/testenv"
 )
 
@@ -127,7 +126,7 @@ spec:
 
 	for _, w := range wants {
 		pod := waitPod(t, ns, w.pod, time.Minute, phase("Running"))
-		url, err := lab.MetricsURL(dir, pod.Spec.NodeName)
+		url, err := dir.MetricsURL(pod.Spec.NodeName)
 		if err != nil {
 			t.Fatal(err)
 		}

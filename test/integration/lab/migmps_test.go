@@ -16,14 +16,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/tessera-gpu/tessera/internal/lab"
+	"github.com/tessera-gpu/tessera/internal/lab/modes"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/testenv"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
-// The lab's sharing nodes (lab.SharingNodes) run NVIDIA's guides'
+// The lab's sharing nodes (modes.SharingNodes) run NVIDIA's guides'
 // configurations as written; these tests check what they offer and serve.
 
 func allocatable(t *testing.T, node, res string) int64 {
@@ -107,7 +107,7 @@ func TestMIGDevicePod(t *testing.T) {
 	if p.Spec.NodeName != "lab-mig" || g.MIG == nil || g.MIG.Profile != "1g.5gb" || !strings.HasPrefix(g.MIG.Device, "MIG-") {
 		t.Fatalf("pod on %s with grant %+v %+v", p.Spec.NodeName, g, g.MIG)
 	}
-	c, err := lab.ContainerIn(dir, p.Spec.NodeName, ns, "mig", "c")
+	c, err := dir.Node(p.Spec.NodeName).Container(ns, "mig", "c")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func TestMPSClients(t *testing.T) {
 	want := map[string][2]string{"big": {"30", "0=8192M"}, "replica": {"10", "0=4096M"}}
 	for name, w := range want {
 		p := waitRunning(t, ns, name)
-		c, err := lab.ContainerIn(dir, p.Spec.NodeName, ns, name, "c")
+		c, err := dir.Node(p.Spec.NodeName).Container(ns, name, "c")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -153,7 +153,7 @@ func TestMPSClients(t *testing.T) {
 		}
 	}
 	// The control daemon bounds every client by the largest share (30 %).
-	logs, _ := filepath.Glob(filepath.Join(string(dir), "nodes", "lab-mps", "mps", "*", "log", "control.log"))
+	logs, _ := filepath.Glob(filepath.Join(dir.Node("lab-mps").MPS(), "*", "log", "control.log"))
 	testenv.WaitFor(t, "the MPS daemon told the largest client's share", time.Minute, func() bool {
 		for _, l := range logs {
 			b, _ := os.ReadFile(l)
@@ -170,7 +170,7 @@ func TestMPSClients(t *testing.T) {
 func dynamicPod(ns, name string, res map[string]string) *corev1.Pod {
 	p := fixtures.MakePod().Namespace(ns).Name(name).ZeroTerminationGracePeriod().Container("c", res).Obj()
 	p.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": "lab-mig-dynamic"}
-	p.Spec.Tolerations = []corev1.Toleration{{Key: lab.SharingTaint, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
+	p.Spec.Tolerations = []corev1.Toleration{{Key: modes.SharingTaint, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
 	return p
 }
 
@@ -193,7 +193,7 @@ func TestDynamicMIG(t *testing.T) {
 		if g.MIG == nil || g.MIG.Profile != "1g.5gb" {
 			t.Fatalf("%s: grant %+v", p.Name, g)
 		}
-		c, err := lab.ContainerIn(dir, r.Spec.NodeName, ns, p.Name, "c")
+		c, err := dir.Node(r.Spec.NodeName).Container(ns, p.Name, "c")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -207,20 +207,18 @@ func TestDynamicMIG(t *testing.T) {
 	}
 	createAll(t, []*corev1.Pod{dynamicPod(ns, "big", map[string]string{"nvidia.com/gpu": "1", "nvidia.com/gpumem": "18000", "nvidia.com/gpucores": "30"})})
 	var msg string
-	for deadline := time.Now().Add(time.Minute); !strings.Contains(msg, "1g.5gb@"); time.Sleep(250 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the 3g pod's scheduling failure does not name the blocking instances: %q", msg)
-		}
+	testenv.WaitFor(t, "the 3g pod's scheduling failure naming the blocking instances (1g.5gb@…)", time.Minute, func() bool {
 		p, err := client.CoreV1().Pods(ns).Get(ctx, "big", metav1.GetOptions{})
 		if err != nil {
-			continue
+			return false
 		}
 		for _, c := range p.Status.Conditions {
 			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
 				msg = c.Message
 			}
 		}
-	}
+		return strings.Contains(msg, "1g.5gb@")
+	})
 	if !strings.Contains(msg, "3g.20gb") {
 		t.Errorf("reason %q does not name the profile", msg)
 	}
@@ -269,13 +267,13 @@ func TestDynamicMIG(t *testing.T) {
 func TestConfigFieldRefused(t *testing.T) {
 	ctx := context.Background()
 	cms := client.CoreV1().ConfigMaps("tessera-system")
-	cm, err := cms.Get(ctx, lab.NodeConfigMap, metav1.GetOptions{})
+	cm, err := cms.Get(ctx, modes.NodeConfigMap, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	orig := cm.Data["mps"]
 	defer func() {
-		cm, err := cms.Get(ctx, lab.NodeConfigMap, metav1.GetOptions{})
+		cm, err := cms.Get(ctx, modes.NodeConfigMap, metav1.GetOptions{})
 		if err == nil {
 			cm.Data["mps"] = orig
 			_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
@@ -284,9 +282,9 @@ func TestConfigFieldRefused(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	agentLog := filepath.Join(dir.Logs(), "node-agent_lab-mps.log")
+	agentLog := dir.Log("node-agent/lab-mps")
 	set := func(doc string) {
-		cm, err := cms.Get(ctx, lab.NodeConfigMap, metav1.GetOptions{})
+		cm, err := cms.Get(ctx, modes.NodeConfigMap, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tessera-gpu/tessera/internal/lab"
+	"github.com/tessera-gpu/tessera/internal/lab/component"
 	"github.com/tessera-gpu/tessera/internal/testenv"
 )
 
@@ -32,7 +32,7 @@ func TestEveryPolicyStartsInTheLab(t *testing.T) {
 	if err := os.WriteFile(path, cfg, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(labBin, lab.ComponentCommand, "scheduler", "--config="+path, "--secure-port=0")
+	cmd := exec.Command(labBin, component.Command, component.Scheduler, "--config="+path, "--secure-port=0")
 	log := &bytes.Buffer{} // one writer for both: exec calls it from one goroutine at a time
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}

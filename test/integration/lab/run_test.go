@@ -19,7 +19,10 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/lab"
+	"github.com/tessera-gpu/tessera/internal/lab/demo"
 	"github.com/tessera-gpu/tessera/internal/lab/fakegpu"
+	"github.com/tessera-gpu/tessera/internal/lab/modes"
+	"github.com/tessera-gpu/tessera/internal/lab/status"
 	"github.com/tessera-gpu/tessera/internal/testenv"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -173,7 +176,7 @@ spec:
 		t.Fatalf("record %+v, %v", rec, err)
 	}
 	gpu := rec.Containers[0].Devices[0].UUID
-	state := filepath.Join(dir.Node(pod.Spec.NodeName), "gpus", gpu)
+	state := filepath.Join(dir.Node(pod.Spec.NodeName).GPUs(), gpu)
 	_, procs, err := fakegpu.Read(state)
 	if err != nil {
 		t.Fatal(err)
@@ -185,7 +188,7 @@ spec:
 	if len(procs) != 2 || used > 4096<<20 || used < 4000<<20 {
 		t.Errorf("GPU %s holds %d MiB in %d processes; want the pod's two processes, together 4096 MiB at most: %+v", gpu, used>>20, len(procs), procs)
 	}
-	c, err := lab.ContainerIn(dir, pod.Spec.NodeName, ns, "frac", "main")
+	c, err := dir.Node(pod.Spec.NodeName).Container(ns, "frac", "main")
 	if err != nil || c.PID == 0 {
 		t.Fatalf("container record %+v, %v", c, err)
 	}
@@ -219,7 +222,7 @@ spec:
 	}
 }
 
-func gpuHolds(r *lab.Report, uuid, pod string) bool {
+func gpuHolds(r *status.Report, uuid, pod string) bool {
 	for _, n := range r.Nodes {
 		for _, g := range n.GPUs {
 			if g.UUID != uuid {
@@ -258,7 +261,7 @@ spec:
 	if out := kubectl(t, "logs", "-n", ns, "hello"); !strings.Contains(out, "hello from hello") {
 		t.Errorf("kubectl logs: %q", out)
 	}
-	c, err := lab.ContainerIn(dir, p.Spec.NodeName, ns, "hello", "main")
+	c, err := dir.Node(p.Spec.NodeName).Container(ns, "hello", "main")
 	if err != nil || len(c.GPUs) != 0 || c.Env[api.EnvVisibleDevices] != "" {
 		t.Errorf("CPU-only container %+v, %v: want no GPU", c, err)
 	}
@@ -338,9 +341,9 @@ func TestNodeModes(t *testing.T) {
 	const ns = "modes"
 	useNamespace(t, ns)
 	ctx := context.Background()
-	pods, _, _ := lab.DemoPods(ns)
-	for _, m := range lab.Modes {
-		nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: lab.LabelMode + "=" + m.Name})
+	pods, _, _ := demo.Pods(ns)
+	for _, m := range modes.All() {
+		nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: modes.Label + "=" + m.Name})
 		if err != nil || len(nodes.Items) == 0 {
 			t.Fatalf("no node of mode %s: %v", m.Name, err)
 		}
@@ -361,7 +364,7 @@ func TestNodeModes(t *testing.T) {
 	// One pod per mode (the demo's first), each on a node of its mode.
 	seen := map[string]bool{}
 	for _, p := range pods {
-		mode := p.Labels[lab.LabelMode]
+		mode := p.Labels[modes.Label]
 		if seen[mode] {
 			continue
 		}
@@ -372,8 +375,8 @@ func TestNodeModes(t *testing.T) {
 		}
 		got := waitPod(t, ns, p.Name, time.Minute, phase(corev1.PodSucceeded, corev1.PodFailed))
 		n, err := client.CoreV1().Nodes().Get(ctx, got.Spec.NodeName, metav1.GetOptions{})
-		if err != nil || got.Status.Phase != corev1.PodSucceeded || n.Labels[lab.LabelMode] != mode {
-			t.Errorf("mode %s: pod %s %s on %s (mode %q)", mode, p.Name, got.Status.Phase, got.Spec.NodeName, n.Labels[lab.LabelMode])
+		if err != nil || got.Status.Phase != corev1.PodSucceeded || n.Labels[modes.Label] != mode {
+			t.Errorf("mode %s: pod %s %s on %s (mode %q)", mode, p.Name, got.Status.Phase, got.Spec.NodeName, n.Labels[modes.Label])
 		}
 		// A MIG mode's pod is given a MIG device: a GPU of its own to
 		// the driver, named as NVML names MIG devices.
@@ -401,7 +404,7 @@ func TestNodeProfiles(t *testing.T) {
 		kubectl(t, "label", "node", node, api.LabelNodeConfig+"=default", "--overwrite")
 		testenv.WaitFor(t, node+" back to its profile", time.Minute, func() bool { return slots(t, node) == 8*10 })
 	})
-	agentLog := filepath.Join(dir.Logs(), "node-agent_"+node+".log")
+	agentLog := dir.Log("node-agent/" + node)
 	kubectl(t, "label", "node", node, api.LabelNodeConfig+"=test-dense", "--overwrite")
 	testenv.WaitFor(t, node+" in profile test-dense (20 shares per GPU)", time.Minute, func() bool {
 		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
@@ -501,7 +504,7 @@ spec:
 	stubborn := waitPod(t, ns, "stubborn", time.Minute, phase(corev1.PodRunning))
 	starts := map[int]string{}
 	for _, p := range []*corev1.Pod{idle, stubborn} {
-		c, err := lab.ContainerIn(dir, p.Spec.NodeName, ns, p.Name, "main")
+		c, err := dir.Node(p.Spec.NodeName).Container(ns, p.Name, "main")
 		if err != nil || c.PID == 0 {
 			t.Fatalf("%s: %+v, %v", p.Name, c, err)
 		}

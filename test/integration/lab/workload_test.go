@@ -19,6 +19,8 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/hollowkubelet"
 	"github.com/tessera-gpu/tessera/internal/lab"
+	"github.com/tessera-gpu/tessera/internal/lab/status"
+	"github.com/tessera-gpu/tessera/internal/lab/supervisor"
 	"github.com/tessera-gpu/tessera/internal/limiterconf"
 	"github.com/tessera-gpu/tessera/internal/testenv"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
@@ -35,7 +37,7 @@ func TestExamples(t *testing.T) {
 	ctx := context.Background()
 	out := kubectl(t, "apply", "-f", "examples/")
 	t.Logf("kubectl apply -f examples/:\n%s", out)
-	if err := lab.WaitSettled(ctx, client, metav1.NamespaceDefault, 2*time.Minute); err != nil {
+	if err := status.WaitSettled(ctx, client, metav1.NamespaceDefault, 2*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	pods, err := client.CoreV1().Pods(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{})
@@ -94,10 +96,10 @@ func TestExamples(t *testing.T) {
 			checkContainer(t, &p, c)
 		}
 	}
-	status := labCmd(t, "status")
-	t.Logf("tessera-lab status:\n%s", status)
+	shown := labCmd(t, "status")
+	t.Logf("tessera-lab status:\n%s", shown)
 	for _, s := range []string{"whole-gpu", "fractional-half", "lab-gpu-01", "A100-SXM4-40GB", "invariant checker: no GPU over"} {
-		if !strings.Contains(status, s) {
+		if !strings.Contains(shown, s) {
 			t.Errorf("status does not mention %q", s)
 		}
 	}
@@ -125,7 +127,7 @@ func record(t *testing.T, p *corev1.Pod) *api.PodAllocation {
 // create with the pod's allocation record.
 func checkContainer(t *testing.T, p *corev1.Pod, c api.ContainerAllocation) *hollowkubelet.Container {
 	t.Helper()
-	got, err := lab.ContainerIn(dir, p.Spec.NodeName, p.Namespace, p.Name, c.Name)
+	got, err := dir.Node(p.Spec.NodeName).Container(p.Namespace, p.Name, c.Name)
 	if err != nil {
 		t.Errorf("%s/%s: %v", p.Name, c.Name, err)
 		return nil
@@ -256,7 +258,7 @@ const loadNS = "load"
 func checkSettled(t *testing.T, ns string, mayFail func(*corev1.Pod) bool) (running, pending int, failed []corev1.Pod) {
 	t.Helper()
 	ctx := context.Background()
-	if err := lab.WaitSettled(ctx, client, ns, 5*time.Minute); err != nil {
+	if err := status.WaitSettled(ctx, client, ns, 5*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	pods, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
@@ -379,7 +381,7 @@ func TestFaults(t *testing.T) {
 	}
 
 	victims := []string{"scheduler", "node-agent/lab-gpu-02", "kubelet/lab-gpu-03"}
-	st, err := dir.ReadState()
+	st, err := lab.ReadState(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -391,8 +393,8 @@ func TestFaults(t *testing.T) {
 		if p.Spec.NodeName != "lab-gpu-03" {
 			continue
 		}
-		c, err := lab.ContainerIn(dir, p.Spec.NodeName, p.Namespace, p.Name, "c")
-		if err != nil || c.PID == 0 || !lab.ProcessAlive(c.PID) {
+		c, err := dir.Node(p.Spec.NodeName).Container(p.Namespace, p.Name, "c")
+		if err != nil || c.PID == 0 || !supervisor.ProcessAlive(c.PID) {
 			t.Fatalf("pod %s on lab-gpu-03: container %+v, %v; want it running", name, c, err)
 		}
 		running03[name] = c
@@ -420,12 +422,12 @@ func TestFaults(t *testing.T) {
 	}
 	<-done
 	testenv.WaitFor(t, "the killed components restarted", time.Minute, func() bool {
-		now, err := dir.ReadState()
+		now, err := lab.ReadState(dir)
 		if err != nil {
 			return false
 		}
 		for _, v := range victims {
-			if c := now.Components[v]; c.Restarts == 0 || c.PID == st.Components[v].PID || !lab.ProcessAlive(c.PID) {
+			if c := now.Components[v]; c.Restarts == 0 || c.PID == st.Components[v].PID || !supervisor.ProcessAlive(c.PID) {
 				return false
 			}
 		}
@@ -443,14 +445,14 @@ func TestFaults(t *testing.T) {
 		return true
 	})
 	for name, before := range running03 {
-		now, err := lab.ContainerIn(dir, "lab-gpu-03", faultsNS, name, "c")
+		now, err := dir.Node("lab-gpu-03").Container(faultsNS, name, "c")
 		if err != nil {
 			t.Errorf("pod %s: %v", name, err)
 			continue
 		}
-		if now.ID != before.ID || now.PID != before.PID || !lab.ProcessAlive(now.PID) {
+		if now.ID != before.ID || now.PID != before.PID || !supervisor.ProcessAlive(now.PID) {
 			t.Errorf("pod %s: container %s (pid %d) became %s (pid %d, alive %v) across the kubelet's restart; want it kept running",
-				name, before.ID, before.PID, now.ID, now.PID, lab.ProcessAlive(now.PID))
+				name, before.ID, before.PID, now.ID, now.PID, supervisor.ProcessAlive(now.PID))
 		}
 	}
 	// No pod may fail: checkSettled accepts Running (with the record in

@@ -1,0 +1,108 @@
+package component
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/internal/lab/fakegpu"
+	"github.com/tessera-gpu/tessera/internal/lab/labdir"
+	"github.com/tessera-gpu/tessera/internal/lab/nvmlemu"
+	"github.com/tessera-gpu/tessera/internal/nodeagent"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/dra"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
+	"github.com/tessera-gpu/tessera/internal/recordsig"
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+func runNodeAgent(ctx context.Context, args []string) error {
+	f, err := parseNodeFlags(NodeAgent, args)
+	if err != nil {
+		return err
+	}
+	lib, err := nvmlemu.NewModel(f.Model, f.GPUs, f.Node)
+	if err != nil {
+		return err
+	}
+	// The node's NVML sees what the containers' processes do on its GPUs
+	// (their state files, which the node's runtime creates).
+	lib.UseUsage(&fakegpu.Node{Dir: f.Dir.GPUs()})
+	client, err := Client(f.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	a, err := nodeagent.New(lib, client, nodeAgentOptions(f, exe), klog.Background().WithName("node-agent"))
+	if err != nil {
+		return err
+	}
+	go publishMetricsAddress(ctx, a, f.Dir)
+	return a.Run(ctx)
+}
+
+// nodeAgentOptions is the node's agent: its paths in the node's
+// directory, the lab's MPS control daemon (exe's mps-control component),
+// and what it checks: the scheduler's signatures, and (Shim) serving the
+// shim instead of the kubelet. The host-side reconciler is off until the
+// lab's GPUs report processes (the emulated NVML lists none).
+func nodeAgentOptions(f *NodeFlags, exe string) nodeagent.Options {
+	paths := deviceplugin.DefaultPaths()
+	paths.LimiterHost = f.Dir.Limiter()
+	paths.PreloadHost = f.Dir.Preload()
+	paths.StateRoot = f.Dir.LimiterState()
+	cmNS, cmName, _ := strings.Cut(f.ConfigMap, "/")
+	o := nodeagent.Options{
+		NodeName: f.Node, Resource: api.DefaultResourceNames.GPU,
+		ConfigMapNamespace: cmNS, ConfigMapName: cmName,
+		MPSControl:         []string{exe, Command, MPSControl},
+		MPSRoot:            f.Dir.MPS(),
+		Health:             health.Options{IgnoredXIDs: health.DefaultIgnoredXIDs, RecoveryPeriod: time.Minute},
+		Paths:              paths,
+		PluginDir:          f.Dir.DevicePlugins(),
+		PodResourcesSocket: f.Dir.PodResources(),
+		Resync:             30 * time.Second,
+		DRA:                labDRA(f.Dir),
+		MetricsAddress:     "127.0.0.1:0",
+		RecordKeys:         &recordsig.Store{},
+	}
+	o.Reconcile.Interval = 0
+	if f.Shim {
+		o.PluginSocketDir = f.Dir.AgentSockets()
+	}
+	return o
+}
+
+// labDRA are the node agent's DRA paths on the node: the kubelet's plugin
+// directories under the node's kubelet root (bind-mounted on
+// /var/lib/kubelet in the kubelet's mount namespace). Every node's agent
+// has them: a node relabelled to a profile of mode dra serves claims.
+func labDRA(n labdir.NodeDir) dra.Options {
+	return dra.Options{
+		ClaimRoot:     n.Claims(),
+		CDIDir:        n.CDI(),
+		PluginDataDir: filepath.Join(n.Kubelet(), "plugins", api.DRADriverName),
+		RegistrarDir:  filepath.Join(n.Kubelet(), "plugins_registry"),
+	}
+}
+
+// publishMetricsAddress writes where the agent serves its metrics into
+// the node's directory (labdir.Dir.MetricsURL reads it) once it listens.
+func publishMetricsAddress(ctx context.Context, a *nodeagent.Agent, n labdir.NodeDir) {
+	for ctx.Err() == nil {
+		if addr := a.MetricsAddr(); addr != "" {
+			if err := os.WriteFile(n.MetricsAddress(), []byte(addr), 0o644); err != nil {
+				klog.Background().Error(err, "Writing the node agent's metrics address")
+			}
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

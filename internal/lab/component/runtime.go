@@ -1,0 +1,85 @@
+package component
+
+import (
+	"context"
+	"errors"
+	"os"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/internal/hollowkubelet"
+	"github.com/tessera-gpu/tessera/internal/lab/fakegpu"
+)
+
+// containerTools is where a container finds the lab's tools (tools.Dir's
+// Bin), first on its PATH.
+const containerTools = "/usr/local/tessera-lab/bin"
+
+// containerPATH is the PATH of a container that sets none (an image's).
+const containerPATH = containerTools + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// runRuntime is a node's container runtime: it serves the kubelet's CRI
+// on the node's socket and runs the containers as processes (package
+// hollowkubelet), in the node's mount namespace, so the kubelet's mounts
+// resolve. It outlives a restart of the kubelet, as containerd does.
+func runRuntime(ctx context.Context, args []string) error {
+	f, err := parseNodeFlags(Runtime, args)
+	if err != nil {
+		return err
+	}
+	if err := mountKubeletRoot(f.Dir.Kubelet()); err != nil {
+		return err
+	}
+	if err := f.Tools.Check(); err != nil {
+		return err
+	}
+	logger := klog.FromContext(ctx).WithName("runtime")
+	for _, d := range []string{f.Dir.Containers(), f.Dir.Run(), f.Dir.PodLogs()} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	// What the previous runtime left: its containers died with it.
+	if err := os.RemoveAll(f.Dir.Run()); err != nil {
+		return err
+	}
+	gpus, err := newGPUs(f.Dir, f.Node, f.Model, f.GPUs)
+	if err != nil {
+		return err
+	}
+	client, err := Client(f.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	gpus.mig = migFromInventory(client, f.Node, 30*time.Second)
+	driver, err := gpus.files.ListenDriver()
+	if err != nil {
+		return err
+	}
+	driverErr := make(chan error, 1)
+	go func() { driverErr <- fakegpu.ServeDriver(ctx, driver) }()
+	record := func(c hollowkubelet.Container) {
+		if err := f.Dir.WriteContainer(c); err != nil {
+			logger.Error(err, "Recording a container", "pod", c.Namespace+"/"+c.Pod, "container", c.Name)
+		}
+	}
+	rt := hollowkubelet.NewRuntime(hollowkubelet.RuntimeOptions{
+		Init: f.Tools.Init(), RunDir: f.Dir.Run(), Hide: []string{string(f.Lab)},
+		DefaultCommand: []string{containerTools + "/lab-pause"},
+		DefaultEnv:     map[string]string{"PATH": containerPATH, "HOME": "/root"},
+		Prepare:        labContainer(f.Tools, gpus),
+		PodResources:   kubeletRoot + "/pod-resources/kubelet.sock",
+		CDIDirs:        []string{f.Dir.CDI()},
+		OnCreate:       record, OnUpdate: record,
+		OnRemove: f.Dir.RemoveContainer,
+		Logger:   logger,
+	})
+	err = rt.Serve(ctx, "unix://"+f.Dir.CRISocket())
+	select {
+	case derr := <-driverErr:
+		return errors.Join(err, derr)
+	default:
+		return err
+	}
+}
