@@ -29,6 +29,8 @@ type agentChecks struct {
 	// kubelet shim's socket there for resource ("": the agent registers
 	// itself, and the check for another plugin is not made).
 	pluginDir, shimSocket, resource string
+	// open loads NVML (nil: openNVML; tests give a mock).
+	open func() (nvml.Interface, error)
 }
 
 // openNVML loads NVML from under the driver root, or from the library
@@ -62,7 +64,11 @@ func (c agentChecks) run(ctx context.Context, client kubernetes.Interface, node 
 	if err := checkKubernetes(ctx, client, subject); err != nil {
 		return nil, err
 	}
-	lib, err := c.openNVML()
+	open := c.open
+	if open == nil {
+		open = c.openNVML
+	}
+	lib, err := open()
 	if err != nil {
 		preflight.Report(ctx, client, subject, err)
 		return nil, err
