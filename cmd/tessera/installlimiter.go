@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+
+	"github.com/tessera-gpu/tessera/internal/atomicfile"
 )
 
 // LimiterImagePath is where the image keeps the limiter library
@@ -38,48 +40,20 @@ func runInstallLimiter(_ context.Context, args []string, stdout, stderr io.Write
 	return nil
 }
 
-// installFile copies from to to through a temporary file in to's
-// directory, synced and renamed over to: a reader sees the old file or the
-// whole new one, and processes that have the old one mapped keep it.
-func installFile(from, to string, mode os.FileMode) (err error) {
-	src, err := os.Open(from)
+// installFile copies from to to with atomicfile: a reader sees the old
+// file or the whole new one, and processes that have the old one mapped
+// keep it (a new inode is renamed over the name).
+func installFile(from, to string, mode os.FileMode) error {
+	b, err := os.ReadFile(from)
 	if err != nil {
 		return err
 	}
-	defer src.Close()
 	dir := filepath.Dir(to)
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 		return fmt.Errorf("--to %s: directory %s does not exist (mount the host directory there)", to, dir)
 	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(to)+".*")
-	if err != nil {
-		return err
+	if err := atomicfile.Write(to, b, mode); err != nil {
+		return fmt.Errorf("installing %s at %s: %w", from, to, err)
 	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	if _, err = io.Copy(tmp, src); err != nil {
-		return fmt.Errorf("copying %s to %s: %w", from, tmp.Name(), err)
-	}
-	if err = tmp.Chmod(mode); err != nil {
-		return err
-	}
-	if err = tmp.Sync(); err != nil {
-		return err
-	}
-	if err = tmp.Close(); err != nil {
-		return err
-	}
-	if err = os.Rename(tmp.Name(), to); err != nil {
-		return err
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return nil
 }

@@ -4,8 +4,8 @@
 # bin/images/tessera.oci.tar, then hack/images/smoke.sh. No registry, no
 # Docker daemon. docs/install.md says what is in the image and how to push it.
 #
-# Environment: IMAGE_REPOSITORY (ghcr.io/tessera-gpu/tessera), IMAGE_TAG
-# (the chart's appVersion), IMAGE_PLATFORMS ("amd64 arm64"),
+# Environment: IMAGE_REPOSITORY and IMAGE_TAG (the chart's default image:
+# values.yaml's image.repository, Chart.yaml's appVersion), IMAGE_PLATFORMS ("amd64 arm64"),
 # SOURCE_DATE_EPOCH (the commit's time), K8S_LDFLAGS (from the Makefile),
 # IMAGES_OUT (bin/images).
 set -euo pipefail
@@ -14,7 +14,8 @@ root=$PWD
 out=${IMAGES_OUT:-bin/images}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-repo=${IMAGE_REPOSITORY:-ghcr.io/tessera-gpu/tessera}
+# The chart's default image (values.yaml) is what this builds.
+repo=${IMAGE_REPOSITORY:-$(sed -n '/^image:/,/^[^ ]/s/^  repository: *//p' charts/tessera/values.yaml)}
 version=${IMAGE_TAG:-$(sed -n 's/^appVersion: *//p' charts/tessera/Chart.yaml | tr -d "\"'")}
 platforms=${IMAGE_PLATFORMS:-amd64 arm64}
 revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)

@@ -78,8 +78,8 @@ type buildOptions struct {
 // build writes the image index and returns its digest.
 func build(o buildOptions) (v1.Hash, error) {
 	switch {
-	case o.out == "":
-		return v1.Hash{}, fmt.Errorf("--out is required")
+	case o.out == "" || o.repository == "":
+		return v1.Hash{}, fmt.Errorf("--out and --repository are required")
 	case o.version == "" || strings.ContainsAny(o.version, " :/@"):
 		return v1.Hash{}, fmt.Errorf("--version %q: want a tag such as 0.1.0", o.version)
 	case o.created < 0:

@@ -81,7 +81,7 @@ func runBuild(args []string, stdout, stderr io.Writer) error {
 	var o buildOptions
 	fs.StringVar(&o.out, "out", "", "OCI image layout directory to write (replaced)")
 	fs.StringVar(&o.tar, "tar", "", "also write the layout as a tar file (what `ctr images import` reads); empty: none")
-	fs.StringVar(&o.repository, "repository", "ghcr.io/tessera-gpu/tessera", "repository the image is named after (containerd's image name annotation)")
+	fs.StringVar(&o.repository, "repository", "", "repository the image is named after (containerd's image name annotation; build.sh: the chart's image.repository)")
 	fs.StringVar(&o.version, "version", "", "the image's version and tag (the chart's appVersion)")
 	fs.StringVar(&o.revision, "revision", "", "source revision (the commit)")
 	fs.Int64Var(&o.created, "created", -1, "creation time, seconds since 1970 (SOURCE_DATE_EPOCH: the commit's time)")
