@@ -120,7 +120,7 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 
 	checks := agentChecks{driverRoot: *driverRoot, strategy: strategy, cdiDirs: splitList(*cdiDirs),
-		pluginDir: *pluginDir, shimSocket: "", resource: names.GPU}
+		pluginDir: *pluginDir, resource: names.GPU}
 	if *pluginSockets != "" {
 		checks.shimSocket = kubeletshim.EndpointName(names.GPU)
 	}
