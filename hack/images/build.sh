@@ -31,7 +31,8 @@ for a in $platforms; do
   case $a in amd64) triplet=x86_64-linux-gnu ;; arm64) triplet=aarch64-linux-gnu ;;
     *) echo "images: IMAGE_PLATFORMS: unknown architecture $a (want amd64, arm64)" >&2; exit 1 ;; esac
   if [ "$a" != "$host" ]; then
-    command -v "$triplet-gcc" >/dev/null || pkgs+=("gcc-$triplet" "libc6-dev-$a-cross")
+    # Debian's package names: gcc-aarch64-linux-gnu, gcc-x86-64-linux-gnu.
+    command -v "$triplet-gcc" >/dev/null || pkgs+=("gcc-${triplet//_/-}" "libc6-dev-$a-cross")
     command -v "qemu-$(echo "$triplet" | cut -d- -f1)" >/dev/null || pkgs+=(qemu-user)
     [ "$(dpkg --print-architecture)" = "$a" ] || dpkg --print-foreign-architectures | grep -qx "$a" || arches+=("$a")
   fi
