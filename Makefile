@@ -32,7 +32,7 @@ LAB_LDFLAGS     := -s -w $(K8S_LDFLAGS)
 LAB_TOOLS       ?= bin/lab-tools
 INTEGRATION     := ./internal/nodeagent/... ./cmd/kubectl-tessera/... ./charts/... ./test/integration/...
 
-.PHONY: help build lab-tools test test-go test-limiter test-integration test-alone lint fuzz bench bench-scheduler-ci bench-scheduler bench-scheduler-dra demo lab simulate clean
+.PHONY: help build images release-plugin test-release-plugin lab-tools test test-go test-limiter test-integration test-alone lint fuzz bench bench-scheduler-ci bench-scheduler bench-scheduler-dra demo lab simulate clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
@@ -41,6 +41,15 @@ build: lab-tools ## build bin/tessera, bin/tessera-lab and its tools, bin/kubect
 	$(GO) build -ldflags "$(K8S_LDFLAGS)" -o bin/tessera ./cmd/tessera
 	$(GO) build -o bin/kubectl-tessera ./cmd/kubectl-tessera
 	$(GO) build -ldflags "$(LAB_LDFLAGS)" -o bin/tessera-lab ./cmd/tessera-lab
+
+images: ## the image index (linux/amd64 + linux/arm64) in bin/images: OCI layout, tar, smoke test (docs/install.md)
+	K8S_LDFLAGS="$(K8S_LDFLAGS)" hack/images/build.sh
+
+release-plugin: ## kubectl-tessera release archives (linux, darwin, windows) and their krew manifest in bin/release
+	hack/release-plugin.sh
+
+test-release-plugin: ## krew installs kubectl-tessera from this machine's release archive and manifest (hack/release-plugin-test.sh)
+	hack/release-plugin-test.sh
 
 lab-tools: ## the lab containers' tools into bin/lab-tools: tessera-lab-init, the limiter, the fake GPU driver, nvidia-smi, gpu-fill (gcc)
 	$(GO) build -o $(LAB_TOOLS)/tessera-lab-init ./cmd/tessera-lab/init

@@ -129,6 +129,13 @@ func TestChartSchemaRejects(t *testing.T) {
 		{"resourcePrefix=Not_A_Domain", "resourcePrefix"},
 		{"schedulerReplicas=2", "schedulerReplicas"},
 		{"monitoring.prometheusRule.memoryLimitRatio=2", "memoryLimitRatio"},
+		{"image.tag=0.1.0:latest", "tag"},
+		{"image.tag=v 1", "tag"},
+		{"image.repository=ghcr.io/Tessera/tessera", "repository"},
+		{"image.repository=ghcr.io/tessera:0.1.0", "repository"},
+		{"nodeAgent.driverRoot=run/nvidia/driver", "driverRoot"},
+		{"nodeAgent.cdiSpecDirs={etc/cdi}", "cdiSpecDirs"},
+		{"nodeAgent.deviceListStrategy=cdi", "deviceListStrategy"},
 	} {
 		out, err := helm(t, "template", "tessera", "./tessera", "--set", tc.set)
 		if err == nil {
@@ -381,6 +388,157 @@ func TestChartWebhookConfigurations(t *testing.T) {
 			b, _ := yaml.Marshal(v.Webhooks)
 			t.Errorf("prefix %s: the chart's validating webhook differs from the webhook's:\n--- chart\n%s--- webhook\n%s", prefix, a, b)
 		}
+	}
+}
+
+// TestChartKubeVersion: Chart.yaml's kubeVersion admits the API servers
+// the scheduler supports, from the minor of go.mod's k8s.io/kubernetes
+// (kube-scheduler must not be newer than the API server; the scheduler
+// checks the same at start, internal/preflight), and helm refuses older
+// ones with a message naming the requirement.
+func TestChartKubeVersion(t *testing.T) {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Version}}", "k8s.io/kubernetes").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var major, minor int
+	if _, err := fmt.Sscanf(strings.TrimSpace(string(out)), "v%d.%d.", &major, &minor); err != nil {
+		t.Fatalf("go.mod's k8s.io/kubernetes %q: %v", out, err)
+	}
+	var chart struct{ KubeVersion string }
+	b, err := os.ReadFile("tessera/Chart.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(b, &chart); err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf(">=%d.%d.0-0", major, minor); chart.KubeVersion != want {
+		t.Errorf("Chart.yaml kubeVersion %q, want %q (the scheduler is kube-scheduler %d.%d)", chart.KubeVersion, want, major, minor)
+	}
+	for _, v := range []string{fmt.Sprintf("v%d.%d.0", major, minor), fmt.Sprintf("v%d.%d.4-gke.100", major, minor), fmt.Sprintf("v%d.%d.1", major, minor+1)} {
+		if _, err := helm(t, "template", "tessera", "./tessera", "--kube-version", v); err != nil {
+			t.Errorf("Kubernetes %s refused: %v", v, err)
+		}
+	}
+	for _, v := range []string{fmt.Sprintf("v%d.%d.9", major, minor-1), "v1.30.0"} {
+		out, err := helm(t, "template", "tessera", "./tessera", "--kube-version", v)
+		if err == nil || !strings.Contains(out, "kubeVersion") || !strings.Contains(out, chart.KubeVersion) {
+			t.Errorf("Kubernetes %s: %v\n%s", v, err, out)
+		}
+	}
+}
+
+// containers returns a workload's containers (init containers first) by
+// name.
+func containers(t *testing.T, u *unstructured.Unstructured) map[string]map[string]any {
+	t.Helper()
+	if u == nil {
+		t.Fatal("object not rendered")
+	}
+	out := map[string]map[string]any{}
+	for _, f := range []string{"initContainers", "containers"} {
+		cs, _, _ := unstructured.NestedSlice(u.Object, "spec", "template", "spec", f)
+		for _, c := range cs {
+			m := c.(map[string]any)
+			out[m["name"].(string)] = m
+		}
+	}
+	return out
+}
+
+// TestChartImage: the default image is what `make images` builds
+// (repository ghcr.io/tessera-gpu/tessera, tag the appVersion), for every
+// container, in the chart and in deploy/; a digest renders as @sha256.
+func TestChartImage(t *testing.T) {
+	var chart struct{ AppVersion string }
+	b, err := os.ReadFile("tessera/Chart.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(b, &chart); err != nil || chart.AppVersion == "" {
+		t.Fatalf("Chart.yaml appVersion: %v", err)
+	}
+	want := "ghcr.io/tessera-gpu/tessera:" + chart.AppVersion
+	n := 0
+	for src, objs := range map[string]map[string]*unstructured.Unstructured{"chart": objects(t, render(t, "")), "deploy/": readDeploy(t)} {
+		for key, u := range objs {
+			for name, c := range containers(t, u) {
+				if c["image"] != want {
+					t.Errorf("%s %s container %s: image %v, want %s", src, key, name, c["image"], want)
+				}
+				n++
+			}
+		}
+	}
+	if n < 8 {
+		t.Errorf("only %d containers checked", n)
+	}
+	digest := "sha256:" + strings.Repeat("ab", 32)
+	for _, c := range containers(t, objects(t, render(t, "", "--set", "image.tag="+digest))["Deployment/tessera-webhook"]) {
+		if c["image"] != "ghcr.io/tessera-gpu/tessera@"+digest {
+			t.Errorf("digest: image %v", c["image"])
+		}
+	}
+}
+
+// TestChartNodeWithoutNVIDIARuntime: with nodeAgent.driverRoot the agent
+// gets the host's driver root read-only and loads NVML from it, without
+// the NVIDIA runtime's variables; with cdi-cri it checks the CDI spec
+// directories, mounted read-only. The defaults keep NVIDIA's runtime.
+func TestChartNodeWithoutNVIDIARuntime(t *testing.T) {
+	agent := func(values string, extra ...string) (map[string]any, map[string]any) {
+		ds := objects(t, render(t, values, extra...))["DaemonSet/tessera-node-agent"]
+		vols, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "volumes")
+		byName := map[string]any{}
+		for _, v := range vols {
+			byName[v.(map[string]any)["name"].(string)] = v
+		}
+		return containers(t, ds)["node-agent"], byName
+	}
+	argsOf := func(c map[string]any) string {
+		a, _, _ := unstructured.NestedStringSlice(c, "args")
+		return strings.Join(a, " ")
+	}
+	c, vols := agent("")
+	if a := argsOf(c); strings.Contains(a, "--driver-root") || strings.Contains(a, "--cdi-spec-dirs") {
+		t.Errorf("default args: %s", a)
+	}
+	if env := fmt.Sprint(c["env"]); !strings.Contains(env, "NVIDIA_VISIBLE_DEVICES") {
+		t.Errorf("default: no NVIDIA_VISIBLE_DEVICES for NVIDIA's runtime: %s", env)
+	}
+	if vols["driver-root"] != nil {
+		t.Error("default: a driver-root volume")
+	}
+
+	c, vols = agent("testdata/values-custom.yaml")
+	a := argsOf(c)
+	for _, want := range []string{"--driver-root=/driver-root", "--device-list-strategy=cdi-cri", "--cdi-spec-dirs=/etc/cdi,/var/run/cdi,/opt/cdi"} {
+		if !strings.Contains(a, want) {
+			t.Errorf("args lack %s: %s", want, a)
+		}
+	}
+	if env := fmt.Sprint(c["env"]); strings.Contains(env, "NVIDIA_VISIBLE_DEVICES") {
+		t.Errorf("driver root set, yet NVIDIA_VISIBLE_DEVICES: %s", env)
+	}
+	if p, _, _ := unstructured.NestedString(vols["driver-root"].(map[string]any), "hostPath", "path"); p != "/run/nvidia/driver" {
+		t.Errorf("driver-root volume: %v", vols["driver-root"])
+	}
+	mounts, _, _ := unstructured.NestedSlice(c, "volumeMounts")
+	got := map[string]map[string]any{}
+	for _, m := range mounts {
+		got[m.(map[string]any)["mountPath"].(string)] = m.(map[string]any)
+	}
+	for _, p := range []string{"/driver-root", "/etc/cdi", "/opt/cdi"} {
+		if m := got[p]; m == nil || m["readOnly"] != true {
+			t.Errorf("mount %s: %v, want read-only", p, m)
+		}
+	}
+	if got["/driver-root"]["mountPropagation"] != "HostToContainer" {
+		t.Errorf("driver root mount: %v", got["/driver-root"])
+	}
+	if got["/var/run/cdi"] == nil {
+		t.Error("/var/run/cdi not mounted")
 	}
 }
 

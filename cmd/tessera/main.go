@@ -23,12 +23,13 @@ type command struct {
 }
 
 var commands = map[string]command{
-	"version":      {"print the version and exit", runVersion},
-	"simulate":     {"replay a GPU cluster trace and compare placement policies", runSimulate},
-	"scheduler":    {"run kube-scheduler with the Tessera GPU-sharing plugin (kube-scheduler flags)", runScheduler},
-	"webhook":      {"serve the admission webhook for GPU pods", runWebhook},
-	"node-agent":   {"discover GPUs, publish the node inventory, serve the GPU device plugin", runNodeAgent},
-	"kubelet-shim": {"hold the kubelet's device-plugin connection and forward it to the node agent", runKubeletShim},
+	"version":         {"print the version and exit", runVersion},
+	"simulate":        {"replay a GPU cluster trace and compare placement policies", runSimulate},
+	"scheduler":       {"run kube-scheduler with the Tessera GPU-sharing plugin (kube-scheduler flags)", runScheduler},
+	"webhook":         {"serve the admission webhook for GPU pods", runWebhook},
+	"node-agent":      {"discover GPUs, publish the node inventory, serve the GPU device plugin", runNodeAgent},
+	"kubelet-shim":    {"hold the kubelet's device-plugin connection and forward it to the node agent", runKubeletShim},
+	"install-limiter": {"copy the limiter library onto the host (the node agent's init container)", runInstallLimiter},
 }
 
 // errUsage marks errors whose message is a usage text (exit code 2).
@@ -69,7 +70,7 @@ func usage(w io.Writer) {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(w, "  %-12s %s\n", n, commands[n].summary)
+		fmt.Fprintf(w, "  %-15s %s\n", n, commands[n].summary)
 	}
 	fmt.Fprintln(w, "\nRun 'tessera <command> -h' for a command's flags.")
 }

@@ -24,8 +24,10 @@ import (
 	"github.com/tessera-gpu/tessera/internal/nodeagent/discovery"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/dra"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/kubeletshim"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/mps"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/reconcile"
+	"github.com/tessera-gpu/tessera/internal/preflight"
 	"github.com/tessera-gpu/tessera/internal/recordsig"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -62,6 +64,8 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	mpsControl := fs.String("mps-control", "nvidia-cuda-mps-control", "NVIDIA's MPS control program, run per GPU on nodes in mps mode")
 	metricsAddr := fs.String("metrics-address", ":9402", `where Prometheus metrics are served ("host:port"; "" turns them off; docs/operations.md)`)
 	mpsRoot := fs.String("mps-root", mps.DefaultRoot, "host directory of the MPS daemons' pipe and log directories (a profile's flags.mpsRoot wins)")
+	driverRoot := fs.String("driver-root", "", `where the host's NVIDIA driver root is mounted: NVML is loaded from under it and the driver's programs (nvidia-cuda-mps-control) run from it ("/" on the host: a driver installed on the host; NVIDIA's driver container: its /run/nvidia/driver). Empty: NVML from the library search path, where NVIDIA's container runtime mounts it`)
+	cdiDirs := fs.String("cdi-spec-dirs", strings.Join(preflight.DefaultCDISpecDirs, ","), "with --device-list-strategy=cdi-cri: the directories the container runtime reads CDI specs from; the agent checks at start that they describe every GPU")
 	draOpts := dra.DefaultOptions()
 	fs.StringVar(&draOpts.ClaimRoot, "dra-claim-root", draOpts.ClaimRoot, "mode dra: host directory of the per-claim limiter files and the driver's checkpoint")
 	fs.StringVar(&draOpts.CDIDir, "cdi-dir", draOpts.CDIDir, "mode dra: directory the container runtime reads CDI specs from")
@@ -115,12 +119,17 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 	}
 
-	lib, err := discovery.Open()
-	if err != nil {
-		return err
+	checks := agentChecks{driverRoot: *driverRoot, strategy: strategy, cdiDirs: splitList(*cdiDirs),
+		pluginDir: *pluginDir, resource: names.GPU}
+	if *pluginSockets != "" {
+		checks.shimSocket = kubeletshim.EndpointName(names.GPU)
 	}
-	defer lib.Shutdown()
 	if *discoverOnly {
+		lib, err := checks.openNVML()
+		if err != nil {
+			return err
+		}
+		defer lib.Shutdown()
 		return discoverOnlyMode(lib, *profile, names, stdout)
 	}
 	if *nodeName == "" {
@@ -135,6 +144,11 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	logger := klog.Background().WithName("node-agent")
+	lib, err := checks.run(klog.NewContext(ctx, logger), client, *nodeName)
+	if err != nil {
+		return err
+	}
+	defer lib.Shutdown()
 	a, err := nodeagent.New(lib, client, nodeagent.Options{
 		NodeName: *nodeName, Resource: names.GPU,
 		ConfigMapNamespace: cmNS, ConfigMapName: cmName,

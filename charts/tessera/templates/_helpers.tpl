@@ -2,8 +2,11 @@
 {{- if contains "tessera" .Release.Name -}}{{ .Release.Name | trunc 40 | trimSuffix "-" }}{{- else -}}{{ printf "%s-tessera" .Release.Name | trunc 40 | trimSuffix "-" }}{{- end -}}
 {{- end -}}
 
+{{/* The image: repository:tag (the appVersion by default, what `make
+images` builds), or repository@sha256:… when the tag is a digest. */}}
 {{- define "tessera.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- $tag := .Values.image.tag | default .Chart.AppVersion -}}
+{{ .Values.image.repository }}{{ if hasPrefix "sha256:" $tag }}@{{ else }}:{{ end }}{{ $tag }}
 {{- end -}}
 
 {{- define "tessera.labels" -}}

@@ -318,12 +318,22 @@ func pcieLevel(l nvml.GpuTopologyLevel) (api.LinkType, bool) {
 // ErrNoLibrary is returned by Open when the NVML library is not installed.
 var ErrNoLibrary = errors.New("NVML library (libnvidia-ml.so.1) not found: is the NVIDIA driver installed and mounted into the agent?")
 
-// Open loads and initialises NVML. The library is loaded at run time, so
-// the binary runs (and reports this error) on machines without a GPU.
-func Open() (nvml.Interface, error) {
-	lib := nvml.New()
+// Open loads and initialises NVML: the library at libraryPath, or, when
+// it is empty, libnvidia-ml.so.1 from the dynamic loader's search path
+// (where NVIDIA's container runtime mounts it). The library is loaded at
+// run time, so the binary runs (and reports this error) on machines
+// without a GPU.
+func Open(libraryPath string) (nvml.Interface, error) {
+	var opts []nvml.LibraryOption
+	if libraryPath != "" {
+		opts = append(opts, nvml.WithLibraryPath(libraryPath))
+	}
+	lib := nvml.New(opts...)
 	ret := lib.Init()
 	if ret == nvml.ERROR_LIBRARY_NOT_FOUND {
+		if libraryPath != "" {
+			return nil, fmt.Errorf("NVML library %s could not be loaded (its dependencies missing, or built for another architecture?)", libraryPath)
+		}
 		return nil, ErrNoLibrary
 	}
 	if ret != nvml.SUCCESS {

@@ -41,9 +41,9 @@ func ResourceOfSocket(name string) (string, bool) {
 	return domain + "/" + rest, true
 }
 
-// endpointName is the shim's socket name in the kubelet's directory for a
+// EndpointName is the shim's socket name in the kubelet's directory for a
 // resource: short, so the path stays within a unix socket's 107 bytes.
-func endpointName(resource string) string {
+func EndpointName(resource string) string {
 	_, name, _ := strings.Cut(resource, "/")
 	return "tessera-shim-" + strings.NewReplacer(".", "-", "+", "-", "_", "-").Replace(name) + ".sock"
 }
@@ -109,7 +109,7 @@ func (m *Manager) Run(ctx context.Context) error {
 				continue
 			}
 			s, err := New(Options{
-				Resource: res, PluginDir: m.opts.PluginDir, Endpoint: endpointName(res),
+				Resource: res, PluginDir: m.opts.PluginDir, Endpoint: EndpointName(res),
 				AgentSocket: filepath.Join(m.opts.AgentSocketDir, e.Name()),
 				AgentWait:   m.opts.AgentWait, StaleAfter: m.opts.StaleAfter, CheckInterval: m.opts.CheckInterval,
 			}, m.logger.WithValues("resource", res))

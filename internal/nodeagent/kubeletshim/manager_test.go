@@ -17,7 +17,7 @@ func TestSocketNames(t *testing.T) {
 		if !ok || got != res {
 			t.Errorf("%s: socket %q reads back as %q, %v", res, name, got, ok)
 		}
-		if ep := endpointName(res); len(ep) > 40 || filepath.Base(ep) != ep {
+		if ep := EndpointName(res); len(ep) > 40 || filepath.Base(ep) != ep {
 			t.Errorf("%s: endpoint %q", res, ep)
 		}
 	}
@@ -52,7 +52,7 @@ func TestManagerServesEachResource(t *testing.T) {
 	kubelet.mu.Lock()
 	for _, r := range kubelet.regs {
 		got = append(got, r.ResourceName)
-		if r.Endpoint != endpointName(r.ResourceName) {
+		if r.Endpoint != EndpointName(r.ResourceName) {
 			t.Errorf("%s registered with endpoint %q", r.ResourceName, r.Endpoint)
 		}
 	}

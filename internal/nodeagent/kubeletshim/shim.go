@@ -96,7 +96,7 @@ func New(opts Options, logger klog.Logger) (*Shim, error) {
 		opts.CheckInterval = time.Second
 	}
 	if opts.Endpoint == "" {
-		opts.Endpoint = endpointName(opts.Resource)
+		opts.Endpoint = EndpointName(opts.Resource)
 	}
 	// Reconnect to a restarted agent within tens of milliseconds, not
 	// gRPC's default of a second growing to two minutes.
