@@ -86,7 +86,7 @@ func runWebhook(ctx context.Context, args []string) error {
 		return err
 	}
 	return webhook.Run(ctx, webhook.Options{
-		Client: client, Names: api.DefaultResourceNames, SchedulerName: scheduler.SchedulerName,
+		Client: client, Names: api.DefaultResourceNames, SchedulerName: api.SchedulerName,
 		Listen: *listen, Hosts: []string{"127.0.0.1"},
 		// A CA kept in a Secret: a restarted webhook keeps its trust.
 		CASecretNamespace: systemNamespace, CASecretName: "tessera-webhook-ca",

@@ -46,7 +46,7 @@ func BenchmarkCycle(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		name := fmt.Sprintf("p%d", i)
-		pod := fixtures.MakePod().Namespace("default").Name(name).UID(name).SchedulerName(SchedulerName).
+		pod := fixtures.MakePod().Namespace("default").Name(name).UID(name).SchedulerName(api.SchedulerName).
 			Container("main", map[string]string{"nvidia.com/gpumem": "1024", "nvidia.com/gpucores": "1"}).Obj()
 		cs := framework.NewCycleState()
 		if _, st := p.PreFilter(ctx, cs, pod, infos); !st.IsSuccess() {
@@ -153,7 +153,7 @@ func benchPreFilterRules(b *testing.B, m rulesBench) {
 	}
 	pod := func(i int) *corev1.Pod {
 		name := fmt.Sprintf("p%d", i)
-		pod := fixtures.MakePod().Namespace("default").Name(name).UID(name).SchedulerName(SchedulerName).
+		pod := fixtures.MakePod().Namespace("default").Name(name).UID(name).SchedulerName(api.SchedulerName).
 			Container("main", shapes[i%len(shapes)]).Obj()
 		pod.Spec.Tolerations = []corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
 		if m.pin {

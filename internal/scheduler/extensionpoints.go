@@ -168,13 +168,15 @@ func (p *Plugin) Filter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod,
 	s.mu.Lock()
 	s.reasons = append(s.reasons, r)
 	s.mu.Unlock()
+	// A short, node-independent text (the placement core's table of
+	// reason texts) so kube-scheduler's per-reason histogram groups
+	// nodes; PostFilter adds the detailed summary.
+	text := r.Kind.Text()
 	code := fwk.Unschedulable
-	if unresolvable(r.Kind) {
+	if text.Unresolvable {
 		code = fwk.UnschedulableAndUnresolvable
 	}
-	// A short, node-independent text so kube-scheduler's per-reason
-	// histogram groups nodes; PostFilter adds the detailed summary.
-	return fwk.NewStatus(code, statusText(shortReason(r.Kind)))
+	return fwk.NewStatus(code, statusText(text.Short))
 }
 
 // PostFilter explains, per group of nodes, why the pod fit none; the text

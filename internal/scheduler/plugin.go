@@ -8,8 +8,9 @@
 // One file per concern: plugin.go builds the plugin and feeds it informer
 // events; extensionpoints.go is the scheduling cycle; state.go the placement
 // core fed from Node inventories and Pod records; record.go writes the
-// record; reasons.go says why a node does not fit; metrics.go publishes the
-// state. The profile's NodeResourcesFit is package resourcesfit.
+// record; metrics.go publishes the state. What a node that does not fit
+// says comes from the placement core's table (placement.ReasonKind.Text).
+// The profile's NodeResourcesFit is package resourcesfit.
 package scheduler
 
 import (
@@ -35,9 +36,6 @@ import (
 
 // Name is the plugin's name in KubeSchedulerConfiguration.
 const Name = "Tessera"
-
-// SchedulerName is the profile GPU pods are sent to.
-const SchedulerName = "tessera-scheduler"
 
 const stateKey fwk.StateKey = Name
 

@@ -431,7 +431,7 @@ func tracePod(ns string, k int, row sim.PodRow) *corev1.Pod {
 		res[names.MemoryPercentage] = fmt.Sprint(c.MemoryPercent)
 		res[names.Cores] = fmt.Sprint(c.Cores)
 	}
-	w := fixtures.MakePod().Namespace(ns).Name(fmt.Sprintf("a%06d", k)).SchedulerName(scheduler.SchedulerName)
+	w := fixtures.MakePod().Namespace(ns).Name(fmt.Sprintf("a%06d", k)).SchedulerName(api.SchedulerName)
 	if len(req.IncludeModels) > 0 {
 		w = w.Annotation(api.AnnotationUseGPUType, strings.Join(req.IncludeModels, ","))
 	}
