@@ -19,8 +19,8 @@ import (
 	schedmetrics "k8s.io/kubernetes/pkg/scheduler/metrics"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
-	"github.com/tessera-gpu/tessera/internal/placement/policies"
 	"github.com/tessera-gpu/tessera/internal/podrequest"
+	"github.com/tessera-gpu/tessera/internal/policies"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -29,7 +29,7 @@ import (
 // nodes and its Reserve, the plugin's share of a scheduling cycle.
 func BenchmarkCycle(b *testing.B) {
 	registerMetrics()
-	p, err := newPlugin(api.ClusterConfig{})
+	p, err := newPlugin(api.ClusterConfig{}, policies.All())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -118,7 +118,7 @@ type rulesBench struct{ rules, taint, pin, wide bool }
 func benchPreFilterRules(b *testing.B, m rulesBench) {
 	registerMetrics()
 	schedmetrics.Register() // the parallelizer's
-	p, err := newPlugin(api.ClusterConfig{PlacementPolicy: policies.NameTessera})
+	p, err := newPlugin(api.ClusterConfig{PlacementPolicy: policies.NameTessera}, policies.All())
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -298,11 +298,11 @@ func (p *Plugin) ScoreExtensions() fwk.ScoreExtensions { return p }
 // same 100, and kube-scheduler would pick one of them at random. The best
 // is the node with the best exact policy score from PreFilter (Score's
 // integers, the score times scoreScale, can tie nodes that differ in the
-// last digits, which `tessera simulate` tells apart). Among nodes with
+// last digits, which `tessera-sim` tells apart). Among nodes with
 // exactly the best score, the one whose name sorts first
 // wins (candidates orders them so too): a choice that does not depend on
 // the order the scheduler's informers happened to deliver the nodes in,
-// and the one the placement core's Search and so `tessera simulate` make
+// and the one the placement core's Search and so `tessera-sim` make
 // on a trace whose node list is in name order (first node in the
 // cluster's order among equals). Nodes that serve their GPUs
 // through DRA (draScore) get 0, below every node Tessera places on.

@@ -29,7 +29,7 @@ import (
 	fwk "k8s.io/kube-scheduler/framework"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
-	"github.com/tessera-gpu/tessera/internal/placement/policies"
+	"github.com/tessera-gpu/tessera/internal/policies"
 	"github.com/tessera-gpu/tessera/internal/recordsig"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -89,17 +89,23 @@ var (
 	_ fwk.BindPlugin       = (*Plugin)(nil)
 )
 
-// New is the plugin factory for app.WithPlugin. Its arguments are a
-// TesseraArgs (internal/scheduler/config; resourcePrefix, nodePolicy,
-// gpuPolicy, placementPolicy, all optional), decoded strictly: an unknown
-// key or value is an error that names it.
+// New is the plugin factory for app.WithPlugin, running the shipped
+// placement policies (policies.All). Its arguments are a TesseraArgs
+// (internal/scheduler/config; resourcePrefix, nodePolicy, gpuPolicy,
+// placementPolicy, all optional), decoded strictly: an unknown key or
+// value is an error that names it.
 func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
-	args, err := decodeArgs(obj)
+	return newWithPolicies(ctx, obj, h, policies.All())
+}
+
+// newWithPolicies is New running the placement policies of cat.
+func newWithPolicies(ctx context.Context, obj runtime.Object, h fwk.Handle, cat policies.Catalogue) (fwk.Plugin, error) {
+	args, err := decodeArgs(obj, cat.Names())
 	if err != nil {
 		return nil, err
 	}
 	cfg := args.ClusterConfig()
-	p, err := newPlugin(cfg)
+	p, err := newPlugin(cfg, cat)
 	if err != nil {
 		return nil, err
 	}
@@ -157,8 +163,9 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	return p, nil
 }
 
-// newPlugin builds a plugin without informers (unit tests feed it directly).
-func newPlugin(cfg api.ClusterConfig) (*Plugin, error) {
+// newPlugin builds a plugin running a policy of cat, without informers
+// (unit tests feed it directly).
+func newPlugin(cfg api.ClusterConfig, cat policies.Catalogue) (*Plugin, error) {
 	cfg.Defaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("%s plugin arguments: %w", Name, err)
@@ -169,7 +176,7 @@ func newPlugin(cfg api.ClusterConfig) (*Plugin, error) {
 	}
 	st := newState(gpuGauges{})
 	st.cluster.DefaultGPUPolicy = cfg.GPUPolicy
-	pol, err := policies.New(cfg.PlacementPolicy, st.cluster, 1)
+	pol, err := cat.New(cfg.PlacementPolicy, st.cluster, 1)
 	if err != nil {
 		return nil, fmt.Errorf("%s plugin arguments: %w", Name, err)
 	}
