@@ -54,8 +54,12 @@ type ReasonText struct {
 	Unresolvable bool
 }
 
-// Hints shared by several kinds.
+// Texts shared by several kinds.
 const (
+	shortCPUOrMemory  = "not enough CPU or memory"
+	shortSelection    = "GPUs not selected by the pod's GPU selectors"
+	shortGPUMemory    = "not enough free GPU memory"
+	shortGPUs         = "not enough free GPUs"
 	hintWaitOrSmaller = "wait for GPU pods there to end, or ask for a smaller share (nvidia.com/gpumem, nvidia.com/gpucores)"
 	hintFewerGPUs     = "fewer GPUs per container, or wait for GPUs there to free"
 	hintSelection     = "the pod's GPU selection (use-gputype/nouse-gputype/use-gpuuuid annotations) excludes these GPUs"
@@ -64,27 +68,29 @@ const (
 // reasonTexts has an entry for every kind (TestEveryReasonKindHasText).
 var reasonTexts = [numReasonKinds]ReasonText{
 	Fits:         {Name: "Fits"},
-	ReasonCPU:    {Name: "InsufficientCPU", Short: "not enough CPU or memory"},
-	ReasonMemory: {Name: "InsufficientMemory", Short: "not enough CPU or memory"},
+	ReasonCPU:    {Name: "InsufficientCPU", Short: shortCPUOrMemory},
+	ReasonMemory: {Name: "InsufficientMemory", Short: shortCPUOrMemory},
 	ReasonNoGPUs: {Name: "NoGPUs", Short: "node has no Tessera GPUs", Unresolvable: true,
 		Hint: "the node has no GPUs Tessera offers"},
 	ReasonUnhealthy: {Name: "GPUsUnhealthy", Short: "GPUs unhealthy", Unresolvable: true,
 		Hint: "the GPUs there are unhealthy: `kubectl tessera nodes` shows why; the node agent marks them healthy after the recovery period"},
-	ReasonModelExcluded:    {Name: "GPUModelExcluded", Short: "GPUs not selected by the pod's GPU selectors", Unresolvable: true, Hint: hintSelection},
-	ReasonModelNotIncluded: {Name: "GPUModelNotIncluded", Short: "GPUs not selected by the pod's GPU selectors", Unresolvable: true, Hint: hintSelection},
-	ReasonUUID:             {Name: "GPUUUIDNotAllowed", Short: "GPUs not selected by the pod's GPU selectors", Unresolvable: true, Hint: hintSelection},
+	ReasonModelExcluded:    {Name: "GPUModelExcluded", Short: shortSelection, Unresolvable: true, Hint: hintSelection},
+	ReasonModelNotIncluded: {Name: "GPUModelNotIncluded", Short: shortSelection, Unresolvable: true, Hint: hintSelection},
+	ReasonUUID:             {Name: "GPUUUIDNotAllowed", Short: shortSelection, Unresolvable: true, Hint: hintSelection},
 	ReasonSharingMode: {Name: "GPUSharingMode", Short: "GPUs offered only whole (exclusive mode)",
 		Hint: "ask for a whole GPU (nvidia.com/gpu: 1 without gpumem) or use nodes in shared mode"},
 	ReasonHeldWhole: {Name: "GPUsHeldWhole", Short: "GPUs held whole by other pods", Hint: hintWaitOrSmaller},
-	ReasonGPUMemory: {Name: "InsufficientGPUMemory", Short: "not enough free GPU memory", Hint: hintWaitOrSmaller},
-	ReasonGPUMemoryPhysical: {Name: "GPUMemoryTooSmall", Short: "not enough free GPU memory", Unresolvable: true,
+	ReasonGPUMemory: {Name: "InsufficientGPUMemory", Short: shortGPUMemory, Hint: hintWaitOrSmaller},
+	ReasonGPUMemoryPhysical: {Name: "GPUMemoryTooSmall", Short: shortGPUMemory, Unresolvable: true,
 		Hint: "the request is larger than any GPU there: ask for less memory per GPU or more GPUs"},
 	ReasonGPUCores:  {Name: "InsufficientGPUCores", Short: "not enough free GPU cores", Hint: hintWaitOrSmaller},
 	ReasonShares:    {Name: "GPUSharesExhausted", Short: "GPU share slots exhausted", Hint: hintWaitOrSmaller},
-	ReasonWholeGPUs: {Name: "InsufficientWholeGPUs", Short: "not enough free GPUs", Hint: hintFewerGPUs},
-	ReasonGPUCount:  {Name: "InsufficientGPUs", Short: "not enough free GPUs", Hint: hintFewerGPUs},
+	ReasonWholeGPUs: {Name: "InsufficientWholeGPUs", Short: shortGPUs, Hint: hintFewerGPUs},
+	ReasonGPUCount:  {Name: "InsufficientGPUs", Short: shortGPUs, Hint: hintFewerGPUs},
 	ReasonNUMA: {Name: "NUMABinding", Short: "no NUMA node with enough suitable GPUs",
 		Hint: "drop the NUMA binding or ask for fewer GPUs"},
+	// The MIG and MPS kinds keep the scheduler's wording from before this
+	// table (its generic "does not fit" and the kind's name).
 	ReasonMIG: {Name: "MIGUnavailable", Short: "GPU request does not fit: MIGUnavailable",
 		Hint: "ask for a MIG profile the nodes offer, or wait for MIG devices to free"},
 	ReasonMPSOneGPU: {Name: "MPSOneGPU", Short: "GPU request does not fit: MPSOneGPU",
