@@ -5,7 +5,7 @@
 // with, and reports how much GPU each leaves unallocated, with the LP
 // floors on what any policy could (docs/simulation.md). It is a binary of
 // its own so that the daemon (cmd/tessera) carries neither the trace, the
-// LP solver nor the baselines.
+// floors nor the research baselines.
 package main
 
 import (
