@@ -37,9 +37,10 @@ INTEGRATION     := ./internal/nodeagent/... ./cmd/kubectl-tessera/... ./charts/.
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
 
-build: lab-tools ## build bin/tessera, bin/tessera-lab and its tools, bin/kubectl-tessera (and the limiter library)
+build: lab-tools ## build bin/tessera, bin/kubectl-tessera, bin/tessera-sim, bin/tessera-lab and its tools (and the limiter library)
 	$(GO) build -ldflags "$(K8S_LDFLAGS)" -o bin/tessera ./cmd/tessera
 	$(GO) build -o bin/kubectl-tessera ./cmd/kubectl-tessera
+	$(GO) build -o bin/tessera-sim ./cmd/tessera-sim
 	$(GO) build -ldflags "$(LAB_LDFLAGS)" -o bin/tessera-lab ./cmd/tessera-lab
 
 images: ## the image index (linux/amd64 + linux/arm64) in bin/images: OCI layout, tar, smoke test (docs/install.md)
@@ -111,8 +112,8 @@ lab: lab-tools ## start the emulated GPU cluster and keep it running (tessera-la
 	$(GO) build -ldflags "$(LAB_LDFLAGS)" -o bin/tessera-lab ./cmd/tessera-lab
 	bin/tessera-lab up --tools $(LAB_TOOLS) $(LAB_FLAGS)
 
-simulate: ## replay the bundled openb trace through every placement policy
-	$(GO) run ./cmd/tessera simulate --plot simulation.svg
+simulate: ## replay the bundled openb trace through the seven compared placement policies (tessera-sim)
+	$(GO) run ./cmd/tessera-sim --plot simulation.svg
 
 clean: ## remove build outputs
 	rm -rf bin

@@ -20,7 +20,7 @@ func runWebhook(ctx context.Context, args []string, _, stderr io.Writer) error {
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
 	listen := fs.String("listen", ":8443", "TLS listen address")
 	prefix := fs.String("resource-prefix", api.DefaultResourcePrefix, "prefix of the GPU resource names")
-	schedulerName := fs.String("scheduler-name", "tessera-scheduler", "scheduler that GPU pods are sent to")
+	schedulerName := fs.String("scheduler-name", api.SchedulerName, "scheduler that GPU pods are sent to")
 	namespace := fs.String("namespace", "tessera-system", "namespace of the webhook's Service and CA Secret")
 	service := fs.String("service-name", "tessera-webhook", "name of the webhook's Service")
 	port := fs.Int("service-port", 443, "port of the webhook's Service")

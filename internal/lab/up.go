@@ -31,7 +31,6 @@ import (
 	"github.com/tessera-gpu/tessera/internal/lab/supervisor"
 	"github.com/tessera-gpu/tessera/internal/lab/tools"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/config"
-	"github.com/tessera-gpu/tessera/internal/scheduler"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -274,7 +273,7 @@ func waitReady(ctx context.Context, client kubernetes.Interface, nodes []modes.N
 		}
 		missing = missing[:0]
 		p, err := client.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		if err != nil || p.Spec.SchedulerName != scheduler.SchedulerName {
+		if err != nil || p.Spec.SchedulerName != api.SchedulerName {
 			missing = append(missing, "webhook")
 		}
 		for _, n := range nodes {

@@ -168,13 +168,15 @@ func (p *Plugin) Filter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod,
 	s.mu.Lock()
 	s.reasons = append(s.reasons, r)
 	s.mu.Unlock()
+	// A short, node-independent text (the placement core's table of
+	// reason texts) so kube-scheduler's per-reason histogram groups
+	// nodes; PostFilter adds the detailed summary.
+	text := r.Kind.Text()
 	code := fwk.Unschedulable
-	if unresolvable(r.Kind) {
+	if text.Unresolvable {
 		code = fwk.UnschedulableAndUnresolvable
 	}
-	// A short, node-independent text so kube-scheduler's per-reason
-	// histogram groups nodes; PostFilter adds the detailed summary.
-	return fwk.NewStatus(code, statusText(shortReason(r.Kind)))
+	return fwk.NewStatus(code, statusText(text.Short))
 }
 
 // PostFilter explains, per group of nodes, why the pod fit none; the text
@@ -296,11 +298,11 @@ func (p *Plugin) ScoreExtensions() fwk.ScoreExtensions { return p }
 // same 100, and kube-scheduler would pick one of them at random. The best
 // is the node with the best exact policy score from PreFilter (Score's
 // integers, the score times scoreScale, can tie nodes that differ in the
-// last digits, which `tessera simulate` tells apart). Among nodes with
+// last digits, which `tessera-sim` tells apart). Among nodes with
 // exactly the best score, the one whose name sorts first
 // wins (candidates orders them so too): a choice that does not depend on
 // the order the scheduler's informers happened to deliver the nodes in,
-// and the one the placement core's Search and so `tessera simulate` make
+// and the one the placement core's Search and so `tessera-sim` make
 // on a trace whose node list is in name order (first node in the
 // cluster's order among equals). Nodes that serve their GPUs
 // through DRA (draScore) get 0, below every node Tessera places on.

@@ -8,8 +8,9 @@
 // One file per concern: plugin.go builds the plugin and feeds it informer
 // events; extensionpoints.go is the scheduling cycle; state.go the placement
 // core fed from Node inventories and Pod records; record.go writes the
-// record; reasons.go says why a node does not fit; metrics.go publishes the
-// state. The profile's NodeResourcesFit is package resourcesfit.
+// record; metrics.go publishes the state. What a node that does not fit
+// says comes from the placement core's table (placement.ReasonKind.Text).
+// The profile's NodeResourcesFit is package resourcesfit.
 package scheduler
 
 import (
@@ -28,16 +29,13 @@ import (
 	fwk "k8s.io/kube-scheduler/framework"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
-	"github.com/tessera-gpu/tessera/internal/placement/policies"
+	"github.com/tessera-gpu/tessera/internal/policies"
 	"github.com/tessera-gpu/tessera/internal/recordsig"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 // Name is the plugin's name in KubeSchedulerConfiguration.
 const Name = "Tessera"
-
-// SchedulerName is the profile GPU pods are sent to.
-const SchedulerName = "tessera-scheduler"
 
 const stateKey fwk.StateKey = Name
 
@@ -91,17 +89,23 @@ var (
 	_ fwk.BindPlugin       = (*Plugin)(nil)
 )
 
-// New is the plugin factory for app.WithPlugin. Its arguments are a
-// TesseraArgs (internal/scheduler/config; resourcePrefix, nodePolicy,
-// gpuPolicy, placementPolicy, all optional), decoded strictly: an unknown
-// key or value is an error that names it.
+// New is the plugin factory for app.WithPlugin, running the shipped
+// placement policies (policies.All). Its arguments are a TesseraArgs
+// (internal/scheduler/config; resourcePrefix, nodePolicy, gpuPolicy,
+// placementPolicy, all optional), decoded strictly: an unknown key or
+// value is an error that names it.
 func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
-	args, err := decodeArgs(obj)
+	return newWithPolicies(ctx, obj, h, policies.All())
+}
+
+// newWithPolicies is New running the placement policies of cat.
+func newWithPolicies(ctx context.Context, obj runtime.Object, h fwk.Handle, cat policies.Catalogue) (fwk.Plugin, error) {
+	args, err := decodeArgs(obj, cat.Names())
 	if err != nil {
 		return nil, err
 	}
 	cfg := args.ClusterConfig()
-	p, err := newPlugin(cfg)
+	p, err := newPlugin(cfg, cat)
 	if err != nil {
 		return nil, err
 	}
@@ -159,8 +163,9 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	return p, nil
 }
 
-// newPlugin builds a plugin without informers (unit tests feed it directly).
-func newPlugin(cfg api.ClusterConfig) (*Plugin, error) {
+// newPlugin builds a plugin running a policy of cat, without informers
+// (unit tests feed it directly).
+func newPlugin(cfg api.ClusterConfig, cat policies.Catalogue) (*Plugin, error) {
 	cfg.Defaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("%s plugin arguments: %w", Name, err)
@@ -171,7 +176,7 @@ func newPlugin(cfg api.ClusterConfig) (*Plugin, error) {
 	}
 	st := newState(gpuGauges{})
 	st.cluster.DefaultGPUPolicy = cfg.GPUPolicy
-	pol, err := policies.New(cfg.PlacementPolicy, st.cluster, 1)
+	pol, err := cat.New(cfg.PlacementPolicy, st.cluster, 1)
 	if err != nil {
 		return nil, fmt.Errorf("%s plugin arguments: %w", Name, err)
 	}

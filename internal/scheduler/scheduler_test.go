@@ -32,6 +32,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/placement"
 	"github.com/tessera-gpu/tessera/internal/podrequest"
 	"github.com/tessera-gpu/tessera/internal/testenv"
+	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 // testScheduler is kube-scheduler itself (k8s.io/kubernetes/pkg/scheduler)
@@ -72,8 +73,8 @@ func shippedConfig(t *testing.T) *schedconfig.KubeSchedulerConfiguration {
 func newTestScheduler(t *testing.T, mutate func(*schedconfig.KubeSchedulerProfile), objs ...runtime.Object) *testScheduler {
 	t.Helper()
 	cfg := shippedConfig(t)
-	if len(cfg.Profiles) != 1 || cfg.Profiles[0].SchedulerName != SchedulerName {
-		t.Fatalf("the shipped configuration has profiles %+v, want one named %s", cfg.Profiles, SchedulerName)
+	if len(cfg.Profiles) != 1 || cfg.Profiles[0].SchedulerName != api.SchedulerName {
+		t.Fatalf("the shipped configuration has profiles %+v, want one named %s", cfg.Profiles, api.SchedulerName)
 	}
 	if mutate != nil {
 		mutate(&cfg.Profiles[0])
@@ -140,7 +141,7 @@ func (ts *testScheduler) create(pod *corev1.Pod) *corev1.Pod {
 		pod.Namespace = metav1.NamespaceDefault
 	}
 	if pod.Spec.SchedulerName == "" {
-		pod.Spec.SchedulerName = SchedulerName
+		pod.Spec.SchedulerName = api.SchedulerName
 	}
 	if pod.UID == "" { // the fake API server assigns none
 		pod.UID = types.UID("uid-" + pod.Namespace + "-" + pod.Name)

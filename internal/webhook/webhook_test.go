@@ -27,7 +27,7 @@ import (
 )
 
 func testAdmission() *Admission {
-	return &Admission{Names: api.DefaultResourceNames, SchedulerName: "tessera-scheduler", LargestGPUMiB: func() int64 { return 40960 }}
+	return &Admission{Names: api.DefaultResourceNames, SchedulerName: api.SchedulerName, LargestGPUMiB: func() int64 { return 40960 }}
 }
 
 // pod is a pod whose container "main" asks res, with requests equal to
@@ -66,7 +66,7 @@ func TestValidateRejections(t *testing.T) {
 		{"privileged", func(p *corev1.Pod) {
 			p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: &yes}
 		}, map[string]string{"nvidia.com/gpumem": "1000"}, []string{"spec.containers[0].securityContext.privileged", "privileged"}},
-		{"node name preset", func(p *corev1.Pod) { p.Spec.NodeName = "n1" }, map[string]string{"nvidia.com/gpu": "1"}, []string{"spec.nodeName", "n1", "tessera-scheduler"}},
+		{"node name preset", func(p *corev1.Pod) { p.Spec.NodeName = "n1" }, map[string]string{"nvidia.com/gpu": "1"}, []string{"spec.nodeName", "n1", api.SchedulerName}},
 		{"fraction above 1", nil, map[string]string{"nvidia.com/gpu": "1.5"}, []string{"nvidia.com/gpu", "1500m", "below 1"}},
 	}
 	for _, tc := range tests {
@@ -112,7 +112,7 @@ func TestMutate(t *testing.T) {
 			if err != nil || !changed {
 				t.Fatalf("changed=%v err=%v", changed, err)
 			}
-			if out.Spec.SchedulerName != "tessera-scheduler" {
+			if out.Spec.SchedulerName != api.SchedulerName {
 				t.Errorf("schedulerName %q", out.Spec.SchedulerName)
 			}
 			r := out.Spec.Containers[0].Resources
@@ -210,7 +210,7 @@ func TestHandlerOverTLS(t *testing.T) {
 	if err := json.Unmarshal(patched, &out); err != nil {
 		t.Fatal(err)
 	}
-	if q := out.Spec.Containers[0].Resources.Limits["nvidia.com/gpucores"]; q.Value() != 50 || out.Spec.SchedulerName != "tessera-scheduler" {
+	if q := out.Spec.Containers[0].Resources.Limits["nvidia.com/gpucores"]; q.Value() != 50 || out.Spec.SchedulerName != api.SchedulerName {
 		t.Errorf("patched pod: %+v", out.Spec)
 	}
 	if resp := review(t, client, srv.URL+ValidatePath, pod(map[string]string{"nvidia.com/gpucores": "200"})); resp.Allowed || !strings.Contains(resp.Result.Message, "200") {

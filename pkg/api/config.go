@@ -7,6 +7,12 @@ import (
 	"strconv"
 )
 
+// SchedulerName is the scheduler profile GPU pods are sent to: the profile
+// of `tessera scheduler` (deploy/scheduler/config.yaml and the chart keep
+// this literal; a test holds them equal), where the webhook routes GPU
+// pods by default, and what `kubectl tessera` counts as Tessera's pods.
+const SchedulerName = "tessera-scheduler"
+
 // DefaultPlacementPolicy is the placement-core policy used when the cluster
 // configuration names none.
 const DefaultPlacementPolicy = "binpack"

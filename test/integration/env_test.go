@@ -94,7 +94,7 @@ func (e *env) startWebhook() {
 		done <- webhook.Run(ctx, webhook.Options{
 			Client:        e.cp.Client,
 			Names:         names,
-			SchedulerName: scheduler.SchedulerName,
+			SchedulerName: api.SchedulerName,
 			Listen:        "127.0.0.1:0",
 			Hosts:         []string{"127.0.0.1"},
 			Register:      true,
@@ -116,7 +116,7 @@ func (e *env) startWebhook() {
 	probe := fixtures.MakePod().Namespace(gpuNS).Name("probe").Container("c", map[string]string{names.GPU: "0.5"}).Obj()
 	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		p, err := e.cp.Client.CoreV1().Pods(gpuNS).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		return err == nil && p.Spec.SchedulerName == scheduler.SchedulerName, nil
+		return err == nil && p.Spec.SchedulerName == api.SchedulerName, nil
 	})
 	if err != nil {
 		t.Fatalf("webhook never took effect: %v", err)

@@ -316,7 +316,7 @@ func TestHostileGPUPods(t *testing.T) {
 	// refuses the request, and its event carries no format verb.
 	t.Run("kube-system gpucores 150", func(t *testing.T) {
 		e.startScheduler()
-		p := fixtures.MakePod().Namespace("kube-system").Name("cores150").SchedulerName("tessera-scheduler").Container("main", map[string]string{names.Cores: "150"}).Obj()
+		p := fixtures.MakePod().Namespace("kube-system").Name("cores150").SchedulerName(api.SchedulerName).Container("main", map[string]string{names.Cores: "150"}).Obj()
 		if _, err := e.cp.Client.CoreV1().Pods("kube-system").Create(ctx, p, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}

@@ -28,7 +28,6 @@ import (
 	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/dra"
-	"github.com/tessera-gpu/tessera/internal/scheduler"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -144,9 +143,9 @@ func publishSlices(tCtx ktesting.TContext, sched *k8sscheduler.Scheduler, _ *per
 		return firstErr
 	}
 	want := len(slices) + len(have)
-	fw, ok := sched.Profiles[scheduler.SchedulerName]
+	fw, ok := sched.Profiles[api.SchedulerName]
 	if !ok || fw.SharedDRAManager() == nil {
-		return fmt.Errorf("the scheduler has no %s profile with a DRA manager (feature gate DynamicResourceAllocation?)", scheduler.SchedulerName)
+		return fmt.Errorf("the scheduler has no %s profile with a DRA manager (feature gate DynamicResourceAllocation?)", api.SchedulerName)
 	}
 	deadline := time.Now().Add(time.Minute)
 	for {

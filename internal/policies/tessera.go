@@ -87,8 +87,9 @@ type Tessera struct {
 }
 
 // NewTessera returns a tessera policy for cluster c (whose GPU models weigh
-// constrained shapes; c may be nil).
-func NewTessera(c *placement.Cluster, seed int64, p TesseraParams) *Tessera {
+// constrained shapes; c may be nil). It makes no random choices, so it
+// takes no seed.
+func NewTessera(c *placement.Cluster, p TesseraParams) *Tessera {
 	cover := p.Cover
 	if cover == 0 {
 		cover = 0.95
@@ -116,9 +117,9 @@ func NewTessera(c *placement.Cluster, seed int64, p TesseraParams) *Tessera {
 		return m
 	}
 	sc := scoring{perGPU: true, lossWeight: p.LossWeight, multiCPUFit: p.MultiCPUFit, rankByLoss: p.RankByLoss}
-	sc.gpu = func(delta float64) float64 { return -delta / milli }
+	sc.gpu = func(delta float64) float64 { return -delta / Milli }
 	sc.node = func(delta float64) float64 {
-		v := -delta / milli
+		v := -delta / Milli
 		if p.Quantum > 0 {
 			v = math.Floor(v/p.Quantum) * p.Quantum
 		}
@@ -131,7 +132,7 @@ func NewTessera(c *placement.Cluster, seed int64, p TesseraParams) *Tessera {
 		}
 		sc.node = func(delta float64) float64 { return float64(int64(sigmoid(-delta/scale) * 100)) }
 	}
-	return &Tessera{FGD: newFGD(NameTessera, seed, sc, newModel), p: p}
+	return &Tessera{FGD: newFGD(NameTessera, sc, newModel), p: p}
 }
 
 // SetTarget takes the trace's workload only when configured to.

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
+	"github.com/tessera-gpu/tessera/internal/policies/policytest"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -88,7 +89,7 @@ func TestTesseraPricesPlacement(t *testing.T) {
 			name string
 			used int
 		}{{"A", usedA}, {"B", usedB}} {
-			n := node(t, 64000, 0, "T4", 1000, 1000)
+			n := policytest.Node(t, 64000, 0, "T4", 1000, 1000)
 			n.Name = x.name
 			c.UpsertNode(n)
 			rec := &api.PodAllocation{Node: x.name, Containers: []api.ContainerAllocation{{Name: "main",
@@ -99,7 +100,7 @@ func TestTesseraPricesPlacement(t *testing.T) {
 		}
 		p := DefaultTesseraParams()
 		p.UseTarget, p.LossWeight = true, lossWeight
-		pol := NewTessera(c, 1, p)
+		pol := NewTessera(c, p)
 		pol.SetTarget(shapes)
 		cr, err := c.Compile(&placement.Request{Pod: "p", CPUMilli: 4000, Containers: []placement.Container{{Name: "main", GPUs: 1, MemoryPercent: pct, Cores: pct}}})
 		if err != nil {
@@ -145,13 +146,13 @@ func TestTesseraMultiGPUFitsCPU(t *testing.T) {
 			name string
 			cpu  int64
 		}{{"big", 128000}, {"small", 96000}} {
-			n := node(t, x.cpu, 0, "G2", 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000)
+			n := policytest.Node(t, x.cpu, 0, "G2", 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000)
 			n.Name = x.name
 			c.UpsertNode(n)
 		}
 		p := DefaultTesseraParams()
 		p.MultiCPUFit = fit
-		pol := NewTessera(c, 1, p)
+		pol := NewTessera(c, p)
 		cr, err := c.Compile(&placement.Request{Pod: "p", CPUMilli: 88000, Containers: []placement.Container{{Name: "main", GPUs: 8, MemoryPercent: 100, Cores: 100}}})
 		if err != nil {
 			t.Fatal(err)
@@ -169,7 +170,7 @@ func TestTesseraMultiGPUFitsCPU(t *testing.T) {
 
 // By default tessera learns online: the simulator's target is ignored.
 func TestTesseraLearnsOnline(t *testing.T) {
-	pol := NewTessera(nil, 1, DefaultTesseraParams())
+	pol := NewTessera(nil, DefaultTesseraParams())
 	pol.SetTarget([]Shape{{NumGPU: 1, GPUMilli: 500}})
 	if m := pol.snap.Load().model; m != nil {
 		t.Fatalf("model %+v after SetTarget, want none until pods are observed", m)
@@ -218,7 +219,7 @@ func TestTesseraWarmUpPrior(t *testing.T) {
 	if p.WarmUpPrior != 20 {
 		t.Fatalf("default WarmUpPrior %v, want 20 (docs/simulation.md)", p.WarmUpPrior)
 	}
-	pol := NewTessera(c, 1, p)
+	pol := NewTessera(c, p)
 	pol.Observe(large)
 	for range 7 {
 		pol.Observe(share)
@@ -246,7 +247,7 @@ func TestTesseraWarmUpPrior(t *testing.T) {
 	// (1 + 20) / (7 + 2·20).
 	pc := p
 	pc.Cover = 0.8
-	covered := NewTessera(c, 1, pc)
+	covered := NewTessera(c, pc)
 	covered.Observe(large)
 	covered.Observe(compile(1, 20))
 	for range 6 {
@@ -257,7 +258,7 @@ func TestTesseraWarmUpPrior(t *testing.T) {
 	}
 
 	p.UseTarget = true
-	given := NewTessera(c, 1, p)
+	given := NewTessera(c, p)
 	given.SetTarget(append([]Shape{ShapeOf(large)}, slices.Repeat([]Shape{ShapeOf(share)}, 7)...))
 	if got, want := largeWeight(given), 1.0/8; math.Abs(got-want) > 1e-12 {
 		t.Errorf("given target: the 8-GPU shape weighs %v, want %v (not smoothed)", got, want)
@@ -313,7 +314,7 @@ func TestPricingManySizes(t *testing.T) {
 
 // BenchmarkPricing prices the trace's shares and a workload of every size.
 //
-//	go test -run '^$' -bench Pricing ./internal/placement/policies/
+//	go test -run '^$' -bench Pricing ./internal/policies/
 func BenchmarkPricing(b *testing.B) {
 	var trace, all []WeightedShape
 	for s, n := range traceShares {

@@ -23,7 +23,6 @@ import (
 // pod's shape) is done once by ForPod; per-node values are cached in a
 // lock-free table (nodeCache) until the node or the snapshot changes.
 type FGD struct {
-	base
 	name string
 	snap atomic.Pointer[snapshot]
 	// learnMu serialises Observe's learning; scoring never takes it.
@@ -100,14 +99,15 @@ func fgdQuantised(delta float64) float64 {
 }
 
 // NewFGD returns an FGD policy that learns its target workload from the
-// pods it observes until SetTarget gives it one.
-func NewFGD(seed int64) *FGD {
-	return newFGD(NameFGD, seed, scoring{node: fgdQuantised, gpu: fgdQuantised},
+// pods it observes until SetTarget gives it one. It makes no random
+// choices, so it takes no seed.
+func NewFGD() *FGD {
+	return newFGD(NameFGD, scoring{node: fgdQuantised, gpu: fgdQuantised},
 		func(t []Shape, _ bool) *fragModel { return newFragModel(PopularShapes(t, 0.95), false) })
 }
 
-func newFGD(name string, seed int64, sc scoring, newModel func(tasks []Shape, learned bool) *fragModel) *FGD {
-	f := &FGD{base: base{seed: seed}, name: name, learn: newLearner(), newModel: newModel, scoring: sc}
+func newFGD(name string, sc scoring, newModel func(tasks []Shape, learned bool) *fragModel) *FGD {
+	f := &FGD{name: name, learn: newLearner(), newModel: newModel, scoring: sc}
 	f.snap.Store(&snapshot{})
 	f.tables.Store(new(shapeTables))
 	return f
@@ -135,7 +135,6 @@ func (f *FGD) publish(m *fragModel) {
 // learns the workload; a new model is built and published at 1, 2, 4, …
 // observations and then every 1024 (see learner), not while scoring.
 func (f *FGD) Observe(cr *placement.Compiled) {
-	f.base.Observe(cr)
 	s := ShapeOf(cr)
 	f.learnMu.Lock()
 	if f.learn != nil && f.learn.add(s) {
@@ -201,7 +200,7 @@ func (f *FGD) RankGPUs(cr *placement.Compiled, n *placement.Node, cand []int, pe
 
 // shapeTable returns the node table of a pod shape, starting an empty set
 // of tables when the current one holds maxCachedShapes shapes.
-func (f *FGD) shapeTable(key Shape) *nodeTable[fgdEntry] {
+func (f *FGD) shapeTable(key Shape) *NodeTable[fgdEntry] {
 	for range 2 {
 		st := f.tables.Load()
 		if t := st.table(key); t != nil {
@@ -211,7 +210,7 @@ func (f *FGD) shapeTable(key Shape) *nodeTable[fgdEntry] {
 	}
 	// Filled again by other goroutines meanwhile: a table of its own,
 	// which caches for this pod only.
-	return new(nodeTable[fgdEntry])
+	return new(NodeTable[fgdEntry])
 }
 
 // keyShape drops what FGD ignores (memory) so cache keys collide.
@@ -223,7 +222,7 @@ type podScorer struct {
 	cr    *placement.Compiled
 	snap  *snapshot
 	shape Shape // keyShape of the pod's shape
-	table *nodeTable[fgdEntry]
+	table *NodeTable[fgdEntry]
 	// loss[g] is a share's packing loss on a GPU with g% free (pct ≤ g),
 	// when the policy prices shares; nil otherwise.
 	loss *[101]float64
@@ -256,7 +255,7 @@ func (ps *podScorer) entry(n *placement.Node) *fgdEntry {
 	if m == nil {
 		return nil
 	}
-	return ps.table.get(n, ps.snap.gen, func(e *fgdEntry) {
+	return ps.table.Get(n, ps.snap.gen, func(e *fgdEntry) {
 		fragScores(m, n, ps.shape, ps.f.scoring, e)
 		if ps.loss != nil && e.nodeAt != nil {
 			ps.priceGPUs(n, e)
@@ -278,7 +277,7 @@ func (ps *podScorer) priceGPUs(n *placement.Node, e *fgdEntry) {
 		free := FreeMilli(&n.GPUs[i])
 		g := freePercent(free)
 		if g < ps.pct {
-			e.rank[i] = -float64(free) // bestGPU's rank of a share
+			e.rank[i] = -float64(free) // BestGPU's rank of a share
 		} else {
 			e.rank[i] = -(lossRank*ps.loss[g] + float64(g-ps.pct))
 		}
@@ -354,7 +353,7 @@ func (ps *podScorer) scoreNode(p *placement.Placement) float64 {
 
 func (ps *podScorer) RankGPU(cr *placement.Compiled, n *placement.Node, i int, pending, demand placement.Usage) float64 {
 	if demand.Exclusive > 0 || pending != (placement.Usage{}) {
-		return bestGPU(n, i, demand)
+		return BestGPU(n, i, demand)
 	}
 	var e *fgdEntry
 	return ps.own(cr).rankGPU(n, i, pending, demand, &e)
@@ -372,7 +371,7 @@ func (ps *podScorer) RankGPUs(cr *placement.Compiled, n *placement.Node, cand []
 		if e = ps.entry(n); e != nil && e.rank != nil {
 			for _, i := range cand {
 				if d := demand[i]; d.Exclusive > 0 || pending[i] != (placement.Usage{}) || int64(d.Cores)*10 != ps.shape.GPUMilli {
-					rank[i] = bestGPU(n, i, d)
+					rank[i] = BestGPU(n, i, d)
 				} else {
 					rank[i] = e.rank[i]
 				}
@@ -392,7 +391,7 @@ func (ps *podScorer) rankGPU(n *placement.Node, i int, pending, demand placement
 	// sharing containers is ranked best-fit.
 	if demand.Exclusive > 0 || pending != (placement.Usage{}) ||
 		!ps.shape.Share() || int64(demand.Cores)*10 != ps.shape.GPUMilli {
-		return bestGPU(n, i, demand)
+		return BestGPU(n, i, demand)
 	}
 	if *e == nil {
 		*e = ps.entry(n)
@@ -406,12 +405,12 @@ func (ps *podScorer) rankGPU(n *placement.Node, i int, pending, demand placement
 		}
 		g := freePercent(FreeMilli(&n.GPUs[i]))
 		if g < ps.pct {
-			return bestGPU(n, i, demand)
+			return BestGPU(n, i, demand)
 		}
 		return -(lossRank*ps.loss[g] + float64(g-ps.pct))
 	}
 	if *e == nil {
-		return bestGPU(n, i, demand)
+		return BestGPU(n, i, demand)
 	}
 	return (*e).gpu[i]
 }
@@ -435,7 +434,7 @@ func (m *fragModel) pricedBy(sc scoring) *pricing {
 // share, with it on its best GPU by sc.gpu).
 func fragScores(m *fragModel, n *placement.Node, s Shape, sc scoring, e *fgdEntry) {
 	var buf [api.MaxGPUsPerNode]int64
-	free := nodeFree(n, &buf)
+	free := NodeFree(n, &buf)
 	access := m.accessFor(nodeModel(n))
 	before := m.frag(access, n.FreeCPU(), n.FreeMem(), free)
 	cpu, mem := n.FreeCPU()-s.CPUMilli, n.FreeMem()-s.MemMiB
@@ -471,7 +470,7 @@ func fragScores(m *fragModel, n *placement.Node, s Shape, sc scoring, e *fgdEntr
 	case s.NumGPU > 0:
 		need := s.NumGPU
 		for i := range free {
-			if need > 0 && free[i] == milli {
+			if need > 0 && free[i] == Milli {
 				free[i] = 0
 				need--
 			}

@@ -1,9 +1,10 @@
-package policies
+package baselines
 
 import (
 	"strconv"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
+	"github.com/tessera-gpu/tessera/internal/policies"
 )
 
 // GPUClustering packs pods of the same GPU kind together: it prefers nodes
@@ -14,7 +15,7 @@ type GPUClustering struct {
 	base
 	bestFitGPUs
 	c     *placement.Cluster
-	kinds nodeTable[map[string]int] // per node version, without a lock
+	kinds policies.NodeTable[map[string]int] // per node version, without a lock
 }
 
 func newGPUClustering(c *placement.Cluster, seed int64) *GPUClustering {
@@ -24,12 +25,12 @@ func newGPUClustering(c *placement.Cluster, seed int64) *GPUClustering {
 func (*GPUClustering) Name() string { return NameGPUClustering }
 
 func (g *GPUClustering) ScoreNode(cr *placement.Compiled, p *placement.Placement) float64 {
-	return float64(GPUClusteringScore(g.kindsOf(p.Node), gpuFreeTotal(p.Node), ShapeOf(cr)))
+	return float64(GPUClusteringScore(g.kindsOf(p.Node), gpuFreeTotal(p.Node), policies.ShapeOf(cr)))
 }
 
 // GPUClusteringScore is GPU Clustering's integer score for a pod of shape
 // s on a node holding pods of the given kinds with left idle GPU milli.
-func GPUClusteringScore(kinds map[string]int, left int64, s Shape) int64 {
+func GPUClusteringScore(kinds map[string]int, left int64, s policies.Shape) int64 {
 	kind := kindOf(s.NumGPU, s.Share())
 	if kind == "" {
 		return 0
@@ -59,7 +60,7 @@ func kindOf(gpus int, share bool) string {
 // kindsOf counts the kinds of GPU pods on n from the cluster's allocation
 // records, cached until the node changes.
 func (g *GPUClustering) kindsOf(n *placement.Node) map[string]int {
-	return *g.kinds.get(n, 0, func(kinds *map[string]int) {
+	return *g.kinds.Get(n, 0, func(kinds *map[string]int) {
 		count := map[string]int{}
 		for _, pod := range g.c.PodsOn(n.Name) {
 			rec := g.c.Allocation(pod)

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
+	"github.com/tessera-gpu/tessera/internal/policies/policytest"
 )
 
 // cachedShapes counts the shapes the policy's current set of node tables
@@ -22,14 +23,14 @@ func cachedShapes(f *FGD) int {
 // them afresh, and the scores are what a policy that never dropped a
 // table gives.
 func TestShapeTablesBounded(t *testing.T) {
-	c := testCluster(t, 12, 3)
+	c := policytest.Cluster(t, 12, 3)
 	var target []Shape
-	for _, r := range testPods(300, 5) {
+	for _, r := range policytest.Pods(300, 5) {
 		target = append(target, RequestShape(r))
 	}
 	// A fixed target: the model never changes below, so only the bound
 	// drops tables.
-	f := NewTessera(c, 1, DefaultTesseraParams())
+	f := NewTessera(c, DefaultTesseraParams())
 	f.p.UseTarget = true
 	f.SetTarget(target)
 	order := make([]int, len(c.Nodes()))
@@ -44,12 +45,12 @@ func TestShapeTablesBounded(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, _ := scoreAll(c, cr, f.ForPod(cr), order, 2)
+		got, _ := policytest.ScoreAll(c, cr, f.ForPod(cr), order, 2)
 		// A fresh policy with the same model: nothing cached.
-		ref := NewTessera(c, 1, DefaultTesseraParams())
+		ref := NewTessera(c, DefaultTesseraParams())
 		ref.p.UseTarget = true
 		ref.SetTarget(target)
-		want, _ := scoreAll(c, cr, ref.ForPod(cr), order, 1)
+		want, _ := policytest.ScoreAll(c, cr, ref.ForPod(cr), order, 1)
 		for k := range got {
 			if got[k] != want[k] && !(math.IsNaN(got[k]) && math.IsNaN(want[k])) {
 				t.Fatalf("pod %d node %d: score %v, uncached %v", i, k, got[k], want[k])

@@ -208,8 +208,8 @@ func (m *fragModel) fragOne(access []bool, cpuLeft, memLeft int64, free []int64)
 	return f
 }
 
-// nodeFree fills free with the node's per-GPU free milli and returns it.
-func nodeFree(n *placement.Node, free *[api.MaxGPUsPerNode]int64) []int64 {
+// NodeFree fills free with the node's per-GPU free milli and returns it.
+func NodeFree(n *placement.Node, free *[api.MaxGPUsPerNode]int64) []int64 {
 	for i := range n.GPUs {
 		free[i] = FreeMilli(&n.GPUs[i])
 	}
@@ -223,7 +223,7 @@ func Fragmentation(c *placement.Cluster, target []WeightedShape) float64 {
 	var sum float64
 	var free [api.MaxGPUsPerNode]int64
 	for _, n := range c.Nodes() {
-		fr := nodeFree(n, &free)
+		fr := NodeFree(n, &free)
 		sum += m.frag(m.accessFor(nodeModel(n)), n.FreeCPU(), n.FreeMem(), fr)
 	}
 	return sum
@@ -238,7 +238,7 @@ func (m *fragModel) fragMulti(access []bool, cpuLeft, memLeft int64, free []int6
 	var total, whole int64
 	for _, x := range free {
 		total += x
-		if x == milli {
+		if x == Milli {
 			whole++
 		}
 	}
@@ -260,7 +260,7 @@ func (m *fragModel) fragMulti(access []bool, cpuLeft, memLeft int64, free []int6
 			}
 		case m.wholeOne:
 			if whole >= int64(w.NumGPU) && cpuLeft >= w.CPUMilli && (!m.useMem || memLeft >= w.MemMiB) {
-				f += w.Weight * float64(total-whole*milli)
+				f += w.Weight * float64(total-whole*Milli)
 			} else {
 				f += w.Weight * float64(total)
 			}

@@ -7,7 +7,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/placement"
 )
 
-// nodeTable keeps one value per node, computed for the node's state
+// NodeTable keeps one value per node, computed for the node's state
 // (placement.Node.Version) under one generation of the policy's model,
 // until either changes. Lookups take no lock: the values are kept by the
 // node's dense index in its cluster (placement.Node.Index), one atomic
@@ -22,7 +22,7 @@ import (
 // A policy keeps one table per pod shape (keyedTables), so finding a
 // node's value for the shape being scored is one array read and two
 // loads.
-type nodeTable[V any] struct {
+type NodeTable[V any] struct {
 	mu    sync.Mutex // growth only
 	slots atomic.Pointer[[]atomic.Pointer[cached[V]]]
 }
@@ -35,9 +35,9 @@ type cached[V any] struct {
 	v            V
 }
 
-// get returns n's value at model generation gen, computing it in place
+// Get returns n's value at model generation gen, computing it in place
 // with fill if it is not cached.
-func (nt *nodeTable[V]) get(n *placement.Node, gen uint64, fill func(*V)) *V {
+func (nt *NodeTable[V]) Get(n *placement.Node, gen uint64, fill func(*V)) *V {
 	i := n.Index()
 	s := nt.slots.Load()
 	if s == nil || i >= len(*s) {
@@ -55,7 +55,7 @@ func (nt *nodeTable[V]) get(n *placement.Node, gen uint64, fill func(*V)) *V {
 
 // grow makes room for index i (at least doubling) and returns the slots;
 // a caller that lost the race finds them grown already.
-func (nt *nodeTable[V]) grow(i int) *[]atomic.Pointer[cached[V]] {
+func (nt *NodeTable[V]) grow(i int) *[]atomic.Pointer[cached[V]] {
 	nt.mu.Lock()
 	defer nt.mu.Unlock()
 	s := nt.slots.Load()
@@ -76,30 +76,30 @@ func (nt *nodeTable[V]) grow(i int) *[]atomic.Pointer[cached[V]] {
 	return &next
 }
 
-// keyedTables is one nodeTable per key (a pod shape's number), made on
+// keyedTables is one NodeTable per key (a pod shape's number), made on
 // first use; finding a key's table takes no lock.
 type keyedTables[V any] struct {
 	mu     sync.Mutex
-	tables atomic.Pointer[[]*nodeTable[V]]
+	tables atomic.Pointer[[]*NodeTable[V]]
 }
 
-func (k *keyedTables[V]) table(key int) *nodeTable[V] {
+func (k *keyedTables[V]) table(key int) *NodeTable[V] {
 	if ts := k.tables.Load(); ts != nil && key < len(*ts) {
 		return (*ts)[key]
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	var old []*nodeTable[V]
+	var old []*NodeTable[V]
 	if ts := k.tables.Load(); ts != nil {
 		old = *ts
 	}
 	if key < len(old) {
 		return old[key]
 	}
-	next := make([]*nodeTable[V], max(key+1, 2*len(old)))
+	next := make([]*NodeTable[V], max(key+1, 2*len(old)))
 	copy(next, old)
 	for i := len(old); i < len(next); i++ {
-		next[i] = &nodeTable[V]{}
+		next[i] = &NodeTable[V]{}
 	}
 	k.tables.Store(&next)
 	return next[key]
@@ -135,7 +135,7 @@ type shapeTables struct {
 }
 
 // table returns key's node table, or nil when the set is full.
-func (st *shapeTables) table(key Shape) *nodeTable[fgdEntry] {
+func (st *shapeTables) table(key Shape) *NodeTable[fgdEntry] {
 	id := st.ids.id(key)
 	if id >= maxCachedShapes {
 		return nil

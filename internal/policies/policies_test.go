@@ -7,34 +7,12 @@ import (
 	"testing"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
+	"github.com/tessera-gpu/tessera/internal/policies/policytest"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
-// node builds a node with GPUs of 10000 MiB whose free milli are given
-// (1000 = idle) and the CPU in use.
-func node(t *testing.T, cpuCap, cpuUsed int64, model string, free ...int64) *placement.Node {
-	t.Helper()
-	inv := &api.NodeInventory{APIVersion: api.InventoryAPIVersion, Kind: api.InventoryKind, MemoryOvercommit: 1}
-	for i := range free {
-		inv.GPUs = append(inv.GPUs, api.GPU{UUID: fmt.Sprintf("GPU-%d", i), Index: i, Model: model,
-			MemoryMiB: 10000, Health: api.Healthy, Sharing: api.SharingShared, MaxShares: 100})
-	}
-	n, err := placement.NewNode("n", cpuCap, 1<<20, inv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, f := range free {
-		used := 1000 - f
-		if used > 0 {
-			n.GPUs[i].Used = placement.Usage{MemoryMiB: used * 10, Cores: int(used / 10), Shares: 1}
-		}
-	}
-	n.CPUUsed = cpuUsed
-	return n
-}
-
 func TestFreeMilli(t *testing.T) {
-	n := node(t, 64000, 0, "T4", 1000, 300)
+	n := policytest.Node(t, 64000, 0, "T4", 1000, 300)
 	if got := FreeMilli(&n.GPUs[0]); got != 1000 {
 		t.Errorf("idle GPU: %d, want 1000", got)
 	}
@@ -44,82 +22,6 @@ func TestFreeMilli(t *testing.T) {
 	n.GPUs[0].Used = placement.Usage{MemoryMiB: 10000, Cores: 100, Shares: 1, Exclusive: 1}
 	if got := FreeMilli(&n.GPUs[0]); got != 0 {
 		t.Errorf("exclusive GPU: %d, want 0", got)
-	}
-}
-
-func TestBestFitScore(t *testing.T) {
-	// 32000m CPU free, 1500m GPU free; the pod takes 8000m and 300m:
-	// left = 24000/128000·0.5 + 1200/8000·0.5 = 0.16875 → int(83.125).
-	n := node(t, 64000, 32000, "T4", 1000, 500)
-	if got := BestFitScore(n, Shape{CPUMilli: 8000, NumGPU: 1, GPUMilli: 300}); got != 83 {
-		t.Errorf("BestFitScore = %d, want 83", got)
-	}
-}
-
-func TestDotProductScore(t *testing.T) {
-	// dot = 32000/128000·8000/128000 + 1500/8000·300/8000 = 0.02265625;
-	// score = int(100·(1 − dot/2)) = 98.
-	n := node(t, 64000, 32000, "T4", 1000, 500)
-	if got := DotProductScore(n, Shape{CPUMilli: 8000, NumGPU: 1, GPUMilli: 300}); got != 98 {
-		t.Errorf("DotProductScore = %d, want 98", got)
-	}
-}
-
-func TestGPUPackingScore(t *testing.T) {
-	share := Shape{CPUMilli: 1000, NumGPU: 1, GPUMilli: 300}
-	whole := Shape{CPUMilli: 1000, NumGPU: 1, GPUMilli: 1000}
-	cases := []struct {
-		name string
-		free []int64
-		s    Shape
-		want int64
-	}{
-		{"idle 8-GPU node", []int64{1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000}, whole, 25}, // max(33−8, 8)
-		{"share on a used GPU", []int64{1000, 500}, share, 95},                                  // 100 − 50/10
-		{"whole GPU on a used node", []int64{1000, 500}, whole, 49},                             // 50 − 1
-		{"CPU-only pod", []int64{1000, 500}, Shape{CPUMilli: 1000}, 0},
-	}
-	for _, c := range cases {
-		n := node(t, 64000, 0, "T4", c.free...)
-		if got := GPUPackingScore(n, c.s); got != c.want {
-			t.Errorf("%s: GPUPackingScore = %d, want %d", c.name, got, c.want)
-		}
-	}
-}
-
-func TestGPUClusteringScore(t *testing.T) {
-	share := Shape{NumGPU: 1, GPUMilli: 300}
-	cases := []struct {
-		name  string
-		kinds map[string]int
-		left  int64
-		s     Shape
-		want  int64
-	}{
-		{"idle node", map[string]int{}, 8000, share, 25},
-		{"only shares", map[string]int{"share-gpu": 2}, 4000, share, 87}, // 25·4000/8000 + 75
-		{"shares among others", map[string]int{"share-gpu": 1, "1-gpu": 1}, 4000, share, 62},
-		{"other kinds only", map[string]int{"1-gpu": 1}, 4000, share, 12},
-		{"CPU-only pod", map[string]int{}, 8000, Shape{CPUMilli: 1000}, 0},
-	}
-	for _, c := range cases {
-		if got := GPUClusteringScore(c.kinds, c.left, c.s); got != c.want {
-			t.Errorf("%s: GPUClusteringScore = %d, want %d", c.name, got, c.want)
-		}
-	}
-}
-
-func TestRandomIsDeterministicPerSeed(t *testing.T) {
-	n := node(t, 64000, 0, "T4", 1000, 500)
-	a, b := &Random{base: base{seed: 1}}, &Random{base: base{seed: 1}}
-	for i := 0; i < 3; i++ {
-		x, y := a.tie(n, i), b.tie(n, i)
-		if x != y || x < 0 || x >= 0.5 {
-			t.Fatalf("tie(%d) = %v and %v, want equal values in [0, 0.5)", i, x, y)
-		}
-	}
-	if (&Random{base: base{seed: 2}}).tie(n, 0) == a.tie(n, 0) {
-		t.Errorf("different seeds gave the same draw")
 	}
 }
 
@@ -152,7 +54,7 @@ func TestFGDChoosesGPUAndScores(t *testing.T) {
 	// A 200m share on free [1000, 300]: on GPU 1 frag goes 300 → 100
 	// (Δ = −200, score int(100·sigmoid(0.2)) = 54); on GPU 0 it goes
 	// 300 → 700 (the whole-GPU shape no longer fits; Δ = +400, score 40).
-	n := node(t, 64000, 0, "T4", 1000, 300)
+	n := policytest.Node(t, 64000, 0, "T4", 1000, 300)
 	var e fgdEntry
 	fragScores(newFragModel(twoShapes, false), n, Shape{CPUMilli: 1000, NumGPU: 1, GPUMilli: 200}, scoring{node: fgdQuantised, gpu: fgdQuantised}, &e)
 	if e.gpu[0] != 40 || e.gpu[1] != 54 || e.node != 54 {
@@ -228,7 +130,7 @@ func TestPopularShapesBounded(t *testing.T) {
 }
 
 // Every listed policy is made by name and calls itself by it; the
-// compared ones and the core's are all listed; an unknown name is refused
+// scheduler's and the core's are all listed; an unknown name is refused
 // with the list.
 func TestAllPolicies(t *testing.T) {
 	c := placement.NewCluster()
@@ -246,7 +148,7 @@ func TestAllPolicies(t *testing.T) {
 			t.Errorf("policy %s calls itself %s", name, p.Name())
 		}
 	}
-	for _, name := range append(Compared(), string(api.NodeBinpack), string(api.NodeSpread)) {
+	for _, name := range []string{string(api.NodeBinpack), string(api.NodeSpread), NameFGD, NameTessera} {
 		if !seen[name] {
 			t.Errorf("policy %s is not in All", name)
 		}
@@ -261,7 +163,7 @@ func TestWeighByScarcity(t *testing.T) {
 	// its weight is multiplied by 8/2 = 4 before renormalising.
 	c := placement.NewCluster()
 	for i, m := range []string{"T4", "A10", "A10", "A10"} {
-		n := node(t, 64000, 0, m, 1000, 1000)
+		n := policytest.Node(t, 64000, 0, m, 1000, 1000)
 		n.Name = fmt.Sprintf("n%d", i)
 		c.UpsertNode(n)
 	}
@@ -283,15 +185,15 @@ func TestNodeTableFollowsTheNode(t *testing.T) {
 	c := placement.NewCluster()
 	var nodes []*placement.Node
 	for i := range 70 { // past the table's first size
-		n := node(t, 64000, 0, "T4", 1000)
+		n := policytest.Node(t, 64000, 0, "T4", 1000)
 		n.Name = fmt.Sprintf("n%d", i)
 		c.UpsertNode(n)
 		nodes = append(nodes, n)
 	}
-	var nt nodeTable[string]
+	var nt NodeTable[string]
 	computed := 0
 	get := func(n *placement.Node) string {
-		return *nt.get(n, 1, func(v *string) { computed++; *v = n.Name })
+		return *nt.Get(n, 1, func(v *string) { computed++; *v = n.Name })
 	}
 	for _, n := range nodes {
 		if got := get(n); got != n.Name {
@@ -309,7 +211,7 @@ func TestNodeTableFollowsTheNode(t *testing.T) {
 	if got := get(c.Node("n69")); got != "n69" {
 		t.Errorf("after RemoveNode: n69's value is %q (the removed node's)", got)
 	}
-	repl := node(t, 64000, 0, "T4", 1000, 1000)
+	repl := policytest.Node(t, 64000, 0, "T4", 1000, 1000)
 	repl.Name = "n5"
 	c.UpsertNode(repl)
 	k := computed

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
+	"github.com/tessera-gpu/tessera/internal/policies/policytest"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -19,7 +20,7 @@ func TestMemoSearchMatchesPlainScan(t *testing.T) {
 	for _, name := range []string{"binpack", "spread", NameFGD, NameTessera} {
 		t.Run(name, func(t *testing.T) {
 			const nodes = 40
-			ca, cb := testCluster(t, nodes, 7), testCluster(t, nodes, 7)
+			ca, cb := policytest.Cluster(t, nodes, 7), policytest.Cluster(t, nodes, 7)
 			pa, err := New(name, ca, 1)
 			if err != nil {
 				t.Fatal(err)
@@ -32,7 +33,7 @@ func TestMemoSearchMatchesPlainScan(t *testing.T) {
 			}
 			rng := rand.New(rand.NewPCG(3, 4))
 			var placed []string
-			for k, r := range testPods(1500, 11) {
+			for k, r := range policytest.Pods(1500, 11) {
 				cra, err := ca.Compile(r)
 				if err != nil {
 					t.Fatal(err)
@@ -45,7 +46,7 @@ func TestMemoSearchMatchesPlainScan(t *testing.T) {
 				}
 				got := sr.Best(cra, pa)
 				prep := placement.Prepare(crb, placement.PolicyFor(crb, pb))
-				scores, charges := scoreAll(cb, crb, prep, order, 1)
+				scores, charges := policytest.ScoreAll(cb, crb, prep, order, 1)
 				want := -1
 				for i, s := range scores {
 					if !math.IsNaN(s) && (want < 0 || s > scores[want]) {

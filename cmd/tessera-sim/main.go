@@ -1,3 +1,11 @@
+// Command tessera-sim is Tessera's research simulator: it replays a GPU
+// cluster trace (by default the openb trace bundled in
+// examples/traces/openb) through the placement core and the placement
+// policies, the scheduler's and the research baselines it is compared
+// with, and reports how much GPU each leaves unallocated, with the LP
+// floors on what any policy could (docs/simulation.md). It is a binary of
+// its own so that the daemon (cmd/tessera) carries neither the trace, the
+// floors nor the research baselines.
 package main
 
 import (
@@ -6,18 +14,34 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"runtime"
 	"strings"
+	"syscall"
 	"time"
 
-	"github.com/tessera-gpu/tessera/internal/placement/policies"
+	"github.com/tessera-gpu/tessera/internal/cli"
+	"github.com/tessera-gpu/tessera/internal/policies"
 	"github.com/tessera-gpu/tessera/internal/sim"
+	"github.com/tessera-gpu/tessera/internal/version"
 )
 
+const prog = "tessera-sim"
+
+// errUsage marks errors whose message is a usage text (exit code 2).
+var errUsage = cli.ErrUsage
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := cli.ExitCode(os.Stderr, prog, "", runSimulate(ctx, os.Args[1:], os.Stdout, os.Stderr))
+	stop()
+	os.Exit(code)
+}
+
 func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
+	fs := flag.NewFlagSet(prog, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	policyList := fs.String("policy", strings.Join(policies.Compared(), ","), "comma-separated placement policies")
+	policyList := fs.String("policy", strings.Join(sim.Compared(), ","), "comma-separated placement policies (known: "+strings.Join(sim.Policies().Names(), ", ")+")")
 	seedSpec := fs.String("seeds", "10", `seeds: a count N (seeds 1..N), a range "1-10" or a list "1,2,3"`)
 	format := fs.String("format", "table", "output format: table, csv or json")
 	nodesPath := fs.String("nodes", "", "node list CSV (default: the bundled openb node list)")
@@ -29,12 +53,17 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	grid := fs.Bool("grid", false, "run the generator's grid of mixes ("+strings.Join(sim.GridMixes, ",")+") instead of one trace; default policies fgd,tessera")
 	gridMixes := fs.String("grid-mixes", strings.Join(sim.GridMixes, ","), "with --grid: the mixes")
 	gridSeeds := fs.String("grid-seeds", "3", "with --grid: generator seeds (same syntax as --seeds)")
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: tessera simulate [flags]\n\nReplays an openb trace through the placement core and reports unallocated GPU %%.\n\nFlags:\n")
+		fmt.Fprintf(stderr, "Usage: %s [flags]\n\nReplays an openb trace through the placement core and reports unallocated GPU %%.\n\nFlags:\n", prog)
 		fs.PrintDefaults()
 	}
-	if err := parseFlags(fs, args); err != nil {
+	if err := cli.ParseFlags(fs, args); err != nil {
 		return err
+	}
+	if *showVersion {
+		fmt.Fprintln(stdout, version.String())
+		return nil
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -163,8 +192,9 @@ func writePlot(path string, rs []sim.PolicyResult, fl *sim.FloorResult, title st
 }
 
 func parsePolicies(s string) ([]string, error) {
+	cat := sim.Policies()
 	known := map[string]bool{}
-	for _, n := range policies.Names() {
+	for _, n := range cat.Names() {
 		known[n] = true
 	}
 	var out []string
@@ -174,7 +204,7 @@ func parsePolicies(s string) ([]string, error) {
 			continue
 		}
 		if !known[p] {
-			return nil, fmt.Errorf("unknown policy %q (known: %s)", p, strings.Join(policies.Names(), ", "))
+			return nil, fmt.Errorf("unknown policy %q (known: %s)", p, strings.Join(cat.Names(), ", "))
 		}
 		out = append(out, p)
 	}

@@ -1,8 +1,9 @@
 /*
  * tl_cuda.h - the handful of CUDA driver API and NVML types the limiter
- * needs, declared here by hand (no CUDA headers are used or required).
- * Only layouts that the limiter reads are spelled out; everything else is
- * treated as opaque. The values are those of cuda.h / nvml.h.
+ * and the fake driver (fakegpu) need, declared here by hand (no CUDA
+ * headers are used or required). Only layouts that the limiter reads are
+ * spelled out; everything else is treated as opaque. The values are those
+ * of cuda.h / nvml.h.
  */
 #ifndef TL_CUDA_H
 #define TL_CUDA_H

@@ -1,4 +1,4 @@
-// Package v1 is version v1 of the Tessera plugin's arguments: kind
+// Package configv1 is version v1 of the Tessera plugin's arguments: kind
 // TesseraArgs of kubescheduler.config.k8s.io/v1, what users write under
 // pluginConfig in a KubeSchedulerConfiguration:
 //
@@ -9,7 +9,7 @@
 //
 // Unset fields take their defaults (SetDefaults_TesseraArgs); the loader
 // rejects unknown keys.
-package v1
+package configv1
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -37,9 +37,9 @@ type TesseraArgs struct {
 	// GPUPolicy (binpack, spread or topology-aware) chooses among a
 	// node's GPUs for pods that name none (default binpack).
 	GPUPolicy *string `json:"gpuPolicy,omitempty"`
-	// PlacementPolicy names the placement core's policy that scores nodes
-	// (binpack, spread, random, dotproduct, gpuclustering, gpupacking,
-	// bestfit, fgd, tessera). Unset, it is NodePolicy's.
+	// PlacementPolicy names the placement policy that scores nodes
+	// (binpack, spread, fgd, tessera: policies.All). Unset, it is
+	// NodePolicy's.
 	PlacementPolicy *string `json:"placementPolicy,omitempty"`
 	// RecordSigning says where the scheduler keeps the key it signs the
 	// allocation records with, or disables signing (docs/security.md).

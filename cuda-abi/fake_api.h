@@ -3,7 +3,7 @@
  * (no CUDA headers). */
 #ifndef FAKE_API_H
 #define FAKE_API_H
-#include "../src/tl_cuda.h"
+#include "tl_cuda.h"
 
 typedef unsigned int CUdeviceptr_v1;
 
