@@ -8,12 +8,13 @@ import (
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/discovery"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/parts"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 // Offer is what the node's device plugins serve: per resource name, the
 // devices listed to the kubelet.
-type Offer map[string][]deviceplugin.GPU
+type Offer = parts.Offer
 
 // BuildInventory combines what NVML found, the GPUs' health and the node
 // configuration into the published inventory and the device plugins'

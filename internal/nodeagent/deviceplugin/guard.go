@@ -67,7 +67,7 @@ func (p *Plugin) checkGrant(ctx context.Context, t *Target, gpus map[string]GPU,
 		err = g.checkRequest(t, gpus, mode)
 	}
 	// A MIG instance's memory and SMs are the hardware's to enforce, and
-	// the instances' geometry the MIG manager's (migmps.go): the physical
+	// the instances' geometry the agent's MIG part's (parts/mig.go): the physical
 	// and ledger checks are about shares.
 	if err == nil && !hasMIG(t.Grant) {
 		err = checkPhysical(t, gpus)

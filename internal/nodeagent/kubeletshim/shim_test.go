@@ -113,7 +113,7 @@ func TestShimOutlivesTheAgent(t *testing.T) {
 	agentSock := filepath.Join(t.TempDir(), "agent.sock")
 	kubelet := startKubelet(t, dir)
 	agent := startAgent(t, agentSock)
-	runShim(t, dir, agentSock, 1500*time.Millisecond)
+	shim := runShim(t, dir, agentSock, 1500*time.Millisecond)
 	ctx := t.Context()
 	waitFor(t, "registration", 5*time.Second, func() bool { return kubelet.count() == 1 })
 
@@ -138,15 +138,19 @@ func TestShimOutlivesTheAgent(t *testing.T) {
 		t.Fatalf("allocate through the shim: %v %v", r, err)
 	}
 
-	// The agent dies; an Allocate arrives; the agent comes back 300 ms later.
+	// The agent dies; an Allocate arrives and waits in the shim; the agent
+	// comes back.
 	agent.Stop()
 	got := make(chan error, 1)
 	start := time.Now()
 	go func() { _, err := alloc(); got <- err }()
-	time.Sleep(300 * time.Millisecond)
+	waitFor(t, "the Allocate waiting in the shim", 5*time.Second, func() bool { return shim.Forwarding() == 1 })
 	agent = startAgent(t, agentSock)
 	if err := <-got; err != nil {
 		t.Fatalf("an Allocate during the agent's restart failed: %v", err)
+	}
+	if n := shim.Forwarding(); n != 0 {
+		t.Errorf("%d calls still counted as forwarded after the answer", n)
 	}
 	t.Logf("Allocate waited %v for the restarted agent", time.Since(start).Round(time.Millisecond))
 	// The kubelet's stream never broke and never saw an unhealthy device.
@@ -299,7 +303,7 @@ func TestShimRegistersAgainWhenItsSocketGoesMidRegistration(t *testing.T) {
 
 // runShim runs a shim for the kubelet in dir and the agent at agentSock
 // until the test ends (staleAfter 0: the default).
-func runShim(t *testing.T, dir, agentSock string, staleAfter time.Duration) {
+func runShim(t *testing.T, dir, agentSock string, staleAfter time.Duration) *Shim {
 	t.Helper()
 	s, err := New(Options{Resource: "nvidia.com/gpu", PluginDir: dir, Endpoint: "shim.sock", AgentSocket: agentSock,
 		AgentWait: 2 * time.Second, StaleAfter: staleAfter, CheckInterval: time.Hour}, ktesting.NewLogger(t, ktesting.NewConfig()))
@@ -310,4 +314,5 @@ func runShim(t *testing.T, dir, agentSock string, staleAfter time.Duration) {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = s.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
+	return s
 }
