@@ -23,6 +23,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/nodeagent/migmgr"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/nvmltest"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
+	"github.com/tessera-gpu/tessera/internal/testenv/poll"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -43,12 +44,7 @@ func runAgent(t *testing.T, a *Agent) (ctx context.Context, stop func()) {
 
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("timed out waiting for %s", what)
+	poll.Until(t, what, 10*time.Second, cond)
 }
 
 // TestPublishHealthAndConfig runs the agent (without the device plugin)
