@@ -39,6 +39,29 @@ func Root(t testing.TB, why string) {
 	}
 }
 
+// RootMain is Root for a TestMain whose tests all need root (it runs them
+// in a private mount namespace, or starts root-only machinery for all of
+// them): as root it returns true. Otherwise it reports the missing need
+// for every test of the package pkg, as a skip on stdout, or as a failure
+// on stderr under StrictEnv, and returns false and the status the
+// TestMain exits with (0, or 1 under StrictEnv).
+//
+//	if code, ok := need.RootMain("test/integration/lab", "mount and PID namespaces"); !ok {
+//		os.Exit(code)
+//	}
+func RootMain(pkg, why string) (code int, ok bool) {
+	if os.Geteuid() == 0 {
+		return 0, true
+	}
+	msg := Message("root ("+why+")", "run the tests as root")
+	if Strict() {
+		fmt.Fprintf(os.Stderr, "FAIL: every test of %s %s (%s=1: a missing need fails)\n", pkg, msg, StrictEnv)
+		return 1, false
+	}
+	fmt.Printf("--- SKIP: every test of %s %s\n", pkg, msg)
+	return 0, false
+}
+
 // Command returns the path of the program name found on PATH, skipping
 // the test if there is none; install says how to get it (e.g. "apt-get
 // install util-linux").
