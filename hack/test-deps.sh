@@ -69,12 +69,12 @@ if [ -n "$pkgs" ]; then
         fi
         rm -f "$log"
     else
-        lack "the programs of $pkgs" "as root: apt-get install -y $pkgs (or your system's package manager)"
+        lack "programs of the packages $pkgs" "as root: apt-get install -y $pkgs (or your system's package manager)"
     fi
 fi
 
 if ! is_root; then
-    lack "root, for the tests of$root that use private mount or pid namespaces" "run the tests as root"
+    lack "root: the tests that use private mount or PID namespaces (of:$root)" "run the tests as root"
 fi
 
 # NVIDIA's non-free binaries: fetched, not installed. As a user, the
