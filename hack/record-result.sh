@@ -56,8 +56,11 @@ for a in "$@"; do # each argument as a shell reads it back: quoted where needed
     esac
     quoted="$quoted $a"
 done
-where=${PWD#"$root"}
-where=${where#/}
+case $PWD in
+"$root") where="the repository root" ;;
+"$root"/*) where=${PWD#"$root"/} ;;
+*) where=$PWD ;;
+esac
 
 {
     echo "result: $name"
@@ -65,7 +68,7 @@ where=${where#/}
     echo "commit: $(commit)"
     echo "machine: $(machine)"
     echo "load: $(load) at the start"
-    echo "command:$quoted (in ${where:-the repository root})"
+    echo "command:$quoted (in $where)"
     echo "---"
 } >"$file"
 
