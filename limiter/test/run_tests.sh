@@ -39,7 +39,7 @@ LOG="$T/log"
 run() { # name cmd...
     name=$1; shift
     out=$("$@" 2>"$T/err"); rc=$?
-    printf '%s\n' "$out" | grep -E '^(PASS|FAIL|SKIP|#)' | tee -a "$LOG"
+    printf '%s\n' "$out" | grep -E '^(PASS|FAIL|#)' | tee -a "$LOG"
     if [ $rc -ne 0 ] && ! printf '%s\n' "$out" | grep -q '^FAIL'; then
         echo "FAIL $name: exit $rc: $(head -c 600 "$T/err")" | tee -a "$LOG"
     fi
