@@ -2,9 +2,10 @@
 # $T, $PRE, $L). As root: the read-only limits file, processes started
 # without the environment, a restarted container.
 
-if [ "$(id -u)" != 0 ] || ! command -v unshare >/dev/null; then
-    echo "FAIL root-tests: need root and unshare (limits file at /etc/tessera, pid namespaces); CI runs as root" |
-        tee -a "$LOG"
+if [ "$(id -u)" != 0 ]; then
+    need root-tests "root (a limits file at /etc/tessera in a private mount namespace, pid namespaces)" "run the tests as root"
+elif ! command -v unshare >/dev/null; then
+    need root-tests "unshare (private mount and pid namespaces)" "apt-get install util-linux"
 else
     # An /etc for a container: ld.so.preload naming the library (it reaches
     # processes that drop the environment) and tessera/limiter.conf.
@@ -46,7 +47,7 @@ device.0.sm=0
         if command -v sudo >/dev/null; then
             run file-sudo with_etc "$E" sudo env LD_LIBRARY_PATH="$FAKE" "$B/client_sym" try $((L + 1)) oom sudo-gets-the-limit
         else
-            echo "FAIL sudo-gets-the-limit: sudo is not installed (.ci/run installs it)" | tee -a "$LOG"
+            need sudo-gets-the-limit "sudo (not installed)" "apt-get install sudo (make test installs it when run as root)"
         fi
         # the file is authoritative: the environment cannot raise the limit
         # or move the shared state

@@ -7,7 +7,9 @@
 # ASan/UBSan build (the sanitizer runtimes must be preloaded ahead of the
 # limiter). Needs root for the namespace tests (a private mount namespace
 # to put a limits file at /etc/tessera/limiter.conf, pid namespaces for a
-# restarted container); CI runs as root.
+# restarted container), sudo, and the non-free binaries: without them
+# those tests print SKIP with what is missing and how to get it, or FAIL
+# when TESSERA_TEST_STRICT is set (make test and CI set it).
 set -u
 B=$(cd "$1" && pwd)
 SRC=$(cd "$(dirname "$0")/.." && pwd)
@@ -44,6 +46,16 @@ run() { # name cmd...
 }
 check() { # name condition-exit-status [detail]
     if [ "$2" -eq 0 ]; then echo "PASS $1" | tee -a "$LOG"; else echo "FAIL $1${3:+: $3}" | tee -a "$LOG"; fi
+}
+# need NAME WHAT HOW: the test NAME cannot run here, for want of WHAT
+# (HOW gets it): SKIP, or FAIL when TESSERA_TEST_STRICT is set (make test
+# and CI set it: a run that must run everything never skips silently)
+need() {
+    if [ -n "${TESSERA_TEST_STRICT:-}" ] && [ "${TESSERA_TEST_STRICT:-}" != 0 ]; then
+        echo "FAIL $1: needs $2: $3 (TESSERA_TEST_STRICT=1: a missing need fails)" | tee -a "$LOG"
+    else
+        echo "SKIP $1: needs $2: $3" | tee -a "$LOG"
+    fi
 }
 state() { echo "$T/state.$1"; }
 lim() { # run a client with the limiter preloaded: lim STATE ENV... -- client args
@@ -345,5 +357,7 @@ check "non-CUDA process creates no state" "$([ ! -e "$S" ]; echo $?)"
 
 P=$(grep -c '^PASS' "$LOG")
 F=$(grep -c '^FAIL' "$LOG")
-echo "$P passed, $F failed"
+S=$(grep -c '^SKIP' "$LOG")
+[ "$S" -eq 0 ] || echo "skipped: $(sed -n 's/^SKIP \([^:]*\):.*/\1/p' "$LOG" | paste -sd' ')"
+echo "$P passed, $F failed, $S skipped"
 [ "$F" -eq 0 ] && [ "$P" -gt 0 ]
