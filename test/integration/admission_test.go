@@ -204,9 +204,13 @@ func TestDRAPodsChecked(t *testing.T) {
 	e.ensureNS(ns)
 	e.template(ns, "gpu", claimSpec(api.DeviceClassGPU, "4Gi"))
 	for name, mutate := range map[string]func(p *corev1.Pod){
-		"env":         func(p *corev1.Pod) { p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}} },
-		"mount above": func(p *corev1.Pod) { p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "v", MountPath: "/etc"}} },
-		"hostPID":     func(p *corev1.Pod) { p.Spec.HostPID = true },
+		"env": func(p *corev1.Pod) {
+			p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}}
+		},
+		"mount above": func(p *corev1.Pod) {
+			p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "v", MountPath: "/etc"}}
+		},
+		"hostPID": func(p *corev1.Pod) { p.Spec.HostPID = true },
 	} {
 		p := draPod(ns, "dra-"+strings.ReplaceAll(name, " ", "-"), "gpu", "", "main")
 		p.Spec.Volumes = []corev1.Volume{{Name: "v", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
@@ -236,7 +240,11 @@ func TestWorkloadTemplatesFractional(t *testing.T) {
 		return corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "w"}}, Spec: p.Spec}
 	}
 	sel := &metav1.LabelSelector{MatchLabels: map[string]string{"app": "w"}}
-	always := func() corev1.PodTemplateSpec { t := tmpl(); t.Spec.RestartPolicy = corev1.RestartPolicyAlways; return t }
+	always := func() corev1.PodTemplateSpec {
+		t := tmpl()
+		t.Spec.RestartPolicy = corev1.RestartPolicyAlways
+		return t
+	}
 	deploy := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "d"}, Spec: appsv1.DeploymentSpec{Selector: sel, Template: always()}}
 
 	// The hole: without the templates webhook the API server refuses.

@@ -38,10 +38,10 @@ import (
 
 // Names inside a container's directory.
 const (
-	stateName  = "state"
-	limitsName = "limiter.conf"
+	stateName   = "state"
+	limitsName  = "limiter.conf"
 	preloadName = "ld.so.preload"
-	grantName  = "grant.json"
+	grantName   = "grant.json"
 )
 
 // LimiterStateFile is the name of the limiter's shared-state file
