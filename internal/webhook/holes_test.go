@@ -466,3 +466,37 @@ func TestDRAPodsUnderTheSameRules(t *testing.T) {
 		t.Errorf("%+v", r.Result)
 	}
 }
+
+// TestTemplateMatchConditionEvaluates: the templates hook's condition
+// matches a workload whose template names a GPU resource, in every
+// template kind, and evaluates without error on objects missing fields
+// (an error would refuse them under failurePolicy Fail).
+func TestTemplateMatchConditionEvaluates(t *testing.T) {
+	prg := celProgram(t, TemplateMatchCondition(api.DefaultResourceNames))
+	spec := func(res string) map[string]any {
+		return map[string]any{"containers": []any{map[string]any{"name": "c", "resources": map[string]any{"limits": map[string]any{res: "1"}}}}}
+	}
+	for name, tc := range map[string]struct {
+		obj  map[string]any
+		want bool
+	}{
+		"deployment":          {map[string]any{"spec": map[string]any{"template": map[string]any{"spec": spec("nvidia.com/gpu")}}}, true},
+		"deployment cpu":      {map[string]any{"spec": map[string]any{"template": map[string]any{"spec": spec("cpu")}}}, false},
+		"cronjob":             {map[string]any{"spec": map[string]any{"jobTemplate": map[string]any{"spec": map[string]any{"template": map[string]any{"spec": spec("nvidia.com/gpumem")}}}}}, true},
+		"podtemplate":         {map[string]any{"template": map[string]any{"spec": spec("nvidia.com/mig-1g.5gb")}}, true},
+		"no template":         {map[string]any{"spec": map[string]any{"replicas": 1}}, false},
+		"no jobTemplate spec": {map[string]any{"spec": map[string]any{"jobTemplate": map[string]any{}}}, false},
+		"no containers":       {map[string]any{"spec": map[string]any{"template": map[string]any{"spec": map[string]any{}}}}, false},
+		"init container": {map[string]any{"spec": map[string]any{"template": map[string]any{"spec": map[string]any{"containers": []any{map[string]any{"name": "c"}},
+			"initContainers": []any{map[string]any{"name": "i", "resources": map[string]any{"requests": map[string]any{"nvidia.com/gpu": "1"}}}}}}}}, true},
+	} {
+		out, _, err := prg.Eval(map[string]any{"object": tc.obj})
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		if out.Value() != tc.want {
+			t.Errorf("%s: %v, want %v", name, out.Value(), tc.want)
+		}
+	}
+}
