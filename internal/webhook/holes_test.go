@@ -63,6 +63,18 @@ func TestPodsWithoutGPUsSelectNoGPU(t *testing.T) {
 	if out.Spec.SchedulerName != q.Spec.SchedulerName {
 		t.Errorf("a pod without GPUs was sent to %s", out.Spec.SchedulerName)
 	}
+	// Through the webhook: the mutating pass admits it with the patch and
+	// the warnings, the validating pass the patched pod.
+	resp := adm.review(admissionRequest(t, "u", admissionv1.Create, "", q, nil), true)
+	if !resp.Allowed || resp.Patch == nil || len(resp.Warnings) != 2 {
+		t.Errorf("mutating pass: %+v %s %q", resp.Result, resp.Patch, resp.Warnings)
+	}
+	if resp := adm.review(admissionRequest(t, "u", admissionv1.Create, "", out, nil), false); !resp.Allowed {
+		t.Errorf("validating pass: %+v", resp.Result)
+	}
+	if resp := adm.review(admissionRequest(t, "u", admissionv1.Create, "", q, nil), false); resp.Allowed {
+		t.Error("validating pass admitted the unmutated pod")
+	}
 	// The JSON patch carries the env.
 	patch, err := patchFor(q, out)
 	if err != nil || !strings.Contains(string(patch), `"/spec/containers/0/env"`) || !strings.Contains(string(patch), `"void"`) {
@@ -95,7 +107,7 @@ func TestPodsWithoutGPUsSelectNoGPU(t *testing.T) {
 	// Ephemeral containers added to such a pod: the same rule.
 	e := cpuPod()
 	e.Spec.EphemeralContainers = []corev1.EphemeralContainer{{EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "dbg", Env: []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}}}}}
-	resp := adm.review(admissionRequest(t, "someone", admissionv1.Update, "ephemeralcontainers", e, cpuPod()), false)
+	resp = adm.review(admissionRequest(t, "someone", admissionv1.Update, "ephemeralcontainers", e, cpuPod()), false)
 	if resp.Allowed || !strings.Contains(resp.Result.Message, "spec.ephemeralContainers[0].env[0].name") {
 		t.Errorf("%+v", resp.Result)
 	}

@@ -110,7 +110,15 @@ func (p *Admission) review(req *admissionv1.AdmissionRequest, mutate bool) *admi
 	if err != nil {
 		return deny(http.StatusInternalServerError, err.Error())
 	}
-	errs, findings := p.check(&pod, claimGPU)
+	// In the mutating pass, a pod that asks for no GPU is checked as the
+	// mutation will make it (NVIDIA_VISIBLE_DEVICES=void where envFrom
+	// could set it: voidDeviceEnv); the validating pass sees it so.
+	checked := &pod
+	if mutate && !claimGPU && !p.asksGPU(&pod) {
+		checked = pod.DeepCopy()
+		p.voidDeviceEnv(checked)
+	}
+	errs, findings := p.check(checked, claimGPU)
 	r := p.verdict(&pod, errs, findings, nil)
 	if !r.Allowed || !mutate {
 		return r

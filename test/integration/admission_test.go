@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -366,10 +367,24 @@ func TestAuditMode(t *testing.T) {
 	if len(warnings) == 0 || !strings.Contains(strings.Join(warnings, "\n"), "audit mode, would be refused") || !strings.Contains(strings.Join(warnings, "\n"), "spec.hostPID") {
 		t.Errorf("warnings %q", warnings)
 	}
-	testenv.WaitFor(t, "the audit event", 30*time.Second, func() bool {
-		evs, err := e.cp.Client.CoreV1().Events(gpuNS).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=audited,reason=" + webhook.ReasonIsolationFinding})
-		return err == nil && len(evs.Items) == 1 && strings.Contains(evs.Items[0].Message, "spec.hostPID")
+	var seen []string
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		evs, err := e.cp.Client.CoreV1().Events(gpuNS).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		seen = nil
+		for _, ev := range evs.Items {
+			seen = append(seen, ev.InvolvedObject.Kind+"/"+ev.InvolvedObject.Name+" "+ev.Reason+": "+ev.Message)
+			if ev.InvolvedObject.Name == "audited" && ev.Reason == webhook.ReasonIsolationFinding && strings.Contains(ev.Message, "spec.hostPID") {
+				return true, nil
+			}
+		}
+		return false, nil
 	})
+	if err != nil {
+		t.Fatalf("no %s event on the pod: %v; events: %q", webhook.ReasonIsolationFinding, err, seen)
+	}
 	_, err = e.create(fixtures.MakePod().Namespace(gpuNS).Name("cores").Container("main", map[string]string{names.Cores: "101"}).Obj())
 	expectDenied(t, err, "between 0 and 100")
 }
