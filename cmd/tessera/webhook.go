@@ -45,14 +45,6 @@ func runWebhook(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%w: --resource-prefix: %v", errUsage, err)
 	}
-	cfg, err := restConfig(*kubeconfig)
-	if err != nil {
-		return fmt.Errorf("kubernetes client configuration: %w", err)
-	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
 	strategy := api.DeviceListStrategy(*deviceList)
 	if !slices.Contains(api.DeviceListStrategies(), strategy) {
 		return fmt.Errorf("%w: --device-list-strategy %q: want one of %v", errUsage, *deviceList, api.DeviceListStrategies())
@@ -60,6 +52,14 @@ func runWebhook(ctx context.Context, args []string, _, stderr io.Writer) error {
 	rule := webhook.EnvFromRule(*envFrom)
 	if !slices.Contains(webhook.EnvFromRules(), rule) {
 		return fmt.Errorf("%w: --unprefixed-env-from %q: want one of %v", errUsage, *envFrom, webhook.EnvFromRules())
+	}
+	cfg, err := restConfig(*kubeconfig)
+	if err != nil {
+		return fmt.Errorf("kubernetes client configuration: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
 	}
 	excluded := splitList(*exclude)
 	users := splitList(*schedulerUsers)
