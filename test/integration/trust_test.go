@@ -336,8 +336,8 @@ func TestHostileGPUPods(t *testing.T) {
 	// (deviceplugin TestSpecEnvironmentChangesNoShare; the limiter:
 	// limiter/test file-over-env). On the lab, the stand-in refused at the
 	// limit: part of the lab's acceptance run.
+	e.startScheduler() // one scheduler for this subtest and the next
 	t.Run("env overrides admitted with exactly their share", func(t *testing.T) {
-		e.startScheduler()
 		for i, ev := range []corev1.EnvVar{
 			{Name: "CUDA_DEVICE_MEMORY_LIMIT_0", Value: "0"}, {Name: "CUDA_DEVICE_SM_LIMIT", Value: "100"},
 			{Name: "CUDA_DEVICE_MEMORY_LIMIT_", Value: "1m"}, {Name: "LD_PRELOAD", Value: "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4"},
@@ -356,7 +356,6 @@ func TestHostileGPUPods(t *testing.T) {
 	// kube-system is outside the webhook's reach: there the scheduler
 	// refuses the request, and its event carries no format verb.
 	t.Run("kube-system gpucores 150", func(t *testing.T) {
-		e.startScheduler()
 		p := fixtures.MakePod().Namespace("kube-system").Name("cores150").SchedulerName("tessera-scheduler").Container("main", map[string]string{names.Cores: "150"}).Obj()
 		if _, err := e.cp.Client.CoreV1().Pods("kube-system").Create(ctx, p, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
