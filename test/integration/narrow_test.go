@@ -16,6 +16,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/scheduler"
 	"github.com/tessera-gpu/tessera/internal/testenv"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
+	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 // TestNarrowedCandidatesRealCluster plays two findings of the review of
@@ -136,7 +137,7 @@ func scheduleAttempts(t *testing.T) map[string]float64 {
 			for _, l := range m.GetLabel() {
 				labels[l.GetName()] = l.GetValue()
 			}
-			if labels["profile"] == scheduler.SchedulerName {
+			if labels["profile"] == api.SchedulerName {
 				out[labels["result"]] += m.GetCounter().GetValue()
 			}
 		}

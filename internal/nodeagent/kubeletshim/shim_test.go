@@ -136,7 +136,7 @@ func TestShimOutlivesTheAgent(t *testing.T) {
 	got := make(chan error, 1)
 	start := time.Now()
 	go func() { _, err := alloc(); got <- err }()
-	waitFor(t, "the Allocate waiting in the shim", 5*time.Second, func() bool { return shim.Forwarding() == 1 })
+	poll.Until(t, "the Allocate waiting in the shim", 5*time.Second, func() bool { return shim.Forwarding() == 1 })
 	agent = startAgent(t, agentSock)
 	if err := <-got; err != nil {
 		t.Fatalf("an Allocate during the agent's restart failed: %v", err)
