@@ -19,14 +19,14 @@ func NewCommand() *cobra.Command {
 	return app.NewSchedulerCommand(withPlugins()...)
 }
 
-// Registry holds Tessera's plugins: the Tessera plugin and the profile's
-// NodeResourcesFit (resourcesfit.Name) and DynamicResources
-// (resourcesfit.DRAName).
+// Registry holds Tessera's plugins: the Tessera plugin, its preemption
+// (PreemptionName) and the profile's NodeResourcesFit (resourcesfit.Name)
+// and DynamicResources (resourcesfit.DRAName).
 // It also registers the Tessera plugin's argument types with
 // kube-scheduler's configuration loader (registerArgs).
 func Registry() frameworkruntime.Registry {
 	registerArgs()
-	return frameworkruntime.Registry{Name: New, resourcesfit.Name: resourcesfit.New, resourcesfit.DRAName: resourcesfit.NewDRA}
+	return frameworkruntime.Registry{Name: New, PreemptionName: NewPreemption, resourcesfit.Name: resourcesfit.New, resourcesfit.DRAName: resourcesfit.NewDRA}
 }
 
 func withPlugins() []app.Option {

@@ -78,17 +78,29 @@ type Plugin struct {
 	// trust signs the records the plugin writes and vouches for those it
 	// reads back (trust.go).
 	trust *trust
+
+	// nom indexes the nodes pods are nominated to (nominated.go).
+	nomMu sync.Mutex
+	nom   nominations
+	// plans are what preemption (preemption.go) chose for a pod: on the
+	// node it nominated (plans), and per node during its dry run
+	// (trials). A plan's record keeps the room its victims free for the
+	// pod (putNominated). Entries go when the pod is bound or deleted.
+	planMu sync.Mutex
+	plans  map[types.UID]*preemptionPlan
+	trials map[types.UID]map[string]*preemptionPlan
 }
 
 var (
-	_ fwk.PreFilterPlugin  = (*Plugin)(nil)
-	_ fwk.FilterPlugin     = (*Plugin)(nil)
-	_ fwk.PostFilterPlugin = (*Plugin)(nil)
-	_ fwk.PreScorePlugin   = (*Plugin)(nil)
-	_ fwk.ScorePlugin      = (*Plugin)(nil)
-	_ fwk.ReservePlugin    = (*Plugin)(nil)
-	_ fwk.PreBindPlugin    = (*Plugin)(nil)
-	_ fwk.BindPlugin       = (*Plugin)(nil)
+	_ fwk.PreFilterPlugin     = (*Plugin)(nil)
+	_ fwk.PreFilterExtensions = (*Plugin)(nil)
+	_ fwk.FilterPlugin        = (*Plugin)(nil)
+	_ fwk.PostFilterPlugin    = (*Plugin)(nil)
+	_ fwk.PreScorePlugin      = (*Plugin)(nil)
+	_ fwk.ScorePlugin         = (*Plugin)(nil)
+	_ fwk.ReservePlugin       = (*Plugin)(nil)
+	_ fwk.PreBindPlugin       = (*Plugin)(nil)
+	_ fwk.BindPlugin          = (*Plugin)(nil)
 )
 
 // New is the plugin factory for app.WithPlugin. Its arguments are a
@@ -202,6 +214,8 @@ func (p *Plugin) onPod(logger klog.Logger, obj any) {
 	}
 	if pod.Spec.NodeName != "" {
 		p.forget(pod.UID)
+	} else {
+		p.observeNomination(pod)
 	}
 	if p.st.observePod(logger, pod) {
 		p.requeue(logger)
@@ -220,12 +234,15 @@ func (p *Plugin) firstAttempt(uid types.UID) bool {
 	return true
 }
 
-// forget drops a bound or deleted pod from the observed set.
+// forget drops a bound or deleted pod from the observed set, and its
+// nomination and preemption plans.
 func (p *Plugin) forget(uid types.UID) {
 	p.obsMu.Lock()
 	delete(p.observed, uid)
 	delete(p.widened, uid)
 	p.obsMu.Unlock()
+	p.nominate(uid, "")
+	p.dropPlans(uid)
 }
 
 // requeue moves the GPU pods this plugin last found unschedulable back to
