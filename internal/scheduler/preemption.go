@@ -131,6 +131,48 @@ func (pl *Preemption) PostFilter(ctx context.Context, cs fwk.CycleState, pod *co
 	return res, fwk.NewStatus(fwk.Success, statusText(msg))
 }
 
+// PodEligibleToPreemptOthers is DefaultPreemption's rule (not with
+// preemptionPolicy Never, nor while pods on the nominated node terminate
+// by preemption) and one more: not while pods this plugin preempted for
+// the pod on its nominated node still hold their GPUs in the plugin's
+// state, being deleted or deleted a moment ago (the plugin's informer
+// releases them a little after kube-scheduler's snapshot drops them). A
+// dry run then would count their room twice and evict more pods.
+func (pl *Preemption) PodEligibleToPreemptOthers(ctx context.Context, pod *corev1.Pod, nominatedNodeStatus *fwk.Status) (bool, string) {
+	if ok, msg := pl.DefaultPreemption.PodEligibleToPreemptOthers(ctx, pod, nominatedNodeStatus); !ok {
+		return ok, msg
+	}
+	p := pl.tessera.Load()
+	if p == nil || nominatedNodeStatus.Code() == fwk.UnschedulableAndUnresolvable {
+		return true, ""
+	}
+	// (The pod's status may not show the nomination yet.)
+	p.planMu.Lock()
+	plan := p.plans[pod.UID]
+	p.planMu.Unlock()
+	if plan == nil || pod.Status.NominatedNodeName != "" && pod.Status.NominatedNodeName != plan.node {
+		return true, ""
+	}
+	lister := pl.fh.SharedInformerFactory().Core().V1().Pods().Lister()
+	var held []string
+	p.st.mu.RLock()
+	for _, v := range plan.victims {
+		key := kubeobj.Key(v)
+		if p.st.holders[key] != v.UID {
+			continue // released
+		}
+		if cur, err := lister.Pods(v.Namespace).Get(v.Name); err == nil && cur.UID == v.UID && !leaving(cur) {
+			continue // not being deleted: its eviction failed
+		}
+		held = append(held, key)
+	}
+	p.st.mu.RUnlock()
+	if len(held) > 0 {
+		return false, fmt.Sprintf("not eligible: pods it preempted on node %s still hold their GPUs (%s).", plan.node, strings.Join(held, ", "))
+	}
+	return true, ""
+}
+
 // SelectVictimsOnNode chooses the victims on one node for a pod the
 // Tessera plugin places: as DefaultPreemption, it takes every pod of lower
 // priority off the node and checks that the pod then passes every Filter;
@@ -159,7 +201,7 @@ func (pl *Preemption) SelectVictimsOnNode(ctx context.Context, cs fwk.CycleState
 	if len(cands) == 0 {
 		return nil, 0, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, "No preemption victims found for incoming pod")
 	}
-	sort.SliceStable(cands, func(i, j int) bool { return pl.MoreImportantPod(cands[i].GetPod(), cands[j].GetPod()) })
+	sort.SliceStable(cands, func(i, j int) bool { return moreImportant(cands[i].GetPod(), cands[j].GetPod()) })
 	protected := pdbProtected(cands, pdbs)
 	p.syncView(cs, ni)
 	remove := func(pi fwk.PodInfo) error {
@@ -295,9 +337,22 @@ func (p *Plugin) chooseVictims(cs fwk.CycleState, s *cycleState, pod *corev1.Pod
 			}
 		}
 	}
-	ev := make([]placement.Evictable, len(cands))
+	// Pods already on their way out (being deleted, or marked by a
+	// preemption whose deletion the snapshot does not show yet) free
+	// their room: the core counts it free and they stay victims, which
+	// costs nothing more (the Executor deletes no pod twice).
+	chosen := map[int]bool{}
+	var ev []placement.Evictable
+	var at []int
 	for i, pi := range cands {
-		ev[i] = placement.Evictable{Pod: kubeobj.Key(pi.GetPod()), Priority: corev1helpers.PodPriority(pi.GetPod()), Protected: protected[i]}
+		key := kubeobj.Key(pi.GetPod())
+		if leaving(pi.GetPod()) {
+			v.Remove(key)
+			chosen[i] = true
+			continue
+		}
+		ev = append(ev, placement.Evictable{Pod: key, Priority: corev1helpers.PodPriority(pi.GetPod()), Protected: protected[i]})
+		at = append(at, i)
 	}
 	sc := p.scratchs.Get().(*scratch)
 	defer p.scratchs.Put(sc)
@@ -305,9 +360,8 @@ func (p *Plugin) chooseVictims(cs fwk.CycleState, s *cycleState, pod *corev1.Pod
 	if !ok {
 		return nil, nil
 	}
-	chosen := make(map[int]bool, len(e.Victims))
 	for _, i := range e.Victims {
-		chosen[i] = true
+		chosen[at[i]] = true
 	}
 	plan := &preemptionPlan{node: node, rec: sc.p.Record(s.cr)}
 	for _, ca := range plan.rec.Containers {
@@ -318,6 +372,41 @@ func (p *Plugin) chooseVictims(cs fwk.CycleState, s *cycleState, pod *corev1.Pod
 		}
 	}
 	return chosen, plan
+}
+
+// moreImportant orders the candidate victims, most important first, as
+// DefaultPreemption does (higher priority, then the longer running), and
+// among equals by name: a dry run over the same pods chooses the same
+// victims whatever order the node's snapshot lists them in. (A pod not
+// started yet counts as started now, as DefaultPreemption counts it.)
+func moreImportant(a, b *corev1.Pod) bool {
+	if pa, pb := corev1helpers.PodPriority(a), corev1helpers.PodPriority(b); pa != pb {
+		return pa > pb
+	}
+	sa, sb := a.Status.StartTime, b.Status.StartTime
+	switch {
+	case sa != nil && sb != nil && !sa.Equal(sb):
+		return sa.Before(sb)
+	case sa != nil && sb == nil:
+		return true
+	case sa == nil && sb != nil:
+		return false
+	}
+	return kubeobj.Key(a) < kubeobj.Key(b)
+}
+
+// leaving reports whether the pod is being deleted or a preemption has
+// marked it for deletion (DisruptionTarget, PreemptionByScheduler).
+func leaving(pod *corev1.Pod) bool {
+	if pod.DeletionTimestamp != nil {
+		return true
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.DisruptionTarget {
+			return c.Status == corev1.ConditionTrue && c.Reason == corev1.PodReasonPreemptionByScheduler
+		}
+	}
+	return false
 }
 
 func contains(xs []string, x string) bool {
