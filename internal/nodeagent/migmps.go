@@ -199,6 +199,13 @@ func (a *Agent) Prepare(_ context.Context, pod *v1.Pod, container string, grants
 		}
 		u, err := migmgr.Create(d.Handle, d.MIG, in)
 		if err != nil {
+			// The room may still hold instances of pods gone a moment ago
+			// (pods preempted for this one): destroy those whose
+			// processes have exited, then try once more.
+			a.collectInstancesLocked()
+			u, err = migmgr.Create(d.Handle, d.MIG, in)
+		}
+		if err != nil {
 			_ = d.RefreshMIG()
 			return nil, fmt.Errorf("creating MIG instance %s on GPU %s for pod %s container %s: %w", in, g.UUID, kubeobj.Key(pod), container, err)
 		}

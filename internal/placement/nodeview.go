@@ -91,7 +91,10 @@ func (c *Cluster) holdsOn(pod, node string) bool {
 }
 
 // Remove takes the pod off the view: one of the cluster's pods on the
-// node, or a pod put on. It reports whether the view held it.
+// node, or a pod put on. It reports whether the view held it. A dynamic
+// MIG instance of a pod taken off is free on the view even while the
+// node's inventory still lists it (the node agent destroys it once the
+// pod is gone).
 func (v *NodeView) Remove(pod string) bool {
 	if e, ok := v.on[pod]; ok {
 		delete(v.on, pod)
@@ -107,6 +110,9 @@ func (v *NodeView) Remove(pod string) bool {
 	}
 	v.off[pod] = e
 	unapply(v.Node, e)
+	if v.Node.hasMIG {
+		migGone(v.Node, e.record, true)
+	}
 	return true
 }
 
@@ -118,6 +124,9 @@ func (v *NodeView) Add(pod string) bool {
 		return false
 	}
 	delete(v.off, pod)
+	if v.Node.hasMIG {
+		migGone(v.Node, e.record, false)
+	}
 	v.c.apply(v.Node, e, true)
 	return true
 }

@@ -171,6 +171,10 @@ func TestVictimsDynamicMIG(t *testing.T) {
 		place(t, c, migPod(name, "1g.5gb"))
 		ev = append(ev, Evictable{Pod: name})
 	}
+	// The node agent creates the instances and lists them in the
+	// inventory: they stay there until it destroys them, after their pods
+	// are gone; the search counts a victim's instance free all the same.
+	c.UpsertNode(mustNode(t, "n", migInventory(1, api.SharingMIGDynamic, "", "1g.5gb@0", "1g.5gb@1", "1g.5gb@2", "1g.5gb@3", "1g.5gb@4", "1g.5gb@5", "1g.5gb@6")))
 	if r := fitOn(t, c, c.Node("n"), migPod("big", "3g.20gb")); r.OK() {
 		t.Fatal("3g.20gb fits a GPU full of 1g.5gb instances")
 	}

@@ -41,12 +41,13 @@ func withPlugins() []app.Option {
 // KubeSchedulerConfiguration file until ctx ends, without the HTTP
 // endpoints and leader election of the command. Tests use it to start,
 // kill and restart schedulers inside one process (the command's configz
-// registration allows only one per process).
-func RunInProcess(ctx context.Context, configFile string) error {
+// registration allows only one per process). extra are more options for
+// kube-scheduler (a test's own plugins, app.WithPlugin).
+func RunInProcess(ctx context.Context, configFile string, extra ...app.Option) error {
 	opts := options.NewOptions()
 	opts.ConfigFile = configFile
 	opts.SecureServing.BindPort = 0
-	cc, sched, err := app.Setup(ctx, opts, withPlugins()...)
+	cc, sched, err := app.Setup(ctx, opts, append(withPlugins(), extra...)...)
 	if err != nil {
 		return fmt.Errorf("setting up the scheduler: %w", err)
 	}

@@ -73,8 +73,8 @@ func (p *Plugin) view(cs fwk.CycleState, node string) *placement.NodeView {
 func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return p }
 
 // AddPod puts a pod on the state's view of the node: one of its pods a
-// preemption dry run took off, or a pod nominated to the node (placed
-// where its preemption planned it, else where it fits now).
+// preemption dry run took off, or a pod nominated to the node, not bound
+// yet (placed where its preemption planned it, else where it fits now).
 func (p *Plugin) AddPod(ctx context.Context, cs fwk.CycleState, _ *corev1.Pod, added fwk.PodInfo, ni fwk.NodeInfo) *fwk.Status {
 	s := readState(cs)
 	if s == nil || s.cpuOnly {
@@ -92,7 +92,9 @@ func (p *Plugin) AddPod(ctx context.Context, cs fwk.CycleState, _ *corev1.Pod, a
 	}
 	pod := added.GetPod()
 	key := kubeobj.Key(pod)
-	if v.Add(key) || v.Holds(key) {
+	if v.Add(key) || v.Holds(key) || pod.Spec.NodeName != "" {
+		// A bound pod the view does not hold holds nothing the plugin
+		// knows of (released a moment ago, or never charged).
 		return nil
 	}
 	p.putNominated(v, pod)

@@ -136,8 +136,10 @@ func (pl *Preemption) PostFilter(ctx context.Context, cs fwk.CycleState, pod *co
 // by preemption) and one more: not while pods this plugin preempted for
 // the pod on its nominated node still hold their GPUs in the plugin's
 // state, being deleted or deleted a moment ago (the plugin's informer
-// releases them a little after kube-scheduler's snapshot drops them). A
-// dry run then would count their room twice and evict more pods.
+// releases them a little after kube-scheduler's snapshot drops them), nor
+// while the node's inventory still lists a dynamic MIG instance of theirs
+// (the node agent destroys it after the pod). A dry run then would count
+// their room twice and evict more pods.
 func (pl *Preemption) PodEligibleToPreemptOthers(ctx context.Context, pod *corev1.Pod, nominatedNodeStatus *fwk.Status) (bool, string) {
 	if ok, msg := pl.DefaultPreemption.PodEligibleToPreemptOthers(ctx, pod, nominatedNodeStatus); !ok {
 		return ok, msg
@@ -159,6 +161,9 @@ func (pl *Preemption) PodEligibleToPreemptOthers(ctx context.Context, pod *corev
 	for _, v := range plan.victims {
 		key := kubeobj.Key(v)
 		if p.st.holders[key] != v.UID {
+			if p.instanceListed(plan.node, v) {
+				held = append(held, key+" (its MIG instance)")
+			}
 			continue // released
 		}
 		if cur, err := lister.Pods(v.Namespace).Get(v.Name); err == nil && cur.UID == v.UID && !leaving(cur) {
@@ -171,6 +176,32 @@ func (pl *Preemption) PodEligibleToPreemptOthers(ctx context.Context, pod *corev
 		return false, fmt.Sprintf("not eligible: pods it preempted on node %s still hold their GPUs (%s).", plan.node, strings.Join(held, ", "))
 	}
 	return true, ""
+}
+
+// instanceListed reports whether the node's inventory still lists a
+// dynamic MIG instance the victim's record held: the node agent destroys
+// it once the pod is gone and then publishes the inventory without it.
+// The caller holds st.mu.
+func (p *Plugin) instanceListed(node string, victim *corev1.Pod) bool {
+	n := p.st.cluster.Node(node)
+	rec, err := kubeobj.Record(victim)
+	if n == nil || err != nil {
+		return false
+	}
+	for _, ca := range rec.Containers {
+		for _, d := range ca.Devices {
+			i := n.GPUByUUID(d.UUID)
+			if d.MIG == nil || d.MIG.Device != "" || i < 0 || n.GPUs[i].MIG == nil {
+				continue
+			}
+			for _, dev := range n.GPUs[i].MIG.Devices {
+				if dev.Profile == d.MIG.Profile && dev.Start == d.MIG.Start {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // SelectVictimsOnNode chooses the victims on one node for a pod the
@@ -225,21 +256,21 @@ func (pl *Preemption) SelectVictimsOnNode(ctx context.Context, cs fwk.CycleState
 	chosen, plan := p.chooseVictims(cs, s, pod, node, cands, protected)
 	// Give back the pods the core keeps (all at once when every Filter
 	// agrees), then each chosen one, protected pods first in each group,
-	// most important first.
-	var keep, evict []int
+	// most important first. Pods on their way out stay victims.
+	var keep, evict, victims []int
 	for _, protectedFirst := range []bool{true, false} {
 		for i := range cands {
-			if protected[i] != protectedFirst {
-				continue
-			}
-			if chosen[i] {
+			switch {
+			case protected[i] != protectedFirst:
+			case chosen != nil && leaving(cands[i].GetPod()):
+				victims = append(victims, i)
+			case chosen[i]:
 				evict = append(evict, i)
-			} else {
+			default:
 				keep = append(keep, i)
 			}
 		}
 	}
-	var victims []int
 	reprieve := func(i int) error {
 		if err := add(cands[i]); err != nil {
 			return err
