@@ -80,6 +80,24 @@ func TestVictimsOneGPU(t *testing.T) {
 	if r := fitOn(t, c, c.Node("n"), pod("half", share("c", 20480, 50))); r.OK() {
 		t.Fatal("the node fits the half share without preemption")
 	}
+	// A view the caller took every evictable pod off already (kube-
+	// scheduler's dry run does so first) gives the same victims, and
+	// the others back on.
+	v := c.View("n")
+	ev := evictables(c, "n")
+	for _, x := range ev {
+		v.Remove(x.Pod)
+	}
+	cr := mustCompile(t, c, pod("half", share("c", 20480, 50)))
+	var s Scratch
+	var p Placement
+	again, ok := cr.Victims(v, ev, nil, &s, &p)
+	if !ok || len(again.Victims) != 2 || ev[again.Victims[0]].Pod != names[0] || ev[again.Victims[1]].Pod != names[1] {
+		t.Errorf("from a view without the pods: %+v %v, want %v", again, ok, names)
+	}
+	if held := len(v.ClusterPods()); held != len(ev)-2 {
+		t.Errorf("the view holds %d pods, want %d", held, len(ev)-2)
+	}
 }
 
 // TestVictimsLowestPriority: the victims are the lowest-priority pods

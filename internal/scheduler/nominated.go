@@ -75,53 +75,50 @@ func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return p }
 // AddPod puts a pod on the state's view of the node: one of its pods a
 // preemption dry run took off, or a pod nominated to the node, not bound
 // yet (placed where its preemption planned it, else where it fits now).
-func (p *Plugin) AddPod(ctx context.Context, cs fwk.CycleState, _ *corev1.Pod, added fwk.PodInfo, ni fwk.NodeInfo) *fwk.Status {
-	s := readState(cs)
-	if s == nil || s.cpuOnly {
-		return nil
-	}
-	node := ni.Node().Name
-	p.st.mu.RLock()
-	defer p.st.mu.RUnlock()
-	if p.st.isDRA(node) {
-		return nil
-	}
-	v := p.view(cs, node)
-	if v == nil {
-		return nil
-	}
-	pod := added.GetPod()
-	key := kubeobj.Key(pod)
-	if v.Add(key) || v.Holds(key) || pod.Spec.NodeName != "" {
-		// A bound pod the view does not hold holds nothing the plugin
-		// knows of (released a moment ago, or never charged).
-		return nil
-	}
-	p.putNominated(v, pod)
+func (p *Plugin) AddPod(_ context.Context, cs fwk.CycleState, _ *corev1.Pod, added fwk.PodInfo, ni fwk.NodeInfo) *fwk.Status {
+	p.onView(cs, ni, func(v *placement.NodeView) {
+		pod := added.GetPod()
+		key := kubeobj.Key(pod)
+		if v.Add(key) || v.Holds(key) || pod.Spec.NodeName != "" {
+			// A bound pod the view does not hold holds nothing the
+			// plugin knows of (released a moment ago, or never charged).
+			return
+		}
+		p.putNominated(v, pod)
+	})
 	return nil
 }
 
 // RemovePod takes a pod off the state's view of the node.
-func (p *Plugin) RemovePod(ctx context.Context, cs fwk.CycleState, _ *corev1.Pod, removed fwk.PodInfo, ni fwk.NodeInfo) *fwk.Status {
+func (p *Plugin) RemovePod(_ context.Context, cs fwk.CycleState, _ *corev1.Pod, removed fwk.PodInfo, ni fwk.NodeInfo) *fwk.Status {
+	p.onView(cs, ni, func(v *placement.NodeView) {
+		pod := removed.GetPod()
+		key := kubeobj.Key(pod)
+		if uid, held := p.st.holders[key]; held && uid != pod.UID {
+			return // the key names another pod now
+		}
+		v.Remove(key)
+	})
+	return nil
+}
+
+// onView runs f on the state's view of the node, under st.mu for
+// reading: for a pod the plugin places by its GPUs, on a node it holds
+// and places on (not in mode dra).
+func (p *Plugin) onView(cs fwk.CycleState, ni fwk.NodeInfo, f func(v *placement.NodeView)) {
 	s := readState(cs)
 	if s == nil || s.cpuOnly {
-		return nil
+		return
 	}
 	node := ni.Node().Name
 	p.st.mu.RLock()
 	defer p.st.mu.RUnlock()
 	if p.st.isDRA(node) {
-		return nil
-	}
-	pod := removed.GetPod()
-	key := kubeobj.Key(pod)
-	if uid, held := p.st.holders[key]; held && uid != pod.UID {
-		return nil // the key names another pod now
+		return
 	}
 	if v := p.view(cs, node); v != nil {
-		v.Remove(key)
+		f(v)
 	}
-	return nil
 }
 
 // putNominated charges the view with a pod nominated to its node: with

@@ -9,7 +9,11 @@
 // events; extensionpoints.go is the scheduling cycle; state.go the placement
 // core fed from Node inventories and Pod records; record.go writes the
 // record; reasons.go says why a node does not fit; metrics.go publishes the
-// state. The profile's NodeResourcesFit is package resourcesfit.
+// state; nominated.go keeps the nodes kube-scheduler adds pods to and
+// removes pods from within a cycle (PreFilterExtensions) and charges
+// nominated pods; preemption.go is the profile's preemption plugin,
+// TesseraPreemption. The profile's NodeResourcesFit is package
+// resourcesfit.
 package scheduler
 
 import (

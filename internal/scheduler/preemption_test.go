@@ -17,7 +17,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	k8stesting "k8s.io/client-go/testing"
+	fwk "k8s.io/kube-scheduler/framework"
 	schedconfig "k8s.io/kubernetes/pkg/scheduler/apis/config"
+	"k8s.io/kubernetes/pkg/scheduler/framework"
 
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/testenv"
@@ -287,4 +289,33 @@ func TestNominatedShareKept(t *testing.T) {
 		t.Errorf("mid placed on %s", n)
 	}
 	ts.check()
+}
+
+// TestPDBProtectedInOrder: a budget that allows one disruption protects
+// the second of its pods, in the order given (most important first), as
+// DefaultPreemption counts; a pod the budget counts as disrupted already
+// costs it nothing, and an empty selector matches no pod.
+func TestPDBProtectedInOrder(t *testing.T) {
+	pod := func(name string, labels map[string]string) fwk.PodInfo {
+		w := fixtures.MakePod().Namespace("ns").Name(name)
+		for k, v := range labels {
+			w = w.Label(k, v)
+		}
+		pi, err := framework.NewPodInfo(w.Obj())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pi
+	}
+	app := map[string]string{"app": "x"}
+	one := &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "one"},
+		Spec:       policyv1.PodDisruptionBudgetSpec{Selector: &metav1.LabelSelector{MatchLabels: app}},
+		Status:     policyv1.PodDisruptionBudgetStatus{DisruptionsAllowed: 1, DisruptedPods: map[string]metav1.Time{"gone": metav1.Now()}},
+	}
+	empty := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "empty"}, Spec: policyv1.PodDisruptionBudgetSpec{Selector: &metav1.LabelSelector{}}}
+	got := pdbProtected([]fwk.PodInfo{pod("gone", app), pod("a", app), pod("other", nil), pod("b", app)}, []*policyv1.PodDisruptionBudget{one, empty})
+	if want := []bool{false, false, false, true}; !slices.Equal(got, want) {
+		t.Errorf("protected %v, want %v", got, want)
+	}
 }
