@@ -180,10 +180,11 @@ func TestPreemptionPolicyNeverAndFitElsewhere(t *testing.T) {
 }
 
 // holdProfile enables the test plugin schedhold in the profile: at
-// preEnqueue, first at postFilter, at reserve.
+// preEnqueue, first at preFilter and postFilter, at reserve.
 func holdProfile(prof *schedconfig.KubeSchedulerProfile) {
 	pl := prof.Plugins
 	pl.PreEnqueue.Enabled = append(pl.PreEnqueue.Enabled, schedconfig.Plugin{Name: schedhold.Name})
+	pl.PreFilter.Enabled = append([]schedconfig.Plugin{{Name: schedhold.Name}}, pl.PreFilter.Enabled...)
 	pl.PostFilter.Enabled = append([]schedconfig.Plugin{{Name: schedhold.Name}}, pl.PostFilter.Enabled...)
 	pl.Reserve.Enabled = append(pl.Reserve.Enabled, schedconfig.Plugin{Name: schedhold.Name})
 }
@@ -267,8 +268,23 @@ func TestNominatedShareKept(t *testing.T) {
 	if node, err := hold.WaitAttempt(ts.ctx, "default/mid", 0, 30*time.Second); err != nil || node != "" {
 		t.Fatalf("mid, while the victims terminate: placed on %q (%v)", node, err)
 	}
-	tried := hold.Failed("default/mid")
 	ts.finish(victims...)
+	// Once the plugin has released the victims, mid is tried again (an
+	// attempt that starts after the release).
+	testenv.WaitFor(t, "the victims released", 30*time.Second, func() bool {
+		ts.plugin.st.mu.RLock()
+		defer ts.plugin.st.mu.RUnlock()
+		for _, v := range victims {
+			if _, held := ts.plugin.st.holders["default/"+v]; held {
+				return false
+			}
+		}
+		return true
+	})
+	tried := hold.Started("default/mid")
+	if err := hold.Kick("default/mid"); err != nil {
+		t.Fatal(err)
+	}
 	node, err := hold.WaitAttempt(ts.ctx, "default/mid", tried, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)

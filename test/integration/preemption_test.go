@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/kubernetes/cmd/kube-scheduler/app"
 	"k8s.io/utils/ptr"
 
@@ -38,6 +39,13 @@ type preemptEnv struct {
 	*env
 	hold *schedhold.Hold
 	ctx  context.Context
+}
+
+// in is the env whose helpers report to t (a subtest's).
+func (e *preemptEnv) in(t *testing.T) *preemptEnv {
+	c := *e.env
+	c.t = t
+	return &preemptEnv{env: &c, hold: e.hold, ctx: e.ctx}
 }
 
 func newPreemptEnv(t *testing.T) *preemptEnv {
@@ -71,6 +79,7 @@ func newPreemptEnv(t *testing.T) *preemptEnv {
 			}
 		}
 		set("preEnqueue", false)
+		set("preFilter", true)
 		set("postFilter", true)
 		set("reserve", false)
 	})
@@ -204,6 +213,30 @@ func (e *preemptEnv) failedScheduling(name, want string) string {
 	return msg
 }
 
+// allocatedShares is the in-process scheduler's gauge
+// tessera_scheduler_gpu_allocated_shares summed over the node's GPUs.
+func allocatedShares(t *testing.T, node string) float64 {
+	t.Helper()
+	mfs, err := legacyregistry.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != "tessera_scheduler_gpu_allocated_shares" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "node" && l.GetValue() == node {
+					sum += m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return sum
+}
+
 var (
 	quarterGPU = map[string]string{names.GPU: "0.25"}
 	halfGPU    = map[string]string{names.GPU: "0.5"}
@@ -250,6 +283,7 @@ func TestPreemption(t *testing.T) {
 
 	var evicted []string // the share case's victims, by index
 	t.Run("shares", func(t *testing.T) {
+		e := e.in(t)
 		low := e.fill("share", "share", 8, quarterGPU, nil)
 		e.run(fixtures.MakePod().Name("share-high").PriorityClassName("high").Container("main", halfGPU), host, "share")
 		victims := e.terminating(low, 2)
@@ -291,6 +325,7 @@ func TestPreemption(t *testing.T) {
 	})
 
 	t.Run("pdb", func(t *testing.T) {
+		e := e.in(t)
 		if len(evicted) != 2 {
 			t.Skip("needs the shares case's victims")
 		}
@@ -325,6 +360,7 @@ func TestPreemption(t *testing.T) {
 	})
 
 	t.Run("never", func(t *testing.T) {
+		e := e.in(t)
 		low := e.fill("never", "never", 4, quarterGPU, nil)
 		e.run(fixtures.MakePod().Name("never-high").PriorityClassName("high-never").Container("main", halfGPU), host, "never")
 		e.failedScheduling("never-high", "preemptionPolicy=Never")
@@ -332,6 +368,7 @@ func TestPreemption(t *testing.T) {
 	})
 
 	t.Run("fits-elsewhere", func(t *testing.T) {
+		e := e.in(t)
 		low := e.fill("full", "full", 4, quarterGPU, nil)
 		e.run(fixtures.MakePod().Name("fit-high").PriorityClassName("high").Container("main", halfGPU), "group", "fit")
 		p, _ := e.waitBound("fit-high")
@@ -342,6 +379,7 @@ func TestPreemption(t *testing.T) {
 	})
 
 	t.Run("kept", func(t *testing.T) {
+		e := e.in(t)
 		low := e.fill("kept", "kept", 4, quarterGPU, nil)
 		e.run(fixtures.MakePod().Name("kept-high").PriorityClassName("high").Container("main", halfGPU), host, "kept")
 		victims := e.terminating(low, 2)
@@ -356,8 +394,17 @@ func TestPreemption(t *testing.T) {
 		if node, err := e.hold.WaitAttempt(e.ctx, gpuNS+"/kept-low", 0, 30*time.Second); err != nil || node != "" {
 			t.Fatalf("kept-low while the victims terminate: placed on %q (%v)", node, err)
 		}
-		tried := e.hold.Failed(gpuNS + "/kept-low")
 		e.finish(victims...)
+		// Once the scheduler's state has released the victims (its
+		// per-GPU gauge: two shares left of four), kept-low is tried again
+		// (an attempt that starts after the release).
+		testenv.WaitFor(t, "the victims released in the scheduler's state", time.Minute, func() bool {
+			return allocatedShares(t, "kept") == 2
+		})
+		tried := e.hold.Started(gpuNS + "/kept-low")
+		if err := e.hold.Kick(gpuNS + "/kept-low"); err != nil {
+			t.Fatal(err)
+		}
 		node, err := e.hold.WaitAttempt(e.ctx, gpuNS+"/kept-low", tried, time.Minute)
 		if err != nil {
 			t.Fatal(err)
@@ -375,6 +422,7 @@ func TestPreemption(t *testing.T) {
 	})
 
 	t.Run("mig-static", func(t *testing.T) {
+		e := e.in(t)
 		one := map[string]string{names.MIG("1g.5gb"): "1"}
 		low := e.fill("mig-static", "mig-static", 7, one, nil)
 		e.run(fixtures.MakePod().Name("mig-static-high").PriorityClassName("high").Container("main", one), host, "mig-static")
@@ -386,6 +434,7 @@ func TestPreemption(t *testing.T) {
 	})
 
 	t.Run("mig-dynamic", func(t *testing.T) {
+		e := e.in(t)
 		low := e.fill("mig-dynamic", "mig-dynamic", 7, map[string]string{names.MIG("1g.5gb"): "1"}, nil)
 		big := map[string]string{names.MIG("3g.20gb"): "1"}
 		e.run(fixtures.MakePod().Name("mig-dynamic-high").PriorityClassName("high").Container("main", big), host, "mig-dynamic")

@@ -1,8 +1,9 @@
 // Package schedhold is a kube-scheduler plugin for tests: it keeps chosen
 // pods out of the scheduling queue (PreEnqueue) until the test lets them
-// go, and records how each attempt of a pod ended (PostFilter: it fit no
-// node; Reserve: it was placed), so a test can wait until a pod has been
-// tried and tell whether it was placed, without sleeping.
+// go, and counts each pod's attempts as they start (PreFilter) and end
+// (PostFilter: it fit no node; Reserve: it was placed), so a test can
+// make a pod be tried after something happened and tell whether that
+// attempt placed it, without sleeping.
 package schedhold
 
 import (
@@ -20,7 +21,7 @@ import (
 )
 
 // Name is the plugin's name in a test's profile: enable it at preEnqueue,
-// first at postFilter, and at reserve.
+// first at preFilter and at postFilter, and at reserve.
 const Name = "TestHold"
 
 // Hold is the plugin, shared by the test and the scheduler.
@@ -29,6 +30,8 @@ type Hold struct {
 	handle  fwk.Handle
 	held    map[string]bool
 	gated   map[string]*corev1.Pod
+	started map[string]int
+	ended   map[string]int
 	failed  map[string]int
 	placed  map[string]string
 	changed chan struct{}
@@ -36,7 +39,8 @@ type Hold struct {
 
 // New returns the plugin and a registry that builds it.
 func New() (*Hold, frameworkruntime.Registry) {
-	h := &Hold{held: map[string]bool{}, gated: map[string]*corev1.Pod{}, failed: map[string]int{}, placed: map[string]string{}, changed: make(chan struct{})}
+	h := &Hold{held: map[string]bool{}, gated: map[string]*corev1.Pod{}, started: map[string]int{}, ended: map[string]int{},
+		failed: map[string]int{}, placed: map[string]string{}, changed: make(chan struct{})}
 	return h, frameworkruntime.Registry{Name: func(_ context.Context, _ runtime.Object, fh fwk.Handle) (fwk.Plugin, error) {
 		h.mu.Lock()
 		h.handle = fh
@@ -47,6 +51,7 @@ func New() (*Hold, frameworkruntime.Registry) {
 
 var (
 	_ fwk.PreEnqueuePlugin = (*Hold)(nil)
+	_ fwk.PreFilterPlugin  = (*Hold)(nil)
 	_ fwk.PostFilterPlugin = (*Hold)(nil)
 	_ fwk.ReservePlugin    = (*Hold)(nil)
 )
@@ -68,17 +73,14 @@ func (h *Hold) Hold(ctx context.Context, pod string, timeout time.Duration) erro
 	if fh == nil {
 		return fmt.Errorf("the scheduler has not built plugin %s", Name)
 	}
-	ns, name, _ := strings.Cut(pod, "/")
 	deadline := time.Now().Add(timeout)
 	for !h.Gated(pod) {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("pod %s not held within %v", pod, timeout)
 		}
-		p, err := fh.SharedInformerFactory().Core().V1().Pods().Lister().Pods(ns).Get(name)
-		if err != nil {
+		if err := h.Kick(pod); err != nil {
 			return err
 		}
-		fh.Activate(klog.Background(), map[string]*corev1.Pod{pod: p})
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -113,10 +115,21 @@ func (h *Hold) PreEnqueue(_ context.Context, p *corev1.Pod) *fwk.Status {
 	return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, "held by the test")
 }
 
+// PreFilter counts an attempt's start; it changes nothing.
+func (h *Hold) PreFilter(_ context.Context, _ fwk.CycleState, p *corev1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+	h.mu.Lock()
+	h.started[key(p)]++
+	h.mu.Unlock()
+	return nil, nil
+}
+
+func (h *Hold) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
+
 // PostFilter counts an attempt that fit no node; it changes nothing.
 func (h *Hold) PostFilter(_ context.Context, _ fwk.CycleState, p *corev1.Pod, _ fwk.NodeToStatusReader) (*fwk.PostFilterResult, *fwk.Status) {
 	h.mu.Lock()
 	h.failed[key(p)]++
+	h.ended[key(p)]++
 	h.note()
 	h.mu.Unlock()
 	return nil, fwk.NewStatus(fwk.Unschedulable)
@@ -126,6 +139,7 @@ func (h *Hold) PostFilter(_ context.Context, _ fwk.CycleState, p *corev1.Pod, _ 
 func (h *Hold) Reserve(_ context.Context, _ fwk.CycleState, p *corev1.Pod, node string) *fwk.Status {
 	h.mu.Lock()
 	h.placed[key(p)] = node
+	h.ended[key(p)]++
 	h.note()
 	h.mu.Unlock()
 	return nil
@@ -161,26 +175,48 @@ func (h *Hold) Placed(pod string) string {
 	return h.placed[pod]
 }
 
-// WaitAttempt waits until the pod has been tried once more than the
-// failed attempts counted in after (Failed before the event the test
-// waits on), and reports the node it was placed on ("" if the attempt
-// failed).
+// Started is how many attempts of the pod have started.
+func (h *Hold) Started(pod string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.started[pod]
+}
+
+// Kick sends the pod to be tried again (kube-scheduler's Activate; a pod
+// in a scheduling cycle now goes back when the cycle ends): an attempt
+// that starts after the call follows.
+func (h *Hold) Kick(pod string) error {
+	h.mu.Lock()
+	fh := h.handle
+	h.mu.Unlock()
+	if fh == nil {
+		return fmt.Errorf("the scheduler has not built plugin %s", Name)
+	}
+	ns, name, _ := strings.Cut(pod, "/")
+	p, err := fh.SharedInformerFactory().Core().V1().Pods().Lister().Pods(ns).Get(name)
+	if err != nil {
+		return err
+	}
+	fh.Activate(klog.Background(), map[string]*corev1.Pod{pod: p})
+	return nil
+}
+
+// WaitAttempt waits until attempt after+1 of the pod (attempts numbered
+// as they start: Started) has ended, and reports the node the pod was
+// placed on by then ("" if none). A pod's attempts end in order.
 func (h *Hold) WaitAttempt(ctx context.Context, pod string, after int, timeout time.Duration) (string, error) {
 	deadline := time.After(timeout)
 	for {
 		h.mu.Lock()
-		failed, node, ch := h.failed[pod], h.placed[pod], h.changed
+		ended, node, ch := h.ended[pod], h.placed[pod], h.changed
 		h.mu.Unlock()
-		switch {
-		case node != "":
+		if node != "" || ended > after {
 			return node, nil
-		case failed > after:
-			return "", nil
 		}
 		select {
 		case <-ch:
 		case <-deadline:
-			return "", fmt.Errorf("pod %s was not tried again within %v (%d failed attempts)", pod, timeout, failed)
+			return "", fmt.Errorf("attempt %d of pod %s did not end within %v (%d ended)", after+1, pod, timeout, ended)
 		case <-ctx.Done():
 			return "", ctx.Err()
 		}
