@@ -399,8 +399,11 @@ func TestPreemption(t *testing.T) {
 		// per-GPU gauge: two shares left of four), kept-low is tried again
 		// (an attempt that starts after the release).
 		testenv.WaitFor(t, "the victims released in the scheduler's state", time.Minute, func() bool {
-			return allocatedShares(t, "kept") == 2
+			return allocatedShares(t, "kept") == 2 || e.hold.Placed(gpuNS+"/kept-low") != ""
 		})
+		if node := e.hold.Placed(gpuNS + "/kept-low"); node != "" {
+			t.Fatalf("kept-low (priority 10) took the room freed for kept-high (priority 1000) on %s", node)
+		}
 		tried := e.hold.Started(gpuNS + "/kept-low")
 		if err := e.hold.Kick(gpuNS + "/kept-low"); err != nil {
 			t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"fmt"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/test/utils/ktesting"
 
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
@@ -32,7 +33,7 @@ func prepare(tCtx ktesting.TContext) error {
 			return
 		}
 		if n > 0 {
-			tCtx.Logf("allocation records checked: %d bound pods, no GPU over its memory, cores or share slots", n)
+			klog.Background().Info("Allocation records checked: no GPU over its memory, cores or share slots", "boundPodsWithRecords", n)
 		}
 	})
 	return nil
