@@ -37,7 +37,7 @@ INTEGRATION     := ./internal/nodeagent/... ./cmd/kubectl-tessera/... ./charts/.
 # bench-results/data/ (not committed).
 RECORD          := hack/record-result.sh
 
-.PHONY: help build images release-plugin test-release-plugin lab-tools test test-go test-limiter test-integration test-alone lint fuzz bench bench-scheduler-ci bench-scheduler bench-scheduler-dra demo lab simulate clean
+.PHONY: help build images release-plugin test-release-plugin lab-tools test test-go test-limiter test-integration test-alone lint fuzz bench bench-scheduler-ci bench-scheduler bench-scheduler-preemption bench-scheduler-dra demo lab simulate clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
@@ -116,6 +116,9 @@ bench-scheduler-ci: ## scheduler_perf, 100 nodes and a 4-node DRA case (run in C
 
 bench-scheduler: ## scheduler_perf, 5,000 nodes x 8 GPUs, 10,000 pods per scheduler (see docs/benchmarks.md; recorded in bench-results/)
 	$(RECORD) bench-scheduler $(GO) test -tags integration -count=1 -run '^$$' -bench BenchmarkPerfScheduling -benchtime=1x -timeout=80m ./test/integration/schedulerperf/ -data-items-dir=$(CURDIR)/bench-results/data
+
+bench-scheduler-preemption: ## scheduler_perf, the preemption cases: 500 nodes x 8 GPUs full of quarter shares, then 1,000 half shares of higher priority; the stock profile's own case beside it (see docs/benchmarks.md; recorded in bench-results/)
+	$(RECORD) bench-scheduler-preemption $(GO) test -tags integration -count=1 -run '^$$' -bench 'BenchmarkPerfScheduling/(Tessera|Stock)Preemption' -benchtime=1x -timeout=60m ./test/integration/schedulerperf/ -perf-scheduling-label-filter=preemption -data-items-dir=$(CURDIR)/bench-results/data
 
 bench-scheduler-dra: ## scheduler_perf, the DRA cases only: 1,000 nodes x 8 GPUs, share and whole-GPU claims (see docs/benchmarks.md; recorded)
 	$(RECORD) bench-scheduler-dra $(GO) test -tags integration -count=1 -run '^$$' -bench 'BenchmarkPerfScheduling/DRA' -benchtime=1x -timeout=60m ./test/integration/schedulerperf/ -perf-scheduling-label-filter=performance,dra -data-items-dir=$(CURDIR)/bench-results/data

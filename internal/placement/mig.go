@@ -32,6 +32,11 @@ type MIGState struct {
 	Devices []api.MIGDevice
 	// held are the instances the allocation records hold.
 	held []heldMIG
+	// gone are instances a NodeView took off with their pods: the node
+	// agent destroys an instance once its pod is gone, so the view does
+	// not count it even while the inventory still lists it. Nil but in
+	// views.
+	gone map[mig.Instance]int
 }
 
 type heldMIG struct {
@@ -46,6 +51,12 @@ func (m *MIGState) clone() *MIGState {
 	}
 	c := *m
 	c.held = append([]heldMIG(nil), m.held...)
+	if m.gone != nil {
+		c.gone = make(map[mig.Instance]int, len(m.gone))
+		for k, v := range m.gone {
+			c.gone[k] = v
+		}
+	}
 	return &c
 }
 
@@ -75,6 +86,9 @@ func (m *MIGState) Instances() []mig.Instance {
 	}
 	for _, d := range m.Devices {
 		in := mig.Instance{Profile: d.Profile, Start: d.Start}
+		if m.gone[in] > 0 {
+			continue // its pod is off the view (and no record holds it)
+		}
 		if !seen[in] {
 			seen[in] = true
 			out = append(out, in)
@@ -285,6 +299,32 @@ func migHold(n *Node, pod string, rec *api.PodAllocation, add bool) {
 					m.held = append(m.held[:k], m.held[k+1:]...)
 					break
 				}
+			}
+		}
+	}
+}
+
+// migGone marks (add) or unmarks the dynamic MIG instances a record
+// holds on a view's node as gone with their pod (MIGState.gone).
+func migGone(n *Node, rec *api.PodAllocation, add bool) {
+	for _, ca := range rec.Containers {
+		for _, d := range ca.Devices {
+			if d.MIG == nil || d.MIG.Device != "" {
+				continue
+			}
+			i := n.GPUByUUID(d.UUID)
+			if i < 0 || n.GPUs[i].MIG == nil || !n.GPUs[i].MIG.Dynamic {
+				continue
+			}
+			m := n.GPUs[i].MIG
+			in := mig.Instance{Profile: d.MIG.Profile, Start: d.MIG.Start}
+			if add {
+				if m.gone == nil {
+					m.gone = map[mig.Instance]int{}
+				}
+				m.gone[in]++
+			} else if m.gone[in]--; m.gone[in] <= 0 {
+				delete(m.gone, in)
 			}
 		}
 	}

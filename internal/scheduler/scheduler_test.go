@@ -25,6 +25,7 @@ import (
 	schedconfig "k8s.io/kubernetes/pkg/scheduler/apis/config"
 	"k8s.io/kubernetes/pkg/scheduler/apis/config/scheme"
 	"k8s.io/kubernetes/pkg/scheduler/apis/config/validation"
+	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
 	"k8s.io/kubernetes/pkg/scheduler/profile"
 
 	"github.com/tessera-gpu/tessera/deploy"
@@ -73,6 +74,13 @@ func shippedConfig(t *testing.T) *schedconfig.KubeSchedulerConfiguration {
 // first. The scheduler stops when the test ends.
 func newTestScheduler(t *testing.T, mutate func(*schedconfig.KubeSchedulerProfile), objs ...runtime.Object) *testScheduler {
 	t.Helper()
+	return newTestSchedulerWith(t, nil, mutate, objs...)
+}
+
+// newTestSchedulerWith is newTestScheduler with extra plugins registered
+// (a test's own, for its profile to enable).
+func newTestSchedulerWith(t *testing.T, extra frameworkruntime.Registry, mutate func(*schedconfig.KubeSchedulerProfile), objs ...runtime.Object) *testScheduler {
+	t.Helper()
 	cfg := shippedConfig(t)
 	if len(cfg.Profiles) != 1 || cfg.Profiles[0].SchedulerName != api.SchedulerName {
 		t.Fatalf("the shipped configuration has profiles %+v, want one named %s", cfg.Profiles, api.SchedulerName)
@@ -87,6 +95,9 @@ func newTestScheduler(t *testing.T, mutate func(*schedconfig.KubeSchedulerProfil
 	ts := &testScheduler{t: t, ctx: ctx, client: client, log: &eventLog{}}
 	var mu sync.Mutex
 	registry := Registry()
+	for n, f := range extra {
+		registry[n] = f
+	}
 	registry[Name] = func(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
 		pl, err := New(ctx, obj, h)
 		if err == nil {

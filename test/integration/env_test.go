@@ -20,6 +20,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/kubernetes/cmd/kube-scheduler/app"
 
 	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/internal/install"
@@ -177,10 +178,14 @@ func (e *env) schedulerConfig(name string, mutate func(cfg map[string]any)) stri
 
 // startScheduler runs a scheduler in the process; the returned function
 // kills it (cancels it and waits until it has stopped).
-func (e *env) startScheduler() (stop func()) {
+func (e *env) startScheduler() (stop func()) { return e.startSchedulerWith(e.schedConfig) }
+
+// startSchedulerWith is startScheduler from the configuration file
+// config, with extra kube-scheduler options (a test's own plugins).
+func (e *env) startSchedulerWith(config string, extra ...app.Option) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- scheduler.RunInProcess(ctx, e.schedConfig) }()
+	go func() { done <- scheduler.RunInProcess(ctx, config, scheduler.WithSchedulerOptions(extra...)) }()
 	stopped := false
 	stop = func() {
 		if stopped {
