@@ -32,7 +32,7 @@ LAB_LDFLAGS     := -s -w $(K8S_LDFLAGS)
 LAB_TOOLS       ?= bin/lab-tools
 INTEGRATION     := ./internal/nodeagent/... ./cmd/kubectl-tessera/... ./charts/... ./test/integration/...
 
-.PHONY: help build images release-plugin test-release-plugin lab-tools test test-go test-limiter test-integration test-alone lint fuzz bench bench-scheduler-ci bench-scheduler bench-scheduler-dra demo lab simulate clean
+.PHONY: help build images release-plugin test-release-plugin lab-tools volcano test test-go test-limiter test-integration test-alone lint fuzz bench bench-scheduler-ci bench-scheduler bench-scheduler-dra demo lab simulate clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
@@ -57,6 +57,9 @@ lab-tools: ## the lab containers' tools into bin/lab-tools: tessera-lab-init, th
 	$(MAKE) -C limiter
 	install -m 755 limiter/build/libtessera-limiter.so $(LAB_TOOLS)/libtessera-limiter.so
 	$(MAKE) -C fakegpu B=$(abspath $(LAB_TOOLS))
+
+volcano: ## Volcano's scheduler and controller manager (volcano.sh/volcano, pinned in hack/volcano) and its CRDs into bin/volcano, for tessera-lab up --volcano
+	hack/volcano/build.sh bin/volcano
 
 test: test-go test-limiter test-integration ## run every test (Go with -race, limiter with sanitizers, integration)
 

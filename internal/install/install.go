@@ -161,3 +161,21 @@ func WaitPolicyEffective(ctx context.Context, client kubernetes.Interface) error
 	}
 	return nil
 }
+
+// Volcano installs deploy/volcano: the node agents' RBAC on nodes in mode
+// volcano and the admission policy that lets only Volcano's scheduler
+// write Volcano's vGPU annotations.
+func Volcano(ctx context.Context, client kubernetes.Interface) error {
+	for _, m := range [][]byte{deploy.VolcanoNodeAgentRBAC, deploy.VolcanoAdmission} {
+		objs, err := decodeManifest(m)
+		if err != nil {
+			return err
+		}
+		for _, o := range objs {
+			if err := createOrReplace(ctx, client, o); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

@@ -12,6 +12,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
+	"github.com/tessera-gpu/tessera/internal/volcano"
 )
 
 // Paths the webhook serves.
@@ -87,7 +88,7 @@ func (p *Admission) review(req *admissionv1.AdmissionRequest, mutate bool) *admi
 	}
 	switch {
 	case req.SubResource == "ephemeralcontainers":
-		if !kubeobj.RequestsGPU(&pod, p.Names) {
+		if !kubeobj.RequestsGPU(&pod, p.Names) && !volcano.RequestsVGPU(&pod) {
 			return &admissionv1.AdmissionResponse{Allowed: true}
 		}
 		errs := append(p.injectionErrors(&pod), p.isolationErrors(&pod)...)
@@ -97,6 +98,9 @@ func (p *Admission) review(req *admissionv1.AdmissionRequest, mutate bool) *admi
 		return &admissionv1.AdmissionResponse{Allowed: true}
 	case req.SubResource != "" || req.Operation != admissionv1.Create:
 		return &admissionv1.AdmissionResponse{Allowed: true}
+	}
+	if volcano.RequestsVGPU(&pod) {
+		return p.reviewVolcano(&pod) // volcano.go
 	}
 	if !kubeobj.RequestsGPU(&pod, p.Names) {
 		// A pod whose GPUs come through ResourceClaims (the match

@@ -17,11 +17,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
-{{/* The CEL match condition of the webhooks: pods naming a GPU resource
-(internal/webhook.MatchCondition; TestChartWebhookConfigurations compares). */}}
+{{/* The CEL match condition of the webhooks: pods naming a GPU resource,
+Volcano's vGPU resources included (internal/webhook.MatchCondition;
+TestChartWebhookConfigurations compares). */}}
 {{- define "tessera.matchCondition" -}}
 {{- $p := .Values.resourcePrefix -}}
-{{- $m := printf "r in ['%s/gpu', '%s/gpumem', '%s/gpumem-percentage', '%s/gpucores', '%s/gpu.shared'] || r.startsWith('%s/mig-')" $p $p $p $p $p $p -}}
+{{- $m := printf "r in ['%s/gpu', '%s/gpumem', '%s/gpumem-percentage', '%s/gpucores', '%s/gpu.shared', 'volcano.sh/vgpu-number', 'volcano.sh/vgpu-memory', 'volcano.sh/vgpu-memory-percentage', 'volcano.sh/vgpu-cores'] || r.startsWith('%s/mig-')" $p $p $p $p $p $p -}}
 {{- $u := printf "(has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, %s)) || (has(c.resources.requests) && c.resources.requests.exists(r, %s))))" $m $m -}}
 {{- printf "object.spec.containers.exists(c, %s) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, %s)) || (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0)" $u $u -}}
 {{- end -}}

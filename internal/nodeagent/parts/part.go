@@ -76,6 +76,8 @@ type Resyncer interface {
 type Cluster struct {
 	// Pods are the pods bound to this node (the agent's informer cache).
 	Pods corelisters.PodLister
+	// Nodes holds this node's Node (the agent's informer cache).
+	Nodes corelisters.NodeLister
 	// Recorder posts events as tessera-node-agent from this node.
 	Recorder record.EventRecorder
 	// Poke asks for a reconcile soon (coalesced with any pending one).
