@@ -292,6 +292,7 @@ func TestMatchConditionEvaluates(t *testing.T) {
 	for res, want := range map[string]bool{
 		"nvidia.com/gpu": true, "nvidia.com/gpu.shared": true, "nvidia.com/mig-1g.5gb": true,
 		"nvidia.com/gpucores": true, "cpu": false, "example.com/mig-1g.5gb": false,
+		"volcano.sh/vgpu-memory": true, "volcano.sh/vgpu-number": true,
 	} {
 		p := pod(map[string]string{res: "1"})
 		raw, _ := json.Marshal(p)

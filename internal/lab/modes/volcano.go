@@ -25,7 +25,7 @@ func init() {
 		Summary: "Volcano's scheduler places GPU shares (volcano.sh/vgpu-number, vgpu-memory, vgpu-cores), gangs and queues; the agent speaks Volcano's vGPU protocol and the limiter enforces each share (with --volcano)",
 		Order:   60,
 		Profile: "volcano", ProfileYAML: VolcanoProfile, Sharing: api.SharingShared,
-		Node: "lab-volcano", Model: "A100-40GB", GPUs: 2,
+		Node: "lab-volcano", Model: "A100-40GB", GPUs: 8,
 		Serving:   volcanoServing,
 		OnRequest: true,
 	})
