@@ -203,7 +203,7 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 			return err
 		}
 		if err := startVolcano(ctx, sup, client, d, p, apiURL, cfg.Volcano); err != nil {
-			return fmt.Errorf("Volcano: %w", err)
+			return fmt.Errorf("starting Volcano: %w", err)
 		}
 		step("Volcano %s: scheduler and controller manager started", cfg.Volcano.Version())
 	}

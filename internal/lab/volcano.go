@@ -67,7 +67,7 @@ func (v VolcanoBinaries) Version() string {
 func (v VolcanoBinaries) Check() error {
 	for _, p := range []string{v.Scheduler(), v.ControllerManager(), v.CRDs()} {
 		if _, err := os.Stat(p); err != nil {
-			return fmt.Errorf("Volcano: %v (build them with `make volcano` or hack/volcano/build.sh %s)", err, v)
+			return fmt.Errorf("the Volcano build: %v (build them with `make volcano` or hack/volcano/build.sh %s)", err, v)
 		}
 	}
 	return nil
@@ -83,7 +83,7 @@ var volcanoNodeSelectors = []string{api.LabelNodeConfig + ":volcano", api.LabelN
 // admission policy) and starts Volcano's scheduler and controller manager.
 func startVolcano(ctx context.Context, sup *supervisor.Supervisor, client kubernetes.Interface, d labdir.Dir, p pki.PKI, apiURL string, bins VolcanoBinaries) error {
 	if err := apply.Dir(ctx, d.Kubeconfig(), bins.CRDs(), io.Discard); err != nil {
-		return fmt.Errorf("Volcano's CRDs: %w", err)
+		return fmt.Errorf("applying the CRDs of Volcano: %w", err)
 	}
 	// The CRDs serve once established; the controllers list them at start.
 	gv := schema.GroupVersion{Group: "scheduling.volcano.sh", Version: "v1beta1"}
@@ -91,7 +91,7 @@ func startVolcano(ctx context.Context, sup *supervisor.Supervisor, client kubern
 		l, err := client.Discovery().ServerResourcesForGroupVersion(gv.String())
 		return err == nil && len(l.APIResources) > 0, nil
 	}); err != nil {
-		return fmt.Errorf("Volcano's CRDs not served: %w", err)
+		return fmt.Errorf("the CRDs of Volcano not served: %w", err)
 	}
 	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: VolcanoNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err

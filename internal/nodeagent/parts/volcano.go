@@ -263,7 +263,7 @@ func (v *Volcano) Check(pod *v1.Pod, _ *api.PodAllocation, gpu recordcheck.Looku
 		return g.MemoryMiB, ok
 	})
 	if err != nil {
-		return fmt.Errorf("Volcano's annotations do not match the pod's request: %v", err)
+		return fmt.Errorf("the Volcano annotations do not match the pod's request: %v", err)
 	}
 	return nil
 }
