@@ -54,16 +54,8 @@ func Identities(ctx context.Context, client kubernetes.Interface, withoutPolicie
 	if !withoutPolicies {
 		manifests = append(manifests, deploy.AdmissionPolicy)
 	}
-	for _, m := range manifests {
-		objs, err := decodeManifest(m)
-		if err != nil {
-			return err
-		}
-		for _, o := range objs {
-			if err := createOrReplace(ctx, client, o); err != nil {
-				return err
-			}
-		}
+	if err := installManifests(ctx, client, manifests...); err != nil {
+		return err
 	}
 	if withoutPolicies {
 		return nil
@@ -166,7 +158,13 @@ func WaitPolicyEffective(ctx context.Context, client kubernetes.Interface) error
 // volcano and the admission policy that lets only Volcano's scheduler
 // write Volcano's vGPU annotations.
 func Volcano(ctx context.Context, client kubernetes.Interface) error {
-	for _, m := range [][]byte{deploy.VolcanoNodeAgentRBAC, deploy.VolcanoAdmission} {
+	return installManifests(ctx, client, deploy.VolcanoNodeAgentRBAC, deploy.VolcanoAdmission)
+}
+
+// installManifests creates (or replaces) the identity and policy objects
+// of the manifests.
+func installManifests(ctx context.Context, client kubernetes.Interface, manifests ...[]byte) error {
+	for _, m := range manifests {
 		objs, err := decodeManifest(m)
 		if err != nil {
 			return err

@@ -10,14 +10,12 @@
 package volcano_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -53,17 +51,12 @@ func run(m *testing.M) int {
 		}
 	}()
 	built := time.Now()
-	tools := filepath.Join(tmp, "tools")
-	var labBin string
-	if labBin, err = testenv.BuildWith(tmp, "tessera-lab", "./cmd/tessera-lab", testenv.KubernetesBuildFlags()); err == nil {
-		if kubectlBin, err = testenv.BuildKubectl(tmp); err == nil {
-			err = testenv.Make("", "lab-tools", "LAB_TOOLS="+tools)
-		}
-	}
+	labBin, kubectl, tools, err := testenv.BuildLab(tmp)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	kubectlBin = kubectl
 	fmt.Printf("tessera-lab, kubectl and the lab's tools built in %v\n", time.Since(built).Round(100*time.Millisecond))
 	built = time.Now()
 	volcanoDir := filepath.Join(tmp, "volcano")
@@ -74,42 +67,15 @@ func run(m *testing.M) int {
 	fmt.Printf("Volcano %s built in %v\n", lab.VolcanoBinaries(volcanoDir).Version(), time.Since(built).Round(100*time.Millisecond))
 
 	dir = labdir.Dir(filepath.Join(tmp, "lab"))
-	up := exec.Command(labBin, "up", "--dir", string(dir), "--node-groups", "1xA100-80GB:1@dra", "--sharing-nodes=false",
-		"--tools", tools, "--volcano", "--volcano-dir", volcanoDir)
-	var out bytes.Buffer
-	up.Stdout, up.Stderr = &out, &out
-	up.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	start := time.Now()
-	if err := up.Start(); err != nil {
+	// A DRA node beside the volcano node: DRA claims under Volcano.
+	labRun, err := testenv.StartLab(labBin, dir, 4*time.Minute, "--node-groups", "1xA100-80GB:1@dra", "--sharing-nodes=false",
+		"--tools", tools, "--volcano", "--volcano-dir", volcanoDir)
+	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- up.Wait() }()
-	defer func() {
-		_ = up.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(90 * time.Second):
-			_ = up.Process.Kill()
-		}
-	}()
-	for {
-		st, err := lab.ReadState(dir)
-		if err == nil && st.Ready {
-			break
-		}
-		select {
-		case err := <-exited:
-			fmt.Fprintf(os.Stderr, "tessera-lab up exited: %v\n%s", err, out.String())
-			return 1
-		case <-time.After(200 * time.Millisecond):
-		}
-		if time.Since(start) > 4*time.Minute {
-			fmt.Fprintf(os.Stderr, "lab not ready after 4 minutes\n%s", out.String())
-			return 1
-		}
-	}
+	defer labRun.Stop()
 	fmt.Printf("lab with Volcano up in %v\n", time.Since(start).Round(100*time.Millisecond))
 	cfg, err := clientcmd.BuildConfigFromFlags("", dir.Kubeconfig())
 	if err != nil {
@@ -126,23 +92,10 @@ func run(m *testing.M) int {
 	}
 	code := m.Run()
 	if code != 0 {
-		fmt.Fprintf(os.Stderr, "lab output:\n%s\n", out.String())
-		dumpLogs()
+		fmt.Fprintf(os.Stderr, "lab output:\n%s\n", labRun.Output())
+		labRun.DumpLogs(os.Stderr, 40)
 	}
 	return code
-}
-
-// dumpLogs prints the tail of every component's log after a failure.
-func dumpLogs() {
-	logs, _ := filepath.Glob(filepath.Join(dir.Logs(), "*.log"))
-	for _, l := range logs {
-		b, _ := os.ReadFile(l)
-		lines := strings.Split(string(b), "\n")
-		if len(lines) > 40 {
-			lines = lines[len(lines)-40:]
-		}
-		fmt.Fprintf(os.Stderr, "--- %s\n%s\n", filepath.Base(l), strings.Join(lines, "\n"))
-	}
 }
 
 // kubectl runs the kubectl built from the pinned module against the lab,
