@@ -472,3 +472,61 @@ value: 1000
 		t.Errorf("%d low-priority pods still bound", n)
 	}
 }
+
+// TestVolcanoAnnotationsOnlyFromVolcano: the admission policy lets only
+// Volcano's scheduler write Volcano's vGPU grants (the lab's admin is
+// refused like any tenant): on a pod created with them (a pod naming
+// spec.nodeName on the volcano node with a grant it made up), on a patch
+// of a pod's, and through a Binding; the bind phase is Volcano's and the
+// node agents' only.
+func TestVolcanoAnnotationsOnlyFromVolcano(t *testing.T) {
+	const ns = "vforge"
+	useNamespace(t, ns)
+	forged := `volcano.sh/vgpu-node: lab-volcano
+    volcano.sh/vgpu-ids-new: "GPU-00000000-0000-0000-0000-000000000000,NVIDIA,40960,100:"`
+	out, err := kubectlErr(fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata:
+  name: squatter
+  namespace: vforge
+  annotations:
+    %s
+spec:
+  nodeName: lab-volcano
+  containers:
+  - name: main
+    image: cuda
+`, forged), "create", "-f", "-")
+	if err == nil || !strings.Contains(out, "only system:serviceaccount:volcano-system:volcano-scheduler may set, change or remove Volcano") {
+		t.Fatalf("a pod created with a made-up grant: %v\n%s", err, out)
+	}
+	// A pod nothing schedules, then its grant patched in, and bound by a
+	// Binding carrying one.
+	apply(t, `apiVersion: v1
+kind: Pod
+metadata: {name: waiting, namespace: vforge}
+spec:
+  schedulerName: nobody
+  containers:
+  - name: main
+    image: cuda
+    resources:
+      limits: {volcano.sh/vgpu-number: 1, volcano.sh/vgpu-memory: 1000}
+`)
+	for _, patch := range []string{
+		`{"metadata":{"annotations":{"volcano.sh/vgpu-ids-new":"GPU-00000000-0000-0000-0000-000000000000,NVIDIA,40960,100:"}}}`,
+		`{"metadata":{"annotations":{"volcano.sh/bind-phase":"success"}}}`,
+	} {
+		out, err := kubectlErr("", "patch", "pod", "-n", ns, "waiting", "--type=merge", "-p", patch)
+		if err == nil || !strings.Contains(out, "tessera: only") {
+			t.Errorf("patch %s: %v\n%s", patch, err, out)
+		}
+	}
+	b := &corev1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "waiting", Annotations: map[string]string{api.AnnotationVolcanoNode: volcanoNode, api.AnnotationVolcanoIDs: "GPU-00000000-0000-0000-0000-000000000000,NVIDIA,1000,0:"}},
+		Target:     corev1.ObjectReference{Kind: "Node", Name: volcanoNode},
+	}
+	if err := client.CoreV1().Pods(ns).Bind(ctx, b, metav1.CreateOptions{}); !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) {
+		t.Errorf("a Binding carrying a made-up grant: %v, want it refused", err)
+	}
+}
