@@ -134,6 +134,9 @@ func startVolcano(ctx context.Context, sup *supervisor.Supervisor, client kubern
 	args := []string{
 		"--kubeconfig=" + kubeconfigs[VolcanoSchedulerAccount], "--scheduler-conf=" + conf,
 		"--leader-elect=false", "--schedule-period=500ms", "--cache-dumper=false", "-v=3",
+		// Tessera's DRA shares are consumable capacity (KEP-5075): alpha,
+		// off by default, in the Kubernetes 1.34 code Volcano v1.14 links.
+		"--feature-gates=DRAConsumableCapacity=true",
 	}
 	for _, s := range volcanoNodeSelectors {
 		args = append(args, "--node-selector="+s)

@@ -530,3 +530,56 @@ spec:
 		t.Errorf("a Binding carrying a made-up grant: %v, want it refused", err)
 	}
 }
+
+// TestVolcanoDRA: Tessera's DRA claims under Volcano's scheduler (its
+// predicates plugin wraps kube-scheduler's DynamicResources): a claim for
+// a whole GPU and a claim for a share (memory and cores as consumable
+// capacity) of the DRA node, each pod placed by Volcano and its container
+// under the limiter at the claim's memory.
+func TestVolcanoDRA(t *testing.T) {
+	const ns = "vdra"
+	useNamespace(t, ns)
+	apply(t, `apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: share, namespace: vdra}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: gpu.tessera.io
+          capacity: {requests: {memory: 20Gi, cores: "25"}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: dra-share, namespace: vdra, labels: {dra: share}}
+spec:
+  schedulerName: volcano
+  resourceClaims: [{name: gpu, resourceClaimTemplateName: share}]
+  containers:
+  - name: main
+    image: cuda
+    resources: {claims: [{name: gpu}]}
+`)
+	pods := running(t, ns, "dra=share", 1, 3*time.Minute)
+	c := record(t, ns, pods[0].Name, "main")
+	found := false
+	for _, m := range c.Mounts {
+		if m.ContainerPath != limiterconf.Path {
+			continue
+		}
+		b, err := os.ReadFile(m.HostPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := limiterconf.Parse(b)
+		if err != nil || len(cfg.Devices) != 1 || cfg.Devices[0].MemoryMiB != 20480 || cfg.Devices[0].SMPercent != 25 {
+			t.Fatalf("limits file %+v, %v; want 20480 MiB and 25 percent", cfg, err)
+		}
+		found = true
+	}
+	if !found || pods[0].Spec.NodeName != "lab-dra-01" {
+		t.Errorf("pod on %s, limits file mounted %v (mounts %+v)", pods[0].Spec.NodeName, found, c.Mounts)
+	}
+}
