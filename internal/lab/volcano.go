@@ -146,5 +146,9 @@ func startVolcano(ctx context.Context, sup *supervisor.Supervisor, client kubern
 	}
 	return sup.StartExe(VolcanoControllerManager, bins.ControllerManager(), []string{
 		"--kubeconfig=" + kubeconfigs[VolcanoControllerAccount], "--leader-elect=false", "-v=2",
+		// Jobs, PodGroups (one per pod outside a Job), Queues and their
+		// collection: the controllers Volcano's scheduling needs (the
+		// others' CRDs are not installed).
+		"--controllers=job-controller,pg-controller,queue-controller,gc-controller",
 	}, nil)
 }
