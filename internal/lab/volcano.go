@@ -28,6 +28,7 @@ import (
 	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/internal/install"
 	"github.com/tessera-gpu/tessera/internal/lab/apply"
+	"github.com/tessera-gpu/tessera/internal/lab/component"
 	"github.com/tessera-gpu/tessera/internal/lab/labdir"
 	"github.com/tessera-gpu/tessera/internal/lab/pki"
 	"github.com/tessera-gpu/tessera/internal/lab/poll"
@@ -99,7 +100,7 @@ func startVolcano(ctx context.Context, sup *supervisor.Supervisor, client kubern
 	if err := install.Volcano(ctx, client); err != nil {
 		return fmt.Errorf("deploy/volcano: %w", err)
 	}
-	kubeconfigs := map[string]string{}
+	kubeconfigs, tokens := map[string]string{}, map[string]string{}
 	for _, sa := range []string{VolcanoSchedulerAccount, VolcanoControllerAccount} {
 		// The lab gives Volcano's components cluster-admin; Volcano's
 		// installer ships narrower roles. Their identities are what the
@@ -126,6 +127,17 @@ func startVolcano(ctx context.Context, sup *supervisor.Supervisor, client kubern
 			return err
 		}
 		kubeconfigs[sa] = path
+		tokens[sa] = filepath.Join(string(d), sa+".token")
+		if err := os.WriteFile(tokens[sa], []byte(tr.Status.Token), 0o600); err != nil {
+			return err
+		}
+	}
+	// Each runs as in a pod of the cluster (component.InCluster): Volcano
+	// reaches the API server through client-go's in-cluster configuration
+	// in places (its vGPU handshake), whatever --kubeconfig says.
+	start := func(name, sa, exe string, args []string) error {
+		wrapped := append([]string{"--token", tokens[sa], "--ca", p.File("ca.crt"), "--server", apiURL, "--", exe}, args...)
+		return sup.Start(name, component.Args(component.InCluster, wrapped...), nil, true)
 	}
 	conf := filepath.Join(string(d), "volcano-scheduler.conf")
 	if err := os.WriteFile(conf, deploy.VolcanoSchedulerConf, 0o644); err != nil {
@@ -141,14 +153,14 @@ func startVolcano(ctx context.Context, sup *supervisor.Supervisor, client kubern
 	for _, s := range volcanoNodeSelectors {
 		args = append(args, "--node-selector="+s)
 	}
-	if err := sup.StartExe(VolcanoScheduler, bins.Scheduler(), args, nil); err != nil {
+	if err := start(VolcanoScheduler, VolcanoSchedulerAccount, bins.Scheduler(), args); err != nil {
 		return err
 	}
-	return sup.StartExe(VolcanoControllerManager, bins.ControllerManager(), []string{
+	return start(VolcanoControllerManager, VolcanoControllerAccount, bins.ControllerManager(), []string{
 		"--kubeconfig=" + kubeconfigs[VolcanoControllerAccount], "--leader-elect=false", "-v=2",
 		// Jobs, PodGroups (one per pod outside a Job), Queues and their
 		// collection: the controllers Volcano's scheduling needs (the
 		// others' CRDs are not installed).
 		"--controllers=job-controller,pg-controller,queue-controller,gc-controller",
-	}, nil)
+	})
 }

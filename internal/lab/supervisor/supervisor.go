@@ -49,7 +49,6 @@ type Component struct {
 // proc is one supervised component.
 type proc struct {
 	name     string
-	exe      string // "": the supervisor's
 	args     []string
 	env      []string
 	newNS    bool // own mount namespace (hollow kubelets)
@@ -88,17 +87,7 @@ func New(exe string, logFile func(name string) string, logger klog.Logger, chang
 // environment; newNS: in a mount namespace of its own) and keeps it
 // running.
 func (s *Supervisor) Start(name string, args []string, env []string, newNS bool) error {
-	return s.start(&proc{name: name, args: args, env: env, newNS: newNS})
-}
-
-// StartExe launches a component that is another program (Volcano's
-// scheduler and controller manager) and keeps it running.
-func (s *Supervisor) StartExe(name, exe string, args []string, env []string) error {
-	return s.start(&proc{name: name, exe: exe, args: args, env: env})
-}
-
-func (s *Supervisor) start(p *proc) error {
-	name := p.name
+	p := &proc{name: name, args: args, env: env, newNS: newNS}
 	s.mu.Lock()
 	if _, dup := s.procs[name]; dup {
 		s.mu.Unlock()
@@ -118,11 +107,7 @@ func (s *Supervisor) launch(p *proc) error {
 	if err != nil {
 		return err
 	}
-	exe := s.exe
-	if p.exe != "" {
-		exe = p.exe
-	}
-	cmd := exec.Command(exe, p.args...)
+	cmd := exec.Command(s.exe, p.args...)
 	cmd.Env = append(os.Environ(), p.env...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
