@@ -13,6 +13,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/volcano"
+	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 // Paths the webhook serves.
@@ -101,6 +102,9 @@ func (p *Admission) review(req *admissionv1.AdmissionRequest, mutate bool) *admi
 	}
 	if volcano.RequestsVGPU(&pod) {
 		return p.reviewVolcano(&pod) // volcano.go
+	}
+	if pod.Spec.SchedulerName == api.VolcanoSchedulerName && !kubeobj.RequestsGPU(&pod, p.Names) {
+		return p.reviewVolcanoClaims(&pod, mutate) // volcano.go
 	}
 	if !kubeobj.RequestsGPU(&pod, p.Names) {
 		// A pod whose GPUs come through ResourceClaims (the match

@@ -9,6 +9,7 @@ package webhook
 // the container would run without its limit).
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 
@@ -116,4 +117,40 @@ func validateVolcanoContainer(c *corev1.Container, path *field.Path) field.Error
 		errs = append(errs, field.Invalid(lim.Key(api.VolcanoVGPUMemoryPercentage), 0, "a GPU share needs memory"))
 	}
 	return errs
+}
+
+// reviewVolcanoClaims admits a pod that Volcano's scheduler places and
+// that holds GPUs through Tessera's ResourceClaims, without the GPU
+// memory charge mutateClaims writes on other such pods: Volcano counts
+// every resource a pod asks against its nodes, and no node has
+// tessera.io/gpu-memory, so the charge would keep the pod from ever being
+// placed. In a namespace whose ResourceQuota limits that charge the pod
+// is refused instead (it would hold GPU memory the quota never sees);
+// Volcano's own queues quota claims (docs/volcano.md).
+func (p *Admission) reviewVolcanoClaims(pod *corev1.Pod, mutate bool) *admissionv1.AdmissionResponse {
+	if !mutate || p.Claims == nil || len(pod.Spec.ResourceClaims) == 0 {
+		return &admissionv1.AdmissionResponse{Allowed: true}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
+	defer cancel()
+	charges, _, err := p.podClaimCharges(ctx, pod, nil, "")
+	if err != nil {
+		return deny(http.StatusUnprocessableEntity, err.Error())
+	}
+	var total int64
+	for _, c := range charges {
+		total = kubeobj.AddMiB(total, c)
+	}
+	if total == 0 {
+		return &admissionv1.AdmissionResponse{Allowed: true}
+	}
+	quota, err := p.Claims.MemoryQuota(ctx, pod.Namespace)
+	if err != nil {
+		return deny(http.StatusInternalServerError, fmt.Sprintf("reading the ResourceQuotas of namespace %s: %v", pod.Namespace, err))
+	}
+	if quota {
+		return deny(http.StatusForbidden, fmt.Sprintf("spec.schedulerName: %q with Tessera's ResourceClaims in namespace %s, whose ResourceQuota limits %s: Volcano's scheduler counts that charge against its nodes, so it cannot be written on the pod; place the pod with %s, or quota Volcano's pods with a Queue",
+			pod.Spec.SchedulerName, pod.Namespace, QuotaMemoryResource, p.SchedulerName))
+	}
+	return &admissionv1.AdmissionResponse{Allowed: true}
 }

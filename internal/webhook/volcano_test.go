@@ -62,3 +62,26 @@ func TestVolcanoPods(t *testing.T) {
 		})
 	}
 }
+
+// TestVolcanoClaims: a pod Volcano places with Tessera's claims is
+// admitted without the GPU memory charge (Volcano would count it against
+// its nodes, none of which has it), and refused where a ResourceQuota
+// limits that charge.
+func TestVolcanoClaims(t *testing.T) {
+	f := newFakeClaims()
+	f.template("team", "share", memSpec(1, "20Gi"))
+	f.template("quoted", "share", memSpec(1, "20Gi"))
+	f.quota["quoted"] = true
+	p := claimAdmission(f)
+	for ns, want := range map[string]string{"team": "", "quoted": "whose ResourceQuota limits tessera.io/gpu-memory"} {
+		pd := withTemplateClaim(pod(nil), ns, "share")
+		pd.Spec.SchedulerName = api.VolcanoSchedulerName
+		r := p.review(admissionRequest(t, "tenant", admissionv1.Create, "", pd, nil), true)
+		switch {
+		case want == "" && (!r.Allowed || r.Patch != nil):
+			t.Errorf("%s: allowed %v, patch %s; want admitted unchanged", ns, r.Allowed, r.Patch)
+		case want != "" && (r.Allowed || !strings.Contains(r.Result.Message, want)):
+			t.Errorf("%s: allowed %v, %v; want refused mentioning %q", ns, r.Allowed, r.Result, want)
+		}
+	}
+}
