@@ -315,3 +315,44 @@ func checkMIG(node string, g *GPU) []error {
 
 // migCharge is what a MIG grant charges its GPU: one share slot.
 var migCharge = gpushare.Usage{Shares: 1}
+
+// MIGShareMiB is the memory of the MIG device a share is given on GPU g
+// (of a node whose MIG strategy is strategy): in mig-dynamic mode the
+// instance sized to the share (mig.Model.ShareProfile; Choose never gives
+// more), with the single strategy the largest device of the layout that
+// satisfies it (a layout under single has one profile). The share asks
+// memMiB, or memPercent of g's memory when memMiB is 0, and cores
+// percent of its compute. ok is false when g gives shares no MIG device
+// (not in a MIG mode, mixed strategy, no table for its model) or none
+// satisfies the share. The webhook charges a namespace's GPU memory
+// quota at least this much, so a small memory ask with a large core
+// share cannot hold a large instance charged as small.
+func MIGShareMiB(g api.GPU, strategy api.MIGStrategy, memMiB, memPercent int64, cores int) (int64, bool) {
+	st := newMIGState(g, strategy)
+	if st == nil {
+		return 0, false
+	}
+	need := mig.Need{MemoryMiB: gpushare.Ask{MemoryMiB: memMiB, MemoryPercent: int(memPercent)}.MemoryOn(g.MemoryMiB), Cores: cores}
+	if st.Dynamic {
+		if st.Model == nil {
+			return 0, false
+		}
+		p, ok := st.Model.ShareProfile(need)
+		if !ok {
+			return 0, false
+		}
+		return p.MemoryMiB, true
+	}
+	if strategy != api.MIGStrategySingle {
+		return 0, false
+	}
+	var best int64
+	found := false
+	for _, d := range st.Devices {
+		if d.MemoryMiB < need.MemoryMiB || g.SMCount > 0 && d.SMCount*100 < need.Cores*g.SMCount {
+			continue
+		}
+		best, found = max(best, d.MemoryMiB), true
+	}
+	return best, found
+}

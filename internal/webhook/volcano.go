@@ -22,21 +22,21 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
-// reviewVolcano admits or refuses a pod created with Volcano's vGPU
-// resources.
-func (p *Admission) reviewVolcano(pod *corev1.Pod) *admissionv1.AdmissionResponse {
-	if errs := p.ValidateVolcano(pod); len(errs) > 0 {
-		return deny(http.StatusUnprocessableEntity, Message(errs))
-	}
-	return &admissionv1.AdmissionResponse{Allowed: true}
+// ValidateVolcano checks a pod that asks for Volcano's vGPU resources:
+// every refusal, isolation findings included (what audit mode would only
+// report).
+func (p *Admission) ValidateVolcano(pod *corev1.Pod) field.ErrorList {
+	errs, findings := p.checkVolcano(pod)
+	return append(errs, findings...)
 }
 
-// ValidateVolcano checks a pod that asks for Volcano's vGPU resources.
-func (p *Admission) ValidateVolcano(pod *corev1.Pod) field.ErrorList {
+// checkVolcano checks a pod that asks for Volcano's vGPU resources: errs
+// are its requests the node could not serve with a limit; findings are
+// the environment, mount and isolation rules of GPU pods.
+func (p *Admission) checkVolcano(pod *corev1.Pod) (errs, findings field.ErrorList) {
 	if !volcano.RequestsVGPU(pod) {
-		return nil
+		return nil, nil
 	}
-	var errs field.ErrorList
 	if kubeobj.RequestsGPU(pod, p.Names) {
 		errs = append(errs, field.Forbidden(field.NewPath("spec"),
 			fmt.Sprintf("asks for both Volcano's vGPU resources (volcano.sh/vgpu-*) and %s's; a pod is placed by one of Volcano and %s", p.Names.Prefix, p.SchedulerName)))
@@ -58,9 +58,8 @@ func (p *Admission) ValidateVolcano(pod *corev1.Pod) field.ErrorList {
 	for i := range pod.Spec.Containers {
 		errs = append(errs, validateVolcanoContainer(&pod.Spec.Containers[i], spec.Child("containers").Index(i))...)
 	}
-	errs = append(errs, p.injectionErrors(pod)...)
-	errs = append(errs, p.isolationErrors(pod)...)
-	return errs
+	findings = append(p.injectionErrors(pod), p.isolationErrors(pod)...)
+	return errs, findings
 }
 
 // validateVolcanoContainer checks one app container's vGPU resources:
@@ -127,8 +126,8 @@ func validateVolcanoContainer(c *corev1.Container, path *field.Path) field.Error
 // placed. In a namespace whose ResourceQuota limits that charge the pod
 // is refused instead (it would hold GPU memory the quota never sees);
 // Volcano's own queues quota claims (docs/volcano.md).
-func (p *Admission) reviewVolcanoClaims(pod *corev1.Pod, mutate bool) *admissionv1.AdmissionResponse {
-	if !mutate || p.Claims == nil || len(pod.Spec.ResourceClaims) == 0 {
+func (p *Admission) reviewVolcanoClaims(pod *corev1.Pod) *admissionv1.AdmissionResponse {
+	if p.Claims == nil || len(pod.Spec.ResourceClaims) == 0 {
 		return &admissionv1.AdmissionResponse{Allowed: true}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)

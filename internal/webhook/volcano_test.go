@@ -45,8 +45,8 @@ func TestVolcanoPods(t *testing.T) {
 		{"count 0 with memory", map[string]string{api.VolcanoVGPUNumber: "0", api.VolcanoVGPUMemory: "3000"}, nil, "is 0 while"},
 		{"nodeName", ok, func(p *corev1.Pod) { p.Spec.NodeName = "lab-volcano" }, "must be placed by Volcano's scheduler"},
 		{"env override", ok, func(p *corev1.Pod) {
-			p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "CUDA_DEVICE_MEMORY_LIMIT_0", Value: "0"}}
-		}, "CUDA_DEVICE_MEMORY_LIMIT_0 is set by the Tessera node agent"},
+			p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}}
+		}, "NVIDIA_VISIBLE_DEVICES selects the container's GPUs"},
 		{"hostPID", ok, func(p *corev1.Pod) { p.Spec.HostPID = true }, "host's PID namespace"},
 		{"init container", ok, func(p *corev1.Pod) {
 			p.Spec.InitContainers = []corev1.Container{{Name: "i", Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{api.VolcanoVGPUNumber: resource.MustParse("1")}}}}

@@ -85,21 +85,25 @@ func newEnv(t *testing.T) *env {
 }
 
 // startWebhook runs the webhook on a loopback port and waits until the API
-// server sends GPU pods to it.
-func (e *env) startWebhook() {
+// server sends GPU pods to it; with changes applied to its options.
+func (e *env) startWebhook(changes ...func(o *webhook.Options)) {
 	t := e.t
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
+	o := webhook.Options{
+		Client:        e.cp.Client,
+		Names:         names,
+		SchedulerName: api.SchedulerName,
+		Listen:        "127.0.0.1:0",
+		Hosts:         []string{"127.0.0.1"},
+		Register:      true,
+		Registration:  webhook.Registration{Name: "tessera-webhook"},
+	}
+	for _, c := range changes {
+		c(&o)
+	}
 	go func() {
-		done <- webhook.Run(ctx, webhook.Options{
-			Client:        e.cp.Client,
-			Names:         names,
-			SchedulerName: api.SchedulerName,
-			Listen:        "127.0.0.1:0",
-			Hosts:         []string{"127.0.0.1"},
-			Register:      true,
-			Registration:  webhook.Registration{Name: "tessera-webhook"},
-		})
+		done <- webhook.Run(ctx, o)
 	}()
 	e.stopWebhook = func() {
 		cancel()

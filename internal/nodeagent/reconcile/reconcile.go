@@ -11,6 +11,16 @@
 // grant, or on a GPU it was not granted, is a breach: a Warning event on
 // its pod, a metric, and (configurable) SIGKILL of every process in the
 // container; the kubelet then restarts it under its pod's policy.
+//
+// The same answer goes to a container whose GPU memory is held by a
+// process that never registered with the limiter, though it was given one
+// (it has a limits file): a static binary, a loader that ignores
+// /etc/ld.so.preload, raw ioctls, or its limiter state removed. The
+// limiter's shared state lists each registered process by host pid (and
+// by pid and pid namespace); a process NVML lists for the container and
+// the state does not, in two passes running, is the breach. The state is
+// the container's to write: a container that forges it escapes this
+// check, not the grant's.
 package reconcile
 
 import (
@@ -32,6 +42,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-gpu/tessera/internal/limiterstate"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 )
 
@@ -83,9 +94,15 @@ type Breach struct {
 	GrantedMiB int64
 	PIDs       []int
 	Killed     []int
+	// Unregistered: the PIDs hold UsedMiB on the GPU without having
+	// registered with the container's limiter.
+	Unregistered bool
 }
 
 func (b Breach) String() string {
+	if b.Unregistered {
+		return fmt.Sprintf("container %s holds %d MiB on GPU %s in processes %v that never registered with its GPU limiter (a static binary, a loader that ignores /etc/ld.so.preload, or its limiter state removed): the limiter cannot hold them to the grant of %d MiB", b.Container, b.UsedMiB, b.GPU, b.PIDs, b.GrantedMiB)
+	}
 	if b.GrantedMiB == 0 {
 		return fmt.Sprintf("container %s holds %d MiB on GPU %s, which it was not granted", b.Container, b.UsedMiB, b.GPU)
 	}
@@ -110,6 +127,12 @@ type Reconciler struct {
 
 	mu       sync.Mutex
 	breached map[string]bool // pod UID/container/GPU breaching in the last pass
+	// unregistered are the processes seen without a limiter registration
+	// in the last pass (host pid → its container's pod UID): a process is
+	// reported the second pass running, so one that is exiting (its slot
+	// released before its context) is not.
+	unregistered map[int]types.UID
+	badState     map[string]bool // containers whose state was unreadable, logged once
 }
 
 // New returns a reconciler of the GPUs against the grants in state; pods
@@ -125,7 +148,8 @@ func New(opts Options, gpus []GPU, state statedir.Dirs, pods func() []*v1.Pod, l
 		opts.TolerancePercent, opts.ToleranceMiB = 2, 64
 	}
 	return &Reconciler{opts: opts, gpus: gpus, state: state, pods: pods, logger: logger,
-		kill: func(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }, breached: map[string]bool{}}
+		kill: func(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }, breached: map[string]bool{},
+		unregistered: map[int]types.UID{}, badState: map[string]bool{}}
 }
 
 // Run reconciles every Interval until ctx ends.
@@ -233,15 +257,160 @@ func (r *Reconciler) Once() []Breach {
 			r.Report(b)
 		}
 	}
+	out = append(out, r.unregisteredBreaches(keys, used, pids, grants, podsByUID, breached)...)
 	r.mu.Lock()
 	r.breached = breached
 	r.mu.Unlock()
 	return out
 }
 
+// unregisteredBreaches finds, in the containers that were given the
+// limiter, GPU memory held by processes that never registered with it
+// (and were seen so in the previous pass too), and answers each like a
+// breach: reported, and killed with Kill.
+func (r *Reconciler) unregisteredBreaches(keys []key, used map[key]int64, pids map[key][]int, grants map[key]map[string]limit, pods map[types.UID]*v1.Pod, breached map[string]bool) []Breach {
+	var out []Breach
+	seen := map[int]types.UID{}
+	regs := map[key]*registrations{}
+	r.mu.Lock()
+	last := r.unregistered
+	r.mu.Unlock()
+	for _, k := range keys {
+		ck := key{k.pod, k.container, ""}
+		g, granted := grants[ck]
+		if !granted || !g[k.gpu].limited {
+			continue
+		}
+		pod := pods[k.pod]
+		if r.opts.Exempt != nil && r.opts.Exempt(pod.Namespace) {
+			continue
+		}
+		reg, ok := regs[ck]
+		if !ok {
+			reg = r.registrations(k.pod, k.container)
+			regs[ck] = reg
+		}
+		if reg == nil {
+			continue // a state we cannot read (logged): only the grant holds
+		}
+		var bad []int
+		for _, pid := range pids[k] {
+			if reg.has(r.opts.ProcRoot, pid) {
+				continue
+			}
+			seen[pid] = k.pod
+			if last[pid] == k.pod {
+				bad = append(bad, pid)
+			}
+		}
+		if len(bad) == 0 {
+			continue
+		}
+		sort.Ints(bad)
+		b := Breach{Pod: pod, Container: k.container, GPU: k.gpu, UsedMiB: used[k], GrantedMiB: g[k.gpu].mib, PIDs: bad, Unregistered: true}
+		if r.opts.Kill {
+			b.Killed = r.killContainer(k.pod, pids[k])
+		}
+		id := string(k.pod) + "/" + k.container + "/" + k.gpu + "/unregistered"
+		breached[id] = true
+		r.mu.Lock()
+		again := r.breached[id]
+		r.mu.Unlock()
+		if !again {
+			r.logger.Error(nil, "GPU memory held without the limiter", "pod", klog.KObj(pod), "container", k.container, "gpu", k.gpu, "pids", bad, "usedMiB", used[k], "killed", b.Killed)
+		}
+		if r.Report != nil {
+			r.Report(b)
+		}
+		out = append(out, b)
+	}
+	r.mu.Lock()
+	r.unregistered = seen
+	r.mu.Unlock()
+	return out
+}
+
+// registrations are the processes a container's limiter state lists.
+type registrations struct {
+	host map[int32]bool
+	ns   map[[2]uint64]bool // pid in its namespace, namespace inode
+}
+
+// registrations reads a container's limiter state; a missing state file
+// registers nothing (its processes never registered, or it was removed);
+// nil for a file that is not the limiter's (logged once per container).
+func (r *Reconciler) registrations(uid types.UID, container string) *registrations {
+	out := &registrations{host: map[int32]bool{}, ns: map[[2]uint64]bool{}}
+	path := filepath.Join(r.state.StateDir(uid, container), statedir.LimiterStateFile)
+	snap, err := limiterstate.ReadFile(path)
+	switch {
+	case os.IsNotExist(err):
+		return out
+	case err != nil:
+		id := string(uid) + "/" + container
+		r.mu.Lock()
+		logged := r.badState[id]
+		r.badState[id] = true
+		r.mu.Unlock()
+		if !logged {
+			r.logger.Info("Container's limiter state unreadable; its processes' registrations are not checked", "podUID", uid, "container", container, "err", err)
+		}
+		return nil
+	}
+	for _, p := range snap.Processes {
+		if p.HostPID > 0 {
+			out.host[p.HostPID] = true
+		}
+		out.ns[[2]uint64{uint64(p.PID), p.PIDNamespace}] = true
+	}
+	return out
+}
+
+// has reports whether the host pid is registered: by its host pid, or by
+// its pid in its own namespace and that namespace (before the limiter
+// learnt its host pid).
+func (g *registrations) has(procRoot string, pid int) bool {
+	if g.host[int32(pid)] {
+		return true
+	}
+	nspid, ns, ok := nsPID(procRoot, pid)
+	return ok && g.ns[[2]uint64{uint64(nspid), ns}]
+}
+
+// nsPID reads a process's pid in its innermost pid namespace (the last
+// field of NSpid in /proc/<pid>/status) and that namespace's inode
+// (/proc/<pid>/ns/pid, "pid:[4026532451]").
+func nsPID(procRoot string, pid int) (int, uint64, bool) {
+	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "status"))
+	if err != nil {
+		return 0, 0, false
+	}
+	inner := -1
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			f := strings.Fields(rest)
+			if len(f) > 0 {
+				inner, _ = strconv.Atoi(f[len(f)-1])
+			}
+		}
+	}
+	link, err := os.Readlink(filepath.Join(procRoot, strconv.Itoa(pid), "ns", "pid"))
+	if err != nil || inner <= 0 {
+		return 0, 0, false
+	}
+	ino, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(link, "pid:["), "]"), 10, 64)
+	if err != nil {
+		return 0, 0, false
+	}
+	return inner, ino, true
+}
+
 type limit struct {
 	mib       int64
 	exclusive bool
+	// limited: the container was given the limiter (it has a limits
+	// file), so its processes register with it.
+	limited bool
 }
 
 // grants reads the ledger: per pod and container (gpu ""), the limit on
@@ -258,8 +427,9 @@ func (r *Reconciler) grants() map[key]map[string]limit {
 			continue
 		}
 		m := map[string]limit{}
+		_, err := os.Stat(r.state.LimitsFile(e.PodUID, e.Container))
 		for _, d := range e.Grant.Devices {
-			m[d.UUID] = limit{mib: d.MemoryMiB, exclusive: d.Exclusive}
+			m[d.UUID] = limit{mib: d.MemoryMiB, exclusive: d.Exclusive, limited: err == nil}
 		}
 		out[key{e.PodUID, e.Container, ""}] = m
 	}
@@ -368,12 +538,16 @@ func (r *Reconciler) killContainer(pod types.UID, nvmlPIDs []int) []int {
 
 // Reasons of the Warning events the agent puts on a breaching pod.
 const (
-	ReasonOverGrant  = "TesseraGPUMemoryOverGrant"
-	ReasonNotGranted = "TesseraGPUNotGranted"
+	ReasonOverGrant      = "TesseraGPUMemoryOverGrant"
+	ReasonNotGranted     = "TesseraGPUNotGranted"
+	ReasonWithoutLimiter = "TesseraGPUMemoryWithoutLimiter"
 )
 
 // Reason is the event reason of a breach.
 func (b Breach) Reason() string {
+	if b.Unregistered {
+		return ReasonWithoutLimiter
+	}
 	if b.GrantedMiB == 0 {
 		return ReasonNotGranted
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/lab/labdir"
 	"github.com/tessera-gpu/tessera/internal/lab/status"
 	"github.com/tessera-gpu/tessera/internal/testenv"
+	"github.com/tessera-gpu/tessera/internal/testenv/need"
 )
 
 var (
@@ -40,6 +41,9 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
+	if code, ok := need.RootMain("test/integration/lab", "the lab's hollow kubelets and containers run in mount and PID namespaces"); !ok {
+		return code
+	}
 	tmp, err := os.MkdirTemp("", "lab-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
