@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -11,16 +12,14 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/tessera-gpu/tessera/internal/lab"
-	"github.com/tessera-gpu/tessera/internal/lab/labdir"
 )
 
 // LabRun is `tessera-lab up` running as a child process, for the tests
 // that drive the emulated cluster as a user would (test/integration/lab,
 // test/integration/volcano).
 type LabRun struct {
-	Dir    labdir.Dir
+	// Dir is the lab's state directory (labdir.Dir).
+	Dir    string
 	cmd    *exec.Cmd
 	out    lockedBuffer
 	exited chan error
@@ -46,9 +45,9 @@ func (b *lockedBuffer) String() string {
 
 // StartLab runs `bin up --dir dir args…` and waits until the lab says it
 // is ready, at most timeout. A killed test run takes its lab down with it.
-func StartLab(bin string, dir labdir.Dir, timeout time.Duration, args ...string) (*LabRun, error) {
+func StartLab(bin, dir string, timeout time.Duration, args ...string) (*LabRun, error) {
 	l := &LabRun{Dir: dir, exited: make(chan error, 1)}
-	l.cmd = exec.Command(bin, append([]string{"up", "--dir", string(dir)}, args...)...)
+	l.cmd = exec.Command(bin, append([]string{"up", "--dir", dir}, args...)...)
 	l.cmd.Stdout, l.cmd.Stderr = &l.out, &l.out
 	l.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	start := time.Now()
@@ -57,8 +56,7 @@ func StartLab(bin string, dir labdir.Dir, timeout time.Duration, args ...string)
 	}
 	go func() { l.exited <- l.cmd.Wait() }()
 	for {
-		st, err := lab.ReadState(dir)
-		if err == nil && st.Ready {
+		if labReady(dir) {
 			return l, nil
 		}
 		select {
@@ -89,7 +87,7 @@ func (l *LabRun) Output() string { return l.out.String() }
 // DumpLogs writes the last lines of every component's log, after a
 // failure.
 func (l *LabRun) DumpLogs(w io.Writer, lines int) {
-	logs, _ := filepath.Glob(filepath.Join(l.Dir.Logs(), "*.log"))
+	logs, _ := filepath.Glob(filepath.Join(l.Dir, "logs", "*.log"))
 	for _, f := range logs {
 		b, _ := os.ReadFile(f)
 		ls := strings.Split(string(b), "\n")
@@ -112,4 +110,18 @@ func BuildLab(dir string) (labBin, kubectlBin, tools string, err error) {
 		return "", "", "", err
 	}
 	return labBin, kubectlBin, tools, Make("", "lab-tools", "LAB_TOOLS="+tools)
+}
+
+// labReady reads the lab's lab.json (internal/lab.State, which this
+// package cannot import: the lab links the scheduler, whose tests use
+// this package) for its ready flag.
+func labReady(dir string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "lab.json"))
+	if err != nil {
+		return false
+	}
+	var st struct {
+		Ready bool `json:"ready"`
+	}
+	return json.Unmarshal(b, &st) == nil && st.Ready
 }

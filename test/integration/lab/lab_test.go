@@ -68,7 +68,7 @@ func run(m *testing.M) int {
 	}
 	dir = labdir.Dir(filepath.Join(tmp, "lab"))
 	start := time.Now()
-	labRun, err := testenv.StartLab(labBin, dir, 4*time.Minute, "--nodes", "4", "--gpus-per-node", "8", "--gpu-model", "A100-40GB",
+	labRun, err := testenv.StartLab(labBin, string(dir), 4*time.Minute, "--nodes", "4", "--gpus-per-node", "8", "--gpu-model", "A100-40GB",
 		"--tools", tools, "--node-config", nodeConfig)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

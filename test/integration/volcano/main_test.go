@@ -69,7 +69,7 @@ func run(m *testing.M) int {
 	dir = labdir.Dir(filepath.Join(tmp, "lab"))
 	start := time.Now()
 	// A DRA node beside the volcano node: DRA claims under Volcano.
-	labRun, err := testenv.StartLab(labBin, dir, 4*time.Minute, "--node-groups", "1xA100-80GB:1@dra", "--sharing-nodes=false",
+	labRun, err := testenv.StartLab(labBin, string(dir), 4*time.Minute, "--node-groups", "1xA100-80GB:1@dra", "--sharing-nodes=false",
 		"--tools", tools, "--volcano", "--volcano-dir", volcanoDir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
