@@ -145,7 +145,7 @@ func startVolcano(ctx context.Context, sup *supervisor.Supervisor, client kubern
 	}
 	args := []string{
 		"--kubeconfig=" + kubeconfigs[VolcanoSchedulerAccount], "--scheduler-conf=" + conf,
-		"--leader-elect=false", "--schedule-period=500ms", "--cache-dumper=false", "-v=3",
+		"--leader-elect=false", "--schedule-period=500ms", "--cache-dumper=false", "-v=5",
 		// Tessera's DRA shares are consumable capacity (KEP-5075): alpha,
 		// off by default, in the Kubernetes 1.34 code Volcano v1.14 links.
 		"--feature-gates=DRAConsumableCapacity=true",
