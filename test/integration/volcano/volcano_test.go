@@ -366,7 +366,10 @@ func TestVolcanoGang(t *testing.T) {
 	apply(t, job(ns, "blockers", "default", "", 5, 5, 30000))
 	running(t, ns, "job=blockers", 5, 2*time.Minute)
 	apply(t, job(ns, "gang", "default", "", 4, 4, 30000))
-	msg := podGroupSays(t, ns, "gang", regexp.MustCompile(`gang`))
+	// Volcano's gang plugin has weighed the job with its four pods
+	// created and pending (not before: the PodGroup says so from its
+	// creation, with no pods yet).
+	msg := podGroupSays(t, ns, "gang", regexp.MustCompile(`tasks in gang unschedulable: pod group is not ready, 4 Pending, 4 minAvailable`))
 	if n := bound(t, ns, "gang"); n != 0 {
 		t.Fatalf("%d of the gang's pods bound with room for 3 (PodGroup: %q)", n, msg)
 	}
