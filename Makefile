@@ -37,7 +37,7 @@ INTEGRATION     := ./internal/nodeagent/... ./cmd/kubectl-tessera/... ./charts/.
 # bench-results/data/ (not committed).
 RECORD          := hack/record-result.sh
 
-.PHONY: help build images release-plugin test-release-plugin lab-tools test test-go test-limiter test-integration test-alone lint fuzz bench bench-scheduler-ci bench-scheduler bench-scheduler-preemption bench-scheduler-dra demo lab simulate clean
+.PHONY: help build images release-plugin test-release-plugin lab-tools volcano test test-go test-limiter test-integration test-alone lint fuzz bench bench-scheduler-ci bench-scheduler bench-scheduler-preemption bench-scheduler-dra demo lab simulate clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
@@ -62,6 +62,9 @@ lab-tools: ## the lab containers' tools into bin/lab-tools: tessera-lab-init, th
 	$(MAKE) -C limiter
 	install -m 755 limiter/build/libtessera-limiter.so $(LAB_TOOLS)/libtessera-limiter.so
 	$(MAKE) -C fakegpu B=$(abspath $(LAB_TOOLS))
+
+volcano: ## Volcano's scheduler and controller manager (volcano.sh/volcano, pinned in hack/volcano) and its CRDs into bin/volcano, for tessera-lab up --volcano
+	hack/volcano/build.sh bin/volcano
 
 # The test targets run every test: one that needs what the machine lacks
 # (root, a program, NVIDIA's non-free binaries) fails instead of skipping.

@@ -198,6 +198,15 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	if err := modes.SetUp(ctx, client, cfg.Nodes); err != nil {
 		return err
 	}
+	if cfg.Volcano != "" {
+		if err := cfg.Volcano.Check(); err != nil {
+			return err
+		}
+		if err := startVolcano(ctx, sup, client, d, p, apiURL, cfg.Volcano); err != nil {
+			return fmt.Errorf("starting Volcano: %w", err)
+		}
+		step("Volcano %s: scheduler and controller manager started", cfg.Volcano.Version())
+	}
 	for i, n := range cfg.Nodes {
 		if err := startNode(sup, d, cfg.Tools, n, ids.NodeAgent, ports[2+i]); err != nil {
 			return fmt.Errorf("node %s: %w", n.Name, err)

@@ -278,6 +278,22 @@ func BuildHelm(dir string) (string, error) {
 	return out, nil
 }
 
+// BuildVolcano builds Volcano's scheduler and controller manager from the
+// release pinned in hack/volcano (a module of its own: Volcano carries
+// its own Kubernetes version and replace block) into dir, with the
+// release's CRDs, as hack/volcano/build.sh does (docs/volcano.md).
+func BuildVolcano(dir string) error {
+	root, err := repoRoot()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command("bash", filepath.Join(root, "hack", "volcano", "build.sh"), dir)
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("building Volcano in hack/volcano: %v\n%s", err, msg)
+	}
+	return nil
+}
+
 func repoRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {

@@ -94,6 +94,9 @@ func gpuUses(names api.ResourceNames) string {
 		quoted = append(quoted, "'"+n+"'")
 	}
 	quoted = append(quoted, "'"+names.Shared(names.GPU)+"'")
+	for _, n := range api.VolcanoResources() { // volcano.go
+		quoted = append(quoted, "'"+n+"'")
+	}
 	set := "[" + strings.Join(quoted, ", ") + "]"
 	// MIG device resources (mixed strategy): <prefix>/mig-<profile>.
 	migPrefix := "'" + strings.TrimSuffix(names.MIG("x"), "x") + "'"

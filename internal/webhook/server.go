@@ -11,6 +11,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/internal/kubeobj"
+	"github.com/tessera-gpu/tessera/internal/volcano"
+	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 // Paths the webhook serves.
@@ -97,7 +101,7 @@ func (p *Admission) review(req *admissionv1.AdmissionRequest, mutate bool) *admi
 			return deny(http.StatusInternalServerError, err.Error())
 		}
 		var findings field.ErrorList
-		if p.asksGPU(&pod) || claimGPU {
+		if p.asksGPU(&pod) || claimGPU || volcano.RequestsVGPU(&pod) {
 			findings = append(p.injectionErrors(&pod), p.isolationErrors(&pod)...)
 		} else {
 			findings = p.deviceEnvFindings(&pod)
@@ -105,6 +109,11 @@ func (p *Admission) review(req *admissionv1.AdmissionRequest, mutate bool) *admi
 		return p.verdict(&pod, nil, findings, nil)
 	case req.SubResource != "" || req.Operation != admissionv1.Create:
 		return &admissionv1.AdmissionResponse{Allowed: true}
+	}
+	if volcano.RequestsVGPU(&pod) {
+		// Volcano places it and the webhook changes nothing (volcano.go).
+		errs, findings := p.checkVolcano(&pod)
+		return p.verdict(&pod, errs, findings, nil)
 	}
 	claimGPU, err := p.claimsHoldGPUs(&pod)
 	if err != nil {
@@ -122,6 +131,9 @@ func (p *Admission) review(req *admissionv1.AdmissionRequest, mutate bool) *admi
 	r := p.verdict(&pod, errs, findings, nil)
 	if !r.Allowed || !mutate {
 		return r
+	}
+	if claimGPU && pod.Spec.SchedulerName == api.VolcanoSchedulerName && !kubeobj.RequestsGPU(&pod, p.Names) {
+		return withWarnings(p.reviewVolcanoClaims(&pod), r.Warnings) // volcano.go
 	}
 	out, changed, warnings, err := p.mutate(&pod, claimGPU)
 	return withWarnings(patchResponse(&pod, out, changed, err), append(r.Warnings, warnings...))

@@ -280,6 +280,7 @@ func TestMatchConditionEvaluates(t *testing.T) {
 	for res, want := range map[string]bool{
 		"nvidia.com/gpu": true, "nvidia.com/gpu.shared": true, "nvidia.com/mig-1g.5gb": true,
 		"nvidia.com/gpucores": true, "cpu": false, "example.com/mig-1g.5gb": false,
+		"volcano.sh/vgpu-memory": true, "volcano.sh/vgpu-number": true,
 	} {
 		if got := evalPod(t, prg, pod(map[string]string{res: "1"})); got != want {
 			t.Errorf("pod asking %s: match %v, want %v", res, got, want)

@@ -74,6 +74,8 @@ func Run(ctx context.Context, name string, args []string) error {
 		return runKubeletShim(ctx, args)
 	case MPSControl:
 		return runMPSControl(args)
+	case InCluster:
+		return runInCluster(args)
 	}
 	return fmt.Errorf("unknown component %q", name)
 }

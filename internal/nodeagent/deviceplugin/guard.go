@@ -62,8 +62,12 @@ func (p *Plugin) checkGrant(ctx context.Context, t *Target, gpus map[string]GPU,
 	if g == nil {
 		return nil
 	}
-	err := g.checkOrigin(ctx, t)
-	if err == nil {
+	var err error
+	if pr := p.opts.Matcher.Protocol; pr != nil {
+		// Another scheduler's grants: its protocol holds them to the
+		// pod's request (no signature to check).
+		err = pr.Check(t.Pod, t.Record, physical(gpus, mode))
+	} else if err = g.checkOrigin(ctx, t); err == nil {
 		err = g.checkRequest(t, gpus, mode)
 	}
 	// A MIG instance's memory and SMs are the hardware's to enforce, and
@@ -81,6 +85,9 @@ func (p *Plugin) checkGrant(ctx context.Context, t *Target, gpus map[string]GPU,
 	err = fmt.Errorf("%w: pod %s container %s: %v", ErrNoMatch, kubeobj.Key(t.Pod), t.Container, err)
 	if g.Refused != nil {
 		g.Refused(t.Pod, err.Error())
+	}
+	if pr := p.opts.Matcher.Protocol; pr != nil {
+		pr.Refused(ctx, t.Pod, err.Error())
 	}
 	return err
 }

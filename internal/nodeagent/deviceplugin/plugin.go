@@ -357,6 +357,9 @@ func (p *Plugin) allocate(ctx context.Context, n int) (*pluginapi.ContainerAlloc
 	if err := p.after(r, t, mode); err != nil {
 		return nil, err
 	}
+	if pr := p.opts.Matcher.Protocol; pr != nil {
+		pr.Served(ctx, t)
+	}
 	return r, nil
 }
 
