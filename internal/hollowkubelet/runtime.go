@@ -116,6 +116,9 @@ type RuntimeOptions struct {
 	// CDIDirs are where the node's CDI specs are (a container's CDI
 	// devices are resolved there, ResolveCDI).
 	CDIDirs []string
+	// Cgroups, if set, puts each running container's processes in a
+	// cgroup named after its pod and container (cgroup.go).
+	Cgroups *Cgroups
 	// PodResources is the kubelet's pod-resources socket, from which the
 	// containers' Devices are read (none when empty).
 	PodResources string
@@ -228,10 +231,11 @@ func (r *Runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateCon
 	if err := unsupported(cfg); err != nil {
 		return nil, err
 	}
-	id, err := r.RuntimeService.CreateContainer(ctx, req.PodSandboxId, cfg, sb)
+	fakeID, err := r.RuntimeService.CreateContainer(ctx, req.PodSandboxId, cfg, sb)
 	if err != nil {
 		return nil, err
 	}
+	id := r.renameContainer(fakeID)
 	c := &container{sandbox: req.PodSandboxId, logDir: sb.GetLogDirectory()}
 	c.rec = Container{
 		ID: id, Namespace: sb.GetMetadata().GetNamespace(), Pod: sb.GetMetadata().GetName(), PodUID: sb.GetMetadata().GetUid(),
@@ -288,6 +292,21 @@ func (r *Runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateCon
 		r.opts.OnCreate(rec)
 	}
 	return &runtimeapi.CreateContainerResponse{ContainerId: id}, nil
+}
+
+// renameContainer gives the fake's new container an ID as containerd and
+// CRI-O make them (the fake names it <sandbox>_<name>_<attempt>), which
+// its cgroup's name carries (cgroup.go), and returns it.
+func (r *Runtime) renameContainer(fakeID string) string {
+	id := newContainerID()
+	r.RuntimeService.Lock()
+	defer r.RuntimeService.Unlock()
+	if fc, ok := r.RuntimeService.Containers[fakeID]; ok {
+		delete(r.RuntimeService.Containers, fakeID)
+		fc.Id = id
+		r.RuntimeService.Containers[id] = fc
+	}
+	return id
 }
 
 // applyCDI resolves the container's CDI devices and applies their edits,
