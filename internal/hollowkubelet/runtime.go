@@ -37,12 +37,16 @@ type Container struct {
 	PodUID    string `json:"podUID"`
 	Name      string `json:"name"`
 	Image     string `json:"image,omitempty"`
-	// Command is what runs: the container's command and arguments, or
-	// the runtime's default command when it names neither.
-	Command    []string          `json:"command,omitempty"`
-	WorkingDir string            `json:"workingDir,omitempty"`
-	Env        map[string]string `json:"env"`
-	Mounts     []Mount           `json:"mounts,omitempty"`
+	// Command is what runs: the container's command and arguments, the
+	// runtime's default command when it names neither, or the stand-in
+	// for its image's program (RuntimeOptions.StandIn).
+	Command []string `json:"command,omitempty"`
+	// StandsInFor is the container's own command and arguments when a
+	// stand-in runs in their place.
+	StandsInFor []string          `json:"standsInFor,omitempty"`
+	WorkingDir  string            `json:"workingDir,omitempty"`
+	Env         map[string]string `json:"env"`
+	Mounts      []Mount           `json:"mounts,omitempty"`
 	// Devices are the devices the kubelet allocated to the container,
 	// per resource (its device manager's view, from the pod-resources
 	// API).
@@ -106,6 +110,10 @@ type RuntimeOptions struct {
 	// DefaultEnv is every container's environment under the kubelet's
 	// (an image's ENV): PATH, HOME.
 	DefaultEnv map[string]string
+	// StandIn, if set, is asked for each container what runs in place of
+	// its command (argv: its command and arguments) because its image's
+	// program is not on the host; nil: the command runs.
+	StandIn func(image string, argv []string, env map[string]string) []string
 	// Prepare, if set, sees each container and its spec before it
 	// starts and may add mounts, environment and GPUs (the lab's GPU
 	// driver).
@@ -268,6 +276,11 @@ func (r *Runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateCon
 	// arguments run as given, arguments alone run as the command, and a
 	// container naming neither runs the default.
 	c.rec.Command = append(append([]string(nil), cfg.Command...), cfg.Args...)
+	if r.opts.StandIn != nil {
+		if s := r.opts.StandIn(c.rec.Image, c.rec.Command, c.rec.Env); s != nil {
+			c.rec.StandsInFor, c.rec.Command = c.rec.Command, s
+		}
+	}
 	if len(c.rec.Command) == 0 {
 		c.rec.Command = append([]string(nil), r.opts.DefaultCommand...)
 	}

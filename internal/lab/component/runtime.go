@@ -15,6 +15,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/hollowkubelet"
 	"github.com/tessera-gpu/tessera/internal/lab/fakegpu"
+	"github.com/tessera-gpu/tessera/internal/lab/standin"
 )
 
 // containerTools is where a container finds the lab's tools (tools.Dir's
@@ -78,11 +79,15 @@ func runRuntime(ctx context.Context, args []string) error {
 		Init: f.Tools.Init(), RunDir: f.Dir.Run(), Hide: []string{string(f.Lab)},
 		DefaultCommand: []string{containerTools + "/lab-pause"},
 		DefaultEnv:     map[string]string{"PATH": containerPATH, "HOME": "/root"},
-		Prepare:        labContainer(f.Tools, gpus),
-		PodResources:   kubeletRoot + "/pod-resources/kubelet.sock",
-		CDIDirs:        []string{f.Dir.CDI()},
-		Cgroups:        cgroups,
-		OnCreate:       record, OnUpdate: record,
+		StandIn: func(image string, argv []string, env map[string]string) []string {
+			cmd, _ := standin.Command(containerTools+"/gpu-fill", image, argv, env)
+			return cmd
+		},
+		Prepare:      labContainer(f.Tools, gpus),
+		PodResources: kubeletRoot + "/pod-resources/kubelet.sock",
+		CDIDirs:      []string{f.Dir.CDI()},
+		Cgroups:      cgroups,
+		OnCreate:     record, OnUpdate: record,
 		OnRemove: f.Dir.RemoveContainer,
 		Logger:   logger,
 	})
