@@ -103,7 +103,8 @@ func claimsOn(all []allocated, node string, devices map[string]string) []claimus
 }
 
 // grantsOn is what each container of the node's pods may hold, by pod UID
-// and container name.
+// and container name (container "": every container of a pod without a
+// valid record, and why).
 func grantsOn(pods []*corev1.Pod, claims []claimuse.Claim) map[string]*grant {
 	out := map[string]*grant{}
 	get := func(uid, container string) *grant {
@@ -120,11 +121,8 @@ func grantsOn(pods []*corev1.Pod, claims []claimuse.Claim) map[string]*grant {
 			err = fmt.Errorf("the record is for node %q", rec.Node)
 		}
 		if err != nil {
-			for _, cs := range [][]corev1.Container{p.Spec.InitContainers, p.Spec.Containers} {
-				for _, c := range cs {
-					get(string(p.UID), c.Name).none = "its pod has no valid record: " + err.Error()
-				}
-			}
+			// Every container of the pod, by the pod's key (container "").
+			get(string(p.UID), "").none = "its pod has no valid record: " + err.Error()
 			continue
 		}
 		for _, c := range rec.Containers {
@@ -237,6 +235,9 @@ func ownerOf(pid int, gpu string, records map[string]*hollowkubelet.Container, p
 	}
 	h.who = fmt.Sprintf("%s/%s/%s", pod.Namespace, pod.Name, name)
 	g := grants[string(uid)+"/"+name]
+	if g == nil {
+		g = grants[string(uid)+"/"]
+	}
 	switch {
 	case g == nil:
 		h.none = "its pod's record grants it no GPU"

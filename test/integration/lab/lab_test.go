@@ -4,8 +4,10 @@
 // user would: the binary is built, `tessera-lab up` runs as a process, and
 // the tests use a kubectl built from the pinned module, the lab's
 // kubeconfig, what the nodes' runtimes record and the GPUs' shared state.
-// One lab (4 fractional nodes x 8 A100-40GB, one node of each other mode,
-// and the profiles of nodeConfig) serves every test of the package; each
+// One lab (4 fractional nodes x 8 A100-40GB, lab-gpu-01 to 04, and one of
+// 8 H100-80GB, lab-gpu-05, for the GPU guides' 8-GPU pod of the corpus;
+// one node of each other mode; the profiles of nodeConfig) serves every
+// test of the package; each
 // test works in its own namespace and leaves no pods behind, so any test
 // passes alone (go test -run TestFaults) or after the others.
 package lab_test
@@ -74,7 +76,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	dir = labdir.Dir(filepath.Join(tmp, "lab"))
-	up := exec.Command(labBin, "up", "--dir", string(dir), "--nodes", "4", "--gpus-per-node", "8", "--gpu-model", "A100-40GB",
+	up := exec.Command(labBin, "up", "--dir", string(dir), "--node-groups", labNodeGroups,
 		"--tools", tools, "--node-config", nodeConfig)
 	var out bytes.Buffer
 	up.Stdout, up.Stderr = &out, &out
@@ -130,6 +132,9 @@ func run(m *testing.M) int {
 	}
 	return code
 }
+
+// labNodeGroups are the lab's fractional nodes (--node-groups).
+const labNodeGroups = "4xA100-40GB:8,1xH100-80GB:8"
 
 // nodeConfigYAML is the lab's --node-config: a profile a test switches a
 // node to.
