@@ -300,4 +300,3 @@ func TestFormerlyRefusedVariablesAdmitted(t *testing.T) {
 	}
 	refusedAtLimits(t, "overrides", log, []int64{4096})
 }
-
