@@ -58,7 +58,8 @@ Usage:
                       (default 1) and one node of every other mode; --volcano also runs
                       Volcano's scheduler and controller manager and a node of mode volcano
   tessera-lab status  [--dir DIR]   per node and GPU: mode, model, memory and cores allocated,
-                      memory in use, pods
+                      memory in use, pods; the invariant checker and the physical check
+                      (GPU memory held without a valid grant)
   tessera-lab demo    [flags of up] start a cluster (default 1xA100-40GB:8,1xH100-80GB:8 and one
                       node of every other mode), apply examples/, run the demo workloads, show
                       what the limiter and the shared GPUs enforce, stop
@@ -318,7 +319,15 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 	}
 	fmt.Fprintln(stdout)
-	return r.Print(stdout)
+	if err := r.Print(stdout); err != nil {
+		return err
+	}
+	ph, err := status.CheckPhysical(ctx, client, d, st.Nodes)
+	if err != nil {
+		return err
+	}
+	ph.Print(stdout)
+	return nil
 }
 
 func runDown(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -27,12 +27,18 @@ func (a *Agent) newParts(lib nvml.Interface) []parts.Part {
 	var collectors []prometheus.Collector
 	var claims func() []metrics.Claim
 	if !o.NoPlugin {
+		driver := o.DRA
+		driver.NodeName, driver.Client, driver.Names, driver.Paths = o.NodeName, a.client, a.names, o.Paths
+		draPart := parts.NewDRA(parts.DRAOptions{Driver: driver, System: dra.ReadSystem(lib), Devices: a.devices, Logger: logger})
 		rec := o.Reconcile
 		if rec.Shared == nil {
 			rec.Shared = func() bool {
 				cfg, _ := a.config.Current()
 				return cfg.Sharing == api.SharingShared
 			}
+		}
+		if rec.Claims == nil {
+			rec.Claims = draPart.Claims
 		}
 		trust := parts.NewTrust(parts.TrustOptions{
 			Names: a.names, RecordKeys: o.RecordKeys, AcceptUnsigned: o.AcceptUnsigned, Client: a.client,
@@ -46,9 +52,6 @@ func (a *Agent) newParts(lib nvml.Interface) []parts.Part {
 			Protocols: map[string]deviceplugin.Protocol{api.VolcanoVGPUNumber: volcano},
 			Client:    a.client, StateAge: 2 * o.Resync, Logger: logger,
 		})
-		driver := o.DRA
-		driver.NodeName, driver.Client, driver.Names, driver.Paths = o.NodeName, a.client, a.names, o.Paths
-		draPart := parts.NewDRA(parts.DRAOptions{Driver: driver, System: dra.ReadSystem(lib), Devices: a.devices, Logger: logger})
 		list = append(list, trust, plugins, volcano, draPart)
 		collectors, claims = trust.Collectors(), draPart.Claims
 	}

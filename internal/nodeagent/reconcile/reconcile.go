@@ -7,7 +7,9 @@
 // container through /proc/<pid>/cgroup (the kubelet puts every container
 // in a cgroup named after its pod UID and container ID) and compares, per
 // container and GPU, what it holds with what the node agent granted it
-// (the ledger the device plugin wrote on the host). A container over its
+// (the ledger the device plugin wrote on the host, or the DRA claim
+// requests it uses, whose grant all their containers share). A container
+// over its
 // grant, or on a GPU it was not granted, is a breach: a Warning event on
 // its pod, a metric, and (configurable) SIGKILL of every process in the
 // container; the kubelet then restarts it under its pod's policy.
@@ -43,6 +45,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/internal/limiterstate"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/claimuse"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 )
 
@@ -82,7 +85,16 @@ type Options struct {
 	// in shared mode); otherwise only use of GPUs a container was not
 	// granted is a breach.
 	Shared func() bool
+	// Claims lists the DRA claims the node's driver prepared: a container
+	// that uses one of their requests is held to the request's grant,
+	// together with every other container that uses it (claimuse.Uses).
+	Claims func() []claimuse.Claim
 }
+
+// DefaultExemptNamespaces are the namespaces whose pods may use GPUs
+// without a grant unless the agent is told otherwise: monitoring agents
+// and the GPU operator run there.
+const DefaultExemptNamespaces = "kube-system,tessera-system"
 
 // Breach is one container over its grant on one GPU.
 type Breach struct {
@@ -97,6 +109,11 @@ type Breach struct {
 	// Unregistered: the PIDs hold UsedMiB on the GPU without having
 	// registered with the container's limiter.
 	Unregistered bool
+	// Claim is the DRA claim request ("namespace/claim/request") whose
+	// grant the container shares with every other container using it;
+	// UsedMiB is then what they hold together. Empty for a grant of the
+	// container's own.
+	Claim string
 }
 
 func (b Breach) String() string {
@@ -105,6 +122,9 @@ func (b Breach) String() string {
 	}
 	if b.GrantedMiB == 0 {
 		return fmt.Sprintf("container %s holds %d MiB on GPU %s, which it was not granted", b.Container, b.UsedMiB, b.GPU)
+	}
+	if b.Claim != "" {
+		return fmt.Sprintf("the containers using DRA claim request %s (container %s among them) hold %d MiB on GPU %s, more than its grant of %d MiB", b.Claim, b.Container, b.UsedMiB, b.GPU, b.GrantedMiB)
 	}
 	return fmt.Sprintf("container %s holds %d MiB on GPU %s, more than its grant of %d MiB", b.Container, b.UsedMiB, b.GPU, b.GrantedMiB)
 }
@@ -182,7 +202,8 @@ type key struct {
 func (r *Reconciler) Once() []Breach {
 	podsByUID := map[types.UID]*v1.Pod{}
 	byID := map[string]string{} // container ID → name
-	for _, p := range r.pods() {
+	pods := r.pods()
+	for _, p := range pods {
 		podsByUID[p.UID] = p
 		for _, lists := range [][]v1.ContainerStatus{p.Status.InitContainerStatuses, p.Status.ContainerStatuses, p.Status.EphemeralContainerStatuses} {
 			for _, cs := range lists {
@@ -192,7 +213,7 @@ func (r *Reconciler) Once() []Breach {
 			}
 		}
 	}
-	grants := r.grants()
+	grants := r.grants(pods)
 	used := map[key]int64{}
 	pids := map[key][]int{}
 	for _, g := range r.gpus {
@@ -214,8 +235,14 @@ func (r *Reconciler) Once() []Breach {
 	var out []Breach
 	breached := map[string]bool{}
 	keys := make([]key, 0, len(used))
+	// What the containers sharing a DRA claim request's grant hold
+	// together, per GPU.
+	together := map[string]int64{}
 	for k := range used {
 		keys = append(keys, k)
+		if l, ok := grants[key{k.pod, k.container, ""}][k.gpu]; ok && l.group != "" {
+			together[l.group+"|"+k.gpu] += used[k]
+		}
 	}
 	sort.Slice(keys, func(i, j int) bool { return fmt.Sprint(keys[i]) < fmt.Sprint(keys[j]) })
 	for _, k := range keys {
@@ -233,13 +260,17 @@ func (r *Reconciler) Once() []Breach {
 				continue // a whole GPU, or no memory limits on this node
 			}
 		}
+		held := used[k]
+		if onGPU && limit.group != "" {
+			held = together[limit.group+"|"+k.gpu]
+		}
 		allowed := int64(float64(limit.mib)*(1+r.opts.TolerancePercent/100)) + r.opts.ToleranceMiB
-		if onGPU && used[k] <= allowed {
+		if onGPU && held <= allowed {
 			continue
 		}
-		b := Breach{Pod: pod, Container: k.container, GPU: k.gpu, UsedMiB: used[k], PIDs: pids[k]}
+		b := Breach{Pod: pod, Container: k.container, GPU: k.gpu, UsedMiB: held, PIDs: pids[k]}
 		if onGPU {
-			b.GrantedMiB = limit.mib
+			b.GrantedMiB, b.Claim = limit.mib, limit.group
 		}
 		if r.opts.Kill {
 			b.Killed = r.killContainer(k.pod, pids[k])
@@ -251,7 +282,7 @@ func (r *Reconciler) Once() []Breach {
 		again := r.breached[id]
 		r.mu.Unlock()
 		if !again {
-			r.logger.Error(nil, "GPU grant breached", "pod", klog.KObj(pod), "container", k.container, "gpu", k.gpu, "usedMiB", used[k], "grantedMiB", b.GrantedMiB, "killed", b.Killed)
+			r.logger.Error(nil, "GPU grant breached", "pod", klog.KObj(pod), "container", k.container, "gpu", k.gpu, "usedMiB", b.UsedMiB, "grantedMiB", b.GrantedMiB, "claim", b.Claim, "killed", b.Killed)
 		}
 		if r.Report != nil {
 			r.Report(b)
@@ -271,7 +302,7 @@ func (r *Reconciler) Once() []Breach {
 func (r *Reconciler) unregisteredBreaches(keys []key, used map[key]int64, pids map[key][]int, grants map[key]map[string]limit, pods map[types.UID]*v1.Pod, breached map[string]bool) []Breach {
 	var out []Breach
 	seen := map[int]types.UID{}
-	regs := map[key]*registrations{}
+	regs := map[string]*registrations{} // by state file
 	r.mu.Lock()
 	last := r.unregistered
 	r.mu.Unlock()
@@ -285,10 +316,11 @@ func (r *Reconciler) unregisteredBreaches(keys []key, used map[key]int64, pids m
 		if r.opts.Exempt != nil && r.opts.Exempt(pod.Namespace) {
 			continue
 		}
-		reg, ok := regs[ck]
+		l := g[k.gpu]
+		reg, ok := regs[l.stateFile]
 		if !ok {
-			reg = r.registrations(k.pod, k.container)
-			regs[ck] = reg
+			reg = r.registrations(l.stateFile)
+			regs[l.stateFile] = reg
 		}
 		if reg == nil {
 			continue // a state we cannot read (logged): only the grant holds
@@ -307,7 +339,7 @@ func (r *Reconciler) unregisteredBreaches(keys []key, used map[key]int64, pids m
 			continue
 		}
 		sort.Ints(bad)
-		b := Breach{Pod: pod, Container: k.container, GPU: k.gpu, UsedMiB: used[k], GrantedMiB: g[k.gpu].mib, PIDs: bad, Unregistered: true}
+		b := Breach{Pod: pod, Container: k.container, GPU: k.gpu, UsedMiB: used[k], GrantedMiB: l.mib, PIDs: bad, Unregistered: true, Claim: l.group}
 		if r.opts.Kill {
 			b.Killed = r.killContainer(k.pod, pids[k])
 		}
@@ -336,24 +368,24 @@ type registrations struct {
 	ns   map[[2]uint64]bool // pid in its namespace, namespace inode
 }
 
-// registrations reads a container's limiter state; a missing state file
-// registers nothing (its processes never registered, or it was removed);
-// nil for a file that is not the limiter's (logged once per container).
-func (r *Reconciler) registrations(uid types.UID, container string) *registrations {
+// registrations reads a container's limiter state file; a missing state
+// file registers nothing (its processes never registered, or it was
+// removed); nil for a file that is not the limiter's (logged once per
+// file).
+func (r *Reconciler) registrations(path string) *registrations {
 	out := &registrations{host: map[int32]bool{}, ns: map[[2]uint64]bool{}}
-	path := filepath.Join(r.state.StateDir(uid, container), statedir.LimiterStateFile)
 	snap, err := limiterstate.ReadFile(path)
 	switch {
 	case os.IsNotExist(err):
 		return out
 	case err != nil:
-		id := string(uid) + "/" + container
+		id := path
 		r.mu.Lock()
 		logged := r.badState[id]
 		r.badState[id] = true
 		r.mu.Unlock()
 		if !logged {
-			r.logger.Info("Container's limiter state unreadable; its processes' registrations are not checked", "podUID", uid, "container", container, "err", err)
+			r.logger.Info("Container's limiter state unreadable; its processes' registrations are not checked", "state", path, "err", err)
 		}
 		return nil
 	}
@@ -409,18 +441,21 @@ type limit struct {
 	mib       int64
 	exclusive bool
 	// limited: the container was given the limiter (it has a limits
-	// file), so its processes register with it.
-	limited bool
+	// file), so its processes register with it, in stateFile.
+	limited   bool
+	stateFile string
+	// group is the DRA claim request whose grant the container shares
+	// ("" for a grant of its own).
+	group string
 }
 
-// grants reads the ledger: per pod and container (gpu ""), the limit on
-// each GPU it was granted.
-func (r *Reconciler) grants() map[key]map[string]limit {
+// grants reads the ledger and the DRA claims the pods use: per pod and
+// container (gpu ""), the limit on each GPU it was granted.
+func (r *Reconciler) grants(pods []*v1.Pod) map[key]map[string]limit {
 	out := map[key]map[string]limit{}
 	entries, err := r.state.Entries()
 	if err != nil {
 		r.logger.Error(err, "Reading the grants this node served")
-		return out
 	}
 	for _, e := range entries {
 		if e.Grant == nil {
@@ -428,10 +463,28 @@ func (r *Reconciler) grants() map[key]map[string]limit {
 		}
 		m := map[string]limit{}
 		_, err := os.Stat(r.state.LimitsFile(e.PodUID, e.Container))
+		state := filepath.Join(r.state.StateDir(e.PodUID, e.Container), statedir.LimiterStateFile)
 		for _, d := range e.Grant.Devices {
-			m[d.UUID] = limit{mib: d.MemoryMiB, exclusive: d.Exclusive, limited: err == nil}
+			m[d.UUID] = limit{mib: d.MemoryMiB, exclusive: d.Exclusive, limited: err == nil, stateFile: state}
 		}
 		out[key{e.PodUID, e.Container, ""}] = m
+	}
+	if r.opts.Claims == nil {
+		return out
+	}
+	for _, u := range claimuse.Uses(pods, r.opts.Claims()) {
+		k := key{u.Pod.UID, u.Container, ""}
+		m := out[k]
+		if m == nil {
+			m = map[string]limit{}
+			out[k] = m
+		}
+		for _, d := range u.Request.Devices {
+			// Admin access (monitoring) consumes nothing: like a whole
+			// GPU, only its use is allowed, not its memory counted.
+			m[d.UUID] = limit{mib: d.MemoryMiB, exclusive: d.Whole || d.Admin, limited: u.Request.StateFile != "",
+				stateFile: u.Request.StateFile, group: u.Key()}
+		}
 	}
 	return out
 }

@@ -18,6 +18,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/tessera-gpu/tessera/internal/limiterstate"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/claimuse"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
@@ -340,5 +341,72 @@ func TestStateFileNotFollowed(t *testing.T) {
 	case <-done:
 	case <-time.After(20 * time.Second):
 		t.Fatal("the reconciler blocked on a FIFO")
+	}
+}
+
+// claimPod adds a pod whose container "main" uses the request "gpu" of
+// its pod claim "gpu", the ResourceClaim claim (as a DRA pod names it),
+// with its processes' pids in /proc.
+func (w *world) claimPod(ns, name string, n int, claim string, pids ...int) *v1.Pod {
+	p := w.container(ns, name, n, nil, pids...)
+	p.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim}}
+	p.Spec.Containers = []v1.Container{{Name: "main", Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}}
+	return p
+}
+
+// TestClaimGrants: on a DRA node the device plugin's ledger has no entry;
+// the grants are the prepared claims'. A container using a claim is held
+// to its request's grant, together with every other container using the
+// same request (they share one limiter state); a whole GPU or admin
+// access only to its use. Before the reconciler read the claims, every
+// DRA container holding GPU memory was "not granted" its GPU, and killed.
+func TestClaimGrants(t *testing.T) {
+	w := newWorld(t)
+	g0, g1 := w.gpus[0].UUID, w.gpus[1].UUID
+	stateDir := t.TempDir()
+	claims := []claimuse.Claim{
+		{Namespace: "a", Name: "share", Requests: []claimuse.Request{{Request: "gpu", StateFile: filepath.Join(stateDir, "cache"),
+			Devices: []claimuse.Device{{UUID: g0, MemoryMiB: 4096, Cores: 20}}}}},
+		{Namespace: "a", Name: "whole", Requests: []claimuse.Request{{Request: "gpu", Devices: []claimuse.Device{{UUID: g1, Whole: true}}}}},
+		{Namespace: "a", Name: "within", Requests: []claimuse.Request{{Request: "gpu", StateFile: filepath.Join(stateDir, "other"),
+			Devices: []claimuse.Device{{UUID: g1, MemoryMiB: 8192}}}}},
+	}
+	one := w.claimPod("a", "one", 1, "share", 101)
+	two := w.claimPod("a", "two", 2, "share", 201)
+	w.uses(0, 101, 3000)
+	w.uses(0, 201, 2000) // each within 4096; together 5000 of the shared 4096
+	w.claimPod("a", "whole", 3, "whole", 301)
+	w.uses(1, 301, 40000)
+	w.claimPod("a", "within", 4, "within", 401)
+	w.uses(1, 401, 8000)
+	b := limiterstate.Encode(&limiterstate.Snapshot{Processes: []limiterstate.Process{{PID: 1, HostPID: 101}, {PID: 1, HostPID: 201}, {PID: 1, HostPID: 401}}})
+	for _, f := range []string{"cache", "other"} {
+		if err := os.WriteFile(filepath.Join(stateDir, f), b, 0o666); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Without the claims: every one of them is a container on a GPU it
+	// was not granted.
+	if got := w.reconciler(false).Once(); len(got) != 4 {
+		t.Fatalf("without the claims: %v, want the 4 DRA containers not granted their GPUs", got)
+	}
+	r := w.reconciler(true)
+	r.opts.Claims = func() []claimuse.Claim { return claims }
+	got := r.Once()
+	if again := r.Once(); len(again) != len(got) { // the second pass would report processes without the limiter
+		t.Errorf("second pass: %v", again)
+	}
+	if len(got) != 2 {
+		t.Fatalf("breaches %v, want the two containers sharing claim a/share", got)
+	}
+	for _, b := range got {
+		if b.Claim != "a/share/gpu" || b.UsedMiB != 5000 || b.GrantedMiB != 4096 || b.Reason() != ReasonOverGrant ||
+			!strings.Contains(b.String(), "the containers using DRA claim request a/share/gpu") || (b.Pod != one && b.Pod != two) {
+			t.Errorf("breach %+v: %s", b, b)
+		}
+	}
+	if fmt.Sprint(w.killed[:2]) != "[101 201]" {
+		t.Errorf("killed %v, want the claim's containers' processes", w.killed)
 	}
 }

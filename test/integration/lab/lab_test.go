@@ -4,8 +4,10 @@
 // user would: the binary is built, `tessera-lab up` runs as a process, and
 // the tests use a kubectl built from the pinned module, the lab's
 // kubeconfig, what the nodes' runtimes record and the GPUs' shared state.
-// One lab (4 fractional nodes x 8 A100-40GB, one node of each other mode,
-// and the profiles of nodeConfig) serves every test of the package; each
+// One lab (4 fractional nodes x 8 A100-40GB, lab-gpu-01 to 04, and one of
+// 8 H100-80GB, lab-gpu-05, for the GPU guides' 8-GPU pod of the corpus;
+// one node of each other mode; the profiles of nodeConfig) serves every
+// test of the package; each
 // test works in its own namespace and leaves no pods behind, so any test
 // passes alone (go test -run TestFaults) or after the others.
 package lab_test
@@ -68,7 +70,7 @@ func run(m *testing.M) int {
 	}
 	dir = labdir.Dir(filepath.Join(tmp, "lab"))
 	start := time.Now()
-	labRun, err := testenv.StartLab(labBin, string(dir), 4*time.Minute, "--nodes", "4", "--gpus-per-node", "8", "--gpu-model", "A100-40GB",
+	labRun, err := testenv.StartLab(labBin, string(dir), 4*time.Minute, "--node-groups", labNodeGroups,
 		"--tools", tools, "--node-config", nodeConfig)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -93,6 +95,9 @@ func run(m *testing.M) int {
 	}
 	return code
 }
+
+// labNodeGroups are the lab's fractional nodes (--node-groups).
+const labNodeGroups = "4xA100-40GB:8,1xH100-80GB:8"
 
 // nodeConfigYAML is the lab's --node-config: a profile a test switches a
 // node to.
