@@ -401,7 +401,7 @@ func TestVolcanoQueueCapability(t *testing.T) {
 	q := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
 		"metadata": map[string]any{"name": "vgpu-4000"},
-		"spec": map[string]any{"weight": int64(1), "reclaimable": false, "capability": map[string]any{api.VolcanoVGPUMemory: "4000"}},
+		"spec":     map[string]any{"weight": int64(1), "reclaimable": false, "capability": map[string]any{api.VolcanoVGPUMemory: "4000"}},
 	}}
 	if _, err := dyn.Resource(queuesGVR).Create(ctx, q, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
