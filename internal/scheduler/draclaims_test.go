@@ -9,14 +9,12 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
-	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/dra"
 	"github.com/tessera-gpu/tessera/internal/placement"
@@ -77,46 +75,58 @@ func claimPod(name, claim string, annotations map[string]string) *corev1.Pod {
 	}
 }
 
-// Pods whose claims DynamicResources allocates on DRA nodes are ranked by
-// the node policy: binpack sends them to the node whose GPUs claims
-// already use (one of four otherwise equal nodes), a pod asking spread
-// to an empty one.
-func TestDRAClaimsPacked(t *testing.T) {
-	var objs []runtime.Object
-	for i := range 4 {
-		n := draNode(fmt.Sprintf("dra-%d", i), 2)
-		objs = append(objs, n, draSlice(t, n))
-	}
-	// A claim already allocated on dra-2's first GPU.
+// heldShare is a share claim already allocated on the first GPU of the
+// node (pool).
+func heldShare(pool string) *resourceapi.ResourceClaim {
 	held := shareClaim("held")
 	held.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{
-		Request: "gpu", Driver: api.DRADriverName, Pool: "dra-2", Device: dra.DeviceName(0), ShareID: ptr.To(types.UID("share-held")),
+		Request: "gpu", Driver: api.DRADriverName, Pool: pool, Device: dra.DeviceName(0), ShareID: ptr.To(types.UID("share-held")),
 		ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{
 			api.CapacityMemory: resource.MustParse("10Gi"), api.CapacityCores: resource.MustParse("25"),
 			api.CapacityShares: resource.MustParse("1"), api.CapacityNVIDIAMemory: resource.MustParse("0"),
 		},
 	}}}}
-	objs = append(objs, held)
-	ts := newTestScheduler(t, nil, objs...)
-	if err := dra.ApplyManifests(ts.ctx, ts.client, deploy.DRADeviceClasses); err != nil {
-		t.Fatal(err)
-	}
-	for i := range 3 {
-		c := shareClaim(fmt.Sprintf("c%d", i))
-		if _, err := ts.client.ResourceV1().ResourceClaims(c.Namespace).Create(ts.ctx, c, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		if node, msg := ts.schedule(claimPod(fmt.Sprintf("p%d", i), c.Name, nil)); node != "dra-2" {
-			t.Fatalf("pod p%d with a share claim placed on %q (%s), want dra-2, whose GPU claims already use", i, node, msg)
-		}
-	}
-	// dra-2 is the fullest; a pod asking spread goes elsewhere.
-	c := shareClaim("spread")
-	if _, err := ts.client.ResourceV1().ResourceClaims(c.Namespace).Create(ts.ctx, c, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if node, msg := ts.schedule(claimPod("spread", c.Name, map[string]string{api.AnnotationNodePolicy: string(api.NodeSpread)})); node == "" || node == "dra-2" {
-		t.Fatalf("pod asking node policy spread placed on %q (%s), want an empty node", node, msg)
+	return held
+}
+
+// Pods whose claims DynamicResources allocates on DRA nodes are ranked by
+// the node policy: binpack sends them to the node whose GPUs claims
+// already use (one of four otherwise equal nodes), a pod asking spread
+// to an empty one; both for claims the core narrows and for claims it
+// does not (a CEL selector: ranked in PreScore among the nodes that fit).
+func TestDRAClaimsPacked(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		claim func(name string) *resourceapi.ResourceClaim
+	}{
+		{"narrowed", shareClaim},
+		{"not narrowed", func(name string) *resourceapi.ResourceClaim {
+			c := shareClaim(name)
+			c.Spec.Devices.Requests[0].Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+				Expression: `device.capacity["gpu.tessera.io"].memory.compareTo(quantity("16Gi")) >= 0`}}}
+			return c
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var nodes []*corev1.Node
+			for i := range 4 {
+				nodes = append(nodes, draNode(fmt.Sprintf("dra-%d", i), 2))
+			}
+			ts := draCluster(t, nodes, heldShare("dra-2"))
+			for i := range 3 {
+				c := tc.claim(fmt.Sprintf("c%d", i))
+				ts.createClaim(c)
+				if node, msg := ts.schedule(claimPod(fmt.Sprintf("p%d", i), c.Name, nil)); node != "dra-2" {
+					t.Fatalf("pod p%d with a share claim placed on %q (%s), want dra-2, whose GPU claims already use", i, node, msg)
+				}
+			}
+			// dra-2 is the fullest; a pod asking spread goes elsewhere.
+			c := tc.claim("spread")
+			ts.createClaim(c)
+			if node, msg := ts.schedule(claimPod("spread", c.Name, map[string]string{api.AnnotationNodePolicy: string(api.NodeSpread)})); node == "" || node == "dra-2" {
+				t.Fatalf("pod asking node policy spread placed on %q (%s), want an empty node", node, msg)
+			}
+		})
 	}
 }
 

@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
@@ -189,14 +188,7 @@ func TestDRAClaimsNarrowed(t *testing.T) {
 	for i := range Candidates + 4 {
 		nodes = append(nodes, draNode(fmt.Sprintf("dra-%02d", i), 2))
 	}
-	held := shareClaim("held")
-	held.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{
-		Request: "gpu", Driver: api.DRADriverName, Pool: "dra-17", Device: dra.DeviceName(0), ShareID: ptr.To[types.UID]("share-held"),
-		ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{
-			api.CapacityMemory: resource.MustParse("10Gi"), api.CapacityCores: resource.MustParse("25"), api.CapacityShares: resource.MustParse("1"),
-		},
-	}}}}
-	ts := draCluster(t, nodes, held)
+	ts := draCluster(t, nodes, heldShare("dra-17"))
 	c := shareClaim("c")
 	ts.createClaim(c)
 	if node, msg := ts.schedule(claimPod("p", c.Name, nil)); node != "dra-17" {
