@@ -128,6 +128,33 @@ func TestArgsShippedConfigDecodesTyped(t *testing.T) {
 	}
 }
 
+// TestArgsDefaultIsShipped: a scheduler configured with no Tessera
+// arguments runs the placement policy the shipped configuration names
+// (deploy/scheduler/config.yaml, the chart's copy), so the code's default
+// and what the docs describe as shipped are one policy.
+func TestArgsDefaultIsShipped(t *testing.T) {
+	raw, err := deploy.SchedulerConfigFor("/dev/null", 1, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	shipped, err := loadArgs(t, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unset, err := loadArgs(t, shippedConfigWithArgs(t, map[string]any{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if unset.PlacementPolicy != shipped.PlacementPolicy || api.DefaultPlacementPolicy != shipped.PlacementPolicy {
+		t.Fatalf("placementPolicy: shipped %q, defaulted from no arguments %q, api.DefaultPlacementPolicy %q; want all three equal",
+			shipped.PlacementPolicy, unset.PlacementPolicy, api.DefaultPlacementPolicy)
+	}
+}
+
 func TestArgsDefaults(t *testing.T) {
 	args, err := loadArgs(t, shippedConfigWithArgs(t, map[string]any{"placementPolicy": "fgd"}))
 	if err != nil {
