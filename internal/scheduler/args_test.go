@@ -107,7 +107,10 @@ func setupErr(t *testing.T, path string, opts ...Option) error {
 	return err
 }
 
-func TestArgsShippedConfigDecodesTyped(t *testing.T) {
+// shippedArgs loads the Tessera plugin's arguments of the shipped
+// configuration (deploy/scheduler/config.yaml) as the scheduler does.
+func shippedArgs(t *testing.T) *config.TesseraArgs {
+	t.Helper()
 	raw, err := deploy.SchedulerConfigFor("/dev/null", 1, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -120,6 +123,11 @@ func TestArgsShippedConfigDecodesTyped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return args
+}
+
+func TestArgsShippedConfigDecodesTyped(t *testing.T) {
+	args := shippedArgs(t)
 	if err := config.ValidateTesseraArgs(argsPath, args, policies.Names()); err != nil {
 		t.Fatalf("the shipped arguments are invalid: %v", err)
 	}
@@ -133,18 +141,7 @@ func TestArgsShippedConfigDecodesTyped(t *testing.T) {
 // (deploy/scheduler/config.yaml, the chart's copy), so the code's default
 // and what the docs describe as shipped are one policy.
 func TestArgsDefaultIsShipped(t *testing.T) {
-	raw, err := deploy.SchedulerConfigFor("/dev/null", 1, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "c.yaml")
-	if err := os.WriteFile(path, raw, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	shipped, err := loadArgs(t, path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	shipped := shippedArgs(t)
 	unset, err := loadArgs(t, shippedConfigWithArgs(t, map[string]any{}))
 	if err != nil {
 		t.Fatal(err)
