@@ -21,6 +21,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -42,6 +43,9 @@ type draModel struct {
 	pools map[string]draPool
 	// used are the usages last set, by node (nodes with any usage).
 	used map[string][]placement.Usage
+	// synced reports whether the slices' informer has synced (nil: no
+	// informer, as in unit tests).
+	synced cache.InformerSynced
 }
 
 type draPool struct {
@@ -264,9 +268,9 @@ func (p *Plugin) refreshDRA() error {
 }
 
 // draReady reports whether the plugin can read claims (kube-scheduler's
-// DRA manager) and knows some Tessera GPUs.
+// DRA manager) and has read the ResourceSlices.
 func (p *Plugin) draReady() bool {
-	return p.handle != nil && p.handle.SharedDRAManager() != nil
+	return p.handle != nil && p.handle.SharedDRAManager() != nil && (p.dra.synced == nil || p.dra.synced())
 }
 
 // draStateKey holds a claim pod's DRA ranking for Score.

@@ -27,10 +27,12 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/features"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
 	"github.com/tessera-gpu/tessera/internal/policies"
@@ -177,21 +179,28 @@ func newWithPolicies(ctx context.Context, obj runtime.Object, h fwk.Handle, cat 
 	if err != nil {
 		return nil, fmt.Errorf("watching pods: %w", err)
 	}
-	sliceReg, err := h.SharedInformerFactory().Resource().V1().ResourceSlices().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { p.onSlice(logger, obj) },
-		UpdateFunc: func(_, obj any) { p.onSlice(logger, obj) },
-		DeleteFunc: func(obj any) {
-			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				p.dra.onSlice(logger, t.Key, nil) // cluster-scoped: the key is the name
-			} else if s, ok := obj.(*resourceapi.ResourceSlice); ok {
-				p.dra.onSlice(logger, s.Name, nil)
-			}
-		},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("watching ResourceSlices: %w", err)
+	// Tessera's DRA GPUs (dramodel.go), with DynamicResourceAllocation
+	// on, as kube-scheduler's DynamicResources. Only the narrowing of
+	// claims waits for the slices (draReady), never the device-plugin
+	// pods.
+	if utilfeature.DefaultFeatureGate.Enabled(features.DynamicResourceAllocation) {
+		sliceReg, err := h.SharedInformerFactory().Resource().V1().ResourceSlices().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { p.onSlice(logger, obj) },
+			UpdateFunc: func(_, obj any) { p.onSlice(logger, obj) },
+			DeleteFunc: func(obj any) {
+				if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+					p.dra.onSlice(logger, t.Key, nil) // cluster-scoped: the key is the name
+				} else if s, ok := obj.(*resourceapi.ResourceSlice); ok {
+					p.dra.onSlice(logger, s.Name, nil)
+				}
+			},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("watching ResourceSlices: %w", err)
+		}
+		p.dra.synced = sliceReg.HasSynced
 	}
-	p.syncFns = []cache.InformerSynced{nodeReg.HasSynced, podReg.HasSynced, sliceReg.HasSynced}
+	p.syncFns = []cache.InformerSynced{nodeReg.HasSynced, podReg.HasSynced}
 	logger.Info("Tessera plugin ready", "resourcePrefix", cfg.ResourcePrefix, "policy", p.policy.Name(), "gpuPolicy", cfg.GPUPolicy)
 	return p, nil
 }
