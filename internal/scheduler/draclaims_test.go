@@ -149,7 +149,7 @@ func BenchmarkDRANarrowing(b *testing.B) {
 		p.dra.onSlice(klog.Background(), s.Name, s)
 	}
 	alloc := &structured.AllocatedState{AllocatedDevices: sets.New[structured.DeviceID](), AggregatedCapacity: structured.ConsumedCapacityCollection{}}
-	req, why := draRequest(claimPod("p", "c", nil), claimsOf{"c": shareClaim("c")})
+	req, _, why := draRequest(claimPod("p", "c", nil), claimsOf{"c": shareClaim("c")})
 	if req == nil {
 		b.Fatal(why)
 	}

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/component-base/metrics/testutil"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
@@ -94,6 +95,7 @@ func TestDRARequest(t *testing.T) {
 		mutate func(c *resourceapi.ResourceClaim)
 		want   *placement.Container
 		why    string
+		result string // the metric's label
 	}{
 		{name: "share", want: &placement.Container{Name: "gpu", GPUs: 1, MemoryMiB: 10240, Cores: 25}},
 		{name: "two whole GPUs", mutate: func(c *resourceapi.ResourceClaim) {
@@ -107,34 +109,34 @@ func TestDRARequest(t *testing.T) {
 		}, want: &placement.Container{Name: "gpu", GPUs: 1, MemoryMiB: 954, Cores: 25}},
 		{name: "another class", mutate: func(c *resourceapi.ResourceClaim) {
 			c.Spec.Devices.Requests[0].Exactly.DeviceClassName = "gpu.example.com"
-		}, why: "DeviceClass gpu.example.com"},
+		}, why: "DeviceClass gpu.example.com", result: "deviceClass"},
 		{name: "firstAvailable", mutate: func(c *resourceapi.ResourceClaim) {
 			c.Spec.Devices.Requests[0].FirstAvailable = []resourceapi.DeviceSubRequest{{Name: "a", DeviceClassName: api.DeviceClassGPU}}
 			c.Spec.Devices.Requests[0].Exactly = nil
-		}, why: "firstAvailable"},
-		{name: "adminAccess", mutate: func(c *resourceapi.ResourceClaim) { c.Spec.Devices.Requests[0].Exactly.AdminAccess = ptr.To(true) }, why: "adminAccess"},
+		}, why: "firstAvailable", result: "firstAvailable"},
+		{name: "adminAccess", mutate: func(c *resourceapi.ResourceClaim) { c.Spec.Devices.Requests[0].Exactly.AdminAccess = ptr.To(true) }, why: "adminAccess", result: "adminAccess"},
 		{name: "selector", mutate: func(c *resourceapi.ResourceClaim) {
 			c.Spec.Devices.Requests[0].Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: "true"}}}
-		}, why: "selectors"},
+		}, why: "selectors", result: "selectors"},
 		{name: "all devices", mutate: func(c *resourceapi.ResourceClaim) {
 			c.Spec.Devices.Requests[0].Exactly.AllocationMode = resourceapi.DeviceAllocationModeAll
-		}, why: "allocationMode All"},
+		}, why: "allocationMode All", result: "allocationMode"},
 		{name: "the mirror capacity", mutate: func(c *resourceapi.ResourceClaim) {
 			c.Spec.Devices.Requests[0].Exactly.Capacity.Requests[api.CapacityNVIDIAMemory] = resource.MustParse("0")
-		}, why: "capacity " + api.CapacityNVIDIAMemory},
+		}, why: "capacity " + api.CapacityNVIDIAMemory, result: "capacity"},
 		{name: "allocated (shared with another pod)", mutate: func(c *resourceapi.ResourceClaim) {
 			c.Status.Allocation = &resourceapi.AllocationResult{}
-		}, why: "already allocated"},
+		}, why: "already allocated", result: "allocated"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := shareClaim("c")
 			if tc.mutate != nil {
 				tc.mutate(c)
 			}
-			req, why := draRequest(pod, claimsOf{c.Name: c})
+			req, result, why := draRequest(pod, claimsOf{c.Name: c})
 			if tc.want == nil {
-				if req != nil || !strings.Contains(why, tc.why) {
-					t.Fatalf("narrowed %+v (%q), want not narrowed because of %q", req, why, tc.why)
+				if req != nil || !strings.Contains(why, tc.why) || result != tc.result {
+					t.Fatalf("narrowed %+v (%q, %q), want not narrowed because of %q (%s)", req, why, result, tc.why, tc.result)
 				}
 				return
 			}
@@ -208,6 +210,14 @@ func TestDRAClaimsNarrowed(t *testing.T) {
 	}
 	if d := readDRACycle(cs); d == nil || d.scores["dra-17"] != 100 {
 		t.Fatalf("DRA ranking %+v, want dra-17 first", d)
+	}
+	before, err := testutil.GetCounterMetricValue(claimPodsTotal.WithLabelValues("narrowed"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts.plugin.PreFilter(context.Background(), framework.NewCycleState(), claimPod("p3", c2.Name, nil), nil)
+	if after, _ := testutil.GetCounterMetricValue(claimPodsTotal.WithLabelValues("narrowed")); after != before+1 {
+		t.Errorf("%s{result=narrowed} went from %v to %v for one narrowed pod", "tessera_scheduler_claim_pods_total", before, after)
 	}
 }
 
