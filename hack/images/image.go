@@ -367,6 +367,11 @@ func (t *tree) addFile(p, src string, mode fs.FileMode) error {
 	return nil
 }
 
+func (t *tree) addSymlink(p, target string) {
+	t.parents(p)
+	t.entries[p] = entry{mode: 0o777, typ: tar.TypeSymlink, linkname: target}
+}
+
 // addFromRoot adds p as it is under root: a symlink as a symlink (and its
 // target), a file with mode (not the input's: that would make the digest
 // depend on the checkout's umask).
@@ -386,8 +391,7 @@ func (t *tree) addFromRoot(root, p string, mode fs.FileMode) error {
 		if err != nil {
 			return err
 		}
-		t.parents(p)
-		t.entries[p] = entry{mode: 0o777, typ: tar.TypeSymlink, linkname: target}
+		t.addSymlink(p, target)
 		if !path.IsAbs(target) {
 			target = path.Join(path.Dir(p), target)
 		}

@@ -1,0 +1,332 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/tessera-gpu/tessera/internal/nodeagent/nodelabels"
+	"github.com/tessera-gpu/tessera/internal/testenv"
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+// shBlock is the first sh code block after a heading of a Markdown file:
+// its commands, continuation lines joined, comments dropped.
+func shBlock(t *testing.T, root, file, heading string) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(root, file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "\n"+heading+"\n")
+	if !ok {
+		t.Fatalf("%s has no %q section", file, heading)
+	}
+	_, block, ok := strings.Cut(section, "```sh\n")
+	if !ok {
+		t.Fatalf("%s's %q has no sh block", file, heading)
+	}
+	block, _, _ = strings.Cut(block, "```")
+	var cmds []string
+	cur := ""
+	for _, line := range strings.Split(block, "\n") {
+		if i := strings.Index(line, " #"); i >= 0 {
+			line = line[:i]
+		}
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if strings.HasSuffix(line, "\\") {
+			cur += strings.TrimSuffix(line, "\\")
+			continue
+		}
+		cmds = append(cmds, cur+line)
+		cur = ""
+	}
+	if len(cmds) == 0 {
+		t.Fatalf("%s's %q: an empty sh block", file, heading)
+	}
+	return cmds
+}
+
+// readmeInstall is the README's "Install on a real cluster": the commands
+// before helm install, and helm install.
+func readmeInstall(t *testing.T, root string) (prepare []string, install string) {
+	cmds := shBlock(t, root, "README.md", "## Install on a real cluster")
+	last := cmds[len(cmds)-1]
+	if !strings.HasPrefix(last, "helm install ") || !strings.Contains(last, "--wait") || !strings.Contains(last, "--atomic") {
+		t.Fatalf("README.md's install block does not end with helm install --wait --atomic: %q", cmds)
+	}
+	return cmds[:len(cmds)-1], last
+}
+
+// mustFail runs a command line that must fail, and returns its output.
+func (e *env) mustFail(t *testing.T, line string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	out, err := e.sh(ctx, line)
+	if err == nil {
+		t.Fatalf("%s: succeeded, want it refused:\n%s", line, out)
+	}
+	return out
+}
+
+// badInput: helm install (the README's) with each bad input fails with an
+// error naming it, and leaves nothing of the release: no object of the
+// chart, no pod, no webhook, nothing on the node.
+func (e *env) badInput(t *testing.T, install string) {
+	const quick = " --timeout 45s"
+
+	// An API server older than the chart supports.
+	proxy := e.versionProxy(t, "v1.35.4")
+	out := e.mustFail(t, "KUBECONFIG="+proxy+" "+install)
+	if !strings.Contains(out, "kubeVersion") || !strings.Contains(out, "v1.35.4") {
+		t.Fatalf("an API server of Kubernetes 1.35: want helm to name the chart's kubeVersion and the server's version, got:\n%s", out)
+	}
+	t.Logf("unsupported API server: %s", strings.TrimSpace(out))
+	e.checkNothingInstalled(t)
+
+	// A wrong image tag: helm's wait ends at its timeout and the release is
+	// rolled back; the kubelet's events, which outlive the rollback, name
+	// the image (docs/install.md).
+	out = e.mustFail(t, install+" --set image.tag=0.1.0-missing"+quick)
+	e.checkNothingInstalled(t)
+	ev := e.must(t, "kubectl get events -n tessera-system --field-selector type=Warning -o jsonpath='{range .items[*]}{.message}{\"\\n\"}{end}'")
+	if !strings.Contains(ev, "ghcr.io/tessera-gpu/tessera:0.1.0-missing") {
+		t.Fatalf("a wrong image tag: no Warning event names the image; helm said:\n%s\nevents:\n%s", out, ev)
+	}
+	t.Logf("wrong image tag: %s; events: %s", strings.TrimSpace(out), firstLine(ev, "0.1.0-missing"))
+
+	// No driver root on the node (NVIDIA's driver container not there).
+	if err := os.Rename(driverRoot, driverRoot+".away"); err != nil {
+		t.Fatal(err)
+	}
+	out = e.mustFail(t, install+quick)
+	if err := os.Rename(driverRoot+".away", driverRoot); err != nil {
+		t.Fatal(err)
+	}
+	e.checkNothingInstalled(t)
+	ev = e.must(t, "kubectl get events -n tessera-system --field-selector type=Warning -o jsonpath='{range .items[*]}{.message}{\"\\n\"}{end}'")
+	if !strings.Contains(ev, driverRoot+" ") && !strings.Contains(ev, driverRoot+"\n") && !strings.Contains(ev, driverRoot+":") {
+		t.Fatalf("a missing driver root: no Warning event names %s; helm said:\n%s\nevents:\n%s", driverRoot, out, ev)
+	}
+	t.Logf("missing driver root: %s", firstLine(ev, driverRoot))
+
+	// No CDI spec of the GPUs.
+	if err := os.Rename(cdiSpec, cdiSpec+".away"); err != nil {
+		t.Fatal(err)
+	}
+	out = e.mustFail(t, install+quick)
+	if err := os.Rename(cdiSpec+".away", cdiSpec); err != nil {
+		t.Fatal(err)
+	}
+	e.checkNothingInstalled(t)
+	ev = e.must(t, "kubectl get events -A --field-selector reason=TesseraPrerequisite -o jsonpath='{range .items[*]}{.message}{\"\\n\"}{end}'")
+	if !strings.Contains(ev, e.driver.GPUs[0].UUID) || !strings.Contains(ev, "/var/run/cdi") {
+		t.Fatalf("a missing CDI spec: no TesseraPrerequisite event names the GPUs and the CDI directories; helm said:\n%s\nevents:\n%s", out, ev)
+	}
+	t.Logf("missing CDI spec: %s", firstLine(ev, "CDI"))
+}
+
+func firstLine(s, containing string) string {
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, containing) {
+			return l
+		}
+	}
+	return ""
+}
+
+// checkNothingInstalled: no release, no object of the chart, no pod of
+// the release's namespace, no webhook, nothing the agent writes on the
+// node.
+func (e *env) checkNothingInstalled(t *testing.T) {
+	t.Helper()
+	if out := e.must(t, "helm list -A -a -q"); strings.TrimSpace(out) != "" {
+		t.Fatalf("helm still lists a release: %s", out)
+	}
+	ns := e.must(t, "kubectl get all,configmaps,secrets,serviceaccounts,roles,rolebindings,poddisruptionbudgets -n tessera-system -l app.kubernetes.io/instance=tessera -o name")
+	cluster := e.must(t, "kubectl get clusterroles,clusterrolebindings,mutatingwebhookconfigurations,validatingwebhookconfigurations,validatingadmissionpolicies,validatingadmissionpolicybindings -l app.kubernetes.io/instance=tessera -o name")
+	if strings.TrimSpace(ns+cluster) != "" {
+		t.Fatalf("the chart's objects are left:\n%s%s", ns, cluster)
+	}
+	testenv.WaitFor(t, "no pod in tessera-system", 2*time.Minute, func() bool {
+		l, err := e.cp.Client.CoreV1().Pods("tessera-system").List(context.Background(), metav1.ListOptions{})
+		return err == nil && len(l.Items) == 0
+	})
+	e.checkNode(t)
+}
+
+// checkNode: the Node carries no label or annotation of Tessera's.
+func (e *env) checkNode(t *testing.T) {
+	t.Helper()
+	n, err := e.cp.Client.CoreV1().Nodes().Get(context.Background(), nodeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range nodelabels.Managed {
+		if v, ok := n.Labels[k]; ok {
+			t.Errorf("node label %s=%s is left", k, v)
+		}
+	}
+	for k := range n.Labels {
+		if strings.HasPrefix(k, "tessera.io/") {
+			t.Errorf("node label %s is left", k)
+		}
+	}
+	for k := range n.Annotations {
+		if strings.HasPrefix(k, "tessera.io/") {
+			t.Errorf("node annotation %s is left", k)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+}
+
+// versionProxy serves the API server with /version answering version, as
+// an older cluster would; it returns a kubeconfig for it.
+func (e *env) versionProxy(t *testing.T, version string) string {
+	cfg, err := clientcmd.LoadFromFile(e.cp.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target, _ := url.Parse(e.cp.APIServer)
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(cfg.Clusters[cfg.Contexts[cfg.CurrentContext].Cluster].CertificateAuthorityData)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	rp.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}
+	cert, err := tls.LoadX509KeyPair(e.cp.PKI.File("apiserver.crt"), e.cp.PKI.File("apiserver.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	minor := strings.Split(strings.TrimPrefix(version, "v"), ".")[1]
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/version" {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"major":"1","minor":%q,"gitVersion":%q,"platform":"linux/amd64"}`, minor, version)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	})}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { srv.Close() })
+	cl := cfg.Clusters[cfg.Contexts[cfg.CurrentContext].Cluster]
+	cl.Server = "https://" + l.Addr().(*net.TCPAddr).String()
+	path := filepath.Join(sandbox.Dir, "old-apiserver.kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// Host paths the chart's node agent writes (values' nodeAgent.hostPaths
+// and the DRA plugin's directory).
+var hostPaths = []string{"/var/lib/tessera", "/usr/local/tessera", "/run/tessera", "/var/lib/kubelet/plugins/gpu.tessera.io"}
+
+// uninstall runs docs/install.md's "Uninstalling" and checks that nothing
+// of Tessera's is left: no object in the API (its name, labels or
+// annotations), no node label or annotation, no host file, no device
+// plugin registered with the kubelet.
+func (e *env) uninstall(t *testing.T) {
+	for _, p := range hostPaths[:3] {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("before uninstalling, %s should exist (the agent's): %v", p, err)
+		}
+	}
+	for _, c := range shBlock(t, e.root, "docs/install.md", "## Uninstalling") {
+		t.Logf("$ %s", c)
+		t.Log(e.must(t, c))
+	}
+	e.checkNothingInstalled(t)
+	// Every object of every resource the API server serves.
+	cfg, err := clientcmd.BuildConfigFromFlags("", e.cp.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc := discovery.NewDiscoveryClientForConfigOrDie(cfg)
+	dyn := dynamic.NewForConfigOrDie(cfg)
+	lists, err := discovery.ServerPreferredResources(dc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for _, l := range lists {
+		gv, _ := schema.ParseGroupVersion(l.GroupVersion)
+		for _, r := range l.APIResources {
+			if r.Name == "events" || !strings.Contains(strings.Join(r.Verbs, ","), "list") {
+				continue
+			}
+			objs, err := dyn.Resource(gv.WithResource(r.Name)).List(context.Background(), metav1.ListOptions{})
+			if err != nil {
+				if apierrors.IsNotFound(err) || apierrors.IsMethodNotSupported(err) {
+					continue
+				}
+				t.Fatalf("listing %s: %v", r.Name, err)
+			}
+			for _, o := range objs.Items {
+				hit := strings.Contains(o.GetName(), "tessera") || strings.Contains(o.GetNamespace(), "tessera")
+				for k, v := range o.GetLabels() {
+					hit = hit || strings.Contains(k, "tessera") || strings.Contains(v, "tessera")
+				}
+				for k := range o.GetAnnotations() {
+					hit = hit || strings.HasPrefix(k, "tessera.io/")
+				}
+				if hit {
+					left = append(left, r.Name+" "+o.GetNamespace()+"/"+o.GetName())
+				}
+			}
+		}
+	}
+	if len(left) > 0 {
+		t.Fatalf("Tessera's objects are left after the clean-up: %s", strings.Join(left, ", "))
+	}
+	for _, p := range hostPaths {
+		if _, err := os.Lstat(p); err == nil {
+			t.Errorf("host path %s is left", p)
+		}
+	}
+	ents, err := os.ReadDir("/var/lib/kubelet/device-plugins")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ent := range ents {
+		if n := ent.Name(); n != "kubelet.sock" && n != "kubelet_internal_checkpoint" && n != "DEPRECATION" {
+			t.Errorf("a device plugin is still registered with the kubelet: %s", n)
+		}
+	}
+	n, err := e.cp.Client.CoreV1().Nodes().Get(context.Background(), nodeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r, q := range n.Status.Allocatable {
+		if strings.HasPrefix(string(r), api.DefaultResourceNames.GPU[:strings.Index(api.DefaultResourceNames.GPU, "/")]+"/") && !q.IsZero() {
+			t.Errorf("the kubelet still offers %s: %s", r, q.String())
+		}
+	}
+}
