@@ -68,9 +68,9 @@ func TestGolden(t *testing.T) {
 			GPUContainer("main", api.DeviceGrant{UUID: ga1, MemoryMiB: 40960, Cores: 100, Exclusive: true}).Obj(),
 		fixtures.MakePod().Namespace("team").Name("mps").Node("gpu-b").
 			GPUContainer("client", api.DeviceGrant{UUID: gb0, MemoryMiB: 20480, Cores: 25}).Obj(),
-		fixtures.MakePod().Namespace("ml").Name("big").SchedulerName("tessera-scheduler").
+		fixtures.MakePod().Namespace("ml").Name("big").SchedulerName(api.SchedulerName).
 			Container("main", map[string]string{names.GPU: "1", names.Memory: "30000"}).Obj(),
-		fixtures.MakePod().Namespace("ml").Name("small").SchedulerName("tessera-scheduler").
+		fixtures.MakePod().Namespace("ml").Name("small").SchedulerName(api.SchedulerName).
 			Container("main", map[string]string{names.GPU: "1", names.Memory: "4096"}).Obj(),
 		fixtures.MakePod().Namespace("ml").Name("web").Container("main", nil).Obj(),
 	}

@@ -1,5 +1,8 @@
-// Command tessera is the single binary that ships every Go component of
-// Tessera; the first argument picks the component.
+// Command tessera is the binary Tessera's image ships: the scheduler, the
+// admission webhook, the node agent and the kubelet shim; the first
+// argument picks the component. The research simulator is tessera-sim,
+// the emulated cluster tessera-lab, the kubectl plugin kubectl-tessera
+// (deps_test.go checks what each links).
 package main
 
 import (
@@ -24,7 +27,6 @@ type command struct {
 
 var commands = map[string]command{
 	"version":         {"print the version and exit", runVersion},
-	"simulate":        {"replay a GPU cluster trace and compare placement policies", runSimulate},
 	"scheduler":       {"run kube-scheduler with the Tessera GPU-sharing plugin (kube-scheduler flags)", runScheduler},
 	"webhook":         {"serve the admission webhook for GPU pods", runWebhook},
 	"node-agent":      {"discover GPUs, publish the node inventory, serve the GPU device plugin", runNodeAgent},
@@ -51,6 +53,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	cmd, ok := commands[args[0]]
+	if !ok && args[0] == "simulate" {
+		fmt.Fprintln(stderr, "tessera: the simulator is a binary of its own: tessera-sim (make build; or go run ./cmd/tessera-sim), with the flags tessera simulate had")
+		return 2
+	}
 	if !ok {
 		fmt.Fprintf(stderr, "tessera: unknown command %q\n\n", args[0])
 		usage(stderr)

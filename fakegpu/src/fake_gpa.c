@@ -1,8 +1,9 @@
 /*
  * fake_gpa.c - cuGetProcAddress[_v2] of the fake driver. Like the real
  * driver it answers a base name with the variant for the version asked
- * (src/tl_procaddr.c, checked against the real libcuda), and only from its
- * own entry points: it never calls dlsym, which the limiter intercepts.
+ * (cuda-abi/tl_procaddr.c, checked against the real libcuda), and only
+ * from its own entry points: it never calls dlsym, which the limiter
+ * intercepts.
  *
  * FAKE_GPA_THUNKS=1: hand out internal trampolines instead of the exported
  * functions, as a driver may. FAKE_GPA_STUBS=1: answer names the fake does

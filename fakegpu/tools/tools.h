@@ -2,7 +2,8 @@
  * tools.h - what the lab's GPU tools share: the driver and NVML loaded at
  * run time, as a CUDA program's runtime and nvidia-smi find them in a
  * container, with a clear message when the container has no GPU driver.
- * The types are the limiter's (tl_cuda.h): no NVIDIA header.
+ * The types are ../cuda-abi/tl_cuda.h (shared with the limiter): no
+ * NVIDIA header.
  */
 #ifndef TOOLS_H
 #define TOOLS_H

@@ -1,5 +1,5 @@
-// Package cli holds what Tessera's binaries (tessera, tessera-lab) share
-// in handling subcommand flags and errors.
+// Package cli holds what Tessera's binaries (tessera, tessera-lab,
+// tessera-sim) share in handling subcommand flags and errors.
 package cli
 
 import (
@@ -28,14 +28,18 @@ func ParseFlags(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
-// ExitCode reports a subcommand's error on stderr as "prog cmd: err" and
-// returns the process's exit code: 0 for none or -h, 2 for a usage
-// error, 1 otherwise.
+// ExitCode reports a subcommand's error on stderr as "prog cmd: err"
+// ("prog: err" for a program without subcommands, cmd "") and returns the
+// process's exit code: 0 for none or -h, 2 for a usage error, 1
+// otherwise.
 func ExitCode(stderr io.Writer, prog, cmd string, err error) int {
 	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
-	fmt.Fprintf(stderr, "%s %s: %v\n", prog, cmd, err)
+	if cmd != "" {
+		prog += " " + cmd
+	}
+	fmt.Fprintf(stderr, "%s: %v\n", prog, err)
 	if errors.Is(err, ErrUsage) {
 		return 2
 	}

@@ -41,6 +41,10 @@ func TestParseFlagsAndExitCode(t *testing.T) {
 	if code := ExitCode(&out, "p", "c", errors.New("boom")); code != 1 || out.String() != "p c: boom\n" {
 		t.Errorf("plain error: exit %d, printed %q", code, out.String())
 	}
+	out.Reset()
+	if code := ExitCode(&out, "p", "", errors.New("boom")); code != 1 || out.String() != "p: boom\n" {
+		t.Errorf("a program without subcommands: exit %d, printed %q", code, out.String())
+	}
 	if code := ExitCode(&out, "p", "c", nil); code != 0 {
 		t.Errorf("no error: exit %d", code)
 	}

@@ -20,7 +20,6 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/placement"
-	"github.com/tessera-gpu/tessera/internal/scheduler"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -192,7 +191,7 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Report, error) 
 		r.objs[key] = p
 		_, has := p.Annotations[api.AnnotationAllocation]
 		if p.Spec.NodeName == "" {
-			if (p.Spec.SchedulerName == scheduler.SchedulerName || ds.usesTesseraDRA(p)) && p.DeletionTimestamp == nil {
+			if (p.Spec.SchedulerName == api.SchedulerName || ds.usesTesseraDRA(p)) && p.DeletionTimestamp == nil {
 				r.Pending = append(r.Pending, PendingPod{Name: key, Reason: unschedulableReason(p)})
 			}
 			continue

@@ -36,6 +36,10 @@ type WhyReport struct {
 	// free (whydra.go).
 	Claims []WhyClaim `json:"claims,omitempty"`
 	GPUs   []WhyGPU   `json:"gpus,omitempty"`
+	// Nominated and Victims are, for a pod a preemption nominated a node
+	// for, that node and the pods evicted for it (whypreempt.go).
+	Nominated string      `json:"nominated,omitempty"`
+	Victims   []WhyVictim `json:"victims,omitempty"`
 }
 
 // WhyGroup is the nodes that refuse the pod for the same reason.
@@ -124,7 +128,7 @@ func (r *Report) Why(namespace, name string) (*WhyReport, error) {
 		n := len(g.nodes)
 		text := placement.Summarize(n, g.reasons)
 		text = strings.TrimPrefix(text, fmt.Sprintf("0/%d nodes fit: %d ", n, n))
-		w.Groups = append(w.Groups, WhyGroup{Reason: text, Hint: hint(g.reasons[0].Kind), Nodes: g.nodes})
+		w.Groups = append(w.Groups, WhyGroup{Reason: text, Hint: g.reasons[0].Kind.Text().Hint, Nodes: g.nodes})
 	}
 	if len(draNodes) > 0 {
 		w.Groups = append(w.Groups, WhyGroup{Reason: "node serves its GPUs through DRA (ResourceClaims of driver gpu.tessera.io)", Nodes: draNodes,
@@ -144,33 +148,6 @@ func (r *Report) Why(namespace, name string) (*WhyReport, error) {
 	return w, nil
 }
 
-// hint is what a user can do about a reason.
-func hint(k placement.ReasonKind) string {
-	switch k {
-	case placement.ReasonGPUMemory, placement.ReasonGPUCores, placement.ReasonShares, placement.ReasonHeldWhole:
-		return "wait for GPU pods there to end, or ask for a smaller share (nvidia.com/gpumem, nvidia.com/gpucores)"
-	case placement.ReasonGPUMemoryPhysical:
-		return "the request is larger than any GPU there: ask for less memory per GPU or more GPUs"
-	case placement.ReasonWholeGPUs, placement.ReasonGPUCount:
-		return "fewer GPUs per container, or wait for GPUs there to free"
-	case placement.ReasonUnhealthy:
-		return "the GPUs there are unhealthy: `kubectl tessera nodes` shows why; the node agent marks them healthy after the recovery period"
-	case placement.ReasonModelExcluded, placement.ReasonModelNotIncluded, placement.ReasonUUID:
-		return "the pod's GPU selection (use-gputype/nouse-gputype/use-gpuuuid annotations) excludes these GPUs"
-	case placement.ReasonSharingMode:
-		return "ask for a whole GPU (nvidia.com/gpu: 1 without gpumem) or use nodes in shared mode"
-	case placement.ReasonMIG:
-		return "ask for a MIG profile the nodes offer, or wait for MIG devices to free"
-	case placement.ReasonMPSOneGPU:
-		return "an MPS client uses one GPU: ask for one GPU, or use nodes not in mps mode"
-	case placement.ReasonNUMA:
-		return "drop the NUMA binding or ask for fewer GPUs"
-	case placement.ReasonNoGPUs:
-		return "the node has no GPUs Tessera offers"
-	}
-	return ""
-}
-
 // Print writes the explanation.
 func (w *WhyReport) Print(out io.Writer) error {
 	fmt.Fprintf(out, "Pod %s: %s\n", w.Pod, w.State)
@@ -187,6 +164,7 @@ func (w *WhyReport) Print(out io.Writer) error {
 	if err := w.printDRA(out); err != nil {
 		return err
 	}
+	w.printPreemption(out)
 	if len(w.Fits) > 0 {
 		fmt.Fprintf(out, "\n  fits now on: %s\n", nodeList(w.Fits))
 	}

@@ -1,8 +1,9 @@
 // Package nodeagent is Tessera's node agent: it discovers the node's GPUs
-// through NVML, watches their health, publishes the node's inventory on
-// its Node object when it changes, applies the node's configuration
-// profile, serves the kubelet device plugin and removes per-container
-// state of pods that are gone.
+// through NVML, watches their health, applies the node's configuration
+// profile and publishes the node's inventory on its Node object when it
+// changes. What each mode adds (the kubelet device plugins, the DRA
+// kubelet plugin, MIG, MPS, the record checks, the metrics) is a part
+// (package parts) the agent drives; parts.go registers them.
 package nodeagent
 
 import (
@@ -18,7 +19,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -34,10 +34,9 @@ import (
 	"github.com/tessera-gpu/tessera/internal/nodeagent/discovery"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/dra"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
-	"github.com/tessera-gpu/tessera/internal/nodeagent/mps"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/nodelabels"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/parts"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/reconcile"
-	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 	"github.com/tessera-gpu/tessera/internal/recordsig"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -60,7 +59,9 @@ type Options struct {
 	// Resync is how often the inventory is rebuilt without a trigger and
 	// state directories are collected (default 1m).
 	Resync time.Duration
-	// NoPlugin skips the device plugin (tests of publishing only).
+	// NoPlugin leaves out the parts that serve the kubelet: the device
+	// plugins, their record checks and the DRA kubelet plugin (tests of
+	// publishing only).
 	NoPlugin bool
 	// MPSControl runs nvidia-cuda-mps-control (path and leading
 	// arguments; default "nvidia-cuda-mps-control" from $PATH), for nodes
@@ -91,53 +92,30 @@ type Options struct {
 	// on the GPUs against their grants; it runs when Interval > 0.
 	Reconcile reconcile.Options
 	// MetricsAddress is where the Prometheus metrics are served
-	// ("host:port"; empty: not served). See observe.go.
+	// ("host:port"; empty: not served).
 	MetricsAddress string
 }
 
-// Agent is one node's agent.
+// Agent is one node's agent: the core (discovery, health, the
+// configuration profile, the inventory and its publishing, the reconcile
+// loop) and the per-mode parts it drives (package parts; registered in
+// parts.go).
 type Agent struct {
 	opts    Options
 	client  kubernetes.Interface
 	logger  klog.Logger
-	devices []discovery.Device
+	names   api.ResourceNames
+	devices *parts.Devices
 	monitor *health.Monitor
 	config  *config.Store
-	plugin  *deviceplugin.Plugin
-	state   statedir.Dirs
-	names   api.ResourceNames
-
-	// devMu guards devices' MIG state, changed by the reconcile loop and
-	// by Allocate (dynamic MIG).
-	devMu      sync.Mutex
-	migReports map[string]string
-	created    map[string]owner // dynamic instances: "<gpu>/<inst>" → the pod
-	mps        *mps.Manager
-	mpsErr     string
-	// plugins serve one resource each (reconcile starts and stops them).
-	plugins map[string]*pluginRun
-	// withdrawn: plugins of resources no longer offered that keep serving
-	// an empty list to the kubelet shim (syncPlugins).
-	withdrawn map[string]*pluginRun
-	// offeredRead: the previous agent's served resources were read;
-	// offeredWritten: what this one last wrote (plugins.go).
-	offeredRead    bool
-	offeredWritten string
-	runCtx         context.Context
-	wg             sync.WaitGroup
-	// recorder posts Node events (MIG layout reports); nil before Run.
-	recorder record.EventRecorder
-	// dra is the DRA kubelet plugin (nodes in mode dra).
-	dra draRun
-
-	nodes   corelisters.NodeLister
-	cms     corelisters.ConfigMapLister
-	pods    corelisters.PodLister
+	driver  nodelabels.Driver // the driver's versions, for the labels
+	parts   []parts.Part
 	trigger chan struct{}
-	metrics *agentMetrics
-	// guardCfg is the device plugins' checks of records (trust.go); set
-	// by Run before the first plugin starts.
-	guardCfg *deviceplugin.Guard
+
+	// Set by Run before the first reconcile.
+	nodes corelisters.NodeLister
+	cms   corelisters.ConfigMapLister
+	pods  corelisters.PodLister
 
 	mu        sync.Mutex
 	published string // last inventory we wrote on the Node
@@ -145,13 +123,6 @@ type Agent struct {
 	synced    bool   // our cache has shown what we wrote
 	patches   int
 	configErr string // last configuration error reported
-
-	// driver, lastInv, podsForMetrics and metricsAddr feed the labels and
-	// metrics (observe.go).
-	driver         nodelabels.Driver
-	lastInv        *api.NodeInventory
-	podsForMetrics corelisters.PodLister
-	metricsAddr    string
 }
 
 // New discovers the GPUs of lib (initialised) and prepares the agent.
@@ -177,44 +148,20 @@ func New(lib nvml.Interface, client kubernetes.Interface, opts Options, logger k
 	for _, e := range res.Skipped {
 		logger.Error(e, "GPU left out of the inventory")
 	}
-	handles := map[string]nvml.Device{}
-	for _, d := range res.Devices {
-		handles[d.GPU.UUID] = d.Handle
-	}
+	devices := parts.NewDevices(res.Devices)
 	a := &Agent{
-		opts: opts, client: client, logger: logger, devices: res.Devices,
-		monitor:   health.New(lib, handles, opts.Health, logger.WithName("health")),
-		config:    config.NewStore(names),
-		names:     names,
-		state:     statedir.Dirs{Root: opts.Paths.StateRoot},
-		trigger:   make(chan struct{}, 1),
-		plugins:   map[string]*pluginRun{},
-		withdrawn: map[string]*pluginRun{},
-		metrics:   newAgentMetrics(),
-		driver:    driverInfo(lib),
+		opts: opts, client: client, logger: logger, names: names, devices: devices,
+		monitor: health.New(lib, devices.Handles(), opts.Health, logger.WithName("health")),
+		config:  config.NewStore(names),
+		driver:  driverInfo(lib),
+		trigger: make(chan struct{}, 1),
 	}
-	cmd := opts.MPSControl
-	if len(cmd) == 0 {
-		cmd = []string{"nvidia-cuda-mps-control"}
-	}
-	root := opts.MPSRoot
-	if root == "" {
-		root = mps.DefaultRoot
-	}
-	a.mps = &mps.Manager{Command: cmd, Root: root, Logger: logger.WithName("mps")}
-	a.dra.sys = dra.ReadSystem(lib)
+	a.parts = a.newParts(lib)
 	return a, nil
 }
 
 // Devices returns the discovered GPUs.
-func (a *Agent) Devices() []discovery.Device { return a.devices }
-
-// Plugin returns the device plugin (nil before Run creates it).
-func (a *Agent) Plugin() *deviceplugin.Plugin {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.plugin
-}
+func (a *Agent) Devices() []discovery.Device { return a.devices.List() }
 
 func (a *Agent) poke() {
 	select {
@@ -277,85 +224,64 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	nodeFactory.Start(ctx.Done())
 	podFactory.Start(ctx.Done())
-	a.logger.Info("Waiting for the API caches (Node, pods on the node, ConfigMap)", "node", a.opts.NodeName, "gpus", len(a.devices))
+	a.logger.Info("Waiting for the API caches (Node, pods on the node, ConfigMap)", "node", a.opts.NodeName, "gpus", len(a.devices.List()))
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return ctx.Err()
 	}
 
-	defer a.wg.Wait()
-	defer a.stopPlugins()
-	if a.opts.MetricsAddress != "" {
-		if err := a.serveMetrics(ctx); err != nil {
-			return fmt.Errorf("metrics address %q: %w", a.opts.MetricsAddress, err)
-		}
-	}
-	defer a.stopDRA()
-	a.wg.Add(1)
+	// Deferred calls run in reverse: the context ends, the parts stop,
+	// the event broadcaster shuts down, the health monitor has returned.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	wg.Add(1)
 	go func() {
-		defer a.wg.Done()
+		defer wg.Done()
 		if err := a.monitor.Run(ctx); err != nil {
 			a.logger.Error(err, "Health monitor stopped; GPU errors will not be detected")
 		}
 	}()
-	a.runCtx = ctx
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.client.CoreV1().Events("")})
 	defer broadcaster.Shutdown()
-	a.devMu.Lock()
-	a.recorder = broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "tessera-node-agent", Host: a.opts.NodeName})
-	a.devMu.Unlock()
-	if !a.opts.NoPlugin {
-		if err := a.opts.Paths.WritePreload(); err != nil {
-			return fmt.Errorf("writing %s: %w", a.opts.Paths.PreloadHost, err)
+	recorder := broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "tessera-node-agent", Host: a.opts.NodeName})
+	started := 0
+	defer func() {
+		cancel()
+		for i := started - 1; i >= 0; i-- {
+			a.parts[i].Stop()
 		}
-		guard, err := a.guard(ctx, &a.wg)
-		if err != nil {
+	}()
+	cluster := parts.Cluster{Pods: a.pods, Nodes: a.nodes, Recorder: recorder, Poke: a.poke}
+	for _, p := range a.parts {
+		if err := p.Start(ctx, cluster); err != nil {
 			return err
 		}
-		a.mu.Lock()
-		a.guardCfg = guard
-		a.mu.Unlock()
-		if a.opts.Reconcile.Interval > 0 {
-			r := a.reconciler()
-			a.wg.Add(1)
-			go func() {
-				defer a.wg.Done()
-				r.Run(ctx)
-			}()
-		}
+		started++
 	}
-	// MPS daemons are not stopped here: a stopped agent leaves them to
-	// their clients (a DaemonSet restart ends them with the container;
-	// the next agent starts them again, docs/mig-mps.md).
+
 	tick := time.NewTicker(a.opts.Resync)
 	defer tick.Stop()
-	// On an MPS node the control daemons are checked (and started again
-	// when they died) at least this often.
-	mpsTick := time.NewTicker(mpsCheck)
-	defer mpsTick.Stop()
-	skip := false
 	for {
-		if !skip {
-			a.reconcile(ctx)
-		}
-		skip = false
+		a.reconcile(ctx)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-a.trigger:
 		case <-a.monitor.Changes():
 		case <-tick.C:
-			a.collect()
-			a.collectDRA(ctx)
-		case <-mpsTick.C:
-			cfg, _ := a.config.Current()
-			skip = cfg.Sharing != api.SharingMPS
+			for _, p := range a.parts {
+				if r, ok := p.(parts.Resyncer); ok {
+					r.Resync(ctx)
+				}
+			}
 		}
 	}
 }
 
-// reconcile applies configuration and health: the device plugin's list
-// and the Node's inventory annotation (written only when it changed).
+// reconcile applies configuration and health: the parts are told the
+// node's configuration and inventory, and the Node's inventory annotation
+// and labels are written when they changed.
 func (a *Agent) reconcile(ctx context.Context) {
 	node, err := a.nodes.Get(a.opts.NodeName)
 	if err != nil {
@@ -366,20 +292,30 @@ func (a *Agent) reconcile(ctx context.Context) {
 		a.applyConfig(node)
 	}
 	cfg, _ := a.config.Current()
-	a.reconcileMIG(cfg)
-	a.devMu.Lock()
-	inv, offer := BuildInventory(a.devices, a.monitor.Snapshot(), cfg.NodeConfig, a.names)
-	a.devMu.Unlock()
-	a.remember(inv)
-	a.syncPlugins(cfg, offer, node != nil && (a.cms == nil || a.ConfigError() == ""))
-	a.syncDRA(ctx, cfg.NodeConfig, inv)
-	a.reconcileMPS(ctx, cfg, inv)
+	for _, p := range a.parts {
+		if d, ok := p.(parts.DevicePreparer); ok {
+			d.PrepareDevices(cfg)
+		}
+	}
+	n := &parts.Node{Config: cfg, Configured: node != nil && (a.cms == nil || a.ConfigError() == "")}
+	a.devices.With(func(devs []discovery.Device) {
+		n.Inventory, n.Offer = BuildInventory(devs, a.monitor.Snapshot(), cfg.NodeConfig, a.names)
+	})
+	for _, p := range a.parts {
+		p.Reconcile(ctx, n)
+	}
 	if node == nil {
 		return
 	}
-	err = a.publish(ctx, node, inv)
+	if cfg.Mode == api.ModeVolcano {
+		// Volcano's scheduler places this node's GPUs: Tessera's must not
+		// see them (docs/volcano.md).
+		err = a.unpublish(ctx, node)
+	} else {
+		err = a.publish(ctx, node, n.Inventory)
+	}
 	if err == nil {
-		err = a.publishLabels(ctx, node, inv)
+		err = a.publishLabels(ctx, node, n.Inventory)
 	}
 	if err != nil {
 		a.logger.Error(err, "Publishing the inventory or labels failed; will retry", "node", a.opts.NodeName)
@@ -415,9 +351,6 @@ func (a *Agent) applyConfig(node *v1.Node) {
 		a.logger.Info("Node configuration applied", "profile", profile, "config", cur.NodeConfig, "migLayout", cur.MIGLayout)
 		for _, n := range cur.Notes {
 			a.logger.Info("Profile field accepted and not used", "profile", profile, "note", n)
-		}
-		if cur.MPSRoot != "" && a.mps != nil {
-			a.mps.Root = cur.MPSRoot
 		}
 	}
 }
@@ -470,42 +403,22 @@ func (a *Agent) publish(ctx context.Context, node *v1.Node, inv *api.NodeInvento
 	return nil
 }
 
-// collect removes the state directories of pods no longer on the node.
-func (a *Agent) collect() {
-	pods, err := a.pods.List(labels.Everything())
+// unpublish removes the inventory annotation (a node whose GPUs another
+// scheduler places).
+func (a *Agent) unpublish(ctx context.Context, node *v1.Node) error {
+	if _, ok := node.Annotations[api.AnnotationInventory]; !ok {
+		return nil
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{api.AnnotationInventory: nil}}})
 	if err != nil {
-		a.logger.Error(err, "Listing pods to remove state directories")
-		return
+		return err
 	}
-	running := make(map[types.UID]bool, len(pods))
-	for _, p := range pods {
-		if p.Status.Phase != v1.PodSucceeded && p.Status.Phase != v1.PodFailed {
-			running[p.UID] = true
-		}
+	if _, err := a.client.CoreV1().Nodes().Patch(ctx, a.opts.NodeName, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return err
 	}
-	live := func(uid types.UID) bool { return running[uid] }
-	removed, err := a.state.GC(live, 2*a.opts.Resync, time.Now())
-	if err != nil {
-		a.logger.Error(err, "Removing state directories of finished pods")
-	}
-	if len(removed) > 0 {
-		a.logger.Info("Removed state directories of finished pods", "pods", removed)
-	}
-}
-
-// podGetter reads pods from the informer cache and, on a miss, from the
-// API server: the kubelet may see a pod before our cache does. A cached
-// pod is complete: the scheduler writes the allocation record in the same
-// write that binds the pod (or before it), and the cache only holds bound
-// pods.
-type podGetter struct {
-	lister corelisters.PodLister
-	client kubernetes.Interface
-}
-
-func (g podGetter) GetPod(ctx context.Context, ns, name string) (*v1.Pod, error) {
-	if p, err := g.lister.Pods(ns).Get(name); err == nil {
-		return p, nil
-	}
-	return g.client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	a.mu.Lock()
+	a.published, a.stale, a.synced = "", "", false
+	a.mu.Unlock()
+	a.logger.Info("Inventory withdrawn: the node's GPUs are placed by Volcano (mode volcano)", "node", a.opts.NodeName)
+	return nil
 }

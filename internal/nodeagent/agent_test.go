@@ -2,10 +2,13 @@ package nodeagent
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,7 +25,9 @@ import (
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/migmgr"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/nvmltest"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/parts"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
+	"github.com/tessera-gpu/tessera/internal/testenv/poll"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -41,14 +46,50 @@ func runAgent(t *testing.T, a *Agent) (ctx context.Context, stop func()) {
 	}
 }
 
+// eventually waits up to 10 s for cond (poll.Until, the loop behind
+// testenv.WaitFor, which these unit tests cannot link: testenv brings in
+// the kube-apiserver).
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("timed out waiting for %s", what)
+	poll.Until(t, what, 10*time.Second, cond)
+}
+
+// probe is a part that records what each reconcile tells the parts. It
+// runs after the agent's own parts, so when it sees reconcile k, every
+// other part has handled reconcile k and reconcile k-1 has published.
+type probe struct {
+	mu    sync.Mutex
+	nodes []parts.Node
+}
+
+func (p *probe) Start(context.Context, parts.Cluster) error { return nil }
+func (p *probe) Stop()                                      {}
+func (p *probe) Reconcile(_ context.Context, n *parts.Node) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.nodes = append(p.nodes, *n)
+}
+
+// seen returns the nodes told so far.
+func (p *probe) seen() []parts.Node {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.nodes)
+}
+
+// addProbe registers a probe after the agent's parts (before Run).
+func addProbe(a *Agent) *probe {
+	p := &probe{}
+	a.parts = append(a.parts, p)
+	return p
+}
+
+// reconciles waits until the agent has completed n more reconciles,
+// publishing included, than the probe had seen when it was called.
+func (p *probe) reconciles(t *testing.T, n int) {
+	t.Helper()
+	from := len(p.seen())
+	eventually(t, fmt.Sprintf("%d more reconciles", n), func() bool { return len(p.seen()) > from+n })
 }
 
 // TestPublishHealthAndConfig runs the agent (without the device plugin)
@@ -76,6 +117,7 @@ func TestPublishHealthAndConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pr := addProbe(a)
 	ctx, stop := runAgent(t, a)
 	defer stop()
 
@@ -102,9 +144,11 @@ func TestPublishHealthAndConfig(t *testing.T) {
 		t.Errorf("inventory %+v", i.GPUs[0])
 	}
 
-	// Steady state: no further writes.
+	// Steady state: no further writes, through reconciles that each read
+	// the Node and would have written a changed inventory (the resync
+	// period is 20 ms).
 	p := a.Patches()
-	time.Sleep(200 * time.Millisecond)
+	pr.reconciles(t, 3)
 	if a.Patches() != p {
 		t.Errorf("inventory rewritten without a change: %d -> %d patches", p, a.Patches())
 	}
@@ -206,7 +250,8 @@ func TestMIGInventoryHealth(t *testing.T) {
 	l := ls["all-1g.5gb"]
 	cfg := config.Node{NodeConfig: api.NodeConfig{Sharing: api.SharingMIG}, Layout: &l}
 	cfg.Defaults()
-	a.reconcileMIG(cfg)
+	mig, _ := part[*parts.MIG](a)
+	mig.PrepareDevices(cfg)
 	bad := n.Device(1).UUID
 	inv, offer := BuildInventory(a.Devices(), map[string]health.State{bad: {Reason: "XID 79"}}, cfg.NodeConfig, api.DefaultResourceNames)
 	if _, err := api.EncodeInventory(inv); err != nil {
@@ -304,21 +349,23 @@ func TestMPSDaemonsRestarted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	m, _ := part[*parts.MPS](a)
+	daemons := m.Manager()
 	_, stop := runAgent(t, a)
 	defer func() {
 		stop()
-		_ = a.mps.Stop(context.Background())
+		_ = daemons.Stop(context.Background())
 	}()
 	u := n.Device(1).UUID
-	eventually(t, "a daemon per GPU", func() bool { return a.mps.Starts(n.Device(0).UUID) == 1 && a.mps.Starts(u) == 1 })
-	pidFile := filepath.Join(a.mps.PipeDir(u), "control.pid")
+	eventually(t, "a daemon per GPU", func() bool { return daemons.Starts(n.Device(0).UUID) == 1 && daemons.Starts(u) == 1 })
+	pidFile := filepath.Join(daemons.PipeDir(u), "control.pid")
 	var pid int
 	eventually(t, "the daemon's pid", func() bool {
 		b, err := os.ReadFile(pidFile)
 		pid, _ = strconv.Atoi(string(b))
 		return err == nil && pid > 0
 	})
-	logf := filepath.Join(a.mps.LogDir(u), "control.log")
+	logf := filepath.Join(daemons.LogDir(u), "control.log")
 	eventually(t, "the replicas' bound set", func() bool {
 		b, _ := os.ReadFile(logf)
 		return strings.Contains(string(b), "Cmd:set_default_active_thread_percentage 10") && strings.Contains(string(b), "Cmd:set_default_device_pinned_mem_limit 0 4096M")
@@ -327,10 +374,6 @@ func TestMPSDaemonsRestarted(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	for deadline := time.Now().Add(15 * time.Second); a.mps.Starts(u) < 2; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the killed daemon was not started again")
-		}
-	}
+	poll.Until(t, "the killed daemon started again", 15*time.Second, func() bool { return daemons.Starts(u) >= 2 })
 	t.Logf("killed MPS daemon started again after %v", time.Since(start).Round(10*time.Millisecond))
 }

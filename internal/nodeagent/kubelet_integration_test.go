@@ -40,8 +40,10 @@ import (
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/kubeletshim"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/nvmltest"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/parts"
 	"github.com/tessera-gpu/tessera/internal/testenv"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
+	"github.com/tessera-gpu/tessera/internal/testenv/need"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -54,6 +56,9 @@ const (
 func TestMain(m *testing.M) {
 	fakeMPS() // the test binary is also the fake MPS control daemon
 	if os.Getenv(mountNSEnv) == "" {
+		if code, ok := need.RootMain("internal/nodeagent (integration)", "its tests run in a private mount namespace, with a tmpfs over /var/lib/kubelet"); !ok {
+			os.Exit(code)
+		}
 		exe, err := os.Executable()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -668,14 +673,28 @@ func TestDeviceManager(t *testing.T) {
 		}
 		admittedCh := make(chan result, 1)
 		start := time.Now()
+		shim := shims.Shim(gpuRes)
+		regs := shim.Registrations()
 		go func() {
 			got, err := d.kubelet.admit(created)
 			admittedCh <- result{got, err}
 		}()
-		for end := time.Now().Add(500 * time.Millisecond); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-			if n := d.kubelet.allocatable(); n != slots {
-				t.Fatalf("the kubelet saw %d healthy slots while the agent was away, want %d", n, slots)
+		// The kubelet's call reaching the shim while the agent is away
+		// means the device manager still had healthy devices to allocate
+		// from (with none it fails the pod before calling the plugin).
+		testenv.WaitFor(t, "the kubelet's call waiting in the shim for the agent", 30*time.Second, func() bool {
+			select {
+			case r := <-admittedCh:
+				t.Fatalf("the pod's admission ended while the agent was away: %v", r.err)
+			default:
 			}
+			return shim.Forwarding() > 0
+		})
+		if n := d.kubelet.allocatable(); n != slots {
+			t.Fatalf("the kubelet saw %d healthy slots while the agent was away, want %d", n, slots)
+		}
+		if n := shim.Registrations(); n != regs {
+			t.Fatalf("the shim registered again (%d -> %d) while the agent was away", regs, n)
 		}
 		d.agent = startAgentOpts(t, d.nvml, client, d.name, d.stateRoot, sock)
 		r := <-admittedCh
@@ -707,7 +726,8 @@ func TestDeviceManager(t *testing.T) {
 			_, err := d.agent.pods.Pods(d.name).Get(victim.Name)
 			return err != nil
 		})
-		d.agent.collect()
+		plugins, _ := part[*parts.Plugins](d.agent.Agent)
+		plugins.Resync(ctx)
 		if _, err := os.Stat(dir); !os.IsNotExist(err) {
 			t.Errorf("state directory of deleted pod still there: %v", err)
 		}

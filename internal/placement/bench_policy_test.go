@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
-	"github.com/tessera-gpu/tessera/internal/placement/policies"
+	"github.com/tessera-gpu/tessera/internal/policies"
 )
 
 // BenchmarkSchedulePod chooses a placement for one pod on 5,000 nodes × 8

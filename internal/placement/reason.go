@@ -30,37 +30,88 @@ const (
 	ReasonNUMA
 	ReasonMIG
 	ReasonMPSOneGPU
+
+	// numReasonKinds counts the kinds; it sizes the table of their texts.
+	numReasonKinds
 )
 
-var reasonNames = [...]string{
-	Fits:                    "Fits",
-	ReasonCPU:               "InsufficientCPU",
-	ReasonMemory:            "InsufficientMemory",
-	ReasonNoGPUs:            "NoGPUs",
-	ReasonUnhealthy:         "GPUsUnhealthy",
-	ReasonModelExcluded:     "GPUModelExcluded",
-	ReasonModelNotIncluded:  "GPUModelNotIncluded",
-	ReasonUUID:              "GPUUUIDNotAllowed",
-	ReasonSharingMode:       "GPUSharingMode",
-	ReasonHeldWhole:         "GPUsHeldWhole",
-	ReasonGPUMemory:         "InsufficientGPUMemory",
-	ReasonGPUMemoryPhysical: "GPUMemoryTooSmall",
-	ReasonGPUCores:          "InsufficientGPUCores",
-	ReasonShares:            "GPUSharesExhausted",
-	ReasonWholeGPUs:         "InsufficientWholeGPUs",
-	ReasonGPUCount:          "InsufficientGPUs",
-	ReasonNUMA:              "NUMABinding",
-	ReasonMIG:               "MIGUnavailable",
-	ReasonMPSOneGPU:         "MPSOneGPU",
+// ReasonText is what every caller says about a kind of reason, beside the
+// reason's own words (Reason.String, Summarize): one table, so that the
+// scheduler's events, `kubectl tessera why` and the metrics cannot drift
+// apart.
+type ReasonText struct {
+	// Name is the kind's stable name, for metrics labels (String).
+	Name string
+	// Short is the kind in a few words: the scheduler's per-node status,
+	// which kube-scheduler counts in the FailedScheduling event ("3 not
+	// enough free GPU memory").
+	Short string
+	// Hint is what a user can do about it (`kubectl tessera why`); empty
+	// where Tessera has nothing to add to kube-scheduler's own message.
+	Hint string
+	// Unresolvable: removing pods from the node cannot cure it, so
+	// preemption does not try.
+	Unresolvable bool
+}
+
+// Texts shared by several kinds.
+const (
+	shortCPUOrMemory  = "not enough CPU or memory"
+	shortSelection    = "GPUs not selected by the pod's GPU selectors"
+	shortGPUMemory    = "not enough free GPU memory"
+	shortGPUs         = "not enough free GPUs"
+	hintWaitOrSmaller = "wait for GPU pods there to end, or ask for a smaller share (nvidia.com/gpumem, nvidia.com/gpucores)"
+	hintFewerGPUs     = "fewer GPUs per container, or wait for GPUs there to free"
+	hintSelection     = "the pod's GPU selection (use-gputype/nouse-gputype/use-gpuuuid annotations) excludes these GPUs"
+)
+
+// reasonTexts has an entry for every kind (TestEveryReasonKindHasText).
+var reasonTexts = [numReasonKinds]ReasonText{
+	Fits:         {Name: "Fits"},
+	ReasonCPU:    {Name: "InsufficientCPU", Short: shortCPUOrMemory},
+	ReasonMemory: {Name: "InsufficientMemory", Short: shortCPUOrMemory},
+	ReasonNoGPUs: {Name: "NoGPUs", Short: "node has no Tessera GPUs", Unresolvable: true,
+		Hint: "the node has no GPUs Tessera offers"},
+	ReasonUnhealthy: {Name: "GPUsUnhealthy", Short: "GPUs unhealthy", Unresolvable: true,
+		Hint: "the GPUs there are unhealthy: `kubectl tessera nodes` shows why; the node agent marks them healthy after the recovery period"},
+	ReasonModelExcluded:    {Name: "GPUModelExcluded", Short: shortSelection, Unresolvable: true, Hint: hintSelection},
+	ReasonModelNotIncluded: {Name: "GPUModelNotIncluded", Short: shortSelection, Unresolvable: true, Hint: hintSelection},
+	ReasonUUID:             {Name: "GPUUUIDNotAllowed", Short: shortSelection, Unresolvable: true, Hint: hintSelection},
+	ReasonSharingMode: {Name: "GPUSharingMode", Short: "GPUs offered only whole (exclusive mode)",
+		Hint: "ask for a whole GPU (nvidia.com/gpu: 1 without gpumem) or use nodes in shared mode"},
+	ReasonHeldWhole: {Name: "GPUsHeldWhole", Short: "GPUs held whole by other pods", Hint: hintWaitOrSmaller},
+	ReasonGPUMemory: {Name: "InsufficientGPUMemory", Short: shortGPUMemory, Hint: hintWaitOrSmaller},
+	ReasonGPUMemoryPhysical: {Name: "GPUMemoryTooSmall", Short: shortGPUMemory, Unresolvable: true,
+		Hint: "the request is larger than any GPU there: ask for less memory per GPU or more GPUs"},
+	ReasonGPUCores:  {Name: "InsufficientGPUCores", Short: "not enough free GPU cores", Hint: hintWaitOrSmaller},
+	ReasonShares:    {Name: "GPUSharesExhausted", Short: "GPU share slots exhausted", Hint: hintWaitOrSmaller},
+	ReasonWholeGPUs: {Name: "InsufficientWholeGPUs", Short: shortGPUs, Hint: hintFewerGPUs},
+	ReasonGPUCount:  {Name: "InsufficientGPUs", Short: shortGPUs, Hint: hintFewerGPUs},
+	ReasonNUMA: {Name: "NUMABinding", Short: "no NUMA node with enough suitable GPUs",
+		Hint: "drop the NUMA binding or ask for fewer GPUs"},
+	// The MIG and MPS kinds keep the scheduler's wording from before this
+	// table (its generic "does not fit" and the kind's name).
+	ReasonMIG: {Name: "MIGUnavailable", Short: "GPU request does not fit: MIGUnavailable",
+		Hint: "ask for a MIG profile the nodes offer, or wait for MIG devices to free"},
+	ReasonMPSOneGPU: {Name: "MPSOneGPU", Short: "GPU request does not fit: MPSOneGPU",
+		Hint: "an MPS client uses one GPU: ask for one GPU, or use nodes not in mps mode"},
+}
+
+// Text is the kind's entry in the one table of reason texts. A kind
+// outside the table (none is) gets its number as its name.
+func (k ReasonKind) Text() ReasonText {
+	if k < numReasonKinds && k != Fits {
+		return reasonTexts[k]
+	}
+	name := reasonTexts[Fits].Name
+	if k != Fits {
+		name = "Unknown(" + strconv.Itoa(int(k)) + ")"
+	}
+	return ReasonText{Name: name, Short: "GPU request does not fit: " + name}
 }
 
 // String is the kind's stable name, for metrics labels.
-func (k ReasonKind) String() string {
-	if int(k) < len(reasonNames) {
-		return reasonNames[k]
-	}
-	return "Unknown(" + strconv.Itoa(int(k)) + ")"
-}
+func (k ReasonKind) String() string { return k.Text().Name }
 
 // Reason says why a pod does not fit one node. It is a plain value so that
 // fit checks build it without allocating; the text is made only when asked.

@@ -12,7 +12,7 @@ import (
 	kubeschedv1 "k8s.io/kubernetes/pkg/scheduler/apis/config/v1"
 
 	"github.com/tessera-gpu/tessera/internal/scheduler/config"
-	configv1 "github.com/tessera-gpu/tessera/internal/scheduler/config/v1"
+	"github.com/tessera-gpu/tessera/internal/scheduler/configv1"
 )
 
 var (
@@ -41,11 +41,11 @@ func registerArgs() {
 // argsPath is where validation errors point.
 var argsPath = field.NewPath("pluginConfig").Key(Name).Child("args")
 
-// decodeArgs returns the plugin's arguments, defaulted and validated. The
-// loader normally hands them over decoded; raw ones (runtime.Unknown) are
+// decodeArgs returns the plugin's arguments, defaulted and validated
+// (placementPolicies: the names the plugin may run). The loader normally hands them over decoded; raw ones (runtime.Unknown) are
 // decoded here just as strictly, as TesseraArgs v1 unless they name
 // another version.
-func decodeArgs(obj runtime.Object) (*config.TesseraArgs, error) {
+func decodeArgs(obj runtime.Object, placementPolicies []string) (*config.TesseraArgs, error) {
 	registerArgs()
 	var args *config.TesseraArgs
 	switch o := obj.(type) {
@@ -76,7 +76,7 @@ func decodeArgs(obj runtime.Object) (*config.TesseraArgs, error) {
 	default:
 		return nil, fmt.Errorf("args for plugin %s are a %T, not %s", Name, obj, config.Kind)
 	}
-	if err := config.ValidateTesseraArgs(argsPath, args); err != nil {
+	if err := config.ValidateTesseraArgs(argsPath, args, placementPolicies); err != nil {
 		return nil, fmt.Errorf("%s plugin arguments: %w", Name, err)
 	}
 	return args, nil

@@ -14,7 +14,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/deploy"
-	"github.com/tessera-gpu/tessera/internal/placement/policies"
+	"github.com/tessera-gpu/tessera/internal/placement"
+	"github.com/tessera-gpu/tessera/internal/policies"
 	"github.com/tessera-gpu/tessera/internal/scheduler/config"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -93,16 +94,16 @@ func loadArgs(t *testing.T, path string) (*config.TesseraArgs, error) {
 }
 
 // setupErr builds the scheduler from the file as `tessera scheduler`
-// does (kube-scheduler's Setup with Tessera's plugins) and returns the
-// error, if any.
-func setupErr(t *testing.T, path string) error {
+// does (kube-scheduler's Setup with Tessera's plugins, changed by opts)
+// and returns the error, if any.
+func setupErr(t *testing.T, path string, opts ...Option) error {
 	t.Helper()
-	opts := options.NewOptions()
-	opts.ConfigFile = path
-	opts.SecureServing.BindPort = 0
+	o := options.NewOptions()
+	o.ConfigFile = path
+	o.SecureServing.BindPort = 0
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	_, _, err := app.Setup(ctx, opts, withPlugins()...)
+	_, _, err := app.Setup(ctx, o, withPlugins(opts)...)
 	return err
 }
 
@@ -119,7 +120,7 @@ func TestArgsShippedConfigDecodesTyped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := config.ValidateTesseraArgs(argsPath, args); err != nil {
+	if err := config.ValidateTesseraArgs(argsPath, args, policies.Names()); err != nil {
 		t.Fatalf("the shipped arguments are invalid: %v", err)
 	}
 	if args.ResourcePrefix != "nvidia.com" || args.PlacementPolicy == "" {
@@ -164,6 +165,9 @@ func TestArgsStrict(t *testing.T) {
 		{"misspelled key", map[string]any{"placementPolicyy": "fgd"}, []string{`unknown field "placementPolicyy"`, Name}},
 		{"key in the wrong case", map[string]any{"PlacementPolicy": "fgd"}, []string{`"PlacementPolicy"`}},
 		{"unknown placement policy", map[string]any{"placementPolicy": "fgdd"}, []string{"placementPolicy", `"fgdd"`, "tessera"}},
+		// The simulator's research baselines are not the scheduler's.
+		{"simulator baseline", map[string]any{"placementPolicy": "bestfit"},
+			[]string{"placementPolicy", `"bestfit"`, `supported values: "binpack", "spread", "fgd", "tessera"`}},
 		{"unknown node policy", map[string]any{"nodePolicy": "packed"}, []string{"nodePolicy", `"packed"`}},
 		{"unknown GPU policy", map[string]any{"gpuPolicy": "topology"}, []string{"gpuPolicy", `"topology"`}},
 		{"bad resource prefix", map[string]any{"resourcePrefix": "Not A Domain"}, []string{"resourcePrefix", "Not A Domain"}},
@@ -202,18 +206,35 @@ func TestArgsEveryPolicyBuilds(t *testing.T) {
 	}
 }
 
+// TestArgsWithPolicies: a scheduler built WithPolicies runs the policies
+// of its catalogue, and only those.
+func TestArgsWithPolicies(t *testing.T) {
+	cat := policies.Catalogue{{Name: "test-binpack", New: func(*placement.Cluster, int64) placement.Policy { return placement.Binpack{} }}}
+	path := shippedConfigWithArgs(t, map[string]any{"placementPolicy": "test-binpack", "recordSigning": map[string]any{"disabled": true}})
+	if err := setupErr(t, path, WithPolicies(cat)); err != nil {
+		t.Errorf("placementPolicy test-binpack of the catalogue: %v", err)
+	}
+	if err := setupErr(t, path); err == nil || !strings.Contains(err.Error(), `"test-binpack"`) {
+		t.Errorf("placementPolicy test-binpack without the catalogue: %v, want an error naming it", err)
+	}
+	path = shippedConfigWithArgs(t, map[string]any{"placementPolicy": "tessera", "recordSigning": map[string]any{"disabled": true}})
+	if err := setupErr(t, path, WithPolicies(cat)); err == nil || !strings.Contains(err.Error(), `supported values: "test-binpack"`) {
+		t.Errorf("placementPolicy tessera outside the catalogue: %v, want an error naming the catalogue's", err)
+	}
+}
+
 // TestArgsRawDecodedStrictly: arguments that reach the plugin undecoded
 // (a framework built from a configuration loaded before Registry) are
 // decoded as strictly as the loader does.
 func TestArgsRawDecodedStrictly(t *testing.T) {
-	if _, err := decodeArgs(rawArgs(`{"placementPolicy":"tessera","gpuPolicy":"spread"}`)); err != nil {
+	if _, err := decodeArgs(rawArgs(`{"placementPolicy":"tessera","gpuPolicy":"spread"}`), policies.Names()); err != nil {
 		t.Fatal(err)
 	}
-	_, err := decodeArgs(rawArgs(`{"placementPolicyy":"tessera"}`))
+	_, err := decodeArgs(rawArgs(`{"placementPolicyy":"tessera"}`), policies.Names())
 	if err == nil || !strings.Contains(err.Error(), `unknown field "placementPolicyy"`) {
 		t.Fatalf("misspelled raw key: %v", err)
 	}
-	args, err := decodeArgs(nil)
+	args, err := decodeArgs(nil, policies.Names())
 	if err != nil || args.PlacementPolicy != api.DefaultPlacementPolicy {
 		t.Fatalf("no args: %+v, %v", args, err)
 	}

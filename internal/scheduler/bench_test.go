@@ -19,8 +19,8 @@ import (
 	schedmetrics "k8s.io/kubernetes/pkg/scheduler/metrics"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
-	"github.com/tessera-gpu/tessera/internal/placement/policies"
 	"github.com/tessera-gpu/tessera/internal/podrequest"
+	"github.com/tessera-gpu/tessera/internal/policies"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -29,7 +29,7 @@ import (
 // nodes and its Reserve, the plugin's share of a scheduling cycle.
 func BenchmarkCycle(b *testing.B) {
 	registerMetrics()
-	p, err := newPlugin(api.ClusterConfig{})
+	p, err := newPlugin(api.ClusterConfig{}, policies.All())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -46,7 +46,7 @@ func BenchmarkCycle(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		name := fmt.Sprintf("p%d", i)
-		pod := fixtures.MakePod().Namespace("default").Name(name).UID(name).SchedulerName(SchedulerName).
+		pod := fixtures.MakePod().Namespace("default").Name(name).UID(name).SchedulerName(api.SchedulerName).
 			Container("main", map[string]string{"nvidia.com/gpumem": "1024", "nvidia.com/gpucores": "1"}).Obj()
 		cs := framework.NewCycleState()
 		if _, st := p.PreFilter(ctx, cs, pod, infos); !st.IsSuccess() {
@@ -118,7 +118,7 @@ type rulesBench struct{ rules, taint, pin, wide bool }
 func benchPreFilterRules(b *testing.B, m rulesBench) {
 	registerMetrics()
 	schedmetrics.Register() // the parallelizer's
-	p, err := newPlugin(api.ClusterConfig{PlacementPolicy: policies.NameTessera})
+	p, err := newPlugin(api.ClusterConfig{PlacementPolicy: policies.NameTessera}, policies.All())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func benchPreFilterRules(b *testing.B, m rulesBench) {
 	}
 	pod := func(i int) *corev1.Pod {
 		name := fmt.Sprintf("p%d", i)
-		pod := fixtures.MakePod().Namespace("default").Name(name).UID(name).SchedulerName(SchedulerName).
+		pod := fixtures.MakePod().Namespace("default").Name(name).UID(name).SchedulerName(api.SchedulerName).
 			Container("main", shapes[i%len(shapes)]).Obj()
 		pod.Spec.Tolerations = []corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
 		if m.pin {

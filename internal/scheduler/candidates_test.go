@@ -356,7 +356,7 @@ func TestNarrowedAttemptPreemptsNothing(t *testing.T) {
 	low := int32(0)
 	for _, n := range sets.List(cands) {
 		v := hostPort(fixtures.MakePod().Namespace(metav1.NamespaceDefault).Name("low-"+n).UID("uid-low-"+n).
-			SchedulerName(SchedulerName).Node(n).Container("main", nil).Obj())
+			SchedulerName(api.SchedulerName).Node(n).Container("main", nil).Obj())
 		v.Spec.Priority = &low
 		ts.create(v)
 	}

@@ -1,7 +1,7 @@
 package scheduler
 
 // Pods that ask no GPU, in the plugin's profile: placed by the policy, as
-// `tessera simulate` places a trace's CPU-only tasks.
+// `tessera-sim` places a trace's CPU-only tasks.
 
 import (
 	"context"

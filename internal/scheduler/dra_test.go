@@ -109,7 +109,7 @@ func TestDRANodeRanksLast(t *testing.T) {
 // node without its record still gets the warning.
 func TestDRAPodHasNoMissingRecordWarning(t *testing.T) {
 	onDRA := fixtures.MakePod().Namespace(metav1.NamespaceDefault).Name("on-dra").UID("uid-on-dra").
-		SchedulerName(SchedulerName).Node("dra").Container("main", map[string]string{"nvidia.com/gpu": "1"}).Obj()
+		SchedulerName(api.SchedulerName).Node("dra").Container("main", map[string]string{"nvidia.com/gpu": "1"}).Obj()
 	// What DynamicResources writes for the DeviceClass that maps
 	// nvidia.com/gpu.
 	onDRA.Status.ExtendedResourceClaimStatus = &corev1.PodExtendedResourceClaimStatus{
@@ -117,7 +117,7 @@ func TestDRAPodHasNoMissingRecordWarning(t *testing.T) {
 		RequestMappings:   []corev1.ContainerExtendedResourceRequest{{ContainerName: "main", ResourceName: "nvidia.com/gpu", RequestName: "container-0-request-0"}},
 	}
 	stripped := fixtures.MakePod().Namespace(metav1.NamespaceDefault).Name("stripped").UID("uid-stripped").
-		SchedulerName(SchedulerName).Node("a").Container("main", map[string]string{"nvidia.com/gpu": "1"}).Obj()
+		SchedulerName(api.SchedulerName).Node("a").Container("main", map[string]string{"nvidia.com/gpu": "1"}).Obj()
 	ts := newTestScheduler(t, nil, draNode("dra", 2), a100Node("a", 1), onDRA, stripped)
 	warned := func(name string) bool {
 		evs, err := ts.client.EventsV1().Events(metav1.NamespaceDefault).List(ts.ctx, metav1.ListOptions{})
@@ -141,7 +141,7 @@ func TestDRAPodHasNoMissingRecordWarning(t *testing.T) {
 	// knows the node): no claim serves GPUs there, so the status does not
 	// excuse the missing record.
 	spoofed := fixtures.MakePod().Namespace(metav1.NamespaceDefault).Name("spoofed").UID("uid-spoofed").
-		SchedulerName(SchedulerName).Node("a").Container("main", map[string]string{"nvidia.com/gpu": "1"}).Obj()
+		SchedulerName(api.SchedulerName).Node("a").Container("main", map[string]string{"nvidia.com/gpu": "1"}).Obj()
 	spoofed.Status.ExtendedResourceClaimStatus = onDRA.Status.ExtendedResourceClaimStatus.DeepCopy()
 	if _, err := ts.client.CoreV1().Pods(metav1.NamespaceDefault).Create(ts.ctx, spoofed, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

@@ -64,7 +64,7 @@ func claimPod(name, claim string, annotations map[string]string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceDefault, Name: name, Annotations: annotations},
 		Spec: corev1.PodSpec{
-			SchedulerName:  SchedulerName,
+			SchedulerName:  api.SchedulerName,
 			Containers:     []corev1.Container{{Name: "main", Image: "pause", Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}}}},
 			ResourceClaims: []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To(claim)}},
 		},

@@ -8,8 +8,12 @@
 // One file per concern: plugin.go builds the plugin and feeds it informer
 // events; extensionpoints.go is the scheduling cycle; state.go the placement
 // core fed from Node inventories and Pod records; record.go writes the
-// record; reasons.go says why a node does not fit; metrics.go publishes the
-// state. The profile's NodeResourcesFit is package resourcesfit.
+// record; metrics.go publishes the state; nominated.go keeps the nodes
+// kube-scheduler adds pods to and removes pods from within a cycle
+// (PreFilterExtensions) and charges nominated pods; preemption.go is the
+// profile's preemption plugin, TesseraPreemption. What a node that does not
+// fit says comes from the placement core's table (placement.ReasonKind.Text).
+// The profile's NodeResourcesFit is package resourcesfit.
 package scheduler
 
 import (
@@ -28,16 +32,13 @@ import (
 	fwk "k8s.io/kube-scheduler/framework"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
-	"github.com/tessera-gpu/tessera/internal/placement/policies"
+	"github.com/tessera-gpu/tessera/internal/policies"
 	"github.com/tessera-gpu/tessera/internal/recordsig"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 // Name is the plugin's name in KubeSchedulerConfiguration.
 const Name = "Tessera"
-
-// SchedulerName is the profile GPU pods are sent to.
-const SchedulerName = "tessera-scheduler"
 
 const stateKey fwk.StateKey = Name
 
@@ -78,30 +79,48 @@ type Plugin struct {
 	// trust signs the records the plugin writes and vouches for those it
 	// reads back (trust.go).
 	trust *trust
+
+	// nom indexes the nodes pods are nominated to (nominated.go).
+	nomMu sync.Mutex
+	nom   nominations
+	// plans are what preemption (preemption.go) chose for a pod: on the
+	// node it nominated (plans), and per node during its dry run
+	// (trials). A plan's record keeps the room its victims free for the
+	// pod (putNominated). Entries go when the pod is bound or deleted.
+	planMu sync.Mutex
+	plans  map[types.UID]*preemptionPlan
+	trials map[types.UID]map[string]*preemptionPlan
 }
 
 var (
-	_ fwk.PreFilterPlugin  = (*Plugin)(nil)
-	_ fwk.FilterPlugin     = (*Plugin)(nil)
-	_ fwk.PostFilterPlugin = (*Plugin)(nil)
-	_ fwk.PreScorePlugin   = (*Plugin)(nil)
-	_ fwk.ScorePlugin      = (*Plugin)(nil)
-	_ fwk.ReservePlugin    = (*Plugin)(nil)
-	_ fwk.PreBindPlugin    = (*Plugin)(nil)
-	_ fwk.BindPlugin       = (*Plugin)(nil)
+	_ fwk.PreFilterPlugin     = (*Plugin)(nil)
+	_ fwk.PreFilterExtensions = (*Plugin)(nil)
+	_ fwk.FilterPlugin        = (*Plugin)(nil)
+	_ fwk.PostFilterPlugin    = (*Plugin)(nil)
+	_ fwk.PreScorePlugin      = (*Plugin)(nil)
+	_ fwk.ScorePlugin         = (*Plugin)(nil)
+	_ fwk.ReservePlugin       = (*Plugin)(nil)
+	_ fwk.PreBindPlugin       = (*Plugin)(nil)
+	_ fwk.BindPlugin          = (*Plugin)(nil)
 )
 
-// New is the plugin factory for app.WithPlugin. Its arguments are a
-// TesseraArgs (internal/scheduler/config; resourcePrefix, nodePolicy,
-// gpuPolicy, placementPolicy, all optional), decoded strictly: an unknown
-// key or value is an error that names it.
+// New is the plugin factory for app.WithPlugin, running the shipped
+// placement policies (policies.All). Its arguments are a TesseraArgs
+// (internal/scheduler/config; resourcePrefix, nodePolicy, gpuPolicy,
+// placementPolicy, all optional), decoded strictly: an unknown key or
+// value is an error that names it.
 func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
-	args, err := decodeArgs(obj)
+	return newWithPolicies(ctx, obj, h, policies.All())
+}
+
+// newWithPolicies is New running the placement policies of cat.
+func newWithPolicies(ctx context.Context, obj runtime.Object, h fwk.Handle, cat policies.Catalogue) (fwk.Plugin, error) {
+	args, err := decodeArgs(obj, cat.Names())
 	if err != nil {
 		return nil, err
 	}
 	cfg := args.ClusterConfig()
-	p, err := newPlugin(cfg)
+	p, err := newPlugin(cfg, cat)
 	if err != nil {
 		return nil, err
 	}
@@ -159,8 +178,9 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	return p, nil
 }
 
-// newPlugin builds a plugin without informers (unit tests feed it directly).
-func newPlugin(cfg api.ClusterConfig) (*Plugin, error) {
+// newPlugin builds a plugin running a policy of cat, without informers
+// (unit tests feed it directly).
+func newPlugin(cfg api.ClusterConfig, cat policies.Catalogue) (*Plugin, error) {
 	cfg.Defaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("%s plugin arguments: %w", Name, err)
@@ -171,7 +191,7 @@ func newPlugin(cfg api.ClusterConfig) (*Plugin, error) {
 	}
 	st := newState(gpuGauges{})
 	st.cluster.DefaultGPUPolicy = cfg.GPUPolicy
-	pol, err := policies.New(cfg.PlacementPolicy, st.cluster, 1)
+	pol, err := cat.New(cfg.PlacementPolicy, st.cluster, 1)
 	if err != nil {
 		return nil, fmt.Errorf("%s plugin arguments: %w", Name, err)
 	}
@@ -202,6 +222,8 @@ func (p *Plugin) onPod(logger klog.Logger, obj any) {
 	}
 	if pod.Spec.NodeName != "" {
 		p.forget(pod.UID)
+	} else {
+		p.observeNomination(pod)
 	}
 	if p.st.observePod(logger, pod) {
 		p.requeue(logger)
@@ -220,12 +242,15 @@ func (p *Plugin) firstAttempt(uid types.UID) bool {
 	return true
 }
 
-// forget drops a bound or deleted pod from the observed set.
+// forget drops a bound or deleted pod from the observed set, and its
+// nomination and preemption plans.
 func (p *Plugin) forget(uid types.UID) {
 	p.obsMu.Lock()
 	delete(p.observed, uid)
 	delete(p.widened, uid)
 	p.obsMu.Unlock()
+	p.nominate(uid, "")
+	p.dropPlans(uid)
 }
 
 // requeue moves the GPU pods this plugin last found unschedulable back to

@@ -18,6 +18,7 @@ import (
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
+	"github.com/tessera-gpu/tessera/internal/policies"
 	"github.com/tessera-gpu/tessera/internal/testenv"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
@@ -30,7 +31,7 @@ var names = api.DefaultResourceNames
 // kube-scheduler (newTestScheduler).
 func newTestPlugin(t testing.TB, cfg api.ClusterConfig, nodes ...*corev1.Node) (*Plugin, map[string]fwk.NodeInfo) {
 	t.Helper()
-	p, err := newPlugin(cfg)
+	p, err := newPlugin(cfg, policies.All())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +229,7 @@ func TestFailedBindingReleases(t *testing.T) {
 }
 
 func TestBadArgs(t *testing.T) {
-	if _, err := newPlugin(api.ClusterConfig{PlacementPolicy: "nope"}); err == nil || !strings.Contains(err.Error(), "nope") {
+	if _, err := newPlugin(api.ClusterConfig{PlacementPolicy: "nope"}, policies.All()); err == nil || !strings.Contains(err.Error(), "nope") {
 		t.Fatalf("err = %v", err)
 	}
 }

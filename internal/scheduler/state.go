@@ -201,7 +201,7 @@ func (s *state) observePod(logger klog.Logger, pod *corev1.Pod) bool {
 	case !hasRecord:
 		// A pod on a node in mode dra holds its GPUs through a
 		// ResourceClaim and has no record.
-		if s.trust != nil && pod.Spec.SchedulerName == SchedulerName && asksGPU(pod, s.trust.names) && !s.onDRANode(pod) {
+		if s.trust != nil && pod.Spec.SchedulerName == api.SchedulerName && asksGPU(pod, s.trust.names) && !s.onDRANode(pod) {
 			s.trust.warn(logger, pod, ReasonRecordMissing, fmt.Sprintf(
 				"bound to node %s without a %s annotation: what it holds there cannot be charged, and the node agent serves no GPU without a record (was the record removed? docs/security.md)",
 				pod.Spec.NodeName, api.AnnotationAllocation))

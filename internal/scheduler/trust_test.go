@@ -72,7 +72,7 @@ func TestRebuildChargesOnlyWhatItCanVouchFor(t *testing.T) {
 
 	whole := fixtures.GPUUUID("a", 0)
 	squatter := fixtures.MakePod().Namespace(metav1.NamespaceDefault).Name("squatter").UID("uid-squatter").
-		SchedulerName(SchedulerName).Node("a").Container("c", map[string]string{"cpu": "1"}).
+		SchedulerName(api.SchedulerName).Node("a").Container("c", map[string]string{"cpu": "1"}).
 		Record(&api.PodAllocation{Node: "a", Containers: []api.ContainerAllocation{{Name: "c", Devices: []api.DeviceGrant{{UUID: whole, MemoryMiB: 40960, Cores: 100, Exclusive: true}}}}}).Obj()
 	// The real pod's signed record with its memory raised: it no longer
 	// verifies.
@@ -83,7 +83,7 @@ func TestRebuildChargesOnlyWhatItCanVouchFor(t *testing.T) {
 	tampered.Annotations[api.AnnotationAllocation] = string(b)
 	// A GPU pod whose record was removed.
 	stripped := fixtures.MakePod().Namespace(metav1.NamespaceDefault).Name("stripped").UID("uid-stripped").
-		SchedulerName(SchedulerName).Node("a").Container("main", map[string]string{names.Memory: "30000"}).Obj()
+		SchedulerName(api.SchedulerName).Node("a").Container("main", map[string]string{names.Memory: "30000"}).Obj()
 
 	ts := newTestScheduler(t, nil, []runtime.Object{a100Node("a", 1), secret, squatter, tampered, stripped}...)
 	if node, msg := ts.schedule(fixtures.MakePod().Name("next").Container("main", map[string]string{names.Memory: "40000"}).Obj()); node != "a" {
@@ -163,7 +163,7 @@ func TestUnchargedRecordActedOnOnce(t *testing.T) {
 		return &api.PodAllocation{Node: "a", Containers: []api.ContainerAllocation{{Name: "c", Devices: []api.DeviceGrant{{UUID: fixtures.GPUUUID("a", 0), MemoryMiB: mib}}}}}
 	}
 	pod := fixtures.MakePod().Namespace(metav1.NamespaceDefault).Name("squatter").UID("uid-squatter").
-		SchedulerName(SchedulerName).Node("a").Container("c", map[string]string{"cpu": "1"}).Record(grant(40960)).Obj()
+		SchedulerName(api.SchedulerName).Node("a").Container("c", map[string]string{"cpu": "1"}).Record(grant(40960)).Obj()
 	releases := 0
 	const updates = 20
 	for i := range updates {

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
-	"github.com/tessera-gpu/tessera/internal/placement/policies"
+	"github.com/tessera-gpu/tessera/internal/policies"
 )
 
 // BenchmarkDecision measures one placement decision (compile, observe,
@@ -27,7 +27,7 @@ func benchDecision(b *testing.B, policy string) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	pol, err := policies.New(policy, c, 1)
+	pol, err := Policies().New(policy, c, 1)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/tessera-gpu/tessera/internal/lp"
-	"github.com/tessera-gpu/tessera/internal/placement/policies"
+	"github.com/tessera-gpu/tessera/internal/policies"
 )
 
 // Floor is how little GPU any run of one seed's arrivals can leave

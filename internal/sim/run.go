@@ -8,7 +8,7 @@ import (
 	"strconv"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
-	"github.com/tessera-gpu/tessera/internal/placement/policies"
+	"github.com/tessera-gpu/tessera/internal/policies"
 )
 
 // Inflation is the published workload inflation: arrivals continue past the
@@ -105,7 +105,7 @@ func (c *Curve) Unallocated(pct float64) float64 {
 	return 100 - float64(alloc)*100/float64(c.Capacity)
 }
 
-// Run places the arrivals of one seed with one policy of policies.All.
+// Run places the arrivals of one seed with one policy of Policies.
 func Run(t *Trace, policy string, seed int64) (*Curve, error) {
 	return RunContext(context.Background(), t, policy, seed)
 }
@@ -113,7 +113,7 @@ func Run(t *Trace, policy string, seed int64) (*Curve, error) {
 // RunContext is Run, stopping early with ctx's error when ctx is done.
 func RunContext(ctx context.Context, t *Trace, policy string, seed int64) (*Curve, error) {
 	return RunWith(ctx, t, policy, func(c *placement.Cluster, seed int64) (placement.Policy, error) {
-		return policies.New(policy, c, seed)
+		return Policies().New(policy, c, seed)
 	}, seed)
 }
 
@@ -123,12 +123,12 @@ func RunContext(ctx context.Context, t *Trace, policy string, seed int64) (*Curv
 // up front, as FGD was published. Policies without a target run as in Run.
 func RunOnline(ctx context.Context, t *Trace, policy string, seed int64) (*Curve, error) {
 	return runWith(ctx, t, policy, func(c *placement.Cluster, seed int64) (placement.Policy, error) {
-		return policies.New(policy, c, seed)
+		return Policies().New(policy, c, seed)
 	}, seed, true)
 }
 
 // RunWith is RunContext with a policy made by mk (for experiments with
-// settings that policies.All does not list).
+// settings that Policies does not list).
 func RunWith(ctx context.Context, t *Trace, policy string, mk func(*placement.Cluster, int64) (placement.Policy, error), seed int64) (*Curve, error) {
 	return runWith(ctx, t, policy, mk, seed, false)
 }

@@ -11,7 +11,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/deploy"
-	"github.com/tessera-gpu/tessera/internal/placement/policies"
+	"github.com/tessera-gpu/tessera/internal/policies"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )

@@ -14,7 +14,7 @@ import (
 // on tessera.io/gpu-memory (request = limit), whatever the pod wrote there.
 func TestQuotaCharge(t *testing.T) {
 	names := api.DefaultResourceNames
-	adm := &Admission{Names: names, SchedulerName: "tessera-scheduler", LargestGPUMiB: func() int64 { return 81920 }}
+	adm := &Admission{Names: names, SchedulerName: api.SchedulerName, LargestGPUMiB: func() int64 { return 81920 }}
 	for _, tc := range []struct {
 		name   string
 		res    map[string]string

@@ -6,7 +6,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
-	"github.com/google/cel-go/cel"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -27,7 +26,7 @@ import (
 )
 
 func testAdmission() *Admission {
-	return &Admission{Names: api.DefaultResourceNames, SchedulerName: "tessera-scheduler", LargestGPUMiB: func() int64 { return 40960 }}
+	return &Admission{Names: api.DefaultResourceNames, SchedulerName: api.SchedulerName, LargestGPUMiB: func() int64 { return 40960 }}
 }
 
 // pod is a pod whose container "main" asks res, with requests equal to
@@ -66,7 +65,7 @@ func TestValidateRejections(t *testing.T) {
 		{"privileged", func(p *corev1.Pod) {
 			p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: &yes}
 		}, map[string]string{"nvidia.com/gpumem": "1000"}, []string{"spec.containers[0].securityContext.privileged", "privileged"}},
-		{"node name preset", func(p *corev1.Pod) { p.Spec.NodeName = "n1" }, map[string]string{"nvidia.com/gpu": "1"}, []string{"spec.nodeName", "n1", "tessera-scheduler"}},
+		{"node name preset", func(p *corev1.Pod) { p.Spec.NodeName = "n1" }, map[string]string{"nvidia.com/gpu": "1"}, []string{"spec.nodeName", "n1", api.SchedulerName}},
 		{"fraction above 1", nil, map[string]string{"nvidia.com/gpu": "1.5"}, []string{"nvidia.com/gpu", "1500m", "below 1"}},
 	}
 	for _, tc := range tests {
@@ -112,7 +111,7 @@ func TestMutate(t *testing.T) {
 			if err != nil || !changed {
 				t.Fatalf("changed=%v err=%v", changed, err)
 			}
-			if out.Spec.SchedulerName != "tessera-scheduler" {
+			if out.Spec.SchedulerName != api.SchedulerName {
 				t.Errorf("schedulerName %q", out.Spec.SchedulerName)
 			}
 			r := out.Spec.Containers[0].Resources
@@ -210,7 +209,7 @@ func TestHandlerOverTLS(t *testing.T) {
 	if err := json.Unmarshal(patched, &out); err != nil {
 		t.Fatal(err)
 	}
-	if q := out.Spec.Containers[0].Resources.Limits["nvidia.com/gpucores"]; q.Value() != 50 || out.Spec.SchedulerName != "tessera-scheduler" {
+	if q := out.Spec.Containers[0].Resources.Limits["nvidia.com/gpucores"]; q.Value() != 50 || out.Spec.SchedulerName != api.SchedulerName {
 		t.Errorf("patched pod: %+v", out.Spec)
 	}
 	if resp := review(t, client, srv.URL+ValidatePath, pod(map[string]string{"nvidia.com/gpucores": "200"})); resp.Allowed || !strings.Contains(resp.Result.Message, "200") {
@@ -277,34 +276,14 @@ func TestInventories(t *testing.T) {
 // TestMatchConditionEvaluates runs the CEL match condition, as the API
 // server would, over pods asking for each kind of GPU resource.
 func TestMatchConditionEvaluates(t *testing.T) {
-	env, err := cel.NewEnv(cel.Variable("object", cel.DynType))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ast, iss := env.Compile(MatchCondition(api.DefaultResourceNames))
-	if iss.Err() != nil {
-		t.Fatal(iss.Err())
-	}
-	prg, err := env.Program(ast)
-	if err != nil {
-		t.Fatal(err)
-	}
+	prg := celProgram(t, MatchCondition(api.DefaultResourceNames))
 	for res, want := range map[string]bool{
 		"nvidia.com/gpu": true, "nvidia.com/gpu.shared": true, "nvidia.com/mig-1g.5gb": true,
 		"nvidia.com/gpucores": true, "cpu": false, "example.com/mig-1g.5gb": false,
+		"volcano.sh/vgpu-memory": true, "volcano.sh/vgpu-number": true,
 	} {
-		p := pod(map[string]string{res: "1"})
-		raw, _ := json.Marshal(p)
-		var obj map[string]any
-		if err := json.Unmarshal(raw, &obj); err != nil {
-			t.Fatal(err)
-		}
-		out, _, err := prg.Eval(map[string]any{"object": obj})
-		if err != nil {
-			t.Fatalf("%s: %v", res, err)
-		}
-		if out.Value() != want {
-			t.Errorf("pod asking %s: match %v, want %v", res, out.Value(), want)
+		if got := evalPod(t, prg, pod(map[string]string{res: "1"})); got != want {
+			t.Errorf("pod asking %s: match %v, want %v", res, got, want)
 		}
 	}
 }

@@ -18,7 +18,9 @@
  *   tl_report.c   cuMemGetInfo, cuDeviceTotalMem, NVML memory and process lists
  *   tl_pace.c     compute pacing and the launch entry points
  * Pure, unit-tested parts: tl_config (environment, limits file), tl_table,
- * tl_state (the shared file), tl_pacer, tl_hostpid, tl_procaddr, tl_size.
+ * tl_state (the shared file), tl_pacer, tl_hostpid, tl_size, and, shared
+ * with the fake driver in ../cuda-abi, tl_procaddr (the cuGetProcAddress
+ * variant table) and tl_cuda.h (the CUDA and NVML types).
  *
  * Lock order (a thread holding one may take only those below it):
  *   1. hp_mu      host pid discovery (tl_nvml.c), held across a context creation

@@ -16,7 +16,7 @@
 
 #include "../src/tl_config.h"
 #include "../src/tl_hostpid.h"
-#include "../src/tl_procaddr.h"
+#include "tl_procaddr.h"
 #include "../src/tl_size.h"
 #include "../src/tl_state.h"
 #include "../src/tl_table.h"

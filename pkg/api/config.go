@@ -7,6 +7,12 @@ import (
 	"strconv"
 )
 
+// SchedulerName is the scheduler profile GPU pods are sent to: the profile
+// of `tessera scheduler` (deploy/scheduler/config.yaml and the chart keep
+// this literal; a test holds them equal), where the webhook routes GPU
+// pods by default, and what `kubectl tessera` counts as Tessera's pods.
+const SchedulerName = "tessera-scheduler"
+
 // DefaultPlacementPolicy is the placement-core policy used when the cluster
 // configuration names none.
 const DefaultPlacementPolicy = "binpack"
@@ -105,7 +111,8 @@ func isPolicyName(s string) bool {
 type NodeConfig struct {
 	// Mode is how the node serves its GPUs: the kubelet device plugin
 	// (ModeDevicePlugin; empty means it) or DRA ResourceClaims through the
-	// driver gpu.tessera.io (ModeDRA; docs/dra.md). Never both.
+	// driver gpu.tessera.io (ModeDRA; docs/dra.md), or Volcano's vGPU
+	// protocol (ModeVolcano; docs/volcano.md). Never two.
 	Mode NodeMode `json:"mode,omitempty"`
 	// SharesPerGPU is the most containers sharing one GPU (MaxShares).
 	SharesPerGPU int `json:"sharesPerGPU"`
@@ -220,8 +227,11 @@ func (c *NodeConfig) Validate() error {
 // Time-slicing, MPS and MIG are the device plugin's; DRA capacities are
 // the GPUs' physical memory, so no overcommit.
 func (c *NodeConfig) validateMode() error {
+	if c.Mode == ModeVolcano {
+		return c.validateVolcano()
+	}
 	if !c.Mode.Valid() {
-		return fmt.Errorf("mode %q is not one of %s", c.Mode, joinQuoted(NodeModes()))
+		return fmt.Errorf("mode %q is not one of %s", c.Mode, joinQuoted(append(NodeModes(), ModeVolcano)))
 	}
 	if c.Mode != ModeDRA {
 		return nil

@@ -390,8 +390,8 @@ func TestDRAChargedPodScheduled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := strings.Join(charged(p), " "); got != "40Gi" || p.Spec.SchedulerName != "tessera-scheduler" {
-		t.Fatalf("pod charged %q with scheduler %q, want 40Gi and tessera-scheduler", got, p.Spec.SchedulerName)
+	if got := strings.Join(charged(p), " "); got != "40Gi" || p.Spec.SchedulerName != api.SchedulerName {
+		t.Fatalf("pod charged %q with scheduler %q, want 40Gi and %s", got, p.Spec.SchedulerName, api.SchedulerName)
 	}
 	testenv.WaitFor(t, "the DRA pod bound", 60*time.Second, func() bool {
 		got, err := c.CoreV1().Pods(ns).Get(ctx, "user", metav1.GetOptions{})

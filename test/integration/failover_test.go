@@ -17,7 +17,12 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/testenv"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
+	"github.com/tessera-gpu/tessera/pkg/api"
 )
+
+// leaderLease is the lease the schedulers of leaderConfig compete for,
+// named after the scheduler as in deploy/scheduler/config.yaml.
+const leaderLease = api.SchedulerName
 
 // buildTessera builds the tessera binary for tests that run it as a
 // process.
@@ -39,7 +44,7 @@ func (e *env) leaderConfig() string {
 		cfg["leaderElection"] = map[string]any{
 			"leaderElect":       true,
 			"resourceNamespace": "tessera-system",
-			"resourceName":      "tessera-scheduler",
+			"resourceName":      leaderLease,
 			"leaseDuration":     "4s",
 			"renewDeadline":     "3s",
 			"retryPeriod":       "500ms",
@@ -92,7 +97,7 @@ func TestLeaderFailover(t *testing.T) {
 	}
 	leader := e.startProcess(bin, config, "scheduler-a")
 	testenv.WaitFor(t, "the first scheduler to take the lease", 30*time.Second, func() bool {
-		_, err := e.cp.Client.CoordinationV1().Leases("tessera-system").Get(ctx, "tessera-scheduler", metav1.GetOptions{})
+		_, err := e.cp.Client.CoordinationV1().Leases("tessera-system").Get(ctx, leaderLease, metav1.GetOptions{})
 		return err == nil
 	})
 	standby := e.startProcess(bin, config, "scheduler-b")
@@ -126,7 +131,7 @@ func TestLeaderFailover(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the first scheduler did not bind 100 pods within 2 minutes: %v", err)
 	}
-	first, err := e.cp.Client.CoordinationV1().Leases("tessera-system").Get(ctx, "tessera-scheduler", metav1.GetOptions{})
+	first, err := e.cp.Client.CoordinationV1().Leases("tessera-system").Get(ctx, leaderLease, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("the leader holds no lease: %v", err)
 	}
@@ -163,7 +168,7 @@ func TestLeaderFailover(t *testing.T) {
 		t.Errorf("the standby bound nothing (%d bound at the kill, %d now)", killedAt, bound)
 	}
 	e.checkInvariant()
-	lease, err := e.cp.Client.CoordinationV1().Leases("tessera-system").Get(ctx, "tessera-scheduler", metav1.GetOptions{})
+	lease, err := e.cp.Client.CoordinationV1().Leases("tessera-system").Get(ctx, leaderLease, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

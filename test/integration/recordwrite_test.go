@@ -12,7 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/tessera-gpu/tessera/internal/scheduler"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -79,7 +78,7 @@ func (e *env) withoutTesseraBind() string {
 	return e.schedulerConfig("scheduler-prebind.yaml", func(cfg map[string]any) {
 		for _, p := range cfg["profiles"].([]any) {
 			prof := p.(map[string]any)
-			if prof["schedulerName"] == scheduler.SchedulerName {
+			if prof["schedulerName"] == api.SchedulerName {
 				plugins := prof["plugins"].(map[string]any)
 				if _, ok := plugins["bind"]; !ok {
 					t.Fatal("the shipped profile has no bind section")

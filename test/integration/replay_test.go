@@ -45,7 +45,7 @@ var (
 // tasks created as pods one after another in the simulator's arrival order
 // for the seed (sim.Trace.Arrivals), up to arrived = 100 % of the GPUs,
 // with no departures. It reports the unallocated GPU % once every pod is
-// bound or unschedulable, beside `tessera simulate`'s for the same seed and
+// bound or unschedulable, beside `tessera-sim`'s for the same seed and
 // policy (sim.Run). Minutes per policy; not part of any default run:
 //
 //	go test -tags integration -run '^$' -bench BenchmarkReplay -benchtime=1x -timeout=60m \
@@ -255,7 +255,9 @@ func replay(b testing.TB, trace *sim.Trace, policy string, seed int64, percentag
 	start = time.Now()
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- scheduler.RunInProcess(sctx, path) }()
+	// The simulator's catalogue: the baselines too (bestfit), which the
+	// shipped scheduler does not run.
+	go func() { done <- scheduler.RunInProcess(sctx, path, scheduler.WithPolicies(sim.Policies())) }()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -320,7 +322,7 @@ func replay(b testing.TB, trace *sim.Trace, policy string, seed int64, percentag
 
 // TestReplayMatchesSimulator: the real scheduler, in the shipped
 // configuration, places the first 1,500 arrivals of the openb trace (seed
-// 2, CPU-only tasks included) each on the node `tessera simulate` places
+// 2, CPU-only tasks included) each on the node `tessera-sim` places
 // it on, for the shipped policy, a baseline and FGD (against the simulator
 // learning online, as the scheduler does): the policy measured is the
 // policy run. BenchmarkReplay runs the whole trace.
@@ -431,7 +433,7 @@ func tracePod(ns string, k int, row sim.PodRow) *corev1.Pod {
 		res[names.MemoryPercentage] = fmt.Sprint(c.MemoryPercent)
 		res[names.Cores] = fmt.Sprint(c.Cores)
 	}
-	w := fixtures.MakePod().Namespace(ns).Name(fmt.Sprintf("a%06d", k)).SchedulerName(scheduler.SchedulerName)
+	w := fixtures.MakePod().Namespace(ns).Name(fmt.Sprintf("a%06d", k)).SchedulerName(api.SchedulerName)
 	if len(req.IncludeModels) > 0 {
 		w = w.Annotation(api.AnnotationUseGPUType, strings.Join(req.IncludeModels, ","))
 	}

@@ -23,8 +23,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
-	"github.com/tessera-gpu/tessera/internal/placement/policies"
 	"github.com/tessera-gpu/tessera/internal/podrequest"
+	"github.com/tessera-gpu/tessera/internal/policies"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )

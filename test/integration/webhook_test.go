@@ -14,6 +14,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/testenv"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
+	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 // TestWebhook covers every rejection on the API server's answer, the
@@ -63,7 +64,7 @@ func TestWebhook(t *testing.T) {
 			p := fixtures.MakePod().Namespace(gpuNS).Name("c9").Container("main", map[string]string{names.GPU: "1"}).Obj()
 			p.Spec.NodeName = "a100-00"
 			return p
-		}(), []string{"spec.nodeName", "a100-00", "tessera-scheduler"}},
+		}(), []string{"spec.nodeName", "a100-00", api.SchedulerName}},
 		{"fraction above one", fixtures.MakePod().Namespace(gpuNS).Name("c10").Container("main", map[string]string{names.GPU: "1.5"}).Obj(),
 			[]string{"nvidia.com/gpu", "1500m", "below 1"}},
 		{"init container", func() *corev1.Pod {
@@ -84,7 +85,7 @@ func TestWebhook(t *testing.T) {
 			t.Fatalf("fractional GPU refused: %v", err)
 		}
 		lim := p.Spec.Containers[0].Resources.Limits
-		if p.Spec.SchedulerName != "tessera-scheduler" || qv(lim, names.GPU) != 1 || qv(lim, names.MemoryPercentage) != 50 || qv(lim, names.Cores) != 50 {
+		if p.Spec.SchedulerName != api.SchedulerName || qv(lim, names.GPU) != 1 || qv(lim, names.MemoryPercentage) != 50 || qv(lim, names.Cores) != 50 {
 			t.Errorf("admitted as scheduler %q limits %v", p.Spec.SchedulerName, lim)
 		}
 		p, err = e.create(fixtures.MakePod().Namespace(gpuNS).Name("memonly").Container("main", map[string]string{names.Memory: "4096"}).Obj())

@@ -1,4 +1,4 @@
-// Package openb embeds the default openb trace so that `tessera simulate`
+// Package openb embeds the default openb trace so that `tessera-sim`
 // works from any directory with no flags. See README.md for attribution.
 package openb
 

@@ -5,7 +5,6 @@ import (
 	"flag"
 
 	"github.com/tessera-gpu/tessera/internal/install"
-	"github.com/tessera-gpu/tessera/internal/scheduler"
 	"github.com/tessera-gpu/tessera/internal/webhook"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -27,7 +26,7 @@ func runWebhook(ctx context.Context, args []string) error {
 		return err
 	}
 	return webhook.Run(ctx, webhook.Options{
-		Client: client, Names: api.DefaultResourceNames, SchedulerName: scheduler.SchedulerName,
+		Client: client, Names: api.DefaultResourceNames, SchedulerName: api.SchedulerName,
 		Listen: *listen, Hosts: []string{"127.0.0.1"},
 		// A CA kept in a Secret: a restarted webhook keeps its trust.
 		CASecretNamespace: install.Namespace, CASecretName: "tessera-webhook-ca",

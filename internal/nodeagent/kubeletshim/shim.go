@@ -80,6 +80,7 @@ type Shim struct {
 	changed   chan struct{}
 	streams   int           // the kubelet's open ListAndWatch streams
 	dropped   chan struct{} // the kubelet closed them all (ServeRegistered)
+	calls     int           // the kubelet's calls being forwarded
 
 	registrations int
 }
@@ -117,6 +118,14 @@ func (s *Shim) Registrations() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.registrations
+}
+
+// Forwarding is how many of the kubelet's calls the shim is forwarding
+// to the agent now, those waiting for it to come back included.
+func (s *Shim) Forwarding() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls
 }
 
 // Run follows the agent's device list and serves the kubelet until ctx
@@ -296,6 +305,14 @@ func (s *Shim) streamEnded() {
 // forward calls the agent, waiting for it to be reachable for up to
 // AgentWait. The agent's own answers, refusals included, pass unchanged.
 func forward[Req, Resp any](ctx context.Context, s *Shim, call func(context.Context, *Req, ...grpc.CallOption) (*Resp, error), req *Req) (*Resp, error) {
+	s.mu.Lock()
+	s.calls++
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.calls--
+		s.mu.Unlock()
+	}()
 	ctx, cancel := context.WithTimeout(ctx, s.opts.AgentWait)
 	defer cancel()
 	for {

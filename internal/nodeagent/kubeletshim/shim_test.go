@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/klog/v2/ktesting"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/tessera-gpu/tessera/internal/testenv/poll"
 )
 
 // fakeKubelet is the kubelet's registration service on dir/kubelet.sock.
@@ -93,16 +95,6 @@ func startAgent(t *testing.T, sock string) *grpc.Server {
 	return srv
 }
 
-func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("timed out after %v waiting for %s", d, what)
-}
-
 // TestShimOutlivesTheAgent: the kubelet's connection stays up and healthy
 // while the agent restarts; an Allocate arriving meanwhile waits for the
 // agent and succeeds; one whose agent stays away fails after AgentWait
@@ -113,9 +105,9 @@ func TestShimOutlivesTheAgent(t *testing.T) {
 	agentSock := filepath.Join(t.TempDir(), "agent.sock")
 	kubelet := startKubelet(t, dir)
 	agent := startAgent(t, agentSock)
-	runShim(t, dir, agentSock, 1500*time.Millisecond)
+	shim := runShim(t, dir, agentSock, 1500*time.Millisecond)
 	ctx := t.Context()
-	waitFor(t, "registration", 5*time.Second, func() bool { return kubelet.count() == 1 })
+	poll.Until(t, "registration", 5*time.Second, func() bool { return kubelet.count() == 1 })
 
 	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "shim.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -138,15 +130,19 @@ func TestShimOutlivesTheAgent(t *testing.T) {
 		t.Fatalf("allocate through the shim: %v %v", r, err)
 	}
 
-	// The agent dies; an Allocate arrives; the agent comes back 300 ms later.
+	// The agent dies; an Allocate arrives and waits in the shim; the agent
+	// comes back.
 	agent.Stop()
 	got := make(chan error, 1)
 	start := time.Now()
 	go func() { _, err := alloc(); got <- err }()
-	time.Sleep(300 * time.Millisecond)
+	poll.Until(t, "the Allocate waiting in the shim", 5*time.Second, func() bool { return shim.Forwarding() == 1 })
 	agent = startAgent(t, agentSock)
 	if err := <-got; err != nil {
 		t.Fatalf("an Allocate during the agent's restart failed: %v", err)
+	}
+	if n := shim.Forwarding(); n != 0 {
+		t.Errorf("%d calls still counted as forwarded after the answer", n)
 	}
 	t.Logf("Allocate waited %v for the restarted agent", time.Since(start).Round(time.Millisecond))
 	// The kubelet's stream never broke and never saw an unhealthy device.
@@ -170,7 +166,7 @@ func TestShimOutlivesTheAgent(t *testing.T) {
 		t.Errorf("agent away: %v after %v", err, time.Since(start))
 	}
 	// Past StaleAfter the kubelet is told the GPUs are unhealthy.
-	waitFor(t, "the devices reported unhealthy", 5*time.Second, func() bool {
+	poll.Until(t, "the devices reported unhealthy", 5*time.Second, func() bool {
 		select {
 		case r, ok := <-recv:
 			return ok && len(r.Devices) == 2 && r.Devices[0].Health == pluginapi.Unhealthy
@@ -180,7 +176,7 @@ func TestShimOutlivesTheAgent(t *testing.T) {
 	})
 	agent = startAgent(t, agentSock)
 	defer agent.Stop()
-	waitFor(t, "the devices healthy again", 5*time.Second, func() bool {
+	poll.Until(t, "the devices healthy again", 5*time.Second, func() bool {
 		select {
 		case r, ok := <-recv:
 			return ok && len(r.Devices) == 2 && r.Devices[0].Health == pluginapi.Healthy
@@ -194,7 +190,7 @@ func TestShimOutlivesTheAgent(t *testing.T) {
 	kubelet.srv.Stop()
 	start = time.Now()
 	kubelet = startKubelet(t, dir)
-	waitFor(t, "re-registration after the kubelet restart", 2*time.Second, func() bool { return kubelet.count() == 1 })
+	poll.Until(t, "re-registration after the kubelet restart", 2*time.Second, func() bool { return kubelet.count() == 1 })
 	t.Logf("re-registered %v after the kubelet restarted", time.Since(start).Round(time.Millisecond))
 	if _, err := os.Stat(filepath.Join(dir, "shim.sock")); err != nil {
 		t.Errorf("the shim's socket was not served again: %v", err)
@@ -212,7 +208,7 @@ func TestShimRegistersAgainWhenDropped(t *testing.T) {
 	agent := startAgent(t, agentSock)
 	defer agent.Stop()
 	runShim(t, dir, agentSock, 0)
-	waitFor(t, "registration", 5*time.Second, func() bool { return kubelet.count() == 1 })
+	poll.Until(t, "registration", 5*time.Second, func() bool { return kubelet.count() == 1 })
 	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "shim.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -234,7 +230,7 @@ func TestShimRegistersAgainWhenDropped(t *testing.T) {
 	// The kubelet drops it.
 	drop()
 	start := time.Now()
-	waitFor(t, "registration after the kubelet dropped the plugin", dropGrace+5*time.Second, func() bool { return kubelet.count() == 2 })
+	poll.Until(t, "registration after the kubelet dropped the plugin", dropGrace+5*time.Second, func() bool { return kubelet.count() == 2 })
 	t.Logf("registered again %v after the kubelet dropped the stream", time.Since(start).Round(time.Millisecond))
 }
 
@@ -290,7 +286,7 @@ func TestShimRegistersAgainWhenItsSocketGoesMidRegistration(t *testing.T) {
 	defer srv.Stop()
 	start := time.Now()
 	runShim(t, dir, agentSock, 0)
-	waitFor(t, "the kubelet connected to the shim's socket", 3*time.Second, func() bool { return kubelet.connected.Load() == 1 })
+	poll.Until(t, "the kubelet connected to the shim's socket", 3*time.Second, func() bool { return kubelet.connected.Load() == 1 })
 	t.Logf("registered %v after the first attempt's socket was removed (%d Register calls)", time.Since(start).Round(time.Millisecond), kubelet.calls.Load())
 	if _, err := os.Stat(filepath.Join(dir, "shim.sock")); err != nil {
 		t.Errorf("the shim's socket: %v", err)
@@ -299,7 +295,7 @@ func TestShimRegistersAgainWhenItsSocketGoesMidRegistration(t *testing.T) {
 
 // runShim runs a shim for the kubelet in dir and the agent at agentSock
 // until the test ends (staleAfter 0: the default).
-func runShim(t *testing.T, dir, agentSock string, staleAfter time.Duration) {
+func runShim(t *testing.T, dir, agentSock string, staleAfter time.Duration) *Shim {
 	t.Helper()
 	s, err := New(Options{Resource: "nvidia.com/gpu", PluginDir: dir, Endpoint: "shim.sock", AgentSocket: agentSock,
 		AgentWait: 2 * time.Second, StaleAfter: staleAfter, CheckInterval: time.Hour}, ktesting.NewLogger(t, ktesting.NewConfig()))
@@ -310,4 +306,5 @@ func runShim(t *testing.T, dir, agentSock string, staleAfter time.Duration) {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = s.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
+	return s
 }

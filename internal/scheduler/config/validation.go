@@ -1,17 +1,18 @@
 package config
 
 import (
+	"slices"
+
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
-	"github.com/tessera-gpu/tessera/internal/placement/policies"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 // ValidateTesseraArgs checks defaulted arguments: every error names the
-// key, the value and what it may be. A placement policy must be one this
-// binary runs (policies.Names: all of them, in every binary).
-func ValidateTesseraArgs(path *field.Path, a *TesseraArgs) error {
+// key, the value and what it may be. A placement policy must be one of
+// placementPolicies, the names of the policies the scheduler runs.
+func ValidateTesseraArgs(path *field.Path, a *TesseraArgs, placementPolicies []string) error {
 	var errs field.ErrorList
 	if _, err := api.NewResourceNames(a.ResourcePrefix); err != nil {
 		errs = append(errs, field.Invalid(path.Child("resourcePrefix"), a.ResourcePrefix, err.Error()))
@@ -23,8 +24,8 @@ func ValidateTesseraArgs(path *field.Path, a *TesseraArgs) error {
 		errs = append(errs, field.NotSupported(path.Child("gpuPolicy"), a.GPUPolicy, api.GPUPolicies()))
 	}
 	// An unset placementPolicy defaults to nodePolicy: one error for it.
-	if !known(a.PlacementPolicy) && (a.PlacementPolicy != string(a.NodePolicy) || a.NodePolicy.Valid()) {
-		errs = append(errs, field.NotSupported(path.Child("placementPolicy"), a.PlacementPolicy, policies.Names()))
+	if !slices.Contains(placementPolicies, a.PlacementPolicy) && (a.PlacementPolicy != string(a.NodePolicy) || a.NodePolicy.Valid()) {
+		errs = append(errs, field.NotSupported(path.Child("placementPolicy"), a.PlacementPolicy, placementPolicies))
 	}
 	rs, rsPath := a.RecordSigning, path.Child("recordSigning")
 	if rs.Namespace != "" {
@@ -41,13 +42,4 @@ func ValidateTesseraArgs(path *field.Path, a *TesseraArgs) error {
 		}
 	}
 	return errs.ToAggregate()
-}
-
-func known(policy string) bool {
-	for _, n := range policies.Names() {
-		if n == policy {
-			return true
-		}
-	}
-	return false
 }

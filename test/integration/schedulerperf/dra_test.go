@@ -28,16 +28,16 @@ import (
 	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/dra"
-	"github.com/tessera-gpu/tessera/internal/scheduler"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
-// draOptions are the scheduler_perf hooks of the DRA test cases; the
-// other test cases have no node in mode dra and no claim, for which the
-// hooks do nothing.
+// draOptions are the scheduler_perf hooks: those of the DRA test cases
+// (the other test cases have no node in mode dra and no claim, for which
+// they do nothing) and, through prepare (preempt_test.go), the check of
+// the allocation records after every workload.
 func draOptions() []perf.SchedulerPerfOption {
 	return []perf.SchedulerPerfOption{
-		perf.WithPrepareFn(prepareDRA),
+		perf.WithPrepareFn(prepare),
 		perf.WithNodeUpdateFn(publishSlices),
 	}
 }
@@ -144,9 +144,9 @@ func publishSlices(tCtx ktesting.TContext, sched *k8sscheduler.Scheduler, _ *per
 		return firstErr
 	}
 	want := len(slices) + len(have)
-	fw, ok := sched.Profiles[scheduler.SchedulerName]
+	fw, ok := sched.Profiles[api.SchedulerName]
 	if !ok || fw.SharedDRAManager() == nil {
-		return fmt.Errorf("the scheduler has no %s profile with a DRA manager (feature gate DynamicResourceAllocation?)", scheduler.SchedulerName)
+		return fmt.Errorf("the scheduler has no %s profile with a DRA manager (feature gate DynamicResourceAllocation?)", api.SchedulerName)
 	}
 	deadline := time.Now().Add(time.Minute)
 	for {

@@ -28,6 +28,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/scheduler"
 	"github.com/tessera-gpu/tessera/internal/testenv"
+	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 // TestMain builds etcd 3.6 from the pinned module and puts it first in
@@ -85,11 +86,11 @@ func TestPerfConfigMatchesDeploy(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, p := range cfg.Profiles {
-			if p["schedulerName"] == scheduler.SchedulerName {
+			if p["schedulerName"] == api.SchedulerName {
 				return p
 			}
 		}
-		t.Fatalf("%s has no %s profile", path, scheduler.SchedulerName)
+		t.Fatalf("%s has no %s profile", path, api.SchedulerName)
 		return nil
 	}
 	// The benchmark keeps the record signing key in kube-system:
@@ -112,6 +113,6 @@ func TestPerfConfigMatchesDeploy(t *testing.T) {
 	}
 	signingNamespace(deployed)
 	if !reflect.DeepEqual(deployed, perfProfile) {
-		t.Errorf("scheduler-config.yaml's %s profile differs from deploy/scheduler/config.yaml", scheduler.SchedulerName)
+		t.Errorf("scheduler-config.yaml's %s profile differs from deploy/scheduler/config.yaml", api.SchedulerName)
 	}
 }
