@@ -40,7 +40,7 @@ RECORD          := hack/record-result.sh
 # make e2e's real node: its binaries, images and test binary.
 E2E             := bin/e2e
 
-.PHONY: help build images e2e release-plugin test-release-plugin lab-tools volcano test test-go test-limiter test-integration test-alone lint fuzz bench bench-scheduler-ci bench-scheduler bench-scheduler-preemption bench-scheduler-dra demo lab simulate clean
+.PHONY: help build images e2e e2e-build release-plugin test-release-plugin lab-tools volcano test test-go test-limiter test-integration test-alone lint fuzz bench bench-scheduler-ci bench-scheduler bench-scheduler-preemption bench-scheduler-dra demo lab simulate clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
@@ -54,7 +54,10 @@ build: lab-tools ## build bin/tessera, bin/kubectl-tessera, bin/tessera-sim, bin
 images: ## the image index (linux/amd64 + linux/arm64) in bin/images: OCI layout, tar, smoke test (docs/install.md)
 	K8S_LDFLAGS="$(K8S_LDFLAGS)" hack/images/build.sh
 
-e2e: images lab-tools ## the chart installed as the README says on a real node (kubelet, containerd, runc, CNI, kube-proxy), the GPU guides' pods in real containers (root; docs/install.md)
+e2e: e2e-build ## the chart installed as the README says on a real node (kubelet, containerd, runc, CNI, kube-proxy), the GPU guides' pods in real containers (root; docs/install.md)
+	cd test/e2e && ../../$(E2E)/e2e.test -test.v -test.timeout 20m $(E2E_FLAGS)
+
+e2e-build: images lab-tools ## what make e2e runs: the node's binaries (kubelet, kube-proxy, containerd, runc, CNI plugins), helm, the containers' images, the test binary
 	$(GO) build -ldflags "$(LAB_LDFLAGS)" -o bin/tessera-lab ./cmd/tessera-lab
 	$(GO) build -ldflags "$(K8S_LDFLAGS)" -o $(E2E)/ k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
 	CGO_ENABLED=0 $(GO) build -ldflags "$(K8S_LDFLAGS)" -o $(E2E)/kubectl ./internal/testenv/kubectlbin
@@ -62,7 +65,6 @@ e2e: images lab-tools ## the chart installed as the README says on a real node (
 	hack/node/build.sh $(E2E)/node
 	hack/e2e/images.sh $(E2E)/images
 	$(GO) test -c -tags e2e -o $(E2E)/e2e.test ./test/e2e
-	cd test/e2e && ../../$(E2E)/e2e.test -test.v -test.timeout 20m $(E2E_FLAGS)
 
 release-plugin: ## kubectl-tessera release archives (linux, darwin, windows) and their krew manifest in bin/release
 	hack/release-plugin.sh

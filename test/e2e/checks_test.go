@@ -33,7 +33,7 @@ func (e *env) checkInstalled(t *testing.T) {
 		}
 	}
 	// Real containers: containerd runs every one of the release's.
-	ids := strings.Fields(e.must(t, "kubectl -n tessera-system get pods -o jsonpath='{.items[*].status.containerStatuses[*].containerID}'"))
+	ids := strings.Fields(e.must(t, "kubectl -n tessera-system get pods -l app.kubernetes.io/component!=wait-ready -o jsonpath='{.items[*].status.containerStatuses[*].containerID}'"))
 	ctrs, err := e.node.Ctr(context.Background(), "containers", "list", "-q")
 	if err != nil {
 		t.Fatalf("ctr containers list: %v\n%s", err, ctrs)
@@ -210,8 +210,12 @@ func (e *env) checkUndisturbed(t *testing.T, before map[string]podState) {
 
 // checkShadowingVolumes: a GPU pod's own emptyDir volumes at /etc and
 // /usr/local, parents of where the agent mounts the preload list, the
-// limits file and the limiter (api.ContainerReservedPaths): containerd
-// mounts by depth, so the agent's deeper mounts stay visible.
+// limits file and the limiter (api.ContainerReservedPaths). The webhook
+// refuses them, naming the path; in audit mode (webhook.audit) it admits
+// them with a warning, and then what holds the pod to its share is the
+// runtime's mount order: containerd mounts by depth, so the agent's deeper
+// mounts land on top of the volumes, whatever order the kubelet lists
+// them in. Both are checked here, on containerd.
 func (e *env) checkShadowingVolumes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -227,19 +231,27 @@ spec:
     resources: {limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: 4096}}
   volumes: [{name: etc, emptyDir: {}}, {name: local, emptyDir: {}}]
 `
-	if out, err := e.sh(ctx, "kubectl apply -f - <<'EOF'\n"+manifest+"EOF"); err != nil {
-		t.Logf("finding: admission refuses an emptyDir at /etc or /usr/local in a GPU pod: %s", out)
-		return
+	apply := "kubectl apply -f - <<'EOF'\n" + manifest + "EOF"
+	out, err := e.sh(ctx, apply)
+	if err == nil || !strings.Contains(out, "/etc") || !strings.Contains(out, "denied") {
+		t.Fatalf("an emptyDir at /etc in a GPU pod: want the webhook to refuse it naming the path, got %v:\n%s", err, out)
+	}
+	t.Logf("refused: %s", lastLine(out))
+
+	e.must(t, "helm upgrade tessera charts/tessera -n tessera-system --reuse-values --set webhook.audit=true --wait --atomic")
+	out = e.must(t, apply)
+	if !strings.Contains(out, "Warning") || !strings.Contains(out, "/etc") {
+		t.Fatalf("audit mode: want the pod admitted with a warning naming /etc, got:\n%s", out)
 	}
 	e.must(t, "kubectl -n "+demoNamespace+" wait --for=condition=Ready pod/shadowing --timeout=120s")
-	out := e.exec(t, "shadowing", "ls /etc /usr/local; cat /etc/ld.so.preload; ls /etc/tessera; grep -c libtessera-limiter /proc/self/maps; gpu-fill --step 1024")
-	t.Logf("shadowing pod:\n%s", out)
+	out = e.exec(t, "shadowing", "ls /etc /usr/local; cat /etc/ld.so.preload; ls /etc/tessera; grep -c libtessera-limiter /proc/self/maps; gpu-fill --step 1024")
+	t.Logf("shadowing pod (audit mode):\n%s", out)
 	if !strings.Contains(out, api.ContainerLimiterDir+"/libtessera-limiter.so") || !strings.Contains(out, "limiter.conf") {
-		t.Fatalf("an emptyDir at /etc or /usr/local hides the agent's mounts:\n%s", out)
+		t.Fatalf("under containerd, emptyDirs at /etc and /usr/local hide the agent's mounts:\n%s", out)
 	}
-	if got := number(t, out, "refused at"); got > 4096 {
-		t.Fatalf("under emptyDirs at /etc and /usr/local, gpu-fill got %d MiB of a 4096 MiB grant", got)
+	if got := number(t, out, "refused at"); got > 4096 || got < 3072 {
+		t.Fatalf("under emptyDirs at /etc and /usr/local, gpu-fill was refused at %d MiB of a 4096 MiB grant", got)
 	}
-	t.Logf("finding: under containerd, emptyDirs at /etc and /usr/local do not hide the preload list, the limits file or the limiter (mounted deeper, after them); the limit held")
+	t.Logf("containerd mounts by depth: under emptyDirs at /etc and /usr/local the preload list, the limits file and the limiter stay visible, and the 4096 MiB limit held")
 	e.must(t, "kubectl -n "+demoNamespace+" delete pod shadowing --wait")
 }

@@ -118,35 +118,46 @@ func (e *env) badInput(t *testing.T, install string) {
 	}
 	t.Logf("wrong image tag: %s; events: %s", strings.TrimSpace(out), firstLine(ev, "0.1.0-missing"))
 
-	// No driver root on the node (NVIDIA's driver container not there).
+	// No driver root on the node (NVIDIA's driver container not there):
+	// the node agent cannot start; the chart's readiness check (its
+	// post-install Job) fails, naming the cause, and helm rolls back.
+	// Its own timeout is below helm's.
+	const check = " --set readinessCheck.timeout=30s"
 	if err := os.Rename(driverRoot, driverRoot+".away"); err != nil {
 		t.Fatal(err)
 	}
-	out = e.mustFail(t, install+quick)
+	out = e.mustFail(t, install+quick+check)
 	if err := os.Rename(driverRoot+".away", driverRoot); err != nil {
 		t.Fatal(err)
 	}
 	e.checkNothingInstalled(t)
-	ev = e.must(t, "kubectl get events -n tessera-system --field-selector type=Warning -o jsonpath='{range .items[*]}{.message}{\"\\n\"}{end}'")
-	if !strings.Contains(ev, driverRoot+" ") && !strings.Contains(ev, driverRoot+"\n") && !strings.Contains(ev, driverRoot+":") {
-		t.Fatalf("a missing driver root: no Warning event names %s; helm said:\n%s\nevents:\n%s", driverRoot, out, ev)
+	ev = e.must(t, "kubectl get events -n tessera-system --field-selector reason=TesseraNotReady -o jsonpath='{range .items[*]}{.message}{\"\\n\"}{end}'")
+	if !strings.Contains(out, "wait-ready") || !strings.Contains(ev, "tessera-node-agent") || !strings.Contains(ev, driverRoot+" is not a directory") {
+		t.Fatalf("a missing driver root: want helm to fail at the readiness check and its TesseraNotReady event to name %s; helm said:\n%s\nevents:\n%s", driverRoot, out, ev)
 	}
-	t.Logf("missing driver root: %s", firstLine(ev, driverRoot))
+	t.Logf("missing driver root: %s; event: %s", lastLine(out), firstLine(ev, driverRoot))
 
-	// No CDI spec of the GPUs.
+	// No CDI spec of the GPUs: the agent's check at start fails.
 	if err := os.Rename(cdiSpec, cdiSpec+".away"); err != nil {
 		t.Fatal(err)
 	}
-	out = e.mustFail(t, install+quick)
+	out = e.mustFail(t, install+quick+check)
 	if err := os.Rename(cdiSpec+".away", cdiSpec); err != nil {
 		t.Fatal(err)
 	}
 	e.checkNothingInstalled(t)
 	ev = e.must(t, "kubectl get events -A --field-selector reason=TesseraPrerequisite -o jsonpath='{range .items[*]}{.message}{\"\\n\"}{end}'")
-	if !strings.Contains(ev, e.driver.GPUs[0].UUID) || !strings.Contains(ev, "/var/run/cdi") {
-		t.Fatalf("a missing CDI spec: no TesseraPrerequisite event names the GPUs and the CDI directories; helm said:\n%s\nevents:\n%s", out, ev)
+	if !strings.Contains(out, "wait-ready") || !strings.Contains(ev, e.driver.GPUs[0].UUID) || !strings.Contains(ev, "/var/run/cdi") {
+		t.Fatalf("a missing CDI spec: want helm to fail at the readiness check and a TesseraPrerequisite event naming the GPUs and the CDI directories; helm said:\n%s\nevents:\n%s", out, ev)
 	}
-	t.Logf("missing CDI spec: %s", firstLine(ev, "CDI"))
+	t.Logf("missing CDI spec: %s; event: %s", lastLine(out), firstLine(ev, "CDI"))
+}
+
+// lastLine is the last non-empty line of s (helm's error after its
+// warnings).
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
 }
 
 func firstLine(s, containing string) string {

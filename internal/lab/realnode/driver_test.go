@@ -14,6 +14,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/lab/tools"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/discovery"
 	"github.com/tessera-gpu/tessera/internal/testenv"
+	"github.com/tessera-gpu/tessera/internal/testenv/need"
 )
 
 // labTools builds the fake driver (make lab-tools' fakegpu part) into a
@@ -28,9 +29,7 @@ func labTools(t *testing.T) tools.Dir {
 }
 
 func TestInstalledDriver(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("needs root (CI runs as root): the driver's device nodes are made with mknod")
-	}
+	need.Root(t, "the driver's device nodes are made with mknod")
 	root := t.TempDir()
 	gpus := A100s(3, "test")
 	d, err := InstallDriver(root, labTools(t), gpus)
