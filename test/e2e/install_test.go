@@ -331,13 +331,21 @@ func (e *env) uninstall(t *testing.T) {
 			t.Errorf("a device plugin is still registered with the kubelet: %s", n)
 		}
 	}
-	n, err := e.cp.Client.CoreV1().Nodes().Get(context.Background(), nodeName, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for r, q := range n.Status.Allocatable {
-		if strings.HasPrefix(string(r), api.DefaultResourceNames.GPU[:strings.Index(api.DefaultResourceNames.GPU, "/")]+"/") && !q.IsZero() {
-			t.Errorf("the kubelet still offers %s: %s", r, q.String())
+	// The kubelet reports the plugins' resources gone with its next node
+	// status (every 10 s by default).
+	prefix := api.DefaultResourceNames.GPU[:strings.Index(api.DefaultResourceNames.GPU, "/")] + "/"
+	var offered []string
+	testenv.WaitFor(t, "the node offering no GPU resource", time.Minute, func() bool {
+		n, err := e.cp.Client.CoreV1().Nodes().Get(context.Background(), nodeName, metav1.GetOptions{})
+		if err != nil {
+			return false
 		}
-	}
+		offered = offered[:0]
+		for r, q := range n.Status.Allocatable {
+			if strings.HasPrefix(string(r), prefix) && !q.IsZero() {
+				offered = append(offered, string(r)+"="+q.String())
+			}
+		}
+		return len(offered) == 0
+	})
 }

@@ -42,15 +42,21 @@ type Sandbox struct {
 }
 
 // shadowed are the host paths the sandbox replaces with directories of
-// its own (bind mounts), besides /run (a tmpfs) and /var/log: the
-// kubelet's, the CNI plugins' and the paths Tessera's chart uses on a
-// node. Run makes the missing ones on this machine as empty mount points
-// and removes them afterwards.
-var shadowed = []string{"/var/lib/kubelet", "/var/lib/cni", "/var/lib/tessera", "/usr/local/tessera", "/etc/cdi"}
+// its own (bind mounts), besides /run and /var/log: the kubelet's, the CNI
+// plugins' and the CDI specs'. Run makes the missing ones on this machine
+// as empty mount points and removes them afterwards.
+var shadowed = []string{"/var/lib/kubelet", "/var/lib/cni", "/etc/cdi"}
 
-// HostPath is where a host path of the node (one of shadowed, or under
+// overlaid are the host directories the sandbox sees through an overlay:
+// this machine's files below, the node's writes in a directory of the
+// sandbox above. Tessera's chart writes /var/lib/tessera and
+// /usr/local/tessera there as plain directories, which the documented
+// clean-up removes (a bind mount could not be).
+var overlaid = []string{"/var/lib", "/usr/local"}
+
+// HostPath is where a host path of the node (under shadowed, overlaid,
 // /run or /var/log) lives outside the sandbox, for checks made after it
-// ends.
+// ends (in overlaid, what the node wrote).
 func (s *Sandbox) HostPath(p string) string {
 	return filepath.Join(s.Dir, "host", strings.TrimPrefix(p, "/"))
 }
@@ -260,6 +266,17 @@ func removeCgroups(root string) error {
 func (s *Sandbox) Enter() error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SHARED, ""); err != nil {
 		return fmt.Errorf("making / shared in the sandbox: %w", err)
+	}
+	for _, p := range overlaid {
+		upper, work := s.HostPath(p), filepath.Join(s.Dir, "overlay-work", strings.TrimPrefix(p, "/"))
+		for _, d := range []string{upper, work} {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				return err
+			}
+		}
+		if err := unix.Mount("overlay", p, "overlay", 0, "lowerdir="+p+",upperdir="+upper+",workdir="+work); err != nil {
+			return fmt.Errorf("an overlay on %s: %w", p, err)
+		}
 	}
 	binds := append([]string{"/var/log"}, shadowed...)
 	for _, p := range binds {
