@@ -437,18 +437,25 @@ func (t *tree) tar(created time.Time) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// tarDir writes directory dir as a tar file: sorted, owner 0, mtime created.
-func tarDir(dir, out string, created time.Time) error {
-	t := newTree()
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || p == dir {
+// walkTree calls add for every entry below root (not root itself), with
+// its name in the image: "/" and its path relative to root.
+func walkTree(root string, add func(name, p string, d fs.DirEntry) error) error {
+	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == root {
 			return err
 		}
-		rel, err := filepath.Rel(dir, p)
+		rel, err := filepath.Rel(root, p)
 		if err != nil {
 			return err
 		}
-		name := "/" + filepath.ToSlash(rel)
+		return add("/"+filepath.ToSlash(rel), p, d)
+	})
+}
+
+// tarDir writes directory dir as a tar file: sorted, owner 0, mtime created.
+func tarDir(dir, out string, created time.Time) error {
+	t := newTree()
+	err := walkTree(dir, func(name, p string, d fs.DirEntry) error {
 		if d.IsDir() {
 			t.addDir(name, 0o755, 0)
 			return nil

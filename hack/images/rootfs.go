@@ -147,15 +147,7 @@ func buildRootfs(o rootfsOptions) (v1.Hash, error) {
 // are root. Anything else (devices, sockets) is refused.
 func treeOf(root string) (*tree, error) {
 	t := newTree()
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || p == root {
-			return err
-		}
-		rel, err := filepath.Rel(root, p)
-		if err != nil {
-			return err
-		}
-		name := "/" + filepath.ToSlash(rel)
+	err := walkTree(root, func(name, p string, d fs.DirEntry) error {
 		fi, err := d.Info()
 		if err != nil {
 			return err

@@ -146,7 +146,7 @@ func podSecurityAdmission(level string) ([]byte, error) {
 		level = "privileged"
 	case "privileged", "baseline", "restricted":
 	default:
-		return nil, fmt.Errorf("Pod Security level %q: want privileged, baseline or restricted", level)
+		return nil, fmt.Errorf("the Pod Security level %q: want privileged, baseline or restricted", level)
 	}
 	return yaml.Marshal(map[string]any{
 		"apiVersion": "apiserver.config.k8s.io/v1",

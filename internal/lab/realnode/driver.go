@@ -152,17 +152,7 @@ func (d *Driver) Serve(ctx context.Context) error {
 func (d *Driver) StateFile(i int) string { return d.path(StateDir, fmt.Sprintf("nvidia%d", i)) }
 
 // UsedBytes is the device memory GPU i's processes hold now.
-func (d *Driver) UsedBytes(i int) (uint64, error) {
-	_, procs, err := fakegpu.Read(d.StateFile(i))
-	if err != nil {
-		return 0, err
-	}
-	var used uint64
-	for _, p := range procs {
-		used += p.UsedBytes
-	}
-	return used, nil
-}
+func (d *Driver) UsedBytes(i int) (uint64, error) { return fakegpu.UsedBytes(d.StateFile(i)) }
 
 // CDISpec is the CDI spec of the GPUs as `nvidia-ctk cdi generate
 // --driver-root=ROOT --dev-root=ROOT --device-name-strategy=uuid` writes
@@ -209,7 +199,7 @@ func (d *Driver) CDISpec() *cdispec.Spec {
 // library, as the runtime will.
 func (d *Driver) WriteCDISpec(path string) error {
 	spec := d.CDISpec()
-	v, err := cdiapi.MinimumRequiredVersion(spec)
+	v, err := cdispec.MinimumRequiredVersion(spec)
 	if err != nil {
 		return err
 	}
