@@ -1,7 +1,7 @@
 package lab
 
 // The lab's control plane alone, for a real node: what `make e2e` installs
-// Tessera's chart on (test/e2e, internal/lab/realnode). No Tessera
+// Tessera's chart on (test/e2e, internal/realnode). No Tessera
 // component, identity, policy or profile is set up: the chart brings them.
 
 import (

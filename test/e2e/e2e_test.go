@@ -4,7 +4,7 @@
 // README says, on a real node (a real kubelet, containerd and runc, the
 // CNI plugins, kube-proxy) beside the lab's control plane, and the GPU
 // guides' pods run in real containers over a fake NVIDIA driver. It runs
-// in a sandbox (internal/lab/realnode) and needs root and what make e2e
+// in a sandbox (internal/realnode) and needs root and what make e2e
 // builds first.
 package e2e
 
@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tessera-gpu/tessera/internal/lab/realnode"
+	"github.com/tessera-gpu/tessera/internal/realnode"
 )
 
 var sandbox *realnode.Sandbox

@@ -14,7 +14,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/lab"
 	"github.com/tessera-gpu/tessera/internal/lab/labdir"
-	"github.com/tessera-gpu/tessera/internal/lab/realnode"
+	"github.com/tessera-gpu/tessera/internal/realnode"
 	"github.com/tessera-gpu/tessera/internal/lab/tools"
 	"github.com/tessera-gpu/tessera/internal/testenv"
 )
