@@ -97,14 +97,16 @@ func describeNotReady(ctx context.Context, client kubernetes.Interface, ds *apps
 	for _, p := range pods.Items {
 		var why []string
 		for _, cs := range append(append([]corev1.ContainerStatus(nil), p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
-			switch {
-			case cs.State.Waiting != nil && cs.State.Waiting.Reason != "":
+			if cs.State.Waiting != nil && cs.State.Waiting.Reason != "" {
 				w := "container " + cs.Name + " " + cs.State.Waiting.Reason
 				if cs.State.Waiting.Message != "" {
 					w += ": " + cs.State.Waiting.Message
 				}
 				why = append(why, w)
-			case cs.LastTerminationState.Terminated != nil && !cs.Ready:
+			}
+			// A container that keeps exiting: how it last ended (with
+			// FallbackToLogsOnError, its last log lines).
+			if cs.LastTerminationState.Terminated != nil && !cs.Ready {
 				term := cs.LastTerminationState.Terminated
 				w := fmt.Sprintf("container %s exited %d (%s)", cs.Name, term.ExitCode, term.Reason)
 				if m := strings.TrimSpace(term.Message); m != "" {

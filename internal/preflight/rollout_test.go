@@ -105,12 +105,11 @@ func TestWaitRolledOut(t *testing.T) {
 	// A container that keeps exiting: its exit and message.
 	pod.Status.ContainerStatuses[0] = corev1.ContainerStatus{
 		Name: "node-agent", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff", Message: "back-off 10s"}},
+		LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Reason: "Error", Message: "no CDI spec names GPU-1"}},
 	}
-	pod.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: "install-limiter", Ready: false,
-		LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Reason: "Error", Message: "no CDI spec names GPU-1"}}}}
 	client = fake.NewClientset(agent, pod)
 	err = WaitRolledOut(ctx, client, "tessera-system", sel, 0, time.Millisecond)
-	if err == nil || !strings.Contains(err.Error(), "CrashLoopBackOff: back-off 10s") || !strings.Contains(err.Error(), "install-limiter exited 1 (Error): no CDI spec names GPU-1") {
+	if err == nil || !strings.Contains(err.Error(), "CrashLoopBackOff: back-off 10s") || !strings.Contains(err.Error(), "node-agent exited 1 (Error): no CDI spec names GPU-1") {
 		t.Errorf("crash loop: %v", err)
 	}
 }

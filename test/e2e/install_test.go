@@ -122,7 +122,7 @@ func (e *env) badInput(t *testing.T, install string) {
 	// the node agent cannot start; the chart's readiness check (its
 	// post-install Job) fails, naming the cause, and helm rolls back.
 	// Its own timeout is below helm's.
-	const check = " --set readinessCheck.timeout=30s"
+	const check = " --set readinessCheck.timeout=20s"
 	if err := os.Rename(driverRoot, driverRoot+".away"); err != nil {
 		t.Fatal(err)
 	}
