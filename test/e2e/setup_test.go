@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -130,4 +129,3 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-var _ = fmt.Sprint
