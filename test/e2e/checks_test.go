@@ -13,8 +13,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/tessera-gpu/tessera/internal/realnode"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/nodelabels"
+	"github.com/tessera-gpu/tessera/internal/realnode"
 	"github.com/tessera-gpu/tessera/internal/testenv"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )

@@ -13,8 +13,8 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/lab"
 	"github.com/tessera-gpu/tessera/internal/lab/labdir"
-	"github.com/tessera-gpu/tessera/internal/realnode"
 	"github.com/tessera-gpu/tessera/internal/lab/tools"
+	"github.com/tessera-gpu/tessera/internal/realnode"
 	"github.com/tessera-gpu/tessera/internal/testenv"
 )
 
@@ -128,4 +128,3 @@ func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
 }
-
