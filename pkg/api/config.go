@@ -14,8 +14,11 @@ import (
 const SchedulerName = "tessera-scheduler"
 
 // DefaultPlacementPolicy is the placement-core policy used when the cluster
-// configuration names none.
-const DefaultPlacementPolicy = "binpack"
+// configuration names none (and no nodePolicy): "tessera", the
+// fragmentation-aware policy the shipped scheduler configuration
+// (deploy/scheduler/config.yaml, the chart) names; a test in
+// internal/scheduler holds the two equal.
+const DefaultPlacementPolicy = "tessera"
 
 // DefaultSharesPerGPU is how many containers may share a GPU unless the
 // node configuration says otherwise (HAMi's default split count).

@@ -8,7 +8,7 @@ import (
 func TestClusterConfigDefaults(t *testing.T) {
 	var c ClusterConfig
 	c.Defaults()
-	want := ClusterConfig{ResourcePrefix: "nvidia.com", NodePolicy: NodeBinpack, GPUPolicy: GPUBinpack, PlacementPolicy: "binpack"}
+	want := ClusterConfig{ResourcePrefix: "nvidia.com", NodePolicy: NodeBinpack, GPUPolicy: GPUBinpack, PlacementPolicy: "tessera"}
 	if c != want {
 		t.Errorf("got %+v, want %+v", c, want)
 	}

@@ -9,6 +9,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -92,8 +93,15 @@ func TestRealNode(t *testing.T) {
 		time.Sleep(time.Hour)
 	}
 	e.must(t, "kubectl label node "+nodeName+" nvidia.com/gpu.present=true") // docs/install.md
-	prepare, install := readmeInstall(t, e.root)
+	prepare, install, repository := docInstall(t, e.root)
+	e.repository = repository
 	e.step(t, "install: the README's commands")
+	// "Push it to your registry": the image make images built, under the
+	// repository the README's helm install names.
+	version := chartAppVersion(t, e.root)
+	if out, err := e.node.Ctr(context.Background(), "images", "tag", builtImage+":"+version, repository+":"+version); err != nil {
+		t.Fatalf("ctr images tag: %v\n%s", err, out)
+	}
 	for _, c := range prepare {
 		t.Logf("$ %s", c)
 		t.Log(e.must(t, c))
@@ -139,6 +147,19 @@ func TestRealNode(t *testing.T) {
 		e.must(t, c)
 	}
 	e.badInput(t, install)
+}
+
+// chartAppVersion is the chart's appVersion: the image's tag.
+func chartAppVersion(t *testing.T, root string) string {
+	b, err := os.ReadFile(filepath.Join(root, "charts/tessera/Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^appVersion:\s*"?([^"\s]+)"?`).FindSubmatch(b)
+	if m == nil {
+		t.Fatal("charts/tessera/Chart.yaml has no appVersion")
+	}
+	return string(m[1])
 }
 
 // step logs the start of a part of the test.

@@ -13,6 +13,8 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -29,9 +31,10 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
-// shBlock is the first sh code block after a heading of a Markdown file:
-// its commands, continuation lines joined, comments dropped.
-func shBlock(t *testing.T, root, file, heading string) []string {
+// shBlocks are the sh code blocks of a Markdown file's section (from its
+// heading to the next heading of level 2): each one's commands,
+// continuation lines joined, comments dropped.
+func shBlocks(t *testing.T, root, file, heading string) [][]string {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(root, file))
 	if err != nil {
@@ -41,43 +44,97 @@ func shBlock(t *testing.T, root, file, heading string) []string {
 	if !ok {
 		t.Fatalf("%s has no %q section", file, heading)
 	}
-	_, block, ok := strings.Cut(section, "```sh\n")
-	if !ok {
+	section, _, _ = strings.Cut(section, "\n## ")
+	var blocks [][]string
+	for {
+		var block string
+		if _, section, ok = strings.Cut(section, "```sh\n"); !ok {
+			break
+		}
+		block, section, _ = strings.Cut(section, "```")
+		var cmds []string
+		cur := ""
+		for _, line := range strings.Split(block, "\n") {
+			if i := strings.Index(line, " #"); i >= 0 {
+				line = line[:i]
+			}
+			line = strings.TrimSpace(line)
+			if line == "" || strings.HasPrefix(line, "#") {
+				continue
+			}
+			if strings.HasSuffix(line, "\\") {
+				cur += strings.TrimSuffix(line, "\\")
+				continue
+			}
+			cmds = append(cmds, cur+line)
+			cur = ""
+		}
+		if len(cmds) > 0 {
+			blocks = append(blocks, cmds)
+		}
+	}
+	if len(blocks) == 0 {
 		t.Fatalf("%s's %q has no sh block", file, heading)
 	}
-	block, _, _ = strings.Cut(block, "```")
-	var cmds []string
-	cur := ""
-	for _, line := range strings.Split(block, "\n") {
-		if i := strings.Index(line, " #"); i >= 0 {
-			line = line[:i]
-		}
-		line = strings.TrimSpace(line)
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		if strings.HasSuffix(line, "\\") {
-			cur += strings.TrimSuffix(line, "\\")
-			continue
-		}
-		cmds = append(cmds, cur+line)
-		cur = ""
-	}
-	if len(cmds) == 0 {
-		t.Fatalf("%s's %q: an empty sh block", file, heading)
-	}
-	return cmds
+	return blocks
 }
 
-// readmeInstall is the README's "Install on a real cluster": the commands
-// before helm install, and helm install.
-func readmeInstall(t *testing.T, root string) (prepare []string, install string) {
-	cmds := shBlock(t, root, "README.md", "## Install on a real cluster")
-	last := cmds[len(cmds)-1]
-	if !strings.HasPrefix(last, "helm install ") || !strings.Contains(last, "--wait") || !strings.Contains(last, "--atomic") {
+// shBlock is the first sh code block of a section.
+func shBlock(t *testing.T, root, file, heading string) []string {
+	t.Helper()
+	return shBlocks(t, root, file, heading)[0]
+}
+
+// shBlockWith is the sh code block of a section whose first command
+// starts with prefix.
+func shBlockWith(t *testing.T, root, file, heading, prefix string) []string {
+	t.Helper()
+	for _, b := range shBlocks(t, root, file, heading) {
+		if strings.HasPrefix(b[0], prefix) {
+			return b
+		}
+	}
+	t.Fatalf("%s's %q has no sh block starting with %q", file, heading, prefix)
+	return nil
+}
+
+// docInstall is the install as the docs tell a user on this node:
+// docs/install.md's namespace commands (the API server enforces Pod
+// Security baseline where a namespace sets none), then the README's
+// "Install on a cluster": `make images`, which make e2e ran before the
+// test; the push to a registry, which is the image tagged in containerd
+// under the repository the README's helm install names; and that helm
+// install, with the values docs/install.md gives for a node without
+// NVIDIA's runtime whose driver NVIDIA's driver container installs.
+func docInstall(t *testing.T, root string) (prepare []string, install, repository string) {
+	t.Helper()
+	prepare = shBlockWith(t, root, "docs/install.md", "## Installing", "kubectl create namespace")
+	cmds := shBlock(t, root, "README.md", "## Install on a cluster")
+	if len(cmds) != 2 || cmds[0] != "make images" {
+		t.Fatalf("README.md's install block is not `make images` and helm install (what this test follows): %q", cmds)
+	}
+	install = cmds[1]
+	if !strings.HasPrefix(install, "helm install ") || !strings.Contains(install, "--wait") || !strings.Contains(install, "--atomic") {
 		t.Fatalf("README.md's install block does not end with helm install --wait --atomic: %q", cmds)
 	}
-	return cmds[:len(cmds)-1], last
+	m := regexp.MustCompile(`--set image\.repository=(\S+)`).FindStringSubmatch(install)
+	if m == nil {
+		t.Fatalf("README.md's helm install names no image.repository: %q", install)
+	}
+	cdi := shBlockWith(t, root, "docs/install.md", "## Prerequisites", "helm install")
+	values := regexp.MustCompile(`--set (\S+)`).FindAllStringSubmatch(cdi[0], -1)
+	var set []string
+	for _, v := range values {
+		if strings.HasPrefix(v[1], "nodeAgent.driverRoot=") {
+			// The documented value for NVIDIA's driver container.
+			v[1] = "nodeAgent.driverRoot=" + driverRoot
+		}
+		set = append(set, "--set "+v[1])
+	}
+	if !slices.Contains(set, "--set nodeAgent.deviceListStrategy=cdi-cri") || !slices.Contains(set, "--set nodeAgent.driverRoot="+driverRoot) {
+		t.Fatalf("docs/install.md's install without NVIDIA's runtime does not set the CDI strategy and the driver root: %q", cdi[0])
+	}
+	return prepare, install + " " + strings.Join(set, " "), m[1]
 }
 
 // mustFail runs a command line that must fail, and returns its output.
@@ -113,7 +170,7 @@ func (e *env) badInput(t *testing.T, install string) {
 	out = e.mustFail(t, install+" --set image.tag=0.1.0-missing"+quick)
 	e.checkNothingInstalled(t)
 	ev := e.must(t, "kubectl get events -n tessera-system --field-selector type=Warning -o jsonpath='{range .items[*]}{.message}{\"\\n\"}{end}'")
-	if !strings.Contains(ev, "ghcr.io/tessera-gpu/tessera:0.1.0-missing") {
+	if !strings.Contains(ev, e.repository+":0.1.0-missing") {
 		t.Fatalf("a wrong image tag: no Warning event names the image; helm said:\n%s\nevents:\n%s", out, ev)
 	}
 	t.Logf("wrong image tag: %s; events: %s", strings.TrimSpace(out), firstLine(ev, "0.1.0-missing"))

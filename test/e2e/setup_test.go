@@ -28,6 +28,9 @@ const (
 	pauseImage   = "e2e.tessera.local/pause:1.0"
 	debianImage  = "e2e.tessera.local/debian:12"
 	busyboxImage = "e2e.tessera.local/busybox:1.35"
+	// builtImage is the repository make images names its image after
+	// (the chart's default).
+	builtImage = "ghcr.io/tessera-gpu/tessera"
 )
 
 // env is the running cluster and the tools to drive it as a user does.
@@ -36,6 +39,8 @@ type env struct {
 	cp     *lab.ControlPlane
 	node   *realnode.Node
 	driver *realnode.Driver
+	// repository is the image repository the README's helm install names.
+	repository string
 	// environ is the users' commands' environment: KUBECONFIG, and PATH
 	// with kubectl and helm first.
 	environ []string

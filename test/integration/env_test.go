@@ -132,7 +132,7 @@ func (e *env) startWebhook(changes ...func(o *webhook.Options)) {
 // configuration, pointed at the test's API server without leader election.
 // A modest client rate keeps a 500-pod run a few seconds long, so a
 // scheduler killed "in the middle" really is. Its placementPolicy is
-// api.DefaultPlacementPolicy (binpack), the policy expectPlacement
+// binpack, the policy expectPlacement
 // re-derives every placement with: the shipped policy learns the workload
 // online from every pod it sees, which a placement-by-placement check
 // cannot replay. (TestEveryPolicyStarts runs every policy through this
@@ -159,7 +159,7 @@ func (e *env) schedulerConfig(name string, mutate func(cfg map[string]any)) stri
 	for _, prof := range cfg["profiles"].([]any) {
 		for _, pc := range prof.(map[string]any)["pluginConfig"].([]any) {
 			if pc := pc.(map[string]any); pc["name"] == scheduler.Name {
-				pc["args"].(map[string]any)["placementPolicy"] = api.DefaultPlacementPolicy
+				pc["args"].(map[string]any)["placementPolicy"] = string(api.NodeBinpack)
 			}
 		}
 	}

@@ -123,9 +123,13 @@ func (d *Devices) With(f func(list []discovery.Device)) {
 	f(d.list)
 }
 
-// List returns the devices without the lock: their identity and handles,
-// not a consistent MIG state.
-func (d *Devices) List() []discovery.Device { return d.list }
+// List returns a copy of the devices as they are now, taken under the
+// lock (the MIG part changes their MIG state in place).
+func (d *Devices) List() []discovery.Device {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]discovery.Device(nil), d.list...)
+}
 
 // Handles returns the NVML handle of each GPU by UUID.
 func (d *Devices) Handles() map[string]nvml.Device {
