@@ -179,11 +179,13 @@ func (e *env) badInput(t *testing.T, install string) {
 	// the node agent cannot start; the chart's readiness check (its
 	// post-install Job) fails, naming the cause, and helm rolls back.
 	// Its own timeout is below helm's.
-	const check = " --set readinessCheck.timeout=20s"
+	// helm's --timeout applies to each wait: the Deployments' first, then
+	// the hook's; the check's own timeout ends it well before.
+	const check = " --timeout 120s --set readinessCheck.timeout=30s"
 	if err := os.Rename(driverRoot, driverRoot+".away"); err != nil {
 		t.Fatal(err)
 	}
-	out = e.mustFail(t, install+quick+check)
+	out = e.mustFail(t, install+check)
 	if err := os.Rename(driverRoot+".away", driverRoot); err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +200,7 @@ func (e *env) badInput(t *testing.T, install string) {
 	if err := os.Rename(cdiSpec, cdiSpec+".away"); err != nil {
 		t.Fatal(err)
 	}
-	out = e.mustFail(t, install+quick+check)
+	out = e.mustFail(t, install+check)
 	if err := os.Rename(cdiSpec+".away", cdiSpec); err != nil {
 		t.Fatal(err)
 	}
