@@ -31,8 +31,43 @@ func rolledOut(ds *appsv1.DaemonSet) bool {
 	return ds.Spec.UpdateStrategy.Type == appsv1.OnDeleteDaemonSetStrategyType || s.UpdatedNumberScheduled >= s.DesiredNumberScheduled
 }
 
+// Settle is how long each of a DaemonSet's pods must have been ready
+// before WaitRolledOut counts it: a container without a readiness probe
+// is ready from its start, so one that fails its checks at start and
+// restarts is ready for moments between its crashes.
+const Settle = 10 * time.Second
+
+// settled says whether every pod of the DaemonSet has been ready, without
+// a break, for Settle at now.
+func settled(ctx context.Context, client kubernetes.Interface, ds *appsv1.DaemonSet, now time.Time) bool {
+	sel, err := metav1.LabelSelectorAsSelector(ds.Spec.Selector)
+	if err != nil {
+		return false
+	}
+	pods, err := client.CoreV1().Pods(ds.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+	if err != nil {
+		return false
+	}
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp != nil {
+			continue
+		}
+		ready := false
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue && !now.Before(c.LastTransitionTime.Add(Settle)) {
+				ready = true
+			}
+		}
+		if !ready {
+			return false
+		}
+	}
+	return true
+}
+
 // WaitRolledOut waits until every DaemonSet in namespace matching selector
-// has rolled out (its pods ready on every node it selects), polling every
+// has rolled out (its pods ready on every node it selects, each for
+// Settle), polling every
 // interval, for at most timeout. On timeout it returns an error naming
 // each DaemonSet that has not, with what keeps its pods from being ready
 // (containers' waiting and termination reasons, the pods' Warning events:
@@ -48,7 +83,7 @@ func WaitRolledOut(ctx context.Context, client kubernetes.Interface, namespace, 
 		}
 		var waiting []*appsv1.DaemonSet
 		for i := range list.Items {
-			if !rolledOut(&list.Items[i]) {
+			if !rolledOut(&list.Items[i]) || !settled(ctx, client, &list.Items[i], time.Now()) {
 				waiting = append(waiting, &list.Items[i])
 			}
 		}

@@ -53,9 +53,24 @@ func TestWaitRolledOut(t *testing.T) {
 	ctx := context.Background()
 	const sel = "app.kubernetes.io/instance=tessera"
 	ready := daemonSet("tessera-kubelet-shim", appsv1.OnDeleteDaemonSetStrategyType, 1, 1, 1)
-	client := fake.NewClientset(ready)
+	shimPod := func(readyFor time.Duration) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "tessera-kubelet-shim-x1", Namespace: "tessera-system", Labels: map[string]string{"app": "tessera-kubelet-shim"}},
+			Spec:       corev1.PodSpec{NodeName: "gpu-1"},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{
+				Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.NewTime(time.Now().Add(-readyFor)),
+			}}},
+		}
+	}
+	client := fake.NewClientset(ready, shimPod(time.Minute))
 	if err := WaitRolledOut(ctx, client, "tessera-system", sel, time.Second, 10*time.Millisecond); err != nil {
 		t.Fatalf("ready DaemonSets: %v", err)
+	}
+	// Ready a moment ago: a container without a readiness probe between
+	// two crashes is ready from its start.
+	client = fake.NewClientset(ready, shimPod(time.Second))
+	if err := WaitRolledOut(ctx, client, "tessera-system", sel, 50*time.Millisecond, 10*time.Millisecond); err == nil {
+		t.Fatalf("a pod ready for a second counted as rolled out")
 	}
 
 	// The node agent cannot start: its host path is missing.
