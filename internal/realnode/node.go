@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -119,6 +120,14 @@ func Start(ctx context.Context, cp *lab.ControlPlane, cfg Config) (*Node, error)
 				return false, fmt.Errorf("%s keeps exiting; see %s", c, cp.Dir.Log(c))
 			}
 		}
+		// kube-proxy answers its health check once it has programmed the
+		// Services: a pod that dials the kubernetes Service before that
+		// leaves a conntrack entry without the Service's translation,
+		// which its retries keep alive (the pod never reaches the API
+		// server).
+		if !kubeProxySynced(ctx) {
+			return false, nil
+		}
 		node, err := cp.Client.CoreV1().Nodes().Get(ctx, cfg.Name, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
@@ -133,6 +142,23 @@ func Start(ctx context.Context, cp *lab.ControlPlane, cfg Config) (*Node, error)
 		return nil, fmt.Errorf("node %s not Ready: %w (logs: %s)", cfg.Name, err, cp.Dir.Log("kubelet"))
 	}
 	return n, nil
+}
+
+// kubeProxyHealthz is kube-proxy's health check (healthzBindAddress): 200
+// once its rules are synced.
+const kubeProxyHealthz = "http://127.0.0.1:10256/healthz"
+
+func kubeProxySynced(ctx context.Context) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, kubeProxyHealthz, nil)
+	if err != nil {
+		return false
+	}
+	resp, err := (&http.Client{Timeout: 2 * time.Second}).Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
 }
 
 // ctr runs containerd's ctr in the k8s.io namespace (the kubelet's).
@@ -281,7 +307,7 @@ func (n *Node) startKubeProxy() error {
 		// conntrack table size and timeouts: leave the kernel's.
 		"conntrack":          map[string]any{"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
 		"metricsBindAddress": "127.0.0.1:10249",
-		"healthzBindAddress": "127.0.0.1:10256",
+		"healthzBindAddress": "127.0.0.1:10256", // kubeProxyHealthz
 	})
 	if err != nil {
 		return err
