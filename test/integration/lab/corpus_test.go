@@ -195,7 +195,7 @@ func TestCorpusOnTheLab(t *testing.T) {
 			if got == nil {
 				continue
 			}
-			if len(got.StandsInFor) == 0 {
+			if !got.StandIn {
 				t.Errorf("%s/%s: image %s ran %v, not the stand-in", p.Name, c.Name, got.Image, got.Command)
 			}
 			var limits []int64
