@@ -33,6 +33,11 @@ const Candidates = 16
 // failed a Filter: it is tried again at once over every node.
 const NarrowedRetry = "Tessera: every candidate node failed a filter; retrying over all nodes"
 
+// FreedRetry is the PostFilter status of a pod that fits a node whose
+// GPUs were freed while the pod was being scheduled: it is tried again at
+// once, and no pod is preempted for it.
+const FreedRetry = "Tessera: GPUs were freed on a node while the pod was being scheduled; retrying"
+
 // candidate is a node that fits, with the policy's score; among equal
 // scores the node whose name sorts first comes first, as NormalizeScore
 // breaks ties.

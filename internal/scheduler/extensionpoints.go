@@ -49,6 +49,9 @@ type cycleState struct {
 	// rules: the pod's nodeSelector, required node affinity and
 	// tolerations, which the candidates respect (candidates.go).
 	rules *nodeRules
+	// freed is the state's count of changes that may free GPUs
+	// (state.freedSeq) at PreFilter (PostFilter).
+	freed uint64
 	// nominated are views of the nodes with pods nominated to them that
 	// the pod must leave room for (nominated.go): the candidates are
 	// fit on them.
@@ -108,12 +111,13 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 	pol = placement.Prepare(cr, pol)
 	p.st.mu.RLock()
 	scores := make([]float64, len(p.st.slot))
+	freed := p.st.freedSeq
 	p.st.mu.RUnlock()
 	for i := range scores {
 		scores[i] = math.NaN()
 	}
 	s := &cycleState{cr: cr, pol: pol, ranker: placement.RankerFor(cr, pol), total: len(nodes), scores: scores,
-		draWhy: draUnfit(req, p.names.GPU), plugin: p}
+		draWhy: draUnfit(req, p.names.GPU), plugin: p, freed: freed}
 	cs.Write(stateKey, s)
 	if p.wide(pod.UID) {
 		// The candidates of an earlier attempt all failed another
@@ -247,6 +251,17 @@ func (p *Plugin) PostFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.
 	p.waitMu.Lock()
 	p.waiting[kubeobj.Key(pod)] = pod
 	p.waitMu.Unlock()
+	if p.fitsFreed(s, pod) {
+		// The state freed GPUs (a pod deleted, a node changed) after
+		// this cycle's PreFilter, and the pod fits there now: Filter
+		// judged the node on pods kube-scheduler's snapshot may no
+		// longer have (the plugin's informer handler runs apart from
+		// kube-scheduler's cache), and the cluster event that requeues
+		// the pod was handled before the cycle. The pod is tried again
+		// at once; preemption, after this plugin in the profile, would
+		// find no victims or evict pods for room that is free.
+		return p.retryNow(ctx, pod)
+	}
 	if len(reasons) == 0 && s.draNodes == 0 {
 		return nil, fwk.NewStatus(fwk.Unschedulable)
 	}
@@ -257,10 +272,58 @@ func (p *Plugin) PostFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.
 // failed and tries it again at once over every node.
 func (p *Plugin) retryWide(ctx context.Context, pod *corev1.Pod) (*fwk.PostFilterResult, *fwk.Status) {
 	p.widen(pod.UID)
+	p.activateNow(ctx, pod)
+	return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, statusText(NarrowedRetry))
+}
+
+// retryNow ends PostFilter's chain for a pod judged while the state freed
+// GPUs and tries it again at once.
+func (p *Plugin) retryNow(ctx context.Context, pod *corev1.Pod) (*fwk.PostFilterResult, *fwk.Status) {
+	p.waitMu.Lock()
+	delete(p.waiting, kubeobj.Key(pod))
+	p.waitMu.Unlock()
+	p.activateNow(ctx, pod)
+	return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, statusText(FreedRetry))
+}
+
+// fitsFreed reports whether the pod fits, as the state is now, a node
+// whose GPUs were freed after the cycle's PreFilter (leaving the room of
+// the pods nominated there that it must leave room for), or whether more
+// changed than the state remembers.
+func (p *Plugin) fitsFreed(s *cycleState, pod *corev1.Pod) bool {
+	p.st.mu.RLock()
+	defer p.st.mu.RUnlock()
+	nodes, all := p.st.freedSince(s.freed)
+	if all {
+		return true
+	}
+	if len(nodes) == 0 {
+		return false
+	}
+	nominated := p.nominatedViews(pod)
+	sc := p.scratchs.Get().(*scratch)
+	defer p.scratchs.Put(sc)
+	for _, name := range nodes {
+		if p.st.isDRA(name) || !s.rules.allow(name) {
+			continue
+		}
+		n := p.st.cluster.Node(name)
+		if v := nominated[name]; v != nil {
+			n = v.Node
+		}
+		if n != nil && s.cr.Fit(n, s.ranker, &sc.s, &sc.p).OK() {
+			return true
+		}
+	}
+	return false
+}
+
+// activateNow moves the pod to the active queue when its cycle ends
+// (kube-scheduler keeps the activation of a pod in flight).
+func (p *Plugin) activateNow(ctx context.Context, pod *corev1.Pod) {
 	if p.activate != nil {
 		p.activate(klog.FromContext(ctx), map[string]*corev1.Pod{kubeobj.Key(pod): pod})
 	}
-	return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, statusText(NarrowedRetry))
 }
 
 // PreScore skips scoring for pods the plugin does not place, but for

@@ -308,6 +308,14 @@ func (pl *Preemption) SelectVictimsOnNode(ctx context.Context, cs fwk.CycleState
 			return nil, 0, fwk.AsStatus(err)
 		}
 	}
+	if len(victims) == 0 {
+		// The pod fits with every pod given back: the node's GPUs were
+		// freed since its Filter ran (the pod is requeued when the
+		// plugin's state frees them; PostFilter). Not a candidate,
+		// rather than DefaultPreemption's error for a candidate
+		// without victims.
+		return nil, 0, fwk.NewStatus(fwk.Unschedulable, "the pod fits the node without preempting: its GPUs were freed while the pod was being scheduled")
+	}
 	sort.Ints(victims) // cands' order: most important first
 	out := make([]*corev1.Pod, 0, len(victims))
 	violating := 0

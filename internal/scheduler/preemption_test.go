@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"sort"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 	schedconfig "k8s.io/kubernetes/pkg/scheduler/apis/config"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
@@ -25,6 +27,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/testenv"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/internal/testenv/schedhold"
+	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 var (
@@ -333,5 +336,75 @@ func TestPDBProtectedInOrder(t *testing.T) {
 	got := pdbProtected([]fwk.PodInfo{pod("gone", app), pod("a", app), pod("other", nil), pod("b", app)}, []*policyv1.PodDisruptionBudget{one, empty})
 	if want := []bool{false, false, false, true}; !slices.Equal(got, want) {
 		t.Errorf("protected %v, want %v", got, want)
+	}
+}
+
+// TestFreedDuringCycleRetried: a pod whose Filter ran while another pod
+// still held the GPU, released before PostFilter (the plugin's informer
+// handler runs apart from kube-scheduler's cache, whose deletion event
+// requeued the pod before its cycle), is tried again at once and no pod
+// is preempted for it; a pod the freed room does not help, or a cycle in
+// which nothing was freed, fails as before.
+func TestFreedDuringCycleRetried(t *testing.T) {
+	p, infos := newTestPlugin(t, api.ClusterConfig{}, a100Node("a", 1))
+	var activated []string
+	p.activate = func(_ klog.Logger, pods map[string]*corev1.Pod) {
+		for k := range pods {
+			activated = append(activated, k)
+		}
+	}
+	ctx := context.Background()
+	nodes := []fwk.NodeInfo{infos["a"]}
+	holder := fixtures.MakePod().Namespace("default").Name("holder").UID("u-holder").Container("main", map[string]string{names.Memory: "30000"}).Obj()
+	reserve := func(pod *corev1.Pod) *framework.CycleState {
+		t.Helper()
+		cs := framework.NewCycleState()
+		if _, st := p.PreFilter(ctx, cs, pod, nodes); !st.IsSuccess() {
+			t.Fatal(st)
+		}
+		if st := p.Reserve(ctx, cs, pod, "a"); !st.IsSuccess() {
+			t.Fatal(st)
+		}
+		return cs
+	}
+	reserve(holder)
+	holder.Spec.NodeName = "a"
+	attempt := func(pod *corev1.Pod, during func()) *fwk.Status {
+		t.Helper()
+		cs := framework.NewCycleState()
+		if _, st := p.PreFilter(ctx, cs, pod, nodes); !st.IsSuccess() {
+			t.Fatal(st)
+		}
+		if st := p.Filter(ctx, cs, pod, infos["a"]); st.IsSuccess() {
+			t.Fatalf("%s fits beside the holder", pod.Name)
+		}
+		during()
+		_, st := p.PostFilter(ctx, cs, pod, nil)
+		return st
+	}
+	half := fixtures.MakePod().Namespace("default").Name("half").UID("u-half").Container("main", map[string]string{names.Memory: "20000"}).Obj()
+	// Nothing freed during the cycle: unschedulable, preemption may run.
+	if st := attempt(half, func() {}); st.Code() != fwk.Unschedulable || len(activated) != 0 {
+		t.Fatalf("nothing freed: PostFilter %v, activated %v; want Unschedulable, none", st, activated)
+	}
+	// Freed, but the pod needs more than the GPU has: as before.
+	two := fixtures.MakePod().Namespace("default").Name("two").UID("u-two").Container("main", map[string]string{names.GPU: "2"}).Obj()
+	other := fixtures.MakePod().Namespace("default").Name("other").UID("u-other").Container("main", map[string]string{names.Memory: "1000"}).Obj()
+	if st := attempt(two, func() {
+		p.Unreserve(ctx, reserve(other), other, "a")
+	}); st.Code() == fwk.UnschedulableAndUnresolvable || slices.Contains(activated, "default/two") {
+		t.Fatalf("freed room that does not help: PostFilter %v, activated %v", st, activated)
+	}
+	// The holder released between Filter and PostFilter: retried now.
+	st := attempt(half, func() {
+		if !p.st.deletePod(holder) {
+			t.Fatal("holder not released")
+		}
+	})
+	if st.Code() != fwk.UnschedulableAndUnresolvable || !strings.Contains(st.Message(), FreedRetry) {
+		t.Fatalf("PostFilter after the holder was released: %v, want UnschedulableAndUnresolvable %q (no preemption)", st, FreedRetry)
+	}
+	if !slices.Contains(activated, "default/half") {
+		t.Fatalf("pod not activated for its retry: %v", activated)
 	}
 }

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -48,6 +49,41 @@ type state struct {
 	// with the same value are not looked at again (no release, requeue,
 	// log or count at every status change); a new value is.
 	rejected map[types.UID]uint64
+	// freedSeq counts the changes that may let a waiting pod fit (a pod
+	// released, a node's inventory or allocatable changed) and freedLog
+	// remembers the nodes of the last of them (freedSince).
+	freedSeq uint64
+	freedLog [freedLogSize]freedEntry
+}
+
+// freedLogSize is how many changes freedLog remembers.
+const freedLogSize = 256
+
+type freedEntry struct {
+	seq  uint64
+	node string
+}
+
+// freedLocked notes a change on the node that may let a waiting pod fit.
+// The caller holds mu for writing.
+func (s *state) freedLocked(node string) {
+	s.freedSeq++
+	s.freedLog[s.freedSeq%freedLogSize] = freedEntry{seq: s.freedSeq, node: node}
+}
+
+// freedSince returns the nodes changed (freedLocked) after change seq,
+// each once; all is true when more changed than freedLog remembers. The
+// caller holds mu.
+func (s *state) freedSince(seq uint64) (nodes []string, all bool) {
+	if s.freedSeq-seq > freedLogSize {
+		return nil, true
+	}
+	for i := seq + 1; i <= s.freedSeq; i++ {
+		if n := s.freedLog[i%freedLogSize].node; !slices.Contains(nodes, n) {
+			nodes = append(nodes, n)
+		}
+	}
+	return nodes, false
 }
 
 // usageObserver is told, under the state's lock, of every node whose GPU
@@ -114,6 +150,7 @@ func (s *state) upsertNode(logger klog.Logger, node *corev1.Node) bool {
 	}
 	s.cluster.UpsertNode(n)
 	s.publishLocked(node.Name)
+	s.freedLocked(node.Name)
 	return true
 }
 
@@ -303,6 +340,7 @@ func (s *state) releaseLocked(key string) bool {
 	}
 	if rec != nil {
 		s.publishLocked(rec.Node)
+		s.freedLocked(rec.Node)
 	}
 	return true
 }
