@@ -1,11 +1,13 @@
 package api
 
-// Wire versions of PodAllocation. This build reads both and writes the
-// lowest one that expresses the record: tessera.io/v2 whenever the record
-// carries its pod's UID, a signature or a MIG grant (the scheduler always
-// sets the UID), tessera.io/v1 otherwise. See docs/upgrading.md.
+// Wire versions of PodAllocation. This build reads all three and writes
+// the lowest one that expresses the record: tessera.io/v3 when a grant has
+// a memory ceiling, else tessera.io/v2 whenever the record carries its
+// pod's UID, a signature or a MIG grant (the scheduler always sets the
+// UID), tessera.io/v1 otherwise. See docs/upgrading.md.
 const (
-	AllocationAPIVersion   = "tessera.io/v2"
+	AllocationAPIVersion   = "tessera.io/v3"
+	AllocationAPIVersionV2 = "tessera.io/v2"
 	AllocationAPIVersionV1 = "tessera.io/v1"
 )
 
@@ -45,8 +47,17 @@ type ContainerAllocation struct {
 // DeviceGrant is one container's share of one GPU.
 type DeviceGrant struct {
 	UUID string `json:"uuid"`
-	// MemoryMiB is the memory limit the limiter enforces on this GPU.
+	// MemoryMiB is the memory the container is guaranteed on this GPU:
+	// what the scheduler charges the GPU, and the container's memory
+	// limit unless CeilingMiB raises it.
 	MemoryMiB int64 `json:"memoryMiB"`
+	// CeilingMiB, when set (v3), is the most memory the container may use
+	// on this GPU, above its guarantee, while the memory is not guaranteed
+	// to another container: it borrows the difference and gives it back
+	// when a guarantee needs it (docs/isolation.md, "Guaranteed plus
+	// burst"). It is more than MemoryMiB; 0 means no ceiling (the
+	// guarantee is the limit).
+	CeilingMiB int64 `json:"ceilingMiB,omitempty"`
 	// Cores is the compute share in percent of the GPU's SMs (0..100;
 	// 0 means the limiter enforces no compute share).
 	Cores int `json:"cores"`
@@ -70,6 +81,10 @@ type MIGGrant struct {
 	// (dynamic MIG).
 	Device string `json:"device,omitempty"`
 }
+
+// LimitMiB is the most memory the grant lets the container use on its
+// GPU: the ceiling when there is one, else the guarantee.
+func (d DeviceGrant) LimitMiB() int64 { return max(d.MemoryMiB, d.CeilingMiB) }
 
 // MaxContainersPerPod bounds the number of containers a record may hold.
 const MaxContainersPerPod = 256
