@@ -21,7 +21,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 (internal/webhook.MatchCondition; TestChartWebhookConfigurations compares). */}}
 {{- define "tessera.matchCondition" -}}
 {{- $p := .Values.resourcePrefix -}}
-{{- $m := printf "r in ['%s/gpu', '%s/gpumem', '%s/gpumem-percentage', '%s/gpucores', '%s/gpu.shared'] || r.startsWith('%s/mig-')" $p $p $p $p $p $p -}}
+{{- $m := printf "r in ['%s/gpu', '%s/gpumem', '%s/gpumem-percentage', '%s/gpucores', '%s/gpumem-ceiling', '%s/gpu.shared'] || r.startsWith('%s/mig-')" $p $p $p $p $p $p $p -}}
 {{- $u := printf "(has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, %s)) || (has(c.resources.requests) && c.resources.requests.exists(r, %s))))" $m $m -}}
 {{- printf "object.spec.containers.exists(c, %s) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, %s)) || (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0)" $u $u -}}
 {{- end -}}
