@@ -32,10 +32,22 @@
 #                   in a 1 s time series whose longest stall is under 1 s
 #   launch-overhead a launch-bound loop with an SM limit active is at most 3 %
 #                   slower than without the limiter
+#   native-*        the driver's own memory limits (r615 and later, no
+#                   limiter): nvmlDeviceSetMemoryLimits_v1 sets a soft limit
+#                   L/2 and a hard limit L on the checking process's own
+#                   cgroup (a fresh leaf under the script's cgroup v2
+#                   directory; NATIVE_CGROUP_PARENT overrides where),
+#                   nvmlDeviceGetMemoryLimits_v1 reads them back,
+#                   cuMemGetInfo reports the hard limit, cuMemAlloc in 64 MiB
+#                   steps is refused at it (host nvidia-smi agrees), and once
+#                   the limits are cleared L + 256 MiB fits; the soft limit
+#                   is zeroed before the cgroup is removed. On an older
+#                   driver, a MIG GPU or without a cgroup v2 leaf to use, the
+#                   group is NOT RUN
 # A check the machine cannot run (one GPU, no NCCL, no kernel compiler) is
 # reported NOT RUN, never as a pass. Prints a table; exit status 0: all
 # passed; 1: a check failed; 3: none failed but some were not run; 2: cannot
-# run at all. ONLY=memory,nccl,gpus,smi,kill,share,launch runs some of the
+# run at all. ONLY=memory,nccl,gpus,smi,kill,share,launch,native runs some of the
 # groups. PY, NVSMI and WORK override the tools and the work directory
 # (limiter/test/test_gpu_check.sh runs the script's logic without a GPU
 # through them). DIAG (default $WORK/diag; kept when given) receives what
@@ -112,6 +124,7 @@ exitdesc() { # exit status -> "0", or "139 (SIGSEGV)"
 within() { # value lo hi -> exit status
     awk -v v="$1" -v lo="$2" -v hi="$3" 'BEGIN { exit !(v != "" && v + 0 == v && v >= lo && v <= hi) }'
 }
+info "driver version (nvidia-smi)" "$DRIVER"
 
 # run python with the limiter preloaded: limited STATE ENV... -- args
 limited() {
@@ -409,6 +422,79 @@ with open(out, "w") as f:
         f.write("%.4f\n" % (now - t0))
         if now - t0 >= dur: break
 torch.cuda.synchronize()
+EOF
+
+# the driver's own memory limits, set on this process's own cgroup (the
+# leaf the script moved it into): "native.py check SOFT HARD" prints one
+# line per step; "native.py clear DIR" zeroes DIR's limits from outside
+cat >"$WORK/native.py" <<'EOF'
+import ctypes, os, sys, time
+sys.path.insert(0, os.path.dirname(__file__)); from common import announce
+MAX = 0xFFFFFFFFFFFFFFFF
+class SetL(ctypes.Structure):
+    _fields_ = [("nameSpace", ctypes.c_char_p), ("softLimit", ctypes.c_ulonglong), ("hardLimit", ctypes.c_ulonglong)]
+class GetL(ctypes.Structure):
+    _fields_ = [("nameSpace", ctypes.c_char_p), ("softLimit", ctypes.c_ulonglong), ("hardLimit", ctypes.c_ulonglong),
+                ("currentUsed", ctypes.c_ulonglong)]
+class Mem(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+nv = ctypes.CDLL("libnvidia-ml.so.1")
+assert nv.nvmlInit_v2() == 0
+h = ctypes.c_void_p()
+assert nv.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h)) == 0
+try:
+    set_limits, get_limits = nv.nvmlDeviceSetMemoryLimits_v1, nv.nvmlDeviceGetMemoryLimits_v1
+except AttributeError:
+    print("native-missing"); sys.exit(0)
+def get(path):
+    g = GetL(path.encode(), 0, 0, 0)
+    r = get_limits(h, ctypes.byref(g))
+    return r, g.softLimit, g.hardLimit, g.currentUsed
+if sys.argv[1] == "clear":
+    print("native clear", set_limits(h, ctypes.byref(SetL(sys.argv[2].encode(), 0, MAX)))); sys.exit(0)
+announce("native")
+soft, hard = int(sys.argv[2]), int(sys.argv[3])
+# this process's cgroup directory: its /proc/self/cgroup path under the cgroup2 mount
+cg = [l.split("::", 1)[1].strip() for l in open("/proc/self/cgroup") if l.startswith("0::")][0]
+path = None
+for l in open("/proc/self/mountinfo"):
+    f = l.split()
+    if " - cgroup2 " in l and (cg + "/").startswith(f[3].rstrip("/") + "/"):
+        path = f[4] + cg[len(f[3].rstrip("/")):]
+if path is None:
+    print("native-nocgroup", cg); sys.exit(0)
+print("native cgroup", path)
+cur, pend = ctypes.c_uint(0), ctypes.c_uint(0)
+if nv.nvmlDeviceGetMigMode(h, ctypes.byref(cur), ctypes.byref(pend)) == 0 and cur.value == 1:
+    print("native-mig"); sys.exit(0)
+print("native set", set_limits(h, ctypes.byref(SetL(path.encode(), soft, hard))))
+print("native get %d %d %d %d" % get(path))
+cu = ctypes.CDLL("libcuda.so.1")
+assert cu.cuInit(0) == 0
+dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+assert cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0 and cu.cuCtxSetCurrent(ctx) == 0
+free, total = ctypes.c_size_t(), ctypes.c_size_t()
+cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+m = Mem(); nv.nvmlDeviceGetMemoryInfo(h, ctypes.byref(m))
+print("native meminfo", free.value, total.value, m.free, m.total)
+cu.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_size_t]
+cu.cuMemFree_v2.argtypes = [ctypes.c_ulonglong]
+step, held, r = 64 << 20, [], 0
+while len(held) * step <= hard + step:  # bounded: a driver that does not refuse stops one step past the limit
+    p = ctypes.c_ulonglong()
+    r = cu.cuMemAlloc_v2(ctypes.byref(p), step)
+    if r != 0: break
+    held.append(p.value)
+time.sleep(1.0)  # let the sampler see the peak
+print("native alloc", len(held) * step, r)
+print("native filled %d %d %d %d" % get(path))
+for p in held: cu.cuMemFree_v2(p)
+print("native cleared", set_limits(h, ctypes.byref(SetL(path.encode(), 0, MAX))))
+print("native after %d %d %d %d" % get(path))
+p = ctypes.c_ulonglong()
+r = cu.cuMemAlloc_v2(ctypes.byref(p), hard + (256 << 20))
+print("native past", r)
 EOF
 
 # launch-bound: many tiny kernels
@@ -766,6 +852,87 @@ EOF
 )
 within "${slow:-error}" -100 3
 record "launch-bound slowdown % (${base[*]} vs ${with[*]} launches/s)" "<= 3" "${slow:-error}" $?
+fi
+
+if want native; then
+echo "== native: the driver's own memory limits (nvmlDeviceSetMemoryLimits_v1, driver r615 and later)"
+major=${DRIVER%%.*}
+# the script's cgroup v2 directory: a leaf of its own is made under it
+cgdir() {
+    local cg
+    cg=$(awk -F: '$1 == "0" && $2 == "" { print $3 }' /proc/self/cgroup)
+    cg=${cg%/}
+    [ -n "$cg" ] || return 1
+    awk -v cg="$cg" '
+        { for (i = 7; i <= NF; i++) if ($i == "-") break }
+        $(i + 1) == "cgroup2" { root = $4; sub(/\/$/, "", root)
+            if (index(cg "/", root "/") == 1) { print $5 substr(cg, length(root) + 1); exit } }' /proc/self/mountinfo
+}
+NPARENT=${NATIVE_CGROUP_PARENT:-$(cgdir)}
+LEAF=""
+if ! [ "$major" -ge 615 ] 2>/dev/null; then
+    notrun "native memory limits" "driver >= 615" "driver $DRIVER has no nvmlDeviceSetMemoryLimits_v1"
+elif [ -z "$NPARENT" ]; then
+    notrun "native memory limits" "a cgroup v2 directory" "this process is in no cgroup v2 hierarchy (cgroup v2 is required)"
+elif LEAF="$NPARENT/tessera-gpu-check-$$"; ! mkdir "$LEAF" 2>"$DIAG/native-mkdir.err"; then
+    notrun "native memory limits" "a leaf cgroup" "cannot make $LEAF: $(head -1 "$DIAG/native-mkdir.err")"
+    LEAF=""
+else
+    S=$((LIMIT / 2))
+    GPU_CHECK_PIDS="$WORK/native.pids"; sample_start native
+    # the check process itself goes into the leaf before it starts
+    ( echo "$BASHPID" >"$LEAF/cgroup.procs" && exec "$PY" "$WORK/native.py" check "$S" "$LIMIT" ) \
+        >"$DIAG/native.out" 2>"$DIAG/native.err"
+    rc=$?
+    max=$(sample_stop native)
+    # the soft limit is zeroed before the cgroup goes away (the driver keeps
+    # an ancestor's reservation of a leaf removed with its soft limit set)
+    clr=$("$PY" "$WORK/native.py" clear "$LEAF" 2>>"$DIAG/native.err" | awk '$1 == "native" && $2 == "clear" {print $3}')
+    rmdir "$LEAF" 2>>"$DIAG/native.err"; gone=$?
+    o() { awk -v k="$1" '$1 == "native" && $2 == k { $1 = $2 = ""; sub(/^ +/, ""); print; exit }' "$DIAG/native.out"; }
+    if grep -q '^native-missing' "$DIAG/native.out"; then
+        notrun "native memory limits" "nvmlDeviceSetMemoryLimits_v1" "driver $DRIVER's NVML does not export it"
+    elif grep -q '^native-mig' "$DIAG/native.out"; then
+        notrun "native memory limits" "a non-MIG GPU" "GPU 0 is in MIG mode (MIG handles take no memory limits)"
+    elif grep -q '^native-nocgroup' "$DIAG/native.out"; then
+        notrun "native memory limits" "a cgroup v2 directory" "the leaf is under no cgroup2 mount: $(grep '^native-nocgroup' "$DIAG/native.out")"
+    elif [ -z "$(o set)" ]; then
+        record "native: nvmlDeviceSetMemoryLimits_v1 on the process's own cgroup" "0" "no result: exit $(exitdesc "$rc"): $(errtail native)" 1
+    else
+        [ -n "$(o cgroup)" ] && [ "$(o cgroup)" -ef "$LEAF" ]
+        record "native: the check process's own cgroup (/proc/self/cgroup) is the leaf" "$LEAF" "$(o cgroup)" $?
+        set -- $(o set); [ "${1:-}" = 0 ]
+        record "native: nvmlDeviceSetMemoryLimits_v1 soft L/2, hard L on the process's own cgroup" "0" "${1:-?}" $?
+        set -- $(o get); [ "${1:-}" = 0 ] && [ "${2:-}" = "$S" ] && [ "${3:-}" = "$LIMIT" ]
+        record "native: nvmlDeviceGetMemoryLimits_v1 reads them back (rc soft hard)" "0 $S $LIMIT" "${1:-?} ${2:-?} ${3:-?}" $?
+        set -- $(o meminfo)
+        within "${2:-x}" $((LIMIT - (256 << 20))) "$LIMIT" && within "${1:-x}" 0 "${2:-0}"
+        record "native: cuMemGetInfo total = the hard limit, free <= total (bytes)" \
+            "$((LIMIT - (256 << 20)))..$LIMIT" "total ${2:-?}, free ${1:-?}" $?
+        info "native: NVML memory info in the cgroup (free total, bytes)" "${3:-?} ${4:-?}"
+        set -- $(o alloc)
+        got=$(( ${1:-0} >> 20 ))
+        within "$got" $((LIMIT_MIB - 1024)) "$LIMIT_MIB" && [ "${2:-}" = 2 ]
+        record "native: cuMemAlloc 64 MiB steps refused at the hard limit (MiB, CUresult)" \
+            "$((LIMIT_MIB - 1024))..$LIMIT_MIB, 2 (out of memory)" "$got, ${2:-?}" $?
+        physical native "$max"
+        set -- $(o filled)
+        within "${4:-x}" $(( ${got:-0} << 20 )) "$LIMIT"
+        record "native: GetMemoryLimits currentUsed when full (bytes)" "$(( ${got:-0} << 20 ))..$LIMIT" "${4:-?} (rc ${1:-?})" $?
+        set -- $(o cleared); c=${1:-?}; set -- $(o after)
+        [ "$c" = 0 ] && { [ "${1:-}" = 6 ] || { [ "${1:-}" = 0 ] && [ "${2:-}" = 0 ] && [ "${3:-}" = 18446744073709551615 ]; }; }
+        record "native: cleared (set soft 0, no hard limit; then get: not found or 0/max)" "0, 6 or 0 0 max" \
+            "$c, ${1:-?} ${2:-?} ${3:-?}" $?
+        set -- $(o past); [ "${1:-}" = 0 ]
+        record "native: L + 256 MiB fits once cleared (CUresult)" "0" "${1:-?}" $?
+        [ "${clr:-}" = 0 ] && [ "$gone" = 0 ]
+        record "native: soft limit zeroed, then the leaf cgroup removed" "0, removed" \
+            "${clr:-?}, $([ "$gone" = 0 ] && echo removed || echo "not removed: $(tail -1 "$DIAG/native.err")")" $?
+    fi
+    # whatever ran, the leaf must not be left behind
+    [ "$gone" = 0 ] || [ -n "$(o set)" ] || record "native: leaf cgroup removed" "removed" "$LEAF: $(tail -1 "$DIAG/native.err")" 1
+fi
+
 fi
 
 echo

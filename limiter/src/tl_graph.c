@@ -9,7 +9,12 @@
  * pool's reservation (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), re-read after
  * every call that can change it. Before an exec's first launch the growth
  * it can cause (its alloc nodes' bytes minus the pool's unused part) is
- * reserved, and the launch refused if that does not fit.
+ * reserved, and the launch refused if that does not fit. An instantiation
+ * whose alloc nodes could not fit now (the growth they can cause beside
+ * what the container holds) is refused at once, with
+ * CUDA_ERROR_OUT_OF_MEMORY and no exec: a framework that captured a graph
+ * (PyTorch's cudaMallocAsync backend) gets the error where it can recover,
+ * not at the first launch.
  *
  * Execs with alloc nodes are in the table (TL_K_GEXEC) with their bytes;
  * `dev` holds the limiter device in its low 8 bits and, once launched, the
@@ -86,6 +91,20 @@ static int graph_prereserve(int ld, uint64_t bytes, uint64_t *pre)
     uint64_t idle = res > used ? res - used : 0;
     *pre = bytes > idle ? bytes - idle : 0;
     return *pre && tl_reserve(ld, *pre) < 0 ? -1 : 0;
+}
+
+/* With graph_mu held: whether the growth of ld's pool that `bytes` of
+ * alloc nodes can cause fits beside what the container holds now (what
+ * graph_prereserve would reserve, without reserving it). */
+static int graph_fits(int ld, uint64_t bytes)
+{
+    uint64_t res = 0, used = 0, lim = tl_limit_of(ld);
+    if (pool_attr(ld, TL_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &res) != 0 ||
+        pool_attr(ld, TL_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &used) != 0)
+        res = used = 0;
+    uint64_t idle = res > used ? res - used : 0, grow = bytes > idle ? bytes - idle : 0;
+    uint64_t held = tl_shared_used(&sh, ld);
+    return held <= lim && grow <= lim - held;
 }
 
 /* With graph_mu held: set the charge on ld to the pool's reservation,
@@ -184,11 +203,14 @@ static CUresult graph_instantiated(CUgraphExec *pe, int ld, uint64_t bytes, int 
         return call;                                                                \
     if (ld_ < 0)                                                                    \
         return CUDA_ERROR_OUT_OF_MEMORY; /* a device not in the limits file */      \
-    if (up_)                                                                        \
-        tl_account_prepare(ld_, bytes_);                                            \
+    tl_account_prepare(ld_, bytes_);                                                \
     pthread_mutex_lock(&graph_mu);                                                  \
-    if (up_ && graph_prereserve(ld_, bytes_, &pre_) < 0) {                          \
+    if (up_ ? graph_prereserve(ld_, bytes_, &pre_) < 0 : !graph_fits(ld_, bytes_)) { \
         pthread_mutex_unlock(&graph_mu);                                            \
+        if (!up_)                                                                   \
+            tl_count_refused(ld_);                                                  \
+        tl_trace("graph instantiation (%llu bytes of alloc nodes) refused: over the limit", \
+                 (unsigned long long)bytes_);                                       \
         return CUDA_ERROR_OUT_OF_MEMORY;                                            \
     }                                                                               \
     return graph_instantiated(pe, ld_, bytes_, up_, pre_, call);

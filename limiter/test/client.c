@@ -506,20 +506,38 @@ static CUgraph alloc_graph(unsigned long long bytes, int via_add_node)
 }
 
 /* Graph memory: alloc nodes are charged when the driver's graph pool
- * backs them (launch / upload / instantiate-with-upload), a launch that
- * would exceed the limit is refused, and a trim gives the pool back. */
+ * backs them (launch / upload / instantiate-with-upload), an instantiation
+ * whose alloc nodes could not fit now is refused (no exec: the framework
+ * gets the error where it can recover), a launch that would exceed the
+ * limit is refused, and a trim gives the pool back. */
 static void t_graph(unsigned long long L)
 {
     init_cuda();
     CUgraphExec e, e2;
-    CUresult r;
-    /* an alloc node bigger than the limit: instantiates, launch refused */
+    CUresult r, r2;
+    /* an alloc node bigger than the limit: refused at instantiation */
     CUgraph g = alloc_graph(L + 1, 0);
+    unsigned long long refused0 = 0, refused1 = 0, thr;
+    state_counters(0, &thr, &refused0);
+    e = NULL;
     r = api.cuGraphInstantiateWithFlags(&e, g, 0);
-    check(r == CUDA_SUCCESS && mem_free() == L, "graph-instantiate-charges-nothing", "r=%d free=%zu", r, mem_free());
-    r = api.cuGraphLaunch(e, NULL);
-    check(r == CUDA_ERROR_OUT_OF_MEMORY && pool_reserved() == 0 && mem_free() == L, "graph-launch-over-limit-refused",
-          "r=%d pool=%llu free=%zu", r, pool_reserved(), mem_free());
+    state_counters(0, &thr, &refused1);
+    check(r == CUDA_ERROR_OUT_OF_MEMORY && e == NULL && mem_free() == L && pool_reserved() == 0 &&
+              refused1 == refused0 + 1,
+          "graph-instantiate-over-limit-refused", "r=%d exec=%p free=%zu refused %llu -> %llu", r, (void *)e,
+          mem_free(), refused0, refused1);
+    /* one that fits when instantiated, not when launched (memory taken in
+     * between): the launch and the upload are refused */
+    g = alloc_graph(L / 2, 0);
+    r = api.cuGraphInstantiateWithFlags(&e, g, 0);
+    CUdeviceptr d0;
+    api.cuMemAlloc_v2(&d0, 3 * L / 4);
+    r2 = api.cuGraphLaunch(e, NULL);
+    check(r == CUDA_SUCCESS && r2 == CUDA_ERROR_OUT_OF_MEMORY && pool_reserved() == 0 && mem_free() == L / 4,
+          "graph-launch-over-limit-refused", "r=%d r2=%d pool=%llu free=%zu", r, r2, pool_reserved(), mem_free());
+    r = api.cuGraphUpload(e, NULL);
+    check(r == CUDA_ERROR_OUT_OF_MEMORY && pool_reserved() == 0, "graph-upload-over-limit-refused", "r=%d", r);
+    api.cuMemFree_v2(d0);
     api.cuGraphExecDestroy(e);
     /* 3/4 L via cuGraphAddNode_v2: charged at launch, not twice on relaunch */
     g = alloc_graph(3 * L / 4, 1);
@@ -532,12 +550,12 @@ static void t_graph(unsigned long long L)
     r = api.cuGraphLaunch_ptsz(e, NULL);
     check(r == CUDA_SUCCESS && mem_free() == L / 4, "graph-relaunch-not-recharged", "r=%d free=%zu", r, mem_free());
     /* a second exec of the same graph needs another 3/4 L: refused */
-    api.cuGraphInstantiateWithFlags(&e2, g, 0);
-    r = api.cuGraphUpload(e2, NULL);
-    check(r == CUDA_ERROR_OUT_OF_MEMORY, "graph-upload-over-limit-refused", "r=%d", r);
+    r = api.cuGraphInstantiateWithFlags(&e2, g, 0);
+    check(r == CUDA_ERROR_OUT_OF_MEMORY, "graph-second-exec-refused-at-instantiation", "r=%d", r);
     /* the pool keeps a destroyed exec's memory until trimmed; a new exec reuses it */
     api.cuGraphExecDestroy(e);
     check(mem_free() == L / 4, "graph-pool-kept-after-exec-destroy", "free=%zu", mem_free());
+    api.cuGraphInstantiateWithFlags(&e2, g, 0);
     r = api.cuGraphLaunch(e2, NULL);
     check(r == CUDA_SUCCESS && mem_free() == L / 4, "graph-pool-reused-by-next-exec", "r=%d free=%zu", r,
           mem_free());
@@ -564,10 +582,8 @@ static void t_graph(unsigned long long L)
     CUgraphNode cn;
     api.cuGraphCreate(&parent, 0);
     api.cuGraphAddChildGraphNode(&cn, parent, NULL, 0, alloc_graph(L + 1, 0));
-    api.cuGraphInstantiate_v2(&e, parent, NULL, NULL, 0);
-    r = api.cuGraphLaunch(e, NULL);
+    r = api.cuGraphInstantiate_v2(&e, parent, NULL, NULL, 0);
     check(r == CUDA_ERROR_OUT_OF_MEMORY && pool_reserved() == 0, "graph-child-alloc-node-counted", "r=%d", r);
-    api.cuGraphExecDestroy(e);
     /* stream capture: the captured cuMemAllocAsync allocates nothing and is
      * not charged; the graph it produced is charged at launch, once */
     CUstream st;
@@ -575,7 +591,7 @@ static void t_graph(unsigned long long L)
     api.cuStreamBeginCapture_v2(st, 0);
     CUdeviceptr a1, a2;
     r = api.cuMemAllocAsync(&a1, L / 2, st);
-    CUresult r2 = api.cuMemAllocFromPoolAsync_ptsz(&a2, L / 4, default_pool(), st);
+    r2 = api.cuMemAllocFromPoolAsync_ptsz(&a2, L / 4, default_pool(), st);
     check(r == CUDA_SUCCESS && r2 == CUDA_SUCCESS && mem_free() == L, "capture-async-alloc-not-charged",
           "r=%d r2=%d free=%zu", r, r2, mem_free());
     api.cuMemFreeAsync(a1, st);
@@ -595,12 +611,13 @@ static void t_graph(unsigned long long L)
     /* ordinary allocations leave less room for a graph */
     g = alloc_graph(L / 2 + 1, 0);
     api.cuMemAlloc_v2(&d, L / 2);
-    api.cuGraphInstantiateWithFlags(&e, g, 0);
-    r = api.cuGraphLaunch(e, NULL);
-    check(r == CUDA_ERROR_OUT_OF_MEMORY, "graph-launch-refused-next-to-allocs", "r=%d", r);
+    r = api.cuGraphInstantiateWithFlags(&e, g, 0);
+    check(r == CUDA_ERROR_OUT_OF_MEMORY, "graph-instantiate-refused-next-to-allocs", "r=%d", r);
     api.cuMemFree_v2(d);
-    r = api.cuGraphLaunch(e, NULL);
-    check(r == CUDA_SUCCESS && mem_free() == L / 2 - 1, "graph-launch-after-free", "r=%d free=%zu", r, mem_free());
+    r = api.cuGraphInstantiateWithFlags(&e, g, 0);
+    r2 = api.cuGraphLaunch(e, NULL);
+    check(r == CUDA_SUCCESS && r2 == CUDA_SUCCESS && mem_free() == L / 2 - 1, "graph-launch-after-free",
+          "r=%d r2=%d free=%zu", r, r2, mem_free());
 }
 
 /* The pool grows by more than the pre-check foresaw (FAKE_GRAPH_GRANULE =

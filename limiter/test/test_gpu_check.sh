@@ -5,7 +5,10 @@
 # checks the verdicts: physical use over the limit fails, a check the
 # machine cannot run is NOT RUN (never a pass, exit status 3), the holder
 # killed is the python process itself, the launch-overhead check runs with
-# an SM limit, a share off target or a long stall fails.
+# an SM limit, a share off target or a long stall fails, the driver's own
+# memory limits are checked from r615 on (NOT RUN before) in a leaf cgroup
+# the check process is moved into and that is removed after its soft limit
+# was zeroed.
 set -u
 LIB=$1
 HERE=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,7 +27,7 @@ case "$*" in
 *--query-gpu=memory.total*)
     if [ -n "${CUDA_DEVICE_MEMORY_LIMIT:-}" ]; then echo "${CUDA_DEVICE_MEMORY_LIMIT%m}"; else echo 16384; fi ;;
 *--query-gpu=name*) echo "Stub GPU" ;;
-*--query-gpu=driver_version*) echo "535.0" ;;
+*--query-gpu=driver_version*) echo "${STUB_DRIVER:-535.0}" ;;
 *--query-gpu=memory.free*) echo 12000 ;;
 *pmon*)
     # the work.py processes (their pids in work.pids) at STUB_PMON_SM % each
@@ -132,6 +135,32 @@ work.py)
 launch.py)
     echo "$script SM=${CUDA_DEVICE_SM_LIMIT:-none}" >>"$STUB_WORK/launch.log"
     echo 100000 ;;
+native.py)
+    # "clear DIR": logs whether DIR still existed; "check SOFT HARD": a
+    # driver that enforces (STUB_NATIVE unset), ignores the limits
+    # (=ignored) or a MIG GPU (=mig). The process must already be in its
+    # leaf (NATIVE_CGROUP_PARENT/*/cgroup.procs), and leaves it at exit as
+    # the kernel would take it out.
+    if [ "$1" = clear ]; then
+        if [ -d "$2" ]; then echo "clear $2 exists" >>"$STUB_WORK/native.log"; else echo "clear $2 gone" >>"$STUB_WORK/native.log"; fi
+        echo "native clear 0"; exit 0
+    fi
+    procs=$(grep -l "^$$\$" "$NATIVE_CGROUP_PARENT"/*/cgroup.procs 2>/dev/null)
+    [ -n "$procs" ] && echo "in-leaf $procs" >>"$STUB_WORK/native.log"
+    trap 'rm -f $procs' EXIT
+    [ "${STUB_NATIVE:-}" = mig ] && { echo native-mig; exit 0; }
+    announce; seen
+    S=$2; H=$3; M=1048576
+    echo "native cgroup ${procs%/cgroup.procs}"
+    echo "native set 0"; echo "native get 0 $S $H 0"
+    if [ "${STUB_NATIVE:-}" = ignored ]; then
+        echo "native meminfo $((16000 * M)) $((16384 * M)) $((16000 * M)) $((16384 * M))"
+        echo "native alloc $((H + 128 * M)) 0"; echo "native filled 0 $S $H $((H + 300 * M))"
+    else
+        echo "native meminfo $((H - 300 * M)) $H $((H - 300 * M)) $H"
+        echo "native alloc $((H - 384 * M)) 2"; echo "native filled 0 $S $H $((H - 84 * M))"
+    fi
+    echo "native cleared 0"; echo "native after 6 0 0 0"; echo "native past 0" ;;
 esac
 EOF
 chmod +x "$T/nvidia-smi" "$T/python3"
@@ -152,14 +181,14 @@ verdict() { # scenario check-name-prefix -> PASS/FAIL/NOT RUN
 # 1. a machine where all is well, one GPU, no NCCL, no kernel compiler
 rc=$(gc good STUB_USED_MIB=3000)
 [ "$rc" = 3 ] && pass "one GPU, all well: exit 3 (some NOT RUN, none failed)" || fail "one GPU, all well: exit $rc" "$(grep "^FAIL" "$T/good.out")"
-for c in "nccl two-process" "two-gpus different limits" "heap backed by an in-kernel malloc"; do
+for c in "nccl two-process" "two-gpus different limits" "heap backed by an in-kernel malloc" "native memory limits"; do
     [ "$(verdict good "$c")" = "NOT RUN" ] && pass "'$c' NOT RUN on one GPU" || fail "'$c' is $(verdict good "$c"), want NOT RUN"
 done
 for c in "mem-info total" "fill-default physical" "fill-backend:cudaMallocAsync allocated" "vmm physical" \
          "kill-9 of the holder" "share-alone: GPU utilisation" "share-vs-saturating-neighbour: mean" "share-vs-saturating-neighbour: longest stall" "launch-bound slowdown"; do
     [ "$(verdict good "$c")" = PASS ] && pass "'$c' passes" || fail "'$c' is $(verdict good "$c")" "$(grep -F "$c" "$T/good.out")"
 done
-grep -q "passed, 0 failed, 3 not run" "$T/good.out" && pass "summary counts NOT RUN apart" || fail "summary" "$(tail -1 "$T/good.out")"
+grep -q "passed, 0 failed, 4 not run" "$T/good.out" && pass "summary counts NOT RUN apart" || fail "summary" "$(tail -1 "$T/good.out")"
 # the holder killed is the python process itself, not a shell around it
 h=$(cat "$T/work.good/ready4" 2>/dev/null)
 [ -n "$h" ] && ! kill -0 "$h" 2>/dev/null && pass "kill -9 reached the holder process ($h)" || fail "holder $h still alive"
@@ -229,3 +258,30 @@ gc stall STUB_USED_MIB=3000 STUB_STALL=1 ONLY=share >/dev/null
 grep -q "share-alone: limited process's mean SM % (host nvidia-smi pmon): 30.0 (" "$T/good.out" &&
     pass "share-alone: the limited process's pmon SM % reported" ||
     fail "pmon SM % not reported" "$(grep -F "pmon" "$T/good.out")"
+
+# 5. the driver's own memory limits: the driver version is reported; before
+# r615 the group is NOT RUN (above), never a pass
+grep -q "driver version (nvidia-smi): 535.0" "$T/good.out" && grep -F "native memory limits" "$T/work.good/results" | grep -q "driver 535.0" &&
+    pass "driver version reported; native NOT RUN on driver 535" || fail "driver version / native on 535" "$(grep -E 'driver version|native' "$T/good.out")"
+mkdir -p "$T/cg"
+rc=$(gc native STUB_USED_MIB=3000 STUB_DRIVER=615.10 NATIVE_CGROUP_PARENT="$T/cg" ONLY=native)
+nat=$(grep -c '^native.*PASS$' "$T/work.native/results")
+[ "$rc" = 0 ] && [ "$nat" = 10 ] && pass "driver 615: 10 native checks pass, exit 0" ||
+    fail "driver 615: exit $rc, $nat native passes" "$(grep -E '^native|native' "$T/native.out" | grep -v PASS | head -5)"
+grep -q "^in-leaf $T/cg/tessera-gpu-check-[0-9]*/cgroup.procs" "$T/work.native/native.log" &&
+    pass "native: the check process ran inside its own leaf cgroup" || fail "native: not moved into the leaf" "$(cat "$T/work.native/native.log")"
+grep -q "^clear $T/cg/tessera-gpu-check-[0-9]* exists" "$T/work.native/native.log" && [ -z "$(ls "$T/cg")" ] &&
+    pass "native: soft limit zeroed while the leaf existed, then the leaf removed" ||
+    fail "native: clear/remove order" "$(cat "$T/work.native/native.log"; ls "$T/cg")"
+rc=$(gc nativebad STUB_USED_MIB=4500 STUB_DRIVER=615.10 STUB_NATIVE=ignored NATIVE_CGROUP_PARENT="$T/cg" ONLY=native)
+[ "$rc" = 1 ] && [ "$(verdict nativebad "native: cuMemAlloc 64 MiB steps refused")" = FAIL ] &&
+    [ "$(verdict nativebad "native: cuMemGetInfo total")" = FAIL ] && [ "$(verdict nativebad "native physical")" = FAIL ] &&
+    pass "driver 615 that does not enforce: alloc, cuMemGetInfo and physical FAIL, exit 1" ||
+    fail "native not enforced: exit $rc" "$(grep '^native' "$T/work.nativebad/results")"
+rc=$(gc nativemig STUB_DRIVER=615.10 STUB_NATIVE=mig NATIVE_CGROUP_PARENT="$T/cg" ONLY=native)
+[ "$rc" = 3 ] && grep -F "native memory limits" "$T/work.nativemig/results" | grep -q "MIG mode" && [ -z "$(ls "$T/cg")" ] &&
+    ! grep -q "PASS$" "$T/work.nativemig/results" &&
+    pass "MIG GPU: native NOT RUN (no PASS), exit 3, leaf removed" || fail "native on MIG: exit $rc" "$(cat "$T/work.nativemig/results"; ls "$T/cg")"
+rc=$(gc nativenocg STUB_DRIVER=615.10 NATIVE_CGROUP_PARENT=/nonexistent/cg ONLY=native)
+[ "$rc" = 3 ] && grep -F "native memory limits" "$T/work.nativenocg/results" | grep -q "cannot make" &&
+    pass "no cgroup v2 leaf to make: native NOT RUN, exit 3" || fail "native without a leaf: exit $rc" "$(cat "$T/work.nativenocg/results")"
