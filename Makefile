@@ -31,8 +31,13 @@ LAB_LDFLAGS     := -s -w $(K8S_LDFLAGS)
 # What the lab's containers run besides Go (tessera-lab --tools).
 LAB_TOOLS       ?= bin/lab-tools
 INTEGRATION     := ./internal/nodeagent/... ./cmd/kubectl-tessera/... ./charts/... ./test/integration/...
+# Benchmarks and simulations keep a dated copy of their output, with the
+# commit, the machine and the exact command, in bench-results/ (commit it
+# with the docs that quote it); scheduler_perf's raw data items go to
+# bench-results/data/ (not committed).
+RECORD          := hack/record-result.sh
 
-.PHONY: help build images release-plugin test-release-plugin lab-tools test test-go test-limiter test-integration test-alone lint fuzz bench bench-scheduler-ci bench-scheduler bench-scheduler-dra demo lab simulate clean
+.PHONY: help build images release-plugin test-release-plugin lab-tools volcano test test-go test-limiter test-integration test-alone lint fuzz bench bench-scheduler-ci bench-scheduler bench-scheduler-preemption bench-scheduler-dra demo lab simulate clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
@@ -58,21 +63,35 @@ lab-tools: ## the lab containers' tools into bin/lab-tools: tessera-lab-init, th
 	install -m 755 limiter/build/libtessera-limiter.so $(LAB_TOOLS)/libtessera-limiter.so
 	$(MAKE) -C fakegpu B=$(abspath $(LAB_TOOLS))
 
-test: test-go test-limiter test-integration ## run every test (Go with -race, limiter with sanitizers, integration)
+volcano: ## Volcano's scheduler and controller manager (volcano.sh/volcano, pinned in hack/volcano) and its CRDs into bin/volcano, for tessera-lab up --volcano
+	hack/volcano/build.sh bin/volcano
 
-test-go: ## Go tests with the race detector (fetches NVIDIA's MPS control daemon first)
-	hack/fetch-mps-control.sh
+# The test targets run every test: one that needs what the machine lacks
+# (root, a program, NVIDIA's non-free binaries) fails instead of skipping.
+# Each target first runs hack/test-deps.sh, which installs and fetches what
+# is missing when run as root and names it otherwise. TESSERA_TEST_STRICT=0
+# skips those tests instead, each naming what it lacks (plain `go test`
+# does so by default).
+export TESSERA_TEST_STRICT ?= 1
+
+test: test-go test-limiter test-integration ## run every test (Go with -race, limiter with sanitizers, integration; as root)
+
+test-go: ## Go tests with the race detector (after hack/test-deps.sh go: gcc, root, NVIDIA's MPS control daemon)
+	hack/test-deps.sh go
 	$(GO) test -race -count=1 ./...
 
-test-limiter: ## limiter tests, then again under ASan+UBSan
+test-limiter: ## limiter tests, then again under ASan+UBSan (after hack/test-deps.sh limiter: root, sudo, NVIDIA's libraries)
+	hack/test-deps.sh limiter
 ifneq ($(LIMITER),)
 	$(MAKE) -C limiter test sanitize
 endif
 
 test-integration: ## real kube-apiserver + etcd, kube-scheduler, kubelet device manager, hollow kubelets, the emulated cluster (root)
+	hack/test-deps.sh integration
 	$(GO) test -tags integration -count=1 -timeout 30m $(INTEGRATION)
 
 test-alone: ## every Go test and subtest alone, one process each (hack/each-test.sh; integration ones need root)
+	hack/test-deps.sh go integration
 	hack/each-test.sh -subtests ./...
 	hack/each-test.sh -tags integration -subtests $(INTEGRATION)
 
@@ -92,17 +111,20 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 2,000,000 inputs)
 	  done; \
 	done
 
-bench: ## placement benchmarks (see docs/benchmarks.md)
-	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./internal/placement/
+bench: ## placement benchmarks (see docs/benchmarks.md; recorded in bench-results/)
+	$(RECORD) bench $(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./internal/placement/
 
-bench-scheduler-ci: ## scheduler_perf, 100 nodes and a 4-node DRA case (run in CI)
-	$(GO) test -tags integration -count=1 -run '^$$' -bench BenchmarkPerfScheduling -benchtime=1x ./test/integration/schedulerperf/ -perf-scheduling-label-filter=integration-test
+bench-scheduler-ci: ## scheduler_perf, 100 nodes and a 4-node DRA case (run in CI; recorded in bench-results/)
+	$(RECORD) bench-scheduler-ci $(GO) test -tags integration -count=1 -run '^$$' -bench BenchmarkPerfScheduling -benchtime=1x ./test/integration/schedulerperf/ -perf-scheduling-label-filter=integration-test -data-items-dir=$(CURDIR)/bench-results/data
 
-bench-scheduler: ## scheduler_perf, 5,000 nodes x 8 GPUs, 10,000 pods per scheduler (see docs/benchmarks.md)
-	$(GO) test -tags integration -count=1 -run '^$$' -bench BenchmarkPerfScheduling -benchtime=1x -timeout=80m ./test/integration/schedulerperf/ -data-items-dir=$(CURDIR)/bench-results
+bench-scheduler: ## scheduler_perf, 5,000 nodes x 8 GPUs, 10,000 pods per scheduler (see docs/benchmarks.md; recorded in bench-results/)
+	$(RECORD) bench-scheduler $(GO) test -tags integration -count=1 -run '^$$' -bench BenchmarkPerfScheduling -benchtime=1x -timeout=80m ./test/integration/schedulerperf/ -data-items-dir=$(CURDIR)/bench-results/data
 
-bench-scheduler-dra: ## scheduler_perf, the DRA cases only: 1,000 nodes x 8 GPUs, share and whole-GPU claims (see docs/benchmarks.md)
-	$(GO) test -tags integration -count=1 -run '^$$' -bench 'BenchmarkPerfScheduling/DRA' -benchtime=1x -timeout=60m ./test/integration/schedulerperf/ -perf-scheduling-label-filter=performance,dra -data-items-dir=$(CURDIR)/bench-results
+bench-scheduler-preemption: ## scheduler_perf, the preemption cases: 500 nodes x 8 GPUs full of quarter shares, then 1,000 half shares of higher priority; the stock profile's own case beside it (see docs/benchmarks.md; recorded in bench-results/)
+	$(RECORD) bench-scheduler-preemption $(GO) test -tags integration -count=1 -run '^$$' -bench 'BenchmarkPerfScheduling/(Tessera|Stock)Preemption' -benchtime=1x -timeout=60m ./test/integration/schedulerperf/ -perf-scheduling-label-filter=preemption -data-items-dir=$(CURDIR)/bench-results/data
+
+bench-scheduler-dra: ## scheduler_perf, the DRA cases only: 1,000 nodes x 8 GPUs, share and whole-GPU claims (see docs/benchmarks.md; recorded)
+	$(RECORD) bench-scheduler-dra $(GO) test -tags integration -count=1 -run '^$$' -bench 'BenchmarkPerfScheduling/DRA' -benchtime=1x -timeout=60m ./test/integration/schedulerperf/ -perf-scheduling-label-filter=performance,dra -data-items-dir=$(CURDIR)/bench-results/data
 
 demo: lab-tools ## start the emulated GPU cluster, run the demo workloads, show the enforcement, stop (no cluster, no GPU; root)
 	$(GO) build -ldflags "$(LAB_LDFLAGS)" -o bin/tessera-lab ./cmd/tessera-lab
@@ -112,8 +134,8 @@ lab: lab-tools ## start the emulated GPU cluster and keep it running (tessera-la
 	$(GO) build -ldflags "$(LAB_LDFLAGS)" -o bin/tessera-lab ./cmd/tessera-lab
 	bin/tessera-lab up --tools $(LAB_TOOLS) $(LAB_FLAGS)
 
-simulate: ## replay the bundled openb trace through the seven compared placement policies (tessera-sim)
-	$(GO) run ./cmd/tessera-sim --plot simulation.svg
+simulate: ## replay the bundled openb trace through the seven compared placement policies (tessera-sim; recorded in bench-results/)
+	$(RECORD) simulate $(GO) run ./cmd/tessera-sim --plot simulation.svg
 
 clean: ## remove build outputs
 	rm -rf bin

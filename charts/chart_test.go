@@ -136,6 +136,9 @@ func TestChartSchemaRejects(t *testing.T) {
 		{"nodeAgent.driverRoot=run/nvidia/driver", "driverRoot"},
 		{"nodeAgent.cdiSpecDirs={etc/cdi}", "cdiSpecDirs"},
 		{"nodeAgent.deviceListStrategy=cdi", "deviceListStrategy"},
+		{"webhook.unprefixedEnvFrom=sometimes", "unprefixedEnvFrom"},
+		{"webhook.audit=maybe", "audit"},
+		{"nodeAgent.deviceListStrategy=auto", "deviceListStrategy"},
 	} {
 		out, err := helm(t, "template", "tessera", "./tessera", "--set", tc.set)
 		if err == nil {
@@ -333,6 +336,41 @@ func TestChartMatchesDeploy(t *testing.T) {
 	}
 }
 
+// TestChartWebhookArgs: the webhook's flags follow the values: the node
+// agents' device-list strategy (whether a pod's environment selects
+// devices), the envFrom rule, audit mode.
+func TestChartWebhookArgs(t *testing.T) {
+	args := func(extra ...string) []string {
+		d := objects(t, render(t, "", extra...))["Deployment/tessera-webhook"]
+		cs, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
+		a, _, _ := unstructured.NestedStringSlice(cs[0].(map[string]any), "args")
+		return a
+	}
+	has := func(a []string, want string) bool {
+		for _, x := range a {
+			if x == want {
+				return true
+			}
+		}
+		return false
+	}
+	def := args()
+	for _, want := range []string{"--device-list-strategy=envvar", "--unprefixed-env-from=auto"} {
+		if !has(def, want) {
+			t.Errorf("default args %q lack %s", def, want)
+		}
+	}
+	if has(def, "--audit") {
+		t.Error("audit mode by default")
+	}
+	set := args("--set", "nodeAgent.deviceListStrategy=cdi-cri", "--set", "webhook.unprefixedEnvFrom=refuse", "--set", "webhook.audit=true")
+	for _, want := range []string{"--device-list-strategy=cdi-cri", "--unprefixed-env-from=refuse", "--audit"} {
+		if !has(set, want) {
+			t.Errorf("args %q lack %s", set, want)
+		}
+	}
+}
+
 func ruleTuples(rules []any) []string {
 	var out []string
 	for _, r := range rules {
@@ -357,14 +395,18 @@ func ruleTuples(rules []any) []string {
 // aside, for the default and another resource prefix; otherwise the
 // webhook and `helm upgrade` would rewrite each other's.
 func TestChartWebhookConfigurations(t *testing.T) {
-	for _, prefix := range []string{"nvidia.com", "example.com"} {
-		chart := objects(t, render(t, "", "--set", "resourcePrefix="+prefix, "--set", "webhook.excludeNamespaces={batch}"))
+	for _, tc := range []struct {
+		prefix   string
+		strategy api.DeviceListStrategy
+	}{{"nvidia.com", api.DeviceListEnvvar}, {"example.com", api.DeviceListEnvvar}, {"nvidia.com", api.DeviceListCDI}} {
+		prefix := tc.prefix
+		chart := objects(t, render(t, "", "--set", "resourcePrefix="+prefix, "--set", "webhook.excludeNamespaces={batch}", "--set", "nodeAgent.deviceListStrategy="+string(tc.strategy)))
 		names, err := api.NewResourceNames(prefix)
 		if err != nil {
 			t.Fatal(err)
 		}
 		reg := webhook.Registration{Name: "tessera-webhook", ServiceNamespace: "tessera-system", ServiceName: "tessera-webhook",
-			ServicePort: 443, Names: names, ExcludeNamespaces: []string{"tessera-system", "batch"}}
+			ServicePort: 443, Names: names, ExcludeNamespaces: []string{"tessera-system", "batch"}, DeviceListStrategy: tc.strategy}
 		m, v := reg.Configurations()
 		var gotM admissionregistrationv1.MutatingWebhookConfiguration
 		var gotV admissionregistrationv1.ValidatingWebhookConfiguration

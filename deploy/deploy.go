@@ -59,3 +59,18 @@ var (
 	//go:embed dra/admission.yaml
 	DRAAdmission []byte
 )
+
+// Volcano manifests (docs/volcano.md): the admission policy of Volcano's
+// vGPU annotations and the node agents' extra RBAC on volcano nodes.
+var (
+	//go:embed volcano/admission.yaml
+	VolcanoAdmission []byte
+	//go:embed volcano/node-agent-rbac.yaml
+	VolcanoNodeAgentRBAC []byte
+)
+
+// VolcanoSchedulerConf is volcano/scheduler.conf: Volcano's scheduler
+// configuration with vGPU shares, queue capacity and preemption.
+//
+//go:embed volcano/scheduler.conf
+var VolcanoSchedulerConf []byte

@@ -102,6 +102,13 @@ func newCommand(streams genericiooptions.IOStreams) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			client, err := o.client()
+			if err != nil {
+				return err
+			}
+			if err := r.Preemptions(cmd.Context(), client, w); err != nil {
+				fmt.Fprintf(o.streams.ErrOut, "warning: preemption not shown: %v\n", err)
+			}
 			if o.output == clusterview.OutputJSON || o.output == clusterview.OutputYAML {
 				return clusterview.Encode(o.streams.Out, o.output, w)
 			}

@@ -53,10 +53,13 @@ const usageText = `tessera-lab: an emulated GPU cluster with Tessera, on this ma
 Usage:
   tessera-lab up      [--nodes N] [--gpus-per-node K] [--gpu-model MODEL] [--node-groups SPEC]
                       [--sharing-nodes=false] [--node-config FILE] [--tools DIR] [--dir DIR]
+                      [--volcano [--volcano-dir DIR]]
                       start the cluster and keep it running until Ctrl-C: N fractional nodes
-                      (default 1) and one node of every other mode
+                      (default 1) and one node of every other mode; --volcano also runs
+                      Volcano's scheduler and controller manager and a node of mode volcano
   tessera-lab status  [--dir DIR]   per node and GPU: mode, model, memory and cores allocated,
-                      memory in use, pods
+                      memory in use, pods; the invariant checker and the physical check
+                      (GPU memory held without a valid grant)
   tessera-lab demo    [flags of up] start a cluster (default 1xA100-40GB:8,1xH100-80GB:8 and one
                       node of every other mode), apply examples/, run the demo workloads, show
                       what the limiter and the shared GPUs enforce, stop
@@ -106,6 +109,10 @@ type labFlags struct {
 	// sharing adds modes.SharingNodes.
 	sharing    *bool
 	nodeConfig *string
+	// volcano runs Volcano's scheduler and controller manager (from
+	// volcanoDir) and adds a node of mode volcano.
+	volcano    *bool
+	volcanoDir *string
 }
 
 func addLabFlags(fs *flag.FlagSet, defaultDir string, defaultNodes int) labFlags {
@@ -118,6 +125,8 @@ func addLabFlags(fs *flag.FlagSet, defaultDir string, defaultNodes int) labFlags
 		tools:      fs.String("tools", tools.Default(), "the containers' tools (make lab-tools builds them)"),
 		sharing:    fs.Bool("sharing-nodes", true, "also start one node of every other mode: "+modeList()),
 		nodeConfig: fs.String("node-config", "", "a ConfigMap manifest of node agent profiles (as deploy/node-agent/configmap.yaml) added to the lab's; label a node tessera.io/node-config=PROFILE to use one"),
+		volcano:    fs.Bool("volcano", false, "also run Volcano's scheduler and controller manager and a node of mode volcano (docs/volcano.md)"),
+		volcanoDir: fs.String("volcano-dir", filepath.Join(filepath.Dir(tools.Default()), "volcano"), "Volcano's binaries and CRDs (make volcano builds them)"),
 	}
 }
 
@@ -134,6 +143,13 @@ func (f labFlags) config(stdout io.Writer) (lab.Config, error) {
 	}
 	if *f.sharing {
 		nodes = append(nodes, modes.SharingNodes()...)
+	}
+	var volcano lab.VolcanoBinaries
+	if *f.volcano {
+		if volcano, err = volcanoBinaries(*f.volcanoDir); err != nil {
+			return lab.Config{}, err
+		}
+		nodes = withVolcanoNode(nodes)
 	}
 	if err := modes.Validate(nodes); err != nil {
 		return lab.Config{}, fmt.Errorf("%w: %v", errUsage, err)
@@ -152,7 +168,32 @@ func (f labFlags) config(stdout io.Writer) (lab.Config, error) {
 	if err != nil {
 		return lab.Config{}, err
 	}
-	return lab.Config{Dir: labdir.Dir(*f.dir), Nodes: nodes, Exe: exe, Tools: tools.Dir(toolsDir), NodeConfig: profiles, Out: stdout}, nil
+	return lab.Config{Dir: labdir.Dir(*f.dir), Nodes: nodes, Exe: exe, Tools: tools.Dir(toolsDir), NodeConfig: profiles, Out: stdout, Volcano: volcano}, nil
+}
+
+// volcanoBinaries is --volcano-dir, absolute and complete.
+func volcanoBinaries(dir string) (lab.VolcanoBinaries, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	v := lab.VolcanoBinaries(abs)
+	return v, v.Check()
+}
+
+// withVolcanoNode adds the volcano mode's node unless a node of the mode
+// is there already (--node-groups …@volcano).
+func withVolcanoNode(nodes []modes.NodeSpec) []modes.NodeSpec {
+	for _, n := range nodes {
+		if n.Mode == "volcano" {
+			return nodes
+		}
+	}
+	m, err := modes.Named("volcano")
+	if err != nil {
+		return nodes
+	}
+	return append(nodes, m.Spec(m.Node, m.Model, m.GPUs))
 }
 
 // modeList names the modes besides the default one, with their nodes.
@@ -278,7 +319,15 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 	}
 	fmt.Fprintln(stdout)
-	return r.Print(stdout)
+	if err := r.Print(stdout); err != nil {
+		return err
+	}
+	ph, err := status.CheckPhysical(ctx, client, d, st.Nodes)
+	if err != nil {
+		return err
+	}
+	ph.Print(stdout)
+	return nil
 }
 
 func runDown(ctx context.Context, args []string, stdout, stderr io.Writer) error {

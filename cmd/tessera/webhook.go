@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"k8s.io/client-go/kubernetes"
@@ -30,7 +31,10 @@ func runWebhook(ctx context.Context, args []string, _, stderr io.Writer) error {
 	register := fs.Bool("register", true, "write the webhook configurations with the CA at start-up (false with cert-manager)")
 	schedulerUsers := fs.String("scheduler-users", webhook.DefaultSchedulerUser, "comma-separated identities (request.userInfo.username) that may write allocation records")
 	trusted := fs.String("trusted-namespaces", "", "comma-separated namespaces exempt from the isolation checks (hostPID, privileged, capabilities, hostPath); \"*\" exempts every namespace; namespaces labelled "+webhook.TrustedLabel+"=true are exempt too")
-	allowEnvFrom := fs.Bool("allow-unprefixed-env-from", false, "admit envFrom without a prefix in GPU pods (safe only where node agents select devices by CDI or volume mounts, not the environment; docs/security.md)")
+	allowEnvFrom := fs.Bool("allow-unprefixed-env-from", false, "the same as --unprefixed-env-from=allow (kept for existing installations)")
+	deviceList := fs.String("device-list-strategy", string(api.DeviceListEnvvar), "the node agents' --device-list-strategy: under envvar a pod's environment selects GPUs, so the variables that select devices are refused (and kept out of pods that ask for no GPU); cdi-cri and volume-mounts need the NVIDIA runtime to ignore the environment of unprivileged containers (docs/security.md)")
+	envFrom := fs.String("unprefixed-env-from", string(webhook.EnvFromAuto), "envFrom without a prefix in GPU pods: auto (admitted where the environment selects no device: --device-list-strategy cdi-cri or volume-mounts), allow or refuse")
+	audit := fs.Bool("audit", false, "audit mode: admit pods with isolation findings (host namespaces, privileged, device-selecting variables, mounts over the limiter's files, …) with admission warnings, an event and a metric instead of refusing them; quantities the scheduler cannot honour and record writes are still refused (docs/security.md)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -40,6 +44,14 @@ func runWebhook(ctx context.Context, args []string, _, stderr io.Writer) error {
 	names, err := api.NewResourceNames(*prefix)
 	if err != nil {
 		return fmt.Errorf("%w: --resource-prefix: %v", errUsage, err)
+	}
+	strategy := api.DeviceListStrategy(*deviceList)
+	if !slices.Contains(api.DeviceListStrategies(), strategy) {
+		return fmt.Errorf("%w: --device-list-strategy %q: want one of %v", errUsage, *deviceList, api.DeviceListStrategies())
+	}
+	rule := webhook.EnvFromRule(*envFrom)
+	if !slices.Contains(webhook.EnvFromRules(), rule) {
+		return fmt.Errorf("%w: --unprefixed-env-from %q: want one of %v", errUsage, *envFrom, webhook.EnvFromRules())
 	}
 	cfg, err := restConfig(*kubeconfig)
 	if err != nil {
@@ -73,6 +85,9 @@ func runWebhook(ctx context.Context, args []string, _, stderr io.Writer) error {
 		SchedulerUsers:         users,
 		TrustedNamespaces:      splitList(*trusted),
 		AllowUnprefixedEnvFrom: *allowEnvFrom,
+		DeviceListStrategy:     strategy,
+		UnprefixedEnvFrom:      rule,
+		Audit:                  *audit,
 	})
 }
 

@@ -14,6 +14,8 @@ func TestWebhookUsageErrors(t *testing.T) {
 	}{
 		{[]string{"--resource-prefix=Bad"}, `--resource-prefix: resource prefix "Bad"`},
 		{[]string{"extra"}, `webhook takes no positional arguments, got ["extra"]`},
+		{[]string{"--device-list-strategy=cdi"}, `--device-list-strategy "cdi": want one of [envvar cdi-cri volume-mounts]`},
+		{[]string{"--unprefixed-env-from=sometimes"}, `--unprefixed-env-from "sometimes": want one of [auto allow refuse]`},
 	} {
 		var out, errOut bytes.Buffer
 		code := run(context.Background(), append([]string{"webhook"}, tt.args...), &out, &errOut)

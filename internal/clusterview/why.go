@@ -36,6 +36,10 @@ type WhyReport struct {
 	// free (whydra.go).
 	Claims []WhyClaim `json:"claims,omitempty"`
 	GPUs   []WhyGPU   `json:"gpus,omitempty"`
+	// Nominated and Victims are, for a pod a preemption nominated a node
+	// for, that node and the pods evicted for it (whypreempt.go).
+	Nominated string      `json:"nominated,omitempty"`
+	Victims   []WhyVictim `json:"victims,omitempty"`
 }
 
 // WhyGroup is the nodes that refuse the pod for the same reason.
@@ -160,6 +164,7 @@ func (w *WhyReport) Print(out io.Writer) error {
 	if err := w.printDRA(out); err != nil {
 		return err
 	}
+	w.printPreemption(out)
 	if len(w.Fits) > 0 {
 		fmt.Fprintf(out, "\n  fits now on: %s\n", nodeList(w.Fits))
 	}

@@ -23,6 +23,9 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/tessera-gpu/tessera/internal/testenv/need"
+	"github.com/tessera-gpu/tessera/internal/testenv/poll"
 )
 
 // mountNSEnv marks the test binary re-executed in a private mount
@@ -49,17 +52,13 @@ func inMountNamespace(t *testing.T) bool {
 		}
 		return true
 	}
-	if os.Geteuid() != 0 {
-		t.Fatal("needs root (CI runs as root): the kubelet's device manager serves the fixed /var/lib/kubelet/device-plugins, mounted over in a private mount namespace")
-	}
-	if _, err := exec.LookPath("unshare"); err != nil {
-		t.Fatal("needs unshare (util-linux) for a private mount namespace")
-	}
+	need.Root(t, "the kubelet's device manager serves the fixed /var/lib/kubelet/device-plugins, mounted over in a private mount namespace")
+	unshare := need.Command(t, "unshare", "apt-get install util-linux")
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("unshare", "--mount", "--propagation", "private", exe, "-test.run", "^"+t.Name()+"$", "-test.v", "-test.count=1")
+	cmd := exec.Command(unshare, "--mount", "--propagation", "private", exe, "-test.run", "^"+t.Name()+"$", "-test.v", "-test.count=1")
 	cmd.Env = append(os.Environ(), mountNSEnv+"=1")
 	out, err := cmd.CombinedOutput()
 	t.Logf("in a private mount namespace:\n%s", out)
@@ -153,15 +152,11 @@ func TestRestartedKubeletAdmitsRunningPods(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	poll.Until(t, "the plugin's device allocatable", 10*time.Second, func() bool {
 		_, alloc, _ := first.GetDevicePluginResourceCapacity()
-		if q := alloc["nvidia.com/gpu"]; q.Value() == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the plugin's device never became allocatable")
-		}
-	}
+		q := alloc["nvidia.com/gpu"]
+		return q.Value() == 1
+	})
 	if err := first.Admit(running); err != nil {
 		t.Fatalf("admitting %s before the restart: %v", running.Name, err)
 	}

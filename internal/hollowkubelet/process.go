@@ -125,9 +125,15 @@ func (r *Runtime) start(c *container) error {
 	if err != nil {
 		return fmt.Errorf("container log: %w", err)
 	}
-	p, err := r.launch(&spec, log)
+	p, err := r.launch(&spec, log, func(pid int) error {
+		if r.opts.Cgroups == nil {
+			return nil
+		}
+		return r.opts.Cgroups.Place(rec.PodUID, rec.ID, pid)
+	})
 	if err != nil {
 		_ = os.RemoveAll(spec.Scratch)
+		r.removeCgroup(rec)
 		return err
 	}
 	now := time.Now()
@@ -143,6 +149,7 @@ func (r *Runtime) start(c *container) error {
 	go func() {
 		defer r.procs.Done()
 		<-p.done
+		r.removeCgroup(rec)
 		code := exitCode(p.cmd.ProcessState)
 		end := time.Now()
 		reason := "Completed"
@@ -157,9 +164,20 @@ func (r *Runtime) start(c *container) error {
 	return nil
 }
 
-// launch starts the init with the spec and waits until it has executed
-// the command (or failed to).
-func (r *Runtime) launch(spec *cinit.Spec, log *criLog) (*process, error) {
+// removeCgroup removes the container's cgroup once it has exited.
+func (r *Runtime) removeCgroup(rec Container) {
+	if r.opts.Cgroups == nil {
+		return
+	}
+	if err := r.opts.Cgroups.Remove(rec.PodUID, rec.ID, 5*time.Second); err != nil {
+		r.logger().Error(err, "Container exited; its cgroup stays", "pod", rec.Namespace+"/"+rec.Pod, "container", rec.Name)
+	}
+}
+
+// launch starts the init with the spec, lets place see its PID before the
+// init has read its spec (so before the container's command runs), and
+// waits until it has executed the command (or failed to).
+func (r *Runtime) launch(spec *cinit.Spec, log *criLog, place func(pid int) error) (*process, error) {
 	var pipes []*os.File
 	closeAll := func() {
 		for _, f := range pipes {
@@ -209,6 +227,13 @@ func (r *Runtime) launch(spec *cinit.Spec, log *criLog) (*process, error) {
 		log.close()
 		close(p.done)
 	}()
+	if err := place(cmd.Process.Pid); err != nil {
+		specW.Close()
+		errR.Close()
+		_ = cmd.Process.Kill()
+		<-p.done
+		return nil, err
+	}
 	encErr := json.NewEncoder(specW).Encode(spec)
 	specW.Close()
 	msg, _ := io.ReadAll(errR)

@@ -37,12 +37,16 @@ type Container struct {
 	PodUID    string `json:"podUID"`
 	Name      string `json:"name"`
 	Image     string `json:"image,omitempty"`
-	// Command is what runs: the container's command and arguments, or
-	// the runtime's default command when it names neither.
-	Command    []string          `json:"command,omitempty"`
-	WorkingDir string            `json:"workingDir,omitempty"`
-	Env        map[string]string `json:"env"`
-	Mounts     []Mount           `json:"mounts,omitempty"`
+	// Command is what runs: the container's command and arguments, the
+	// runtime's default command when it names neither, or the stand-in
+	// for its image's program (RuntimeOptions.StandIn).
+	Command []string `json:"command,omitempty"`
+	// StandsInFor is the container's own command and arguments when a
+	// stand-in runs in their place.
+	StandsInFor []string          `json:"standsInFor,omitempty"`
+	WorkingDir  string            `json:"workingDir,omitempty"`
+	Env         map[string]string `json:"env"`
+	Mounts      []Mount           `json:"mounts,omitempty"`
 	// Devices are the devices the kubelet allocated to the container,
 	// per resource (its device manager's view, from the pod-resources
 	// API).
@@ -106,6 +110,10 @@ type RuntimeOptions struct {
 	// DefaultEnv is every container's environment under the kubelet's
 	// (an image's ENV): PATH, HOME.
 	DefaultEnv map[string]string
+	// StandIn, if set, is asked for each container what runs in place of
+	// its command (argv: its command and arguments) because its image's
+	// program is not on the host; nil: the command runs.
+	StandIn func(image string, argv []string, env map[string]string) []string
 	// Prepare, if set, sees each container and its spec before it
 	// starts and may add mounts, environment and GPUs (the lab's GPU
 	// driver).
@@ -116,6 +124,9 @@ type RuntimeOptions struct {
 	// CDIDirs are where the node's CDI specs are (a container's CDI
 	// devices are resolved there, ResolveCDI).
 	CDIDirs []string
+	// Cgroups, if set, puts each running container's processes in a
+	// cgroup named after its pod and container (cgroup.go).
+	Cgroups *Cgroups
 	// PodResources is the kubelet's pod-resources socket, from which the
 	// containers' Devices are read (none when empty).
 	PodResources string
@@ -228,10 +239,11 @@ func (r *Runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateCon
 	if err := unsupported(cfg); err != nil {
 		return nil, err
 	}
-	id, err := r.RuntimeService.CreateContainer(ctx, req.PodSandboxId, cfg, sb)
+	fakeID, err := r.RuntimeService.CreateContainer(ctx, req.PodSandboxId, cfg, sb)
 	if err != nil {
 		return nil, err
 	}
+	id := r.renameContainer(fakeID)
 	c := &container{sandbox: req.PodSandboxId, logDir: sb.GetLogDirectory()}
 	c.rec = Container{
 		ID: id, Namespace: sb.GetMetadata().GetNamespace(), Pod: sb.GetMetadata().GetName(), PodUID: sb.GetMetadata().GetUid(),
@@ -264,6 +276,11 @@ func (r *Runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateCon
 	// arguments run as given, arguments alone run as the command, and a
 	// container naming neither runs the default.
 	c.rec.Command = append(append([]string(nil), cfg.Command...), cfg.Args...)
+	if r.opts.StandIn != nil {
+		if s := r.opts.StandIn(c.rec.Image, c.rec.Command, c.rec.Env); s != nil {
+			c.rec.StandsInFor, c.rec.Command = c.rec.Command, s
+		}
+	}
 	if len(c.rec.Command) == 0 {
 		c.rec.Command = append([]string(nil), r.opts.DefaultCommand...)
 	}
@@ -288,6 +305,21 @@ func (r *Runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateCon
 		r.opts.OnCreate(rec)
 	}
 	return &runtimeapi.CreateContainerResponse{ContainerId: id}, nil
+}
+
+// renameContainer gives the fake's new container an ID as containerd and
+// CRI-O make them (the fake names it <sandbox>_<name>_<attempt>), which
+// its cgroup's name carries (cgroup.go), and returns it.
+func (r *Runtime) renameContainer(fakeID string) string {
+	id := newContainerID()
+	r.RuntimeService.Lock()
+	defer r.RuntimeService.Unlock()
+	if fc, ok := r.RuntimeService.Containers[fakeID]; ok {
+		delete(r.RuntimeService.Containers, fakeID)
+		fc.Id = id
+		r.RuntimeService.Containers[id] = fc
+	}
+	return id
 }
 
 // applyCDI resolves the container's CDI devices and applies their edits,

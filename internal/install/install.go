@@ -54,16 +54,8 @@ func Identities(ctx context.Context, client kubernetes.Interface, withoutPolicie
 	if !withoutPolicies {
 		manifests = append(manifests, deploy.AdmissionPolicy)
 	}
-	for _, m := range manifests {
-		objs, err := decodeManifest(m)
-		if err != nil {
-			return err
-		}
-		for _, o := range objs {
-			if err := createOrReplace(ctx, client, o); err != nil {
-				return err
-			}
-		}
+	if err := installManifests(ctx, client, manifests...); err != nil {
+		return err
 	}
 	if withoutPolicies {
 		return nil
@@ -158,6 +150,30 @@ func WaitPolicyEffective(ctx context.Context, client kubernetes.Interface) error
 	})
 	if err != nil {
 		return fmt.Errorf("the admission policy %s is not in force after a minute: %w", "tessera-allocation-records", err)
+	}
+	return nil
+}
+
+// Volcano installs deploy/volcano: the node agents' RBAC on nodes in mode
+// volcano and the admission policy that lets only Volcano's scheduler
+// write Volcano's vGPU annotations.
+func Volcano(ctx context.Context, client kubernetes.Interface) error {
+	return installManifests(ctx, client, deploy.VolcanoNodeAgentRBAC, deploy.VolcanoAdmission)
+}
+
+// installManifests creates (or replaces) the identity and policy objects
+// of the manifests.
+func installManifests(ctx context.Context, client kubernetes.Interface, manifests ...[]byte) error {
+	for _, m := range manifests {
+		objs, err := decodeManifest(m)
+		if err != nil {
+			return err
+		}
+		for _, o := range objs {
+			if err := createOrReplace(ctx, client, o); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package kubeobj
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -276,4 +277,21 @@ func ClaimChargeMiB(spec resourceapi.ResourceClaimSpec, specPath *field.Path, la
 		sum = AddMiB(sum, v)
 	}
 	return sum, nil
+}
+
+// ClaimNamesClass reports whether a claim's spec asks for a device of one
+// of the classes (a request's exactly or one of its firstAvailable
+// subrequests).
+func ClaimNamesClass(spec resourceapi.ResourceClaimSpec, classes []string) bool {
+	for _, r := range spec.Devices.Requests {
+		if r.Exactly != nil && slices.Contains(classes, r.Exactly.DeviceClassName) {
+			return true
+		}
+		for _, s := range r.FirstAvailable {
+			if slices.Contains(classes, s.DeviceClassName) {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -11,6 +11,8 @@ package kubeobj
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -83,13 +85,15 @@ var (
 )
 
 // bounded returns q as an integer (whole is false: in thousandths) after
-// checking it is within [0, limit] and, when whole, a whole number.
+// checking it is within [0, limit] and, when whole, a whole number. Every
+// refusal names the unit (what), and a value written with a suffix gets
+// its conversion (unitHint): GPU quantities are plain numbers.
 func bounded(c *corev1.Container, name string, q resource.Quantity, limit *resource.Quantity, whole bool, what string) (int64, error) {
 	fail := func(reason string) (int64, error) {
-		return 0, &ResourceError{Container: c.Name, Resource: name, Value: q.String(), Reason: reason}
+		return 0, &ResourceError{Container: c.Name, Resource: name, Value: q.String(), Reason: reason + unitHint(name, q, what)}
 	}
 	if q.Sign() < 0 {
-		return fail("must not be negative")
+		return fail(fmt.Sprintf("must not be negative (%s)", what))
 	}
 	if q.Cmp(*limit) > 0 {
 		return fail(fmt.Sprintf("must be between 0 and %s (%s)", limit.String(), what))
@@ -98,9 +102,44 @@ func bounded(c *corev1.Container, name string, q resource.Quantity, limit *resou
 		return q.MilliValue(), nil
 	}
 	if q.MilliValue()%1000 != 0 {
-		return fail("must be a whole number")
+		return fail(fmt.Sprintf("must be a whole number (%s)", what))
 	}
 	return q.Value(), nil
+}
+
+// unitHint explains a quantity written with a suffix where Tessera counts
+// plain numbers: for memory in MiB, the suffix read as bytes and the MiB
+// to write ("4Gi is 4294967296 MiB here; for 4Gi of memory write 4096");
+// for a milli suffix, that m means thousandths. "" for a plain number.
+func unitHint(name string, q resource.Quantity, what string) string {
+	s := q.String()
+	suffix := strings.TrimLeft(s, "+-0123456789.")
+	switch suffix {
+	case "", "m", "k", "M", "G", "T", "P", "E", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei":
+	default:
+		return "" // an exponent (1e3): a plain number
+	}
+	if suffix == "" {
+		return ""
+	}
+	unit, _, _ := strings.Cut(what, " ")
+	if suffix == "m" {
+		return fmt.Sprintf("; the suffix m means thousandths: %s is %s %s. %s counts %s without a suffix", s, strings.TrimRight(strings.TrimRight(decimalString(q), "0"), "."), unit, name, what)
+	}
+	if unit != "MiB" {
+		return fmt.Sprintf("; %s counts %s as a plain number, without a suffix such as %s", name, what, suffix)
+	}
+	bytes, ok := q.AsInt64()
+	mib := "more than " + strconv.FormatInt(api.MaxGPUMemoryMiB, 10)
+	if ok && bytes >= 0 {
+		mib = strconv.FormatInt((bytes+(1<<20)-1)>>20, 10)
+	}
+	return fmt.Sprintf("; %s counts MiB as a plain number, so %s means %s MiB here. For %s of memory write %s", name, s, decimalString(q), s, mib)
+}
+
+// decimalString is q as a plain decimal number.
+func decimalString(q resource.Quantity) string {
+	return q.AsDec().String()
 }
 
 // gpuMilli is the container's count of the GPU resource in thousandths.

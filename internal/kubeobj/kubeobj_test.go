@@ -46,9 +46,9 @@ func TestReadResources(t *testing.T) {
 		limits map[string]string
 		want   string
 	}{
-		{map[string]string{names.GPU: "-1"}, `container "c": nvidia.com/gpu is -1, must not be negative`},
-		{map[string]string{names.Memory: "1.5"}, `container "c": nvidia.com/gpumem is 1500m, must be a whole number`},
-		{map[string]string{names.Cores: "-3"}, `container "c": nvidia.com/gpucores is -3, must not be negative`},
+		{map[string]string{names.GPU: "-1"}, `container "c": nvidia.com/gpu is -1, must not be negative (GPUs per node)`},
+		{map[string]string{names.Memory: "1.5"}, `container "c": nvidia.com/gpumem is 1500m, must be a whole number (MiB per GPU); the suffix m means thousandths: 1500m is 1.5 MiB. nvidia.com/gpumem counts MiB per GPU without a suffix`},
+		{map[string]string{names.Cores: "-3"}, `container "c": nvidia.com/gpucores is -3, must not be negative (percent of the GPU's compute)`},
 	} {
 		if _, err := ReadResources(container(tc.limits, nil), names); err == nil || err.Error() != tc.want {
 			t.Errorf("%v: %v, want %q", tc.limits, err, tc.want)
@@ -285,5 +285,34 @@ func TestCeiling(t *testing.T) {
 	var re *ResourceError
 	if _, err := read(map[string]string{names.Memory: "8192", names.MemoryCeiling: "4096"}); !errors.As(err, &re) || re.Resource != names.MemoryCeiling {
 		t.Errorf("the error %v is not a ResourceError on %s", err, names.MemoryCeiling)
+	}
+}
+
+// TestQuantityUnits: a GPU quantity written with a suffix is refused with
+// its unit and the conversion (gpumem: 4Gi was refused with "must be
+// between 0 and 16777216", which did not say how to write 4 GiB).
+func TestQuantityUnits(t *testing.T) {
+	for _, tc := range []struct {
+		limits map[string]string
+		want   []string
+	}{
+		{map[string]string{names.Memory: "4Gi"}, []string{"nvidia.com/gpumem is 4Gi", "between 0 and 16777216 (MiB per GPU)", "counts MiB as a plain number", "4Gi means 4294967296 MiB here", "For 4Gi of memory write 4096"}},
+		{map[string]string{names.Memory: "20G"}, []string{"20G means 20000000000 MiB", "write 19074"}},
+		{map[string]string{names.Memory: "1.5"}, []string{"must be a whole number (MiB per GPU)", "1500m is 1.5 MiB", "without a suffix"}},
+		{map[string]string{names.Cores: "500m"}, []string{"must be a whole number (percent of the GPU's compute)", "500m is 0.5 percent"}},
+		{map[string]string{names.MemoryPercentage: "1k"}, []string{"between 0 and 100 (percent of the GPU's memory)", "plain number, without a suffix such as k"}},
+		{map[string]string{names.GPU: "-1"}, []string{"must not be negative (GPUs per node)"}},
+	} {
+		_, err := ReadResources(container(tc.limits, nil), names)
+		for _, w := range tc.want {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("%v: %v, want it to mention %q", tc.limits, err, w)
+			}
+		}
+	}
+	// Plain numbers and exponents get no hint.
+	_, err := ReadResources(container(map[string]string{names.Memory: "1e30"}, nil), names)
+	if err == nil || strings.Contains(err.Error(), "plain number") {
+		t.Errorf("1e30: %v", err)
 	}
 }

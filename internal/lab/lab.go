@@ -48,6 +48,9 @@ type Config struct {
 	Out io.Writer
 	// ReadyTimeout bounds the wait for every component (default 3m).
 	ReadyTimeout time.Duration
+	// Volcano, if set, holds Volcano's binaries and CRDs: the lab runs
+	// Volcano's scheduler and controller manager (volcano.go).
+	Volcano VolcanoBinaries
 }
 
 // State is what a running lab publishes in lab.json for status, down and

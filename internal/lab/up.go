@@ -30,6 +30,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/lab/poll"
 	"github.com/tessera-gpu/tessera/internal/lab/supervisor"
 	"github.com/tessera-gpu/tessera/internal/lab/tools"
+	"github.com/tessera-gpu/tessera/internal/lab/volumes"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/config"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -39,14 +40,19 @@ import (
 // need and the collectors behind them; the resource-quota controller (a
 // ResourceQuota shows usage, and the API server admits pods against it);
 // the resource-claim controller (claims from a pod's ResourceClaimTemplates,
-// for DRA). Not run: the node lifecycle (no node ever goes NotReady from
-// the control plane's side), service accounts and their tokens (pods get
-// none), endpoints (containers have no network), volumes and certificates.
+// for DRA); the PersistentVolume controllers (binding claims to the
+// volumes the lab's provisioner makes, package volumes; the protection of
+// volumes in use; claims from a pod's ephemeral volumes). Not run: the
+// node lifecycle (no node ever goes NotReady from the control plane's
+// side), service accounts and their tokens (pods get none), endpoints
+// (containers have no network), attaching volumes and certificates.
 var controllers = []string{
 	"deployment-controller", "replicaset-controller", "statefulset-controller", "daemonset-controller",
 	"job-controller", "cronjob-controller", "ttl-after-finished-controller",
 	"garbage-collector-controller", "namespace-controller", "pod-garbage-collector-controller",
 	"resourcequota-controller", "resourceclaim-controller",
+	"persistentvolume-binder-controller", "persistentvolume-protection-controller",
+	"persistentvolumeclaim-protection-controller", "ephemeral-volume-controller",
 }
 
 // Up starts the lab, calls ready once every component serves, and runs
@@ -192,18 +198,33 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	if err := sup.Start(component.Webhook, component.WebhookArgs(d.Kubeconfig(), fmt.Sprintf("127.0.0.1:%d", ports[1])), nil, false); err != nil {
 		return err
 	}
+	if err := volumes.EnsureStorageClass(ctx, client); err != nil {
+		return fmt.Errorf("the lab's StorageClass: %w", err)
+	}
+	if err := sup.Start(component.VolumeProvisioner, component.VolumeProvisionerArgs(d.Kubeconfig(), d), nil, false); err != nil {
+		return err
+	}
 	if err := sup.Start(component.Scheduler, component.Args(component.Scheduler, "--config="+schedConfig, "--secure-port=0"), nil, false); err != nil {
 		return err
 	}
 	if err := modes.SetUp(ctx, client, cfg.Nodes); err != nil {
 		return err
 	}
+	if cfg.Volcano != "" {
+		if err := cfg.Volcano.Check(); err != nil {
+			return err
+		}
+		if err := startVolcano(ctx, sup, client, d, p, apiURL, cfg.Volcano); err != nil {
+			return fmt.Errorf("starting Volcano: %w", err)
+		}
+		step("Volcano %s: scheduler and controller manager started", cfg.Volcano.Version())
+	}
 	for i, n := range cfg.Nodes {
 		if err := startNode(sup, d, cfg.Tools, n, ids.NodeAgent, ports[2+i]); err != nil {
 			return fmt.Errorf("node %s: %w", n.Name, err)
 		}
 	}
-	step("started kube-controller-manager, scheduler, webhook and %d emulated GPU nodes", len(cfg.Nodes))
+	step("started kube-controller-manager, scheduler, webhook, volume provisioner and %d emulated GPU nodes", len(cfg.Nodes))
 
 	if err := waitReady(ctx, client, cfg.Nodes, profiles, cfg.ReadyTimeout, func() error {
 		for name, c := range sup.Components() {

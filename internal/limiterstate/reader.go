@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"syscall"
 )
 
 // Errors returned by Parse and ReadFile.
@@ -119,13 +120,20 @@ func Parse(b []byte) (*Snapshot, error) {
 // during the read). The counters are not covered by the sequence number
 // (each is monotone on its own, added to without the lock).
 // It never takes the writers' lock, so a stuck reader cannot block a GPU
-// allocation.
+// allocation. The file lives in a directory the container may write: a
+// symbolic link is not followed, and anything but a regular file (a FIFO
+// would block the reader) is refused.
 func ReadFile(path string) (*Snapshot, error) {
-	f, err := os.Open(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err != nil {
+		return nil, err
+	} else if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file (%s)", path, fi.Mode().Type())
+	}
 	buf := make([]byte, StateSize)
 	var seq [8]byte
 	var lastErr error

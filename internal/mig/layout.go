@@ -118,16 +118,25 @@ func (c Choice) Instance() Instance { return Instance{Profile: c.Profile.Name, S
 // Choose picks the instance to create for need beside insts: the smallest
 // profile (fewest memory slices, then compute slices, then memory) that
 // satisfies need and has a free placement, at the start that leaves the
-// most room for the largest profiles (see headroom). Profiles with media
-// extensions are chosen only by name (Place). ok is false when no profile
-// both satisfies need and fits; Explain then says why.
+// most room for the largest profiles (see headroom). It never picks a
+// profile with more memory than ShareProfile's (the smallest that
+// satisfies need on an empty GPU): a container is given the memory it is
+// charged for (the webhook charges a namespace's GPU memory quota that
+// much), not a larger instance because a smaller one has no room.
+// Profiles with media extensions are chosen only by name (Place). ok is
+// false when no such profile both satisfies need and fits; Explain then
+// says why.
 func (m *Model) Choose(insts []Instance, need Need) (Choice, bool) {
 	o, err := m.occupy(insts)
 	if err != nil {
 		return Choice{}, false
 	}
+	share, ok := m.ShareProfile(need)
+	if !ok {
+		return Choice{}, false
+	}
 	for _, p := range m.bySize() {
-		if p.Media || !m.Satisfies(p, need) {
+		if p.Media || !m.Satisfies(p, need) || p.MemoryMiB > share.MemoryMiB {
 			continue
 		}
 		if s, ok := m.bestStart(o, p); ok {
@@ -135,6 +144,18 @@ func (m *Model) Choose(insts []Instance, need Need) (Choice, bool) {
 		}
 	}
 	return Choice{}, false
+}
+
+// ShareProfile is the profile a share asking need is sized to: the
+// smallest (as Choose orders them) without media extensions that
+// satisfies it. Its memory is the most Choose gives for need.
+func (m *Model) ShareProfile(need Need) (*Profile, bool) {
+	for _, p := range m.bySize() {
+		if !p.Media && m.Satisfies(p, need) {
+			return p, true
+		}
+	}
+	return nil, false
 }
 
 // Place picks the start for a new instance of the named profile beside

@@ -233,9 +233,10 @@ func TestRandomChurnStaysValid(t *testing.T) {
 			big := m.bySize()[len(m.Profiles)-1]
 			need := Need{MemoryMiB: rng.Int64N(big.MemoryMiB + 1), Cores: rng.IntN(101)}
 			c, ok := m.Choose(insts, need)
+			share, _ := m.ShareProfile(need)
 			if !ok {
 				for _, p := range m.bySize() {
-					if !p.Media && m.Satisfies(p, need) && len(m.FreeStarts(insts, p)) > 0 {
+					if !p.Media && m.Satisfies(p, need) && p.MemoryMiB <= share.MemoryMiB && len(m.FreeStarts(insts, p)) > 0 {
 						t.Fatalf("%s step %d: Choose(%+v) failed but %s fits beside %v", m.Name, step, need, p.Name, insts)
 					}
 				}
@@ -243,6 +244,10 @@ func TestRandomChurnStaysValid(t *testing.T) {
 			}
 			if !m.Satisfies(c.Profile, need) {
 				t.Fatalf("%s step %d: %s does not satisfy %+v", m.Name, step, c.Profile.Name, need)
+			}
+			// Never more memory than the share is sized (and charged) to.
+			if c.Profile.MemoryMiB > share.MemoryMiB {
+				t.Fatalf("%s step %d: %s (%d MiB) for %+v, sized to %s (%d MiB)", m.Name, step, c.Profile.Name, c.Profile.MemoryMiB, need, share.Name, share.MemoryMiB)
 			}
 			insts = append(insts, c.Instance())
 			if err := m.Validate(insts); err != nil {

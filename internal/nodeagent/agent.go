@@ -252,7 +252,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.parts[i].Stop()
 		}
 	}()
-	cluster := parts.Cluster{Pods: a.pods, Recorder: recorder, Poke: a.poke}
+	cluster := parts.Cluster{Pods: a.pods, Nodes: a.nodes, Recorder: recorder, Poke: a.poke}
 	for _, p := range a.parts {
 		if err := p.Start(ctx, cluster); err != nil {
 			return err
@@ -307,7 +307,13 @@ func (a *Agent) reconcile(ctx context.Context) {
 	if node == nil {
 		return
 	}
-	err = a.publish(ctx, node, n.Inventory)
+	if cfg.Mode == api.ModeVolcano {
+		// Volcano's scheduler places this node's GPUs: Tessera's must not
+		// see them (docs/volcano.md).
+		err = a.unpublish(ctx, node)
+	} else {
+		err = a.publish(ctx, node, n.Inventory)
+	}
 	if err == nil {
 		err = a.publishLabels(ctx, node, n.Inventory)
 	}
@@ -394,5 +400,25 @@ func (a *Agent) publish(ctx context.Context, node *v1.Node, inv *api.NodeInvento
 	a.patches++
 	a.mu.Unlock()
 	a.logger.Info("Inventory published", "node", a.opts.NodeName, "gpus", len(inv.GPUs))
+	return nil
+}
+
+// unpublish removes the inventory annotation (a node whose GPUs another
+// scheduler places).
+func (a *Agent) unpublish(ctx context.Context, node *v1.Node) error {
+	if _, ok := node.Annotations[api.AnnotationInventory]; !ok {
+		return nil
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{api.AnnotationInventory: nil}}})
+	if err != nil {
+		return err
+	}
+	if _, err := a.client.CoreV1().Nodes().Patch(ctx, a.opts.NodeName, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.published, a.stale, a.synced = "", "", false
+	a.mu.Unlock()
+	a.logger.Info("Inventory withdrawn: the node's GPUs are placed by Volcano (mode volcano)", "node", a.opts.NodeName)
 	return nil
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/nodeagent/nvmltest"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/parts"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
+	"github.com/tessera-gpu/tessera/internal/testenv/poll"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -45,24 +46,12 @@ func runAgent(t *testing.T, a *Agent) (ctx context.Context, stop func()) {
 	}
 }
 
-// eventually waits up to 10 s for cond (within: up to timeout). It is a
-// copy of internal/testenv.WaitFor, which these unit tests cannot link:
-// testenv brings in the kube-apiserver (over 2,000 packages) and these
-// tests run without the integration tag. The integration tests use
-// WaitFor.
+// eventually waits up to 10 s for cond (poll.Until, the loop behind
+// testenv.WaitFor, which these unit tests cannot link: testenv brings in
+// the kube-apiserver).
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	within(t, what, 10*time.Second, cond)
-}
-
-func within(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("timed out after %v waiting for %s", timeout, what)
+	poll.Until(t, what, 10*time.Second, cond)
 }
 
 // probe is a part that records what each reconcile tells the parts. It
@@ -385,6 +374,6 @@ func TestMPSDaemonsRestarted(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	within(t, "the killed daemon started again", 15*time.Second, func() bool { return daemons.Starts(u) >= 2 })
+	poll.Until(t, "the killed daemon started again", 15*time.Second, func() bool { return daemons.Starts(u) >= 2 })
 	t.Logf("killed MPS daemon started again after %v", time.Since(start).Round(10*time.Millisecond))
 }

@@ -36,7 +36,8 @@ type Offer = parts.Offer
 // every MIG device and replica of it unhealthy.
 //
 // A node in mode dra offers no device-plugin resource: its DRA driver
-// publishes the inventory's GPUs as ResourceSlice devices.
+// publishes the inventory's GPUs as ResourceSlice devices. A node in mode
+// volcano offers its slots as volcano.sh/vgpu-number.
 func BuildInventory(devs []discovery.Device, hs map[string]health.State, cfg api.NodeConfig, names api.ResourceNames) (*api.NodeInventory, Offer) {
 	inv := &api.NodeInventory{APIVersion: api.InventoryAPIVersion, Kind: api.InventoryKind, MemoryOvercommit: cfg.MemoryOvercommit}
 	if cfg.Sharing == api.SharingMIG {
@@ -123,6 +124,12 @@ func BuildInventory(devs []discovery.Device, hs map[string]health.State, cfg api
 			add(gpuRes, g.UUID, shares)
 		}
 		inv.GPUs = append(inv.GPUs, g)
+	}
+	if cfg.Mode == api.ModeVolcano {
+		// Volcano's scheduler places the GPUs (docs/volcano.md): one
+		// device plugin, volcano.sh/vgpu-number, sharesPerGPU slots per
+		// GPU; the inventory is not published (the agent's core).
+		offer = Offer{api.VolcanoVGPUNumber: offer[gpuRes]}
 	}
 	if cfg.Mode == api.ModeDRA {
 		// The DRA driver serves the GPUs; no device plugin may.

@@ -43,6 +43,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/nodeagent/parts"
 	"github.com/tessera-gpu/tessera/internal/testenv"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
+	"github.com/tessera-gpu/tessera/internal/testenv/need"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -55,6 +56,9 @@ const (
 func TestMain(m *testing.M) {
 	fakeMPS() // the test binary is also the fake MPS control daemon
 	if os.Getenv(mountNSEnv) == "" {
+		if code, ok := need.RootMain("internal/nodeagent (integration)", "its tests run in a private mount namespace, with a tmpfs over /var/lib/kubelet"); !ok {
+			os.Exit(code)
+		}
 		exe, err := os.Executable()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)

@@ -27,6 +27,9 @@ func (a *Agent) newParts(lib nvml.Interface) []parts.Part {
 	var collectors []prometheus.Collector
 	var claims func() []metrics.Claim
 	if !o.NoPlugin {
+		driver := o.DRA
+		driver.NodeName, driver.Client, driver.Names, driver.Paths = o.NodeName, a.client, a.names, o.Paths
+		draPart := parts.NewDRA(parts.DRAOptions{Driver: driver, System: dra.ReadSystem(lib), Devices: a.devices, Logger: logger})
 		rec := o.Reconcile
 		if rec.Shared == nil {
 			rec.Shared = func() bool {
@@ -34,20 +37,22 @@ func (a *Agent) newParts(lib nvml.Interface) []parts.Part {
 				return cfg.Sharing == api.SharingShared
 			}
 		}
+		if rec.Claims == nil {
+			rec.Claims = draPart.Claims
+		}
 		trust := parts.NewTrust(parts.TrustOptions{
 			Names: a.names, RecordKeys: o.RecordKeys, AcceptUnsigned: o.AcceptUnsigned, Client: a.client,
 			Reconcile: rec, Devices: a.devices, State: state, Logger: logger,
 		})
+		volcano := parts.NewVolcano(parts.VolcanoOptions{NodeName: o.NodeName, Client: a.client, State: state, Logger: logger.WithName("volcano")})
 		plugins := parts.NewPlugins(parts.PluginsOptions{
 			NodeName: o.NodeName, Names: a.names, Paths: o.Paths,
 			PluginDir: o.PluginDir, PodResourcesSocket: o.PodResourcesSocket, DeviceList: o.DeviceList, SocketDir: o.PluginSocketDir,
 			Guard: trust.Guard(), MIG: mig, MPSPipeDir: mps.PipeDir,
-			Client: a.client, StateAge: 2 * o.Resync, Logger: logger,
+			Protocols: map[string]deviceplugin.Protocol{api.VolcanoVGPUNumber: volcano},
+			Client:    a.client, StateAge: 2 * o.Resync, Logger: logger,
 		})
-		driver := o.DRA
-		driver.NodeName, driver.Client, driver.Names, driver.Paths = o.NodeName, a.client, a.names, o.Paths
-		draPart := parts.NewDRA(parts.DRAOptions{Driver: driver, System: dra.ReadSystem(lib), Devices: a.devices, Logger: logger})
-		list = append(list, trust, plugins, draPart)
+		list = append(list, trust, plugins, volcano, draPart)
 		collectors, claims = trust.Collectors(), draPart.Claims
 	}
 	list = append(list, mps)

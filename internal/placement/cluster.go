@@ -173,19 +173,24 @@ func (c *Cluster) Release(pod string) bool {
 		delete(c.onNode, e.node)
 	}
 	if n := c.Node(e.node); n != nil {
-		n.CPUUsed -= e.cpu
-		n.MemUsed -= e.mem
-		for _, ch := range e.charges {
-			if i := n.GPUByUUID(ch.UUID); i >= 0 {
-				n.GPUs[i].Used.sub(Usage(ch.Usage))
-			}
-		}
-		if n.hasMIG {
-			migHold(n, pod, e.record, false)
-		}
-		n.Version++
+		unapply(n, e)
 	}
 	return true
+}
+
+// unapply takes what e charges off n, the inverse of apply.
+func unapply(n *Node, e *podEntry) {
+	n.CPUUsed -= e.cpu
+	n.MemUsed -= e.mem
+	for _, ch := range e.charges {
+		if i := n.GPUByUUID(ch.UUID); i >= 0 {
+			n.GPUs[i].Used.sub(Usage(ch.Usage))
+		}
+	}
+	if n.hasMIG {
+		migHold(n, e.key, e.record, false)
+	}
+	n.Version++
 }
 
 func (c *Cluster) apply(n *Node, e *podEntry, bump bool) {

@@ -32,6 +32,11 @@ type MIGState struct {
 	Devices []api.MIGDevice
 	// held are the instances the allocation records hold.
 	held []heldMIG
+	// gone are instances a NodeView took off with their pods: the node
+	// agent destroys an instance once its pod is gone, so the view does
+	// not count it even while the inventory still lists it. Nil but in
+	// views.
+	gone map[mig.Instance]int
 }
 
 type heldMIG struct {
@@ -46,6 +51,12 @@ func (m *MIGState) clone() *MIGState {
 	}
 	c := *m
 	c.held = append([]heldMIG(nil), m.held...)
+	if m.gone != nil {
+		c.gone = make(map[mig.Instance]int, len(m.gone))
+		for k, v := range m.gone {
+			c.gone[k] = v
+		}
+	}
 	return &c
 }
 
@@ -75,6 +86,9 @@ func (m *MIGState) Instances() []mig.Instance {
 	}
 	for _, d := range m.Devices {
 		in := mig.Instance{Profile: d.Profile, Start: d.Start}
+		if m.gone[in] > 0 {
+			continue // its pod is off the view (and no record holds it)
+		}
 		if !seen[in] {
 			seen[in] = true
 			out = append(out, in)
@@ -290,6 +304,32 @@ func migHold(n *Node, pod string, rec *api.PodAllocation, add bool) {
 	}
 }
 
+// migGone marks (add) or unmarks the dynamic MIG instances a record
+// holds on a view's node as gone with their pod (MIGState.gone).
+func migGone(n *Node, rec *api.PodAllocation, add bool) {
+	for _, ca := range rec.Containers {
+		for _, d := range ca.Devices {
+			if d.MIG == nil || d.MIG.Device != "" {
+				continue
+			}
+			i := n.GPUByUUID(d.UUID)
+			if i < 0 || n.GPUs[i].MIG == nil || !n.GPUs[i].MIG.Dynamic {
+				continue
+			}
+			m := n.GPUs[i].MIG
+			in := mig.Instance{Profile: d.MIG.Profile, Start: d.MIG.Start}
+			if add {
+				if m.gone == nil {
+					m.gone = map[mig.Instance]int{}
+				}
+				m.gone[in]++
+			} else if m.gone[in]--; m.gone[in] <= 0 {
+				delete(m.gone, in)
+			}
+		}
+	}
+}
+
 // checkMIG reports MIG instances held twice or placed where the geometry
 // forbids.
 func checkMIG(node string, g *GPU) []error {
@@ -315,3 +355,44 @@ func checkMIG(node string, g *GPU) []error {
 
 // migCharge is what a MIG grant charges its GPU: one share slot.
 var migCharge = gpushare.Usage{Shares: 1}
+
+// MIGShareMiB is the memory of the MIG device a share is given on GPU g
+// (of a node whose MIG strategy is strategy): in mig-dynamic mode the
+// instance sized to the share (mig.Model.ShareProfile; Choose never gives
+// more), with the single strategy the largest device of the layout that
+// satisfies it (a layout under single has one profile). The share asks
+// memMiB, or memPercent of g's memory when memMiB is 0, and cores
+// percent of its compute. ok is false when g gives shares no MIG device
+// (not in a MIG mode, mixed strategy, no table for its model) or none
+// satisfies the share. The webhook charges a namespace's GPU memory
+// quota at least this much, so a small memory ask with a large core
+// share cannot hold a large instance charged as small.
+func MIGShareMiB(g api.GPU, strategy api.MIGStrategy, memMiB, memPercent int64, cores int) (int64, bool) {
+	st := newMIGState(g, strategy)
+	if st == nil {
+		return 0, false
+	}
+	need := mig.Need{MemoryMiB: gpushare.Ask{MemoryMiB: memMiB, MemoryPercent: int(memPercent)}.MemoryOn(g.MemoryMiB), Cores: cores}
+	if st.Dynamic {
+		if st.Model == nil {
+			return 0, false
+		}
+		p, ok := st.Model.ShareProfile(need)
+		if !ok {
+			return 0, false
+		}
+		return p.MemoryMiB, true
+	}
+	if strategy != api.MIGStrategySingle {
+		return 0, false
+	}
+	var best int64
+	found := false
+	for _, d := range st.Devices {
+		if d.MemoryMiB < need.MemoryMiB || g.SMCount > 0 && d.SMCount*100 < need.Cores*g.SMCount {
+			continue
+		}
+		best, found = max(best, d.MemoryMiB), true
+	}
+	return best, found
+}

@@ -190,3 +190,40 @@ func TestMPSOneGPUPerContainer(t *testing.T) {
 		t.Errorf("one MPS GPU: %v", r)
 	}
 }
+
+// TestMIGShareMiB: what a share is given as a MIG device: in mig-dynamic
+// mode the instance sized to it; with the single strategy the largest
+// device of the layout that satisfies it; nothing on GPUs that give
+// shares no MIG device (not in a MIG mode, the mixed strategy).
+func TestMIGShareMiB(t *testing.T) {
+	g := api.GPU{UUID: "GPU-a", Model: "NVIDIA A100-SXM4-40GB", MemoryMiB: 40960, SMCount: 108, Sharing: api.SharingMIGDynamic}
+	for _, tc := range []struct {
+		mem, pct int64
+		cores    int
+		want     int64
+	}{{1024, 0, 0, 4864}, {1024, 0, 60, 40192}, {0, 25, 0, 19968}, {30000, 0, 0, 40192}} {
+		if got, ok := MIGShareMiB(g, api.MIGStrategyNone, tc.mem, tc.pct, tc.cores); !ok || got != tc.want {
+			t.Errorf("dynamic %+v: %d %v, want %d", tc, got, ok, tc.want)
+		}
+	}
+	if _, ok := MIGShareMiB(g, api.MIGStrategyNone, 50000, 0, 0); ok {
+		t.Error("a share no profile satisfies")
+	}
+	static := g
+	static.Sharing = api.SharingMIG
+	static.MIG.Devices = []api.MIGDevice{{UUID: "MIG-1", Profile: "1g.5gb", MemoryMiB: 4864, SMCount: 14}, {UUID: "MIG-2", Profile: "1g.5gb", Start: 1, MemoryMiB: 4864, SMCount: 14}}
+	if got, ok := MIGShareMiB(static, api.MIGStrategySingle, 1024, 0, 10); !ok || got != 4864 {
+		t.Errorf("single: %d %v", got, ok)
+	}
+	if _, ok := MIGShareMiB(static, api.MIGStrategySingle, 1024, 0, 50); ok {
+		t.Error("single: cores no device has")
+	}
+	if _, ok := MIGShareMiB(static, api.MIGStrategyMixed, 1024, 0, 10); ok {
+		t.Error("mixed gives shares no MIG device")
+	}
+	shared := g
+	shared.Sharing = api.SharingShared
+	if _, ok := MIGShareMiB(shared, api.MIGStrategyNone, 1024, 0, 10); ok {
+		t.Error("a shared GPU")
+	}
+}

@@ -56,6 +56,7 @@ func TestCheckServerVersion(t *testing.T) {
 		{server: "v1.30.14-eks-1234", err: "v1.30.14-eks-1234"},
 		{server: "v2.0.0", finding: true},
 		{server: "v1.38.0", finding: true},
+		{server: "v0.0.0-master+$Format:%H$", finding: true},
 		{server: "not-a-version", err: `the API server's version "not-a-version"`},
 	} {
 		f, err := CheckServerVersion(servedVersion(t, tc.server).Discovery(), minimum, maximum)

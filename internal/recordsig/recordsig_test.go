@@ -10,8 +10,11 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/tessera-gpu/tessera/internal/testenv/poll"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -174,6 +177,17 @@ func TestKeySource(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	client := fake.NewClientset()
+	// The fake clientset drops events between its list and its watch:
+	// note when the source's watch is registered with the fake.
+	watching := make(chan struct{})
+	var once sync.Once
+	client.PrependWatchReactor("configmaps", func(a k8stesting.Action) (bool, watch.Interface, error) {
+		w, err := client.Tracker().Watch(a.GetResource(), a.GetNamespace(), a.(k8stesting.WatchActionImpl).ListOptions)
+		if err == nil {
+			once.Do(func() { close(watching) })
+		}
+		return true, w, err
+	})
 	src := NewKeySource(client, Store{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -201,23 +215,23 @@ func TestKeySource(t *testing.T) {
 	if err := src.Verify(ctx, rec); err == nil {
 		t.Error("a changed record verified")
 	}
-	// Removing the ConfigMap retires every key once the watch sees it.
-	// (The fake clientset drops events between its list and its watch, so
-	// wait until the watch delivered the ConfigMap first.)
-	deadline := time.Now().Add(10 * time.Second)
-	for seen() == 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
+	// Removing the ConfigMap retires every key once the watch sees it:
+	// delete it once the watch is registered and has delivered it.
+	select {
+	case <-watching:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the key source never watched the ConfigMap")
 	}
-	time.Sleep(200 * time.Millisecond)
+	poll.Until(t, "the watch to deliver the ConfigMap", 10*time.Second, func() bool { return seen() > 0 })
 	if err := client.CoreV1().ConfigMaps(DefaultNamespace).Delete(ctx, DefaultPublicKeys, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	rec.Containers[0].Devices[0].MemoryMiB--
-	deadline = time.Now().Add(10 * time.Second)
-	for src.Verify(ctx, rec) == nil && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	if err := src.Verify(ctx, rec); !errors.Is(err, ErrUnknownKey) {
+	poll.Until(t, "the withdrawn keys unknown", 10*time.Second, func() bool {
+		err = src.Verify(ctx, rec)
+		return err != nil
+	})
+	if !errors.Is(err, ErrUnknownKey) {
 		t.Errorf("after the keys were withdrawn: %v", err)
 	}
 }

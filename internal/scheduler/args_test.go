@@ -107,7 +107,10 @@ func setupErr(t *testing.T, path string, opts ...Option) error {
 	return err
 }
 
-func TestArgsShippedConfigDecodesTyped(t *testing.T) {
+// shippedArgs loads the Tessera plugin's arguments of the shipped
+// configuration (deploy/scheduler/config.yaml) as the scheduler does.
+func shippedArgs(t *testing.T) *config.TesseraArgs {
+	t.Helper()
 	raw, err := deploy.SchedulerConfigFor("/dev/null", 1, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -120,11 +123,32 @@ func TestArgsShippedConfigDecodesTyped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return args
+}
+
+func TestArgsShippedConfigDecodesTyped(t *testing.T) {
+	args := shippedArgs(t)
 	if err := config.ValidateTesseraArgs(argsPath, args, policies.Names()); err != nil {
 		t.Fatalf("the shipped arguments are invalid: %v", err)
 	}
 	if args.ResourcePrefix != "nvidia.com" || args.PlacementPolicy == "" {
 		t.Fatalf("shipped args decoded as %+v", args)
+	}
+}
+
+// TestArgsDefaultIsShipped: a scheduler configured with no Tessera
+// arguments runs the placement policy the shipped configuration names
+// (deploy/scheduler/config.yaml, the chart's copy), so the code's default
+// and what the docs describe as shipped are one policy.
+func TestArgsDefaultIsShipped(t *testing.T) {
+	shipped := shippedArgs(t)
+	unset, err := loadArgs(t, shippedConfigWithArgs(t, map[string]any{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if unset.PlacementPolicy != shipped.PlacementPolicy || api.DefaultPlacementPolicy != shipped.PlacementPolicy {
+		t.Fatalf("placementPolicy: shipped %q, defaulted from no arguments %q, api.DefaultPlacementPolicy %q; want all three equal",
+			shipped.PlacementPolicy, unset.PlacementPolicy, api.DefaultPlacementPolicy)
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"k8s.io/kubernetes/pkg/features"
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/helper"
 
+	"github.com/tessera-gpu/tessera/internal/placement"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -161,7 +162,19 @@ func (p *Plugin) candidates(ctx context.Context, s *cycleState) sets.Set[string]
 		defer p.scratchs.Put(sc)
 		var top []candidate
 		for _, n := range nodes[k*chunk : min(len(nodes), (k+1)*chunk)] {
-			if r, score := scan.Eval(n, &sc.s, &sc.p); r.OK() {
+			eval := scan.Eval
+			if v := s.nominated[n.Name]; v != nil {
+				// With the pods nominated there put on: not the node's
+				// own verdict, so not the memo's either.
+				n, eval = v.Node, func(n *placement.Node, ps *placement.Scratch, pp *placement.Placement) (placement.Reason, float64) {
+					r := s.cr.Fit(n, s.ranker, ps, pp)
+					if !r.OK() {
+						return r, 0
+					}
+					return r, s.pol.ScoreNode(s.cr, pp)
+				}
+			}
+			if r, score := eval(n, &sc.s, &sc.p); r.OK() {
 				c := candidate{name: n.Name, score: score}
 				if i, ok := p.st.slot[n.Name]; ok && i < len(s.scores) {
 					s.scores[i] = c.score // each node has its own slot

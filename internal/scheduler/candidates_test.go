@@ -41,7 +41,7 @@ func TestPreFilterNarrowsToThePolicysBest(t *testing.T) {
 	for i := range nodes {
 		reversed = append(reversed, nodes[len(nodes)-1-i])
 	}
-	p, _ := newTestPlugin(t, api.ClusterConfig{}, reversed...)
+	p, _ := newTestPlugin(t, api.ClusterConfig{PlacementPolicy: string(api.NodeBinpack)}, reversed...)
 	last := nodes[len(nodes)-1].Name
 	first := fixtures.MakePod().Name("first").UID("u-first").Container("main", shareRequest()).Obj()
 	cs := framework.NewCycleState()

@@ -20,6 +20,7 @@ type Option func(*settings)
 
 type settings struct {
 	policies policies.Catalogue
+	extra    []app.Option
 }
 
 // WithPolicies makes the Tessera plugin run the placement policies of cat
@@ -28,6 +29,12 @@ type settings struct {
 // simulator's catalogue. placementPolicy must name one of cat's.
 func WithPolicies(cat policies.Catalogue) Option {
 	return func(s *settings) { s.policies = cat }
+}
+
+// WithSchedulerOptions adds kube-scheduler options (a test's own plugins,
+// app.WithPlugin) to the scheduler RunInProcess and NewCommand start.
+func WithSchedulerOptions(extra ...app.Option) Option {
+	return func(s *settings) { s.extra = append(s.extra, extra...) }
 }
 
 func settingsOf(opts []Option) settings {
@@ -45,9 +52,9 @@ func NewCommand(opts ...Option) *cobra.Command {
 	return app.NewSchedulerCommand(withPlugins(opts)...)
 }
 
-// Registry holds Tessera's plugins: the Tessera plugin and the profile's
-// NodeResourcesFit (resourcesfit.Name) and DynamicResources
-// (resourcesfit.DRAName).
+// Registry holds Tessera's plugins: the Tessera plugin, its preemption
+// (PreemptionName) and the profile's NodeResourcesFit (resourcesfit.Name)
+// and DynamicResources (resourcesfit.DRAName).
 // It also registers the Tessera plugin's argument types with
 // kube-scheduler's configuration loader (registerArgs).
 func Registry(opts ...Option) frameworkruntime.Registry {
@@ -56,7 +63,7 @@ func Registry(opts ...Option) frameworkruntime.Registry {
 	tessera := func(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
 		return newWithPolicies(ctx, obj, h, cat)
 	}
-	return frameworkruntime.Registry{Name: tessera, resourcesfit.Name: resourcesfit.New, resourcesfit.DRAName: resourcesfit.NewDRA}
+	return frameworkruntime.Registry{Name: tessera, PreemptionName: NewPreemption, resourcesfit.Name: resourcesfit.New, resourcesfit.DRAName: resourcesfit.NewDRA}
 }
 
 func withPlugins(opts []Option) []app.Option {
@@ -64,7 +71,7 @@ func withPlugins(opts []Option) []app.Option {
 	for name, factory := range Registry(opts...) {
 		out = append(out, app.WithPlugin(name, factory))
 	}
-	return out
+	return append(out, settingsOf(opts).extra...)
 }
 
 // RunInProcess runs a scheduler with the Tessera plugin from a

@@ -49,6 +49,13 @@ type cycleState struct {
 	// rules: the pod's nodeSelector, required node affinity and
 	// tolerations, which the candidates respect (candidates.go).
 	rules *nodeRules
+	// nominated are views of the nodes with pods nominated to them that
+	// the pod must leave room for (nominated.go): the candidates are
+	// fit on them.
+	nominated map[string]*placement.NodeView
+	// plugin is the plugin that made the state (for TesseraPreemption,
+	// preemption.go).
+	plugin *Plugin
 }
 
 // Clone shares the state: the parts read concurrently never change after
@@ -106,7 +113,7 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 		scores[i] = math.NaN()
 	}
 	s := &cycleState{cr: cr, pol: pol, ranker: placement.RankerFor(cr, pol), total: len(nodes), scores: scores,
-		draWhy: draUnfit(req, p.names.GPU)}
+		draWhy: draUnfit(req, p.names.GPU), plugin: p}
 	cs.Write(stateKey, s)
 	if p.wide(pod.UID) {
 		// The candidates of an earlier attempt all failed another
@@ -114,14 +121,15 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 		return nil, nil
 	}
 	s.rules = p.rulesFor(ctx, pod, nodes)
+	p.st.mu.RLock()
+	s.nominated = p.nominatedViews(pod)
+	p.st.mu.RUnlock()
 	if names := p.candidates(ctx, s); names != nil {
 		s.narrowed = true
 		return &fwk.PreFilterResult{NodeNames: names}, nil
 	}
 	return nil, nil
 }
-
-func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
 
 // fit runs the core's fit check for the node; the caller holds st.mu.
 func (p *Plugin) fit(s *cycleState, node string, sc *scratch) placement.Reason {
@@ -144,6 +152,16 @@ func (p *Plugin) Filter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod,
 	if p.st.isDRA(name) && !s.cpuOnly {
 		p.st.mu.RUnlock()
 		return s.filterDRA()
+	}
+	if vs := readViews(cs); vs != nil && vs.m[name] != nil {
+		// A copy of the node with pods added or removed (a preemption
+		// dry run, nominated pods): a what-if, neither a reason nor a
+		// score of the cycle.
+		sc := p.scratchs.Get().(*scratch)
+		r := s.cr.Fit(vs.m[name].Node, s.ranker, &sc.s, &sc.p)
+		p.st.mu.RUnlock()
+		p.scratchs.Put(sc)
+		return s.status(r)
 	}
 	if s.narrowed {
 		// PreFilter fit and scored every candidate.
@@ -168,9 +186,18 @@ func (p *Plugin) Filter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod,
 	s.mu.Lock()
 	s.reasons = append(s.reasons, r)
 	s.mu.Unlock()
-	// A short, node-independent text (the placement core's table of
-	// reason texts) so kube-scheduler's per-reason histogram groups
-	// nodes; PostFilter adds the detailed summary.
+	return s.status(r)
+}
+
+// status is Filter's verdict for a node that does not fit: a short,
+// node-independent text so kube-scheduler's per-reason histogram groups
+// nodes (PostFilter adds the detailed summary); unresolvable when removing
+// pods cannot help (preemption skips the node).
+func (s *cycleState) status(r placement.Reason) *fwk.Status {
+	if r.OK() {
+		return nil
+	}
+	// The placement core's table of reason texts says both.
 	text := r.Kind.Text()
 	code := fwk.Unschedulable
 	if text.Unresolvable {

@@ -8,8 +8,11 @@
 // One file per concern: plugin.go builds the plugin and feeds it informer
 // events; extensionpoints.go is the scheduling cycle; state.go the placement
 // core fed from Node inventories and Pod records; record.go writes the
-// record; metrics.go publishes the state. What a node that does not fit
-// says comes from the placement core's table (placement.ReasonKind.Text).
+// record; metrics.go publishes the state; nominated.go keeps the nodes
+// kube-scheduler adds pods to and removes pods from within a cycle
+// (PreFilterExtensions) and charges nominated pods; preemption.go is the
+// profile's preemption plugin, TesseraPreemption. What a node that does not
+// fit says comes from the placement core's table (placement.ReasonKind.Text).
 // The profile's NodeResourcesFit is package resourcesfit.
 package scheduler
 
@@ -76,17 +79,29 @@ type Plugin struct {
 	// trust signs the records the plugin writes and vouches for those it
 	// reads back (trust.go).
 	trust *trust
+
+	// nom indexes the nodes pods are nominated to (nominated.go).
+	nomMu sync.Mutex
+	nom   nominations
+	// plans are what preemption (preemption.go) chose for a pod: on the
+	// node it nominated (plans), and per node during its dry run
+	// (trials). A plan's record keeps the room its victims free for the
+	// pod (putNominated). Entries go when the pod is bound or deleted.
+	planMu sync.Mutex
+	plans  map[types.UID]*preemptionPlan
+	trials map[types.UID]map[string]*preemptionPlan
 }
 
 var (
-	_ fwk.PreFilterPlugin  = (*Plugin)(nil)
-	_ fwk.FilterPlugin     = (*Plugin)(nil)
-	_ fwk.PostFilterPlugin = (*Plugin)(nil)
-	_ fwk.PreScorePlugin   = (*Plugin)(nil)
-	_ fwk.ScorePlugin      = (*Plugin)(nil)
-	_ fwk.ReservePlugin    = (*Plugin)(nil)
-	_ fwk.PreBindPlugin    = (*Plugin)(nil)
-	_ fwk.BindPlugin       = (*Plugin)(nil)
+	_ fwk.PreFilterPlugin     = (*Plugin)(nil)
+	_ fwk.PreFilterExtensions = (*Plugin)(nil)
+	_ fwk.FilterPlugin        = (*Plugin)(nil)
+	_ fwk.PostFilterPlugin    = (*Plugin)(nil)
+	_ fwk.PreScorePlugin      = (*Plugin)(nil)
+	_ fwk.ScorePlugin         = (*Plugin)(nil)
+	_ fwk.ReservePlugin       = (*Plugin)(nil)
+	_ fwk.PreBindPlugin       = (*Plugin)(nil)
+	_ fwk.BindPlugin          = (*Plugin)(nil)
 )
 
 // New is the plugin factory for app.WithPlugin, running the shipped
@@ -207,6 +222,8 @@ func (p *Plugin) onPod(logger klog.Logger, obj any) {
 	}
 	if pod.Spec.NodeName != "" {
 		p.forget(pod.UID)
+	} else {
+		p.observeNomination(pod)
 	}
 	if p.st.observePod(logger, pod) {
 		p.requeue(logger)
@@ -225,12 +242,15 @@ func (p *Plugin) firstAttempt(uid types.UID) bool {
 	return true
 }
 
-// forget drops a bound or deleted pod from the observed set.
+// forget drops a bound or deleted pod from the observed set, and its
+// nomination and preemption plans.
 func (p *Plugin) forget(uid types.UID) {
 	p.obsMu.Lock()
 	delete(p.observed, uid)
 	delete(p.widened, uid)
 	p.obsMu.Unlock()
+	p.nominate(uid, "")
+	p.dropPlans(uid)
 }
 
 // requeue moves the GPU pods this plugin last found unschedulable back to

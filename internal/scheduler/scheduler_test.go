@@ -25,6 +25,7 @@ import (
 	schedconfig "k8s.io/kubernetes/pkg/scheduler/apis/config"
 	"k8s.io/kubernetes/pkg/scheduler/apis/config/scheme"
 	"k8s.io/kubernetes/pkg/scheduler/apis/config/validation"
+	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
 	"k8s.io/kubernetes/pkg/scheduler/profile"
 
 	"github.com/tessera-gpu/tessera/deploy"
@@ -47,6 +48,7 @@ type testScheduler struct {
 	client *fake.Clientset
 	plugin *Plugin // the Tessera plugin of the profile
 	sched  *kubescheduler.Scheduler
+	log    *eventLog // every event the profile emitted, as it emitted it
 }
 
 // shippedConfig is deploy/scheduler/config.yaml as kube-scheduler loads
@@ -72,6 +74,13 @@ func shippedConfig(t *testing.T) *schedconfig.KubeSchedulerConfiguration {
 // first. The scheduler stops when the test ends.
 func newTestScheduler(t *testing.T, mutate func(*schedconfig.KubeSchedulerProfile), objs ...runtime.Object) *testScheduler {
 	t.Helper()
+	return newTestSchedulerWith(t, nil, mutate, objs...)
+}
+
+// newTestSchedulerWith is newTestScheduler with extra plugins registered
+// (a test's own, for its profile to enable).
+func newTestSchedulerWith(t *testing.T, extra frameworkruntime.Registry, mutate func(*schedconfig.KubeSchedulerProfile), objs ...runtime.Object) *testScheduler {
+	t.Helper()
 	cfg := shippedConfig(t)
 	if len(cfg.Profiles) != 1 || cfg.Profiles[0].SchedulerName != api.SchedulerName {
 		t.Fatalf("the shipped configuration has profiles %+v, want one named %s", cfg.Profiles, api.SchedulerName)
@@ -83,9 +92,12 @@ func newTestScheduler(t *testing.T, mutate func(*schedconfig.KubeSchedulerProfil
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), logger))
 	client := fake.NewClientset(objs...)
 	bindingServer(client, nil)
-	ts := &testScheduler{t: t, ctx: ctx, client: client}
+	ts := &testScheduler{t: t, ctx: ctx, client: client, log: &eventLog{}}
 	var mu sync.Mutex
 	registry := Registry()
+	for n, f := range extra {
+		registry[n] = f
+	}
 	registry[Name] = func(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
 		pl, err := New(ctx, obj, h)
 		if err == nil {
@@ -97,7 +109,11 @@ func newTestScheduler(t *testing.T, mutate func(*schedconfig.KubeSchedulerProfil
 	}
 	factory := informers.NewSharedInformerFactory(client, 0)
 	broadcaster := events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
-	sched, err := kubescheduler.New(ctx, client, factory, nil, profile.NewRecorderFactory(broadcaster),
+	recorders := profile.NewRecorderFactory(broadcaster)
+	logged := func(name string) events.EventRecorderLogger {
+		return loggedRecorder{EventRecorderLogger: recorders(name), log: ts.log}
+	}
+	sched, err := kubescheduler.New(ctx, client, factory, nil, logged,
 		kubescheduler.WithProfiles(cfg.Profiles...),
 		kubescheduler.WithFrameworkOutOfTreeRegistry(registry),
 		kubescheduler.WithPodInitialBackoffSeconds(1),
@@ -324,22 +340,59 @@ func (ts *testScheduler) countActivations() func() int {
 	}
 }
 
-// events is the notes of the pod's events with this reason (namespace
-// default), after the broadcaster has had time to deliver them.
+// events is the notes of the events with this reason that the scheduler
+// emitted about the pod (regarding it, or related to it, as a Preempted
+// event of a victim is to its preemptor). It reads the scheduler's own
+// calls (eventLog), not the API server's copies, which the broadcaster
+// writes from a goroutine per event, in no order: once the pod is bound,
+// every event of its earlier attempts is in the log, so an empty answer
+// then means there was none.
 func (ts *testScheduler) events(pod, reason string) []string {
-	ts.t.Helper()
-	time.Sleep(500 * time.Millisecond) // the broadcaster writes events asynchronously
-	evs, err := ts.client.EventsV1().Events(metav1.NamespaceDefault).List(ts.ctx, metav1.ListOptions{})
-	if err != nil {
-		ts.t.Fatal(err)
-	}
+	ts.log.mu.Lock()
+	defer ts.log.mu.Unlock()
 	var out []string
-	for _, e := range evs.Items {
-		if e.Regarding.Name == pod && e.Reason == reason {
-			out = append(out, e.Note)
+	for _, e := range ts.log.events {
+		if e.reason == reason && (e.regarding == pod || e.related == pod) {
+			out = append(out, e.note)
 		}
 	}
 	return out
+}
+
+// eventLog is every event the scheduler's profile emitted, recorded in
+// the emitting call itself (loggedRecorder): kube-scheduler emits a failed
+// attempt's FailedScheduling before the pod's next attempt starts.
+type eventLog struct {
+	mu     sync.Mutex
+	events []loggedEvent
+}
+
+type loggedEvent struct{ regarding, related, reason, note string }
+
+// loggedRecorder is the profile's event recorder, also writing every
+// event into the log before handing it on.
+type loggedRecorder struct {
+	events.EventRecorderLogger
+	log *eventLog
+}
+
+func (r loggedRecorder) Eventf(regarding, related runtime.Object, eventtype, reason, action, note string, args ...any) {
+	e := loggedEvent{regarding: objectName(regarding), related: objectName(related), reason: reason, note: fmt.Sprintf(note, args...)}
+	r.log.mu.Lock()
+	r.log.events = append(r.log.events, e)
+	r.log.mu.Unlock()
+	r.EventRecorderLogger.Eventf(regarding, related, eventtype, reason, action, note, args...)
+}
+
+func (r loggedRecorder) WithLogger(logger klog.Logger) events.EventRecorderLogger {
+	return loggedRecorder{EventRecorderLogger: r.EventRecorderLogger.WithLogger(logger), log: r.log}
+}
+
+func objectName(obj runtime.Object) string {
+	if m, ok := obj.(metav1.Object); ok && m != nil {
+		return m.GetName()
+	}
+	return ""
 }
 
 // waitNodes waits until the plugin's informer handlers have given it n

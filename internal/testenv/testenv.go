@@ -2,7 +2,7 @@
 // not import it): a real Kubernetes control plane inside a test process,
 // etcd 3.6 (embedded, internal/lab/etcd) and kube-apiserver (in-process,
 // from the pinned k8s.io/kubernetes module); the one wait helper
-// (WaitFor); and builds of the binaries tests run (Build, BuildEtcd,
+// (WaitFor, from package poll); and builds of the binaries tests run (Build, BuildEtcd,
 // BuildKubectl). No kubelet runs; tests create Node objects whose status
 // and annotations describe the machines (see package fixtures).
 //
@@ -36,6 +36,7 @@ import (
 	apiservertesting "k8s.io/kubernetes/cmd/kube-apiserver/app/testing"
 
 	"github.com/tessera-gpu/tessera/internal/lab/etcd"
+	"github.com/tessera-gpu/tessera/internal/testenv/poll"
 	"github.com/tessera-gpu/tessera/internal/version"
 )
 
@@ -277,6 +278,22 @@ func BuildHelm(dir string) (string, error) {
 	return out, nil
 }
 
+// BuildVolcano builds Volcano's scheduler and controller manager from the
+// release pinned in hack/volcano (a module of its own: Volcano carries
+// its own Kubernetes version and replace block) into dir, with the
+// release's CRDs, as hack/volcano/build.sh does (docs/volcano.md).
+func BuildVolcano(dir string) error {
+	root, err := repoRoot()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command("bash", filepath.Join(root, "hack", "volcano", "build.sh"), dir)
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("building Volcano in hack/volcano: %v\n%s", err, msg)
+	}
+	return nil
+}
+
 func repoRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
@@ -294,24 +311,13 @@ func repoRoot() (string, error) {
 	}
 }
 
-// WaitFor polls cond until it holds, failing the test (t.Fatalf, naming
-// what) when timeout passes first. It polls at 10 ms, backing off to
-// 250 ms, so a quick condition is seen at once and a slow one that reads
-// the API server does not load it. It is the one wait helper of Tessera's
-// tests; conditions that only read the API server may also use client-go's
-// wait package.
+// WaitFor is poll.Until (package poll, the one wait helper of Tessera's
+// tests, for packages that do not link the control plane): it polls cond
+// until it holds, failing the test (naming what) when timeout passes
+// first.
 func WaitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 250*time.Millisecond) {
-		if cond() {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(wait)
-	}
+	poll.Until(t, what, timeout, cond)
 }
 
 // Build builds the Go package pkg (relative to the repository root, e.g.

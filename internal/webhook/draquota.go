@@ -40,6 +40,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
+	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 // PodClaimNameAnnotation is the annotation Kubernetes' resourceclaim
@@ -398,4 +399,48 @@ func claimName(c *resourceapi.ResourceClaim) string {
 		return c.Name
 	}
 	return c.GenerateName + "…"
+}
+
+// claimsHoldGPUs reports whether a pod holds GPUs through its
+// ResourceClaims: a claim (or the template of one) asks for a device of
+// a GPU class (api.DeviceClasses: Tessera's and NVIDIA's DRA drivers). A
+// claim or template that does not exist yet counts as one: it may be
+// created with a GPU class after the pod, and the pod would then have
+// skipped the checks. Such pods are held to the rules of GPU pods
+// (isolation.go). Without a ClaimReader no claim is read (false).
+func (p *Admission) claimsHoldGPUs(pod *corev1.Pod) (bool, error) {
+	if len(pod.Spec.ResourceClaims) == 0 || p.Claims == nil {
+		return false, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
+	defer cancel()
+	for _, pc := range pod.Spec.ResourceClaims {
+		var spec *resourceapi.ResourceClaimSpec
+		switch {
+		case pc.ResourceClaimName != nil:
+			c, err := p.Claims.Claim(ctx, pod.Namespace, *pc.ResourceClaimName)
+			if apierrors.IsNotFound(err) {
+				return true, nil
+			}
+			if err != nil {
+				return false, fmt.Errorf("reading ResourceClaim %s/%s: %w", pod.Namespace, *pc.ResourceClaimName, err)
+			}
+			spec = &c.Spec
+		case pc.ResourceClaimTemplateName != nil:
+			t, err := p.Claims.Template(ctx, pod.Namespace, *pc.ResourceClaimTemplateName)
+			if apierrors.IsNotFound(err) {
+				return true, nil
+			}
+			if err != nil {
+				return false, fmt.Errorf("reading ResourceClaimTemplate %s/%s: %w", pod.Namespace, *pc.ResourceClaimTemplateName, err)
+			}
+			spec = &t.Spec.Spec
+		default:
+			continue
+		}
+		if kubeobj.ClaimNamesClass(*spec, api.DeviceClasses()) {
+			return true, nil
+		}
+	}
+	return false, nil
 }

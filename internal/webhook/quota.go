@@ -7,6 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/tessera-gpu/tessera/internal/gpushare"
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
 )
 
@@ -30,10 +31,14 @@ const QuotaMemoryResource = "tessera.io/gpu-memory"
 // memory in MiB, or its percentage of the largest GPU in the cluster (the
 // model is picked later, so the most the pod may get), times the GPU
 // count; a MIG device its profile's memory ("1g.5gb": 5 GiB); a whole GPU
-// (a count without memory) the largest GPU. Unknown largest GPU (no node
-// inventory yet) charges the percentage of 0: such a pod cannot be placed
-// until inventories exist, and is charged as created.
-func chargedMiB(d kubeobj.Resources, largestMiB int64) int64 {
+// (a count without memory, or all of a GPU's cores, which takes the GPU
+// whole whatever memory is asked) the largest GPU. A share is charged at
+// least the MIG device it would be given on the cluster's MIG nodes
+// (migMiB: 0 when none gives shares MIG devices): gpumem 1024 with
+// gpucores 90 is given a 7g instance there. Unknown largest GPU (no node
+// inventory yet) charges the percentage of 0: such a pod cannot be
+// placed until inventories exist, and is charged as created.
+func chargedMiB(d kubeobj.Resources, largestMiB, migMiB int64) int64 {
 	count := d.GPUMilli / 1000
 	if count <= 0 {
 		return 0
@@ -41,10 +46,28 @@ func chargedMiB(d kubeobj.Resources, largestMiB int64) int64 {
 	if d.MIGProfile != "" {
 		return kubeobj.MulMiB(count, migProfileMiB(d.MIGProfile))
 	}
-	if d.MemoryMiB > 0 {
-		return kubeobj.MulMiB(count, d.MemoryMiB)
+	if gpushareAsk(d).Exclusive() {
+		return kubeobj.MulMiB(count, largestMiB)
 	}
-	return kubeobj.MulMiB(count, (kubeobj.MulMiB(d.MemoryPercent, largestMiB)+99)/100)
+	per := d.MemoryMiB
+	if per == 0 {
+		per = (kubeobj.MulMiB(d.MemoryPercent, largestMiB) + 99) / 100
+	}
+	return kubeobj.MulMiB(count, max(per, migMiB))
+}
+
+// gpushareAsk is a defaulted container's ask of each GPU.
+func gpushareAsk(d kubeobj.Resources) gpushare.Ask {
+	return gpushare.Ask{MemoryMiB: d.MemoryMiB, MemoryPercent: int(d.MemoryPercent), Cores: int(d.Cores)}
+}
+
+// migShareMiB is what a share of d is given as a MIG device on the
+// cluster's MIG nodes at most (0: none gives shares MIG devices).
+func (p *Admission) migShareMiB(d kubeobj.Resources) int64 {
+	if p.MIGShareMiB == nil || d.MIGProfile != "" {
+		return 0
+	}
+	return p.MIGShareMiB(d.MemoryMiB, d.MemoryPercent, int(d.Cores))
 }
 
 // pluginChargeMiB is what container c is charged for its device-plugin
@@ -59,7 +82,7 @@ func (p *Admission) pluginChargeMiB(c *corev1.Container) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return chargedMiB(d, p.largest()), nil
+	return chargedMiB(d, p.largest(), p.migShareMiB(d)), nil
 }
 
 // migProfileMiB is the memory a MIG profile's name states ("3g.20gb" →
@@ -85,7 +108,7 @@ func migProfileMiB(profile string) int64 {
 // charge (replacing whatever the pod wrote there: the value is Tessera's,
 // not the user's) and reports whether it changed.
 func (p *Admission) writeQuotaCharge(c *corev1.Container, d kubeobj.Resources) bool {
-	q := *resource.NewQuantity(chargedMiB(d, p.largest())<<20, resource.BinarySI)
+	q := *resource.NewQuantity(chargedMiB(d, p.largest(), p.migShareMiB(d))<<20, resource.BinarySI)
 	changed := false
 	for _, list := range []*corev1.ResourceList{&c.Resources.Limits, &c.Resources.Requests} {
 		if *list == nil {

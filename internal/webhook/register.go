@@ -35,6 +35,11 @@ type Registration struct {
 	// DefaultSchedulerUser); their requests never reach the records
 	// webhook.
 	SchedulerUsers []string
+	// DeviceListStrategy is the node agents' ("" is envvar): where the
+	// environment selects devices, pods that ask for no GPU but set a
+	// device-selecting variable or import one through envFrom are sent too
+	// (DeviceEnvCondition).
+	DeviceListStrategy api.DeviceListStrategy
 }
 
 // MatchCondition is the CEL expression that sends a pod to the webhook
@@ -42,17 +47,61 @@ type Registration struct {
 // requests: pods that ask for no GPU are never affected by the webhook,
 // even when it is down.
 func MatchCondition(names api.ResourceNames) string {
+	uses := gpuUses(names)
+	return fmt.Sprintf("object.spec.containers.exists(c, %s) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, %s)) || %s", uses, uses, claimsCondition)
+}
+
+// DeviceEnvCondition is the CEL expression that sends a pod some
+// container of which (init and ephemeral ones too) sets a variable that
+// selects devices (api.DeviceSelectionEnv) or imports variables through
+// envFrom with a prefix that can form one (none, or e.g. "NVIDIA_"): on
+// clusters whose runtime reads the environment, the webhook keeps such
+// pods that ask for no GPU from selecting GPUs (isolation.go).
+func DeviceEnvCondition() string {
+	quoted := make([]string, 0, 4)
+	for _, n := range api.DeviceSelectionEnv() {
+		quoted = append(quoted, "'"+n+"'")
+	}
+	set := "[" + strings.Join(quoted, ", ") + "]"
+	sets := fmt.Sprintf("((has(c.env) && c.env.exists(e, e.name in %s)) || (has(c.envFrom) && c.envFrom.exists(f, !has(f.prefix) || %s.exists(n, n.startsWith(f.prefix) && n != f.prefix))))", set, set)
+	return fmt.Sprintf("object.spec.containers.exists(c, %s) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, %s)) || (has(object.spec.ephemeralContainers) && object.spec.ephemeralContainers.exists(c, %s))", sets, sets, sets)
+}
+
+// TemplateMatchCondition is the CEL expression that sends a workload
+// whose pod template (TemplateKinds) names a GPU resource.
+func TemplateMatchCondition(names api.ResourceNames) string {
+	uses := gpuUses(names)
+	// has() on every level: a field missing from an invalid object must
+	// not make the condition an error (failurePolicy Fail would refuse it
+	// with CEL's message instead of the API server's).
+	at := func(path ...string) string {
+		var out []string
+		for i := range path {
+			out = append(out, "has("+strings.Join(path[:i+1], ".")+")")
+		}
+		s := strings.Join(path, ".")
+		return fmt.Sprintf("(%s && has(%s.containers) && (%s.containers.exists(c, %s) || (has(%s.initContainers) && %s.initContainers.exists(c, %s))))",
+			strings.Join(out[1:], " && "), s, s, uses, s, s, uses)
+	}
+	return at("object", "spec", "template", "spec") + " || " + at("object", "spec", "jobTemplate", "spec", "template", "spec") + " || " + at("object", "template", "spec")
+}
+
+// gpuUses is the CEL test that container c names a GPU resource in its
+// limits or requests.
+func gpuUses(names api.ResourceNames) string {
 	quoted := make([]string, 0, 4)
 	for _, n := range names.All() {
 		quoted = append(quoted, "'"+n+"'")
 	}
 	quoted = append(quoted, "'"+names.Shared(names.GPU)+"'")
+	for _, n := range api.VolcanoResources() { // volcano.go
+		quoted = append(quoted, "'"+n+"'")
+	}
 	set := "[" + strings.Join(quoted, ", ") + "]"
 	// MIG device resources (mixed strategy): <prefix>/mig-<profile>.
 	migPrefix := "'" + strings.TrimSuffix(names.MIG("x"), "x") + "'"
 	match := fmt.Sprintf("r in %s || r.startsWith(%s)", set, migPrefix)
-	uses := fmt.Sprintf("(has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, %s)) || (has(c.resources.requests) && c.resources.requests.exists(r, %s))))", match, match)
-	return fmt.Sprintf("object.spec.containers.exists(c, %s) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, %s)) || %s", uses, uses, claimsCondition)
+	return fmt.Sprintf("(has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, %s)) || (has(c.resources.requests) && c.resources.requests.exists(r, %s))))", match, match)
 }
 
 // claimsCondition sends pods that use ResourceClaims: the webhook charges
@@ -91,6 +140,19 @@ func podRule(ops []admissionregistrationv1.OperationType, resources ...string) a
 	}
 }
 
+// templateRules are the rules of the templates webhook: CREATE and
+// UPDATE of every TemplateKinds resource.
+func templateRules() []admissionregistrationv1.RuleWithOperations {
+	var out []admissionregistrationv1.RuleWithOperations
+	for _, k := range TemplateKinds() {
+		out = append(out, admissionregistrationv1.RuleWithOperations{
+			Operations: createUpdate,
+			Rule:       admissionregistrationv1.Rule{APIGroups: []string{k.Group}, APIVersions: []string{k.Version}, Resources: []string{k.Resource}, Scope: ptr.To(admissionregistrationv1.NamespacedScope)},
+		})
+	}
+	return out
+}
+
 var (
 	create       = []admissionregistrationv1.OperationType{admissionregistrationv1.Create}
 	update       = []admissionregistrationv1.OperationType{admissionregistrationv1.Update}
@@ -103,7 +165,11 @@ func (r *Registration) common() (rules []admissionregistrationv1.RuleWithOperati
 	ns = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
 		Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn, Values: excluded,
 	}}}
-	conds = []admissionregistrationv1.MatchCondition{{Name: "requests-gpu", Expression: MatchCondition(r.Names)}}
+	cond := MatchCondition(r.Names)
+	if r.DeviceListStrategy.EnvSelectsDevices() {
+		cond += " || " + DeviceEnvCondition()
+	}
+	conds = []admissionregistrationv1.MatchCondition{{Name: "requests-gpu", Expression: cond}}
 	return rules, ns, conds
 }
 
@@ -128,6 +194,20 @@ func (r *Registration) Configurations() (*admissionregistrationv1.MutatingWebhoo
 			MatchPolicy:             &equivalent,
 			NamespaceSelector:       ns,
 			MatchConditions:         conds,
+			SideEffects:             &none,
+			TimeoutSeconds:          &timeout,
+			AdmissionReviewVersions: []string{"v1"},
+			ReinvocationPolicy:      &reinvoke,
+		}, {
+			// Pod templates of workloads: the fractional form converted
+			// before the API server validates the template (templates.go).
+			Name:                    "templates.tessera.io",
+			ClientConfig:            r.clientConfig(MutatePath),
+			Rules:                   templateRules(),
+			FailurePolicy:           &fail,
+			MatchPolicy:             &equivalent,
+			NamespaceSelector:       ns,
+			MatchConditions:         []admissionregistrationv1.MatchCondition{{Name: "template-requests-gpu", Expression: TemplateMatchCondition(r.Names)}},
 			SideEffects:             &none,
 			TimeoutSeconds:          &timeout,
 			AdmissionReviewVersions: []string{"v1"},

@@ -10,45 +10,68 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
+	"github.com/tessera-gpu/tessera/internal/placement"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
-// Inventories tracks the largest GPU of each node from the nodes'
-// inventory annotations.
+// Inventories tracks, from the nodes' inventory annotations, the largest
+// GPU of each node and the GPUs that give shares MIG devices (quota.go).
 type Inventories struct {
 	logger  klog.Logger
 	mu      sync.RWMutex
 	largest map[string]int64
+	mig     map[string]migGPUs
+}
+
+// migGPUs are a node's GPUs in a MIG sharing mode, with its strategy.
+type migGPUs struct {
+	strategy api.MIGStrategy
+	gpus     []api.GPU
 }
 
 // NewInventories returns an empty tracker that logs unreadable
 // inventories to logger.
 func NewInventories(logger klog.Logger) *Inventories {
-	return &Inventories{logger: logger, largest: map[string]int64{}}
+	return &Inventories{logger: logger, largest: map[string]int64{}, mig: map[string]migGPUs{}}
 }
 
 // Set records a node's inventory annotation. A node without one, or with
 // one that does not decode (logged), has no GPUs (kubeobj.Inventory).
 func (iv *Inventories) Set(node *corev1.Node) {
 	var m int64
+	var mg migGPUs
 	inv, err := kubeobj.Inventory(node)
 	if err != nil {
 		iv.logger.Error(err, "Ignoring the node's GPU inventory", "node", klog.KObj(node))
 	}
 	if inv != nil {
+		mg.strategy = inv.MIGStrategy
 		for _, g := range inv.GPUs {
 			m = max(m, g.MemoryMiB)
+			if g.Sharing == api.SharingMIG || g.Sharing == api.SharingMIGDynamic {
+				mg.gpus = append(mg.gpus, g)
+			}
 		}
 	}
 	iv.mu.Lock()
 	defer iv.mu.Unlock()
+	if len(mg.gpus) > 0 {
+		iv.mig[node.Name] = mg
+	} else {
+		delete(iv.mig, node.Name)
+	}
 	if m == 0 {
 		delete(iv.largest, node.Name)
 		return
@@ -61,6 +84,24 @@ func (iv *Inventories) Delete(name string) {
 	iv.mu.Lock()
 	defer iv.mu.Unlock()
 	delete(iv.largest, name)
+	delete(iv.mig, name)
+}
+
+// MIGShareMiB is the most memory a share asking memMiB (or memPercent of
+// a GPU) and cores percent is given as a MIG device on any node
+// (placement.MIGShareMiB); 0 when no node gives shares MIG devices.
+func (iv *Inventories) MIGShareMiB(memMiB, memPercent int64, cores int) int64 {
+	iv.mu.RLock()
+	defer iv.mu.RUnlock()
+	var m int64
+	for _, n := range iv.mig {
+		for _, g := range n.gpus {
+			if v, ok := placement.MIGShareMiB(g, n.strategy, memMiB, memPercent, cores); ok {
+				m = max(m, v)
+			}
+		}
+	}
+	return m
 }
 
 // Largest is the memory of the largest GPU on any node, 0 if none.
@@ -133,8 +174,13 @@ type Options struct {
 	// namespace, the cluster-wide opt-out); so is every namespace labelled
 	// TrustedLabel=true.
 	TrustedNamespaces []string
-	// AllowUnprefixedEnvFrom: see Admission.
+	// AllowUnprefixedEnvFrom, DeviceListStrategy, UnprefixedEnvFrom and
+	// Audit: see Admission. DeviceListStrategy is also the registration's
+	// (which pods are sent).
 	AllowUnprefixedEnvFrom bool
+	DeviceListStrategy     api.DeviceListStrategy
+	UnprefixedEnvFrom      EnvFromRule
+	Audit                  bool
 }
 
 // trustedNamespaces answers Admission.Trusted from a list and the
@@ -222,17 +268,32 @@ func Run(ctx context.Context, o Options) error {
 	defer factory.Shutdown()
 	factory.WaitForCacheSync(ctx.Done())
 
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: o.Client.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	reg := prometheus.NewRegistry()
+	findings, err := NewFindings(reg, broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "tessera-webhook"}))
+	if err != nil {
+		return err
+	}
 	adm := &Admission{
-		Names: o.Names, SchedulerName: o.SchedulerName, LargestGPUMiB: inv.Largest,
+		Names: o.Names, SchedulerName: o.SchedulerName, LargestGPUMiB: inv.Largest, MIGShareMiB: inv.MIGShareMiB,
 		SchedulerUsers: o.SchedulerUsers, Trusted: trust.trusted, AllowUnprefixedEnvFrom: o.AllowUnprefixedEnvFrom,
-		Claims: ClientClaims{Client: o.Client},
+		DeviceListStrategy: o.DeviceListStrategy, UnprefixedEnvFrom: o.UnprefixedEnvFrom, Audit: o.Audit,
+		Report: findings.Report, Claims: ClientClaims{Client: o.Client},
+	}
+	if o.Audit {
+		logger.Info("Audit mode: isolation findings are admitted with warnings, events and metrics, not refused")
 	}
 	ln, err := net.Listen("tcp", o.Listen)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", o.Listen, err)
 	}
+	mux := http.NewServeMux()
+	mux.Handle("/", adm.Handler(logger))
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	srv := &http.Server{
-		Handler:           adm.Handler(logger),
+		Handler:           mux,
 		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
 		ReadHeaderTimeout: 10 * time.Second,
 	}
@@ -240,15 +301,16 @@ func Run(ctx context.Context, o Options) error {
 	go func() { errCh <- srv.ServeTLS(ln, "", "") }()
 
 	if o.Register {
-		reg := o.Registration
-		reg.CABundle = ca.CertPEM
-		reg.Names = o.Names
-		reg.SchedulerUsers = o.SchedulerUsers
-		if reg.URL == "" && reg.ServiceName == "" {
+		rg := o.Registration
+		rg.CABundle = ca.CertPEM
+		rg.Names = o.Names
+		rg.SchedulerUsers = o.SchedulerUsers
+		rg.DeviceListStrategy = o.DeviceListStrategy
+		if rg.URL == "" && rg.ServiceName == "" {
 			// No Service: the API server calls the listener directly.
-			reg.URL = "https://" + ln.Addr().String()
+			rg.URL = "https://" + ln.Addr().String()
 		}
-		if err := reg.Apply(ctx, o.Client); err != nil {
+		if err := rg.Apply(ctx, o.Client); err != nil {
 			_ = srv.Close()
 			return err
 		}

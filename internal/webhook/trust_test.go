@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -98,42 +99,24 @@ func hostPath(p string) corev1.Volume {
 
 func names() api.ResourceNames { return api.DefaultResourceNames }
 
-// TestInjectionOverridesRefused: finding 5. A GPU pod's own environment
-// and volumes cannot override what the node agent gives its containers.
+// TestInjectionOverridesRefused: finding 5, re-derived from what holds a
+// tenant to its share. What is still refused takes effect before the
+// container's code runs (the runtime's device selection, where it reads
+// the environment) or hides what the node agent mounts (the limits file,
+// the preload list, the limiter, its state).
 func TestInjectionOverridesRefused(t *testing.T) {
 	share := map[string]string{names().Memory: "1000"}
-	env := func(name string) func(p *corev1.Pod) {
-		return func(p *corev1.Pod) {
-			p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "OK", Value: "1"}, {Name: name, Value: "0"}}
-		}
-	}
-	cm := func(prefix string) func(p *corev1.Pod) {
-		return func(p *corev1.Pod) {
-			p.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{Prefix: prefix, ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "cfg"}}}}
-		}
-	}
-	mount := func(path string) func(p *corev1.Pod) {
-		return func(p *corev1.Pod) {
-			p.Spec.Volumes = []corev1.Volume{{Name: "v", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
-			p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "v", MountPath: path}}
-		}
-	}
 	cases := []struct {
 		name   string
 		mutate func(p *corev1.Pod)
 		want   []string
 	}{
-		{"memory limit", env("CUDA_DEVICE_MEMORY_LIMIT_0"), []string{"spec.containers[0].env[1].name", "CUDA_DEVICE_MEMORY_LIMIT_0"}},
-		{"SM limit", env("CUDA_DEVICE_SM_LIMIT"), []string{"CUDA_DEVICE_SM_LIMIT"}},
-		{"all GPUs", env("NVIDIA_VISIBLE_DEVICES"), []string{"NVIDIA_VISIBLE_DEVICES", "selects the container's GPUs"}},
-		{"preload", env("LD_PRELOAD"), []string{"LD_PRELOAD"}},
-		{"MPS", env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"}},
-		{"Tessera", env("TESSERA_SM_ELASTIC"), []string{"TESSERA_SM_ELASTIC"}},
-		{"HAMi loosening", env("GPU_CORE_UTILIZATION_POLICY"), []string{"GPU_CORE_UTILIZATION_POLICY"}},
-		{"malformed limiter name", env("CUDA_DEVICE_MEMORY_LIMIT_"), []string{"CUDA_DEVICE_MEMORY_LIMIT_"}},
+		{"all GPUs", env("NVIDIA_VISIBLE_DEVICES"), []string{"spec.containers[0].env[1].name", "NVIDIA_VISIBLE_DEVICES", "selects the container's GPUs before its code runs", "envvar"}},
+		{"MIG config devices", env("NVIDIA_MIG_CONFIG_DEVICES"), []string{"NVIDIA_MIG_CONFIG_DEVICES"}},
+		{"IMEX channels", env("NVIDIA_IMEX_CHANNELS"), []string{"NVIDIA_IMEX_CHANNELS"}},
 		{"envFrom without prefix", cm(""), []string{"spec.containers[0].envFrom[0]", `ConfigMap "cfg" without a prefix`, "NVIDIA_VISIBLE_DEVICES"}},
 		{"envFrom reaching NVIDIA_", cm("NVIDIA_"), []string{"spec.containers[0].envFrom[0].prefix", `"NVIDIA_"`}},
-		{"envFrom reaching CUDA_DEVICE_", cm("CUDA_"), []string{`"CUDA_"`}},
+		{"envFrom reaching NVIDIA_VISIBLE_", cm("NVIDIA_VISIBLE_"), []string{`"NVIDIA_VISIBLE_"`}},
 		{"mount over the preload list", mount("/etc/ld.so.preload"), []string{"spec.containers[0].volumeMounts[0].mountPath", "/etc/ld.so.preload"}},
 		{"mount over the limits file", mount("/etc/tessera"), []string{"/etc/tessera"}},
 		{"mount under the limits dir", mount("/etc/tessera/limiter.conf"), []string{"/etc/tessera/limiter.conf"}},
@@ -142,6 +125,9 @@ func TestInjectionOverridesRefused(t *testing.T) {
 		{"sidecar without GPU sets the env", func(p *corev1.Pod) {
 			p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "side", Env: []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}}})
 		}, []string{"spec.containers[1].env[0].name"}},
+		{"bad preload declaration", func(p *corev1.Pod) {
+			p.Annotations = map[string]string{api.AnnotationPreload: "/tmp/libjemalloc.so"}
+		}, []string{"metadata.annotations[tessera.io/preload]", "/tmp/libjemalloc.so", "must be under"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -156,25 +142,132 @@ func TestInjectionOverridesRefused(t *testing.T) {
 			}
 		})
 	}
-	// Allowed: other variables, prefixed envFrom, mounts elsewhere
-	// (including above the agent's paths: the runtime mounts deeper paths
-	// last), and unprefixed envFrom where the cluster opted in.
+	// Allowed: other variables, prefixed envFrom, mounts elsewhere.
 	p := pod(share)
 	p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "CUDA_VISIBLE_DEVICES", Value: "0"}, {Name: "TESSERA_LIMITER_DEBUG", Value: "1"}, {Name: "NVIDIA_DRIVER_CAPABILITIES", Value: "compute"}}
 	cm("APP_")(p)
-	if errs := testAdmission().Validate(p); len(errs) > 0 {
-		t.Errorf("refused: %s", Message(errs))
-	}
 	mount("/etc/config")(p)
 	if errs := testAdmission().Validate(p); len(errs) > 0 {
 		t.Errorf("refused: %s", Message(errs))
 	}
-	cm("")(p)
-	allowing := testAdmission()
-	allowing.AllowUnprefixedEnvFrom = true
-	if errs := allowing.Validate(p); len(errs) > 0 {
-		t.Errorf("refused with --allow-unprefixed-env-from: %s", Message(errs))
+}
+
+func env(name string) func(p *corev1.Pod) {
+	return func(p *corev1.Pod) {
+		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "OK", Value: "1"}, {Name: name, Value: "0"}}
 	}
+}
+
+func cm(prefix string) func(p *corev1.Pod) {
+	return func(p *corev1.Pod) {
+		p.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{Prefix: prefix, ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "cfg"}}}}
+	}
+}
+
+func mount(path string) func(p *corev1.Pod) {
+	return func(p *corev1.Pod) {
+		p.Spec.Volumes = []corev1.Volume{{Name: "v", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+		p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "v", MountPath: path}}
+	}
+}
+
+// TestLiftedRefusalsAdmitted: the refusals the principle lifts. Each was
+// refused before (TestInjectionOverridesRefused listed them); each takes
+// effect only inside the container, where the tenant could set it
+// anyway, and the limiter takes its limits from the read-only limits file
+// over every variable. Admitted, the pod is given exactly the share it
+// asks (the defaults and the quota charge the webhook writes; the node
+// agent's limits file for the share: deviceplugin
+// TestSpecEnvironmentChangesNoShare; the limiter holding it:
+// limiter/test file-over-env, the tcmalloc-style interposer).
+func TestLiftedRefusalsAdmitted(t *testing.T) {
+	for _, name := range []string{
+		"CUDA_DEVICE_MEMORY_LIMIT_0", "CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+		"LD_PRELOAD", "LD_AUDIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PIPE_DIRECTORY", "TESSERA_SM_ELASTIC",
+		"GPU_CORE_UTILIZATION_POLICY", "CUDA_DISABLE_CONTROL", "CUDA_OVERSUBSCRIBE", "CUDA_DEVICE_ORDER", "CUDA_DEVICE_MAX_CONNECTIONS",
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := pod(map[string]string{names().Memory: "1000"})
+			env(name)(p)
+			expectShare(t, testAdmission(), p, 1000)
+		})
+	}
+	// envFrom with a prefix reaching the limiter's names, but no
+	// device-selecting one.
+	for _, prefix := range []string{"CUDA_", "CUDA_DEVICE_", "LD_", "TESSERA_"} {
+		p := pod(map[string]string{names().Memory: "1000"})
+		cm(prefix)(p)
+		expectShare(t, testAdmission(), p, 1000)
+	}
+}
+
+// expectShare asserts that p is admitted and mutated to exactly memMiB of
+// one GPU, charged memMiB to the GPU memory quota.
+func expectShare(t *testing.T, adm *Admission, p *corev1.Pod, memMiB int64) {
+	t.Helper()
+	if errs := adm.Validate(p); len(errs) > 0 {
+		t.Fatalf("refused: %s", Message(errs))
+	}
+	out, _, err := adm.Mutate(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := out.Spec.Containers[0].Resources.Limits
+	gpu, mem, charge := lim[corev1.ResourceName(names().GPU)], lim[corev1.ResourceName(names().Memory)], lim[QuotaMemoryResource]
+	if gpu.Value() != 1 || mem.Value() != memMiB || charge.Value() != memMiB<<20 {
+		t.Errorf("admitted with limits %v, want 1 GPU, %d MiB, charged %d MiB", lim, memMiB, memMiB)
+	}
+}
+
+// TestDeviceSelectionPerStrategy: where the node agents pass GPUs by CDI
+// or volume mounts (and the runtime ignores the environment of
+// unprivileged containers), the environment selects nothing: the device
+// variables and unprefixed envFrom are admitted; the envFrom rule can
+// still be set either way.
+func TestDeviceSelectionPerStrategy(t *testing.T) {
+	share := map[string]string{names().Memory: "1000"}
+	for _, s := range []api.DeviceListStrategy{api.DeviceListCDI, api.DeviceListVolumeMounts} {
+		adm := testAdmission()
+		adm.DeviceListStrategy = s
+		p := pod(share)
+		env("NVIDIA_VISIBLE_DEVICES")(p)
+		cm("")(p)
+		expectShare(t, adm, p, 1000)
+		adm.UnprefixedEnvFrom = EnvFromRefuse
+		expectRefused(t, adm, p, "without a prefix")
+	}
+	// Under envvar, allow is the administrator's word (the earlier flag
+	// says the same).
+	for _, adm := range []*Admission{{UnprefixedEnvFrom: EnvFromAllow}, {AllowUnprefixedEnvFrom: true}} {
+		a := testAdmission()
+		a.UnprefixedEnvFrom, a.AllowUnprefixedEnvFrom = adm.UnprefixedEnvFrom, adm.AllowUnprefixedEnvFrom
+		p := pod(share)
+		cm("")(p)
+		expectShare(t, a, p, 1000)
+	}
+}
+
+// TestMountsAboveTheAgentsPaths: an emptyDir over /etc or /usr/local in
+// a share hid the preload list and the limits file in the lab's runtime
+// (the container held 40960 MiB against a 4096 MiB record). Every
+// ancestor of a path the agent mounts is refused, naming the path.
+func TestMountsAboveTheAgentsPaths(t *testing.T) {
+	for _, path := range []string{"/etc", "/etc/", "/usr/local", "/usr", "/", "/tessera", "//etc//"} {
+		p := pod(map[string]string{names().Memory: "4096"})
+		mount(path)(p)
+		expectRefused(t, testAdmission(), p, "spec.containers[0].volumeMounts[0].mountPath", fmt.Sprintf("%q is above", path), "can hide them")
+	}
+	for _, path := range []string{"/etc/app", "/usr/local/app", "/tesseract", "/etc/tesseract"} {
+		p := pod(map[string]string{names().Memory: "4096"})
+		mount(path)(p)
+		if errs := testAdmission().Validate(p); len(errs) > 0 {
+			t.Errorf("%s refused: %s", path, Message(errs))
+		}
+	}
+	// Block devices too.
+	p := pod(map[string]string{names().Memory: "4096"})
+	p.Spec.Containers[0].VolumeDevices = []corev1.VolumeDevice{{Name: "b", DevicePath: "/etc"}}
+	expectRefused(t, testAdmission(), p, "volumeDevices[0].devicePath", `"/etc" is above`)
 }
 
 func admissionRequest(t *testing.T, user string, op admissionv1.Operation, sub string, obj, old runtime.Object) *admissionv1.AdmissionRequest {
@@ -262,7 +355,7 @@ func TestEphemeralContainersChecked(t *testing.T) {
 	old := pod(map[string]string{names().Memory: "1000"})
 	p := old.DeepCopy()
 	p.Spec.EphemeralContainers = []corev1.EphemeralContainer{{EphemeralContainerCommon: corev1.EphemeralContainerCommon{
-		Name: "debug", SecurityContext: &corev1.SecurityContext{Privileged: &yes}, Env: []corev1.EnvVar{{Name: "LD_PRELOAD", Value: "/x.so"}},
+		Name: "debug", SecurityContext: &corev1.SecurityContext{Privileged: &yes}, Env: []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}},
 	}}}
 	r := testAdmission().review(admissionRequest(t, "someone", admissionv1.Update, "ephemeralcontainers", p, old), false)
 	if r.Allowed || !strings.Contains(r.Result.Message, "spec.ephemeralContainers[0].securityContext.privileged") || !strings.Contains(r.Result.Message, "spec.ephemeralContainers[0].env[0].name") {

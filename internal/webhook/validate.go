@@ -36,11 +36,37 @@ type Admission struct {
 	// Trusted reports whether a namespace opted out of the isolation
 	// checks (isolation.go); nil trusts none.
 	Trusted func(namespace string) bool
-	// AllowUnprefixedEnvFrom admits envFrom sources without a prefix in
-	// GPU pods. Their keys are invisible at admission, so this is only
-	// safe where the node agents select devices without the environment
-	// (--device-list-strategy cdi-cri or volume-mounts, docs/security.md).
+	// DeviceListStrategy is how the cluster's node agents pass GPUs to the
+	// container runtime ("" is envvar). Under envvar a pod's environment
+	// selects devices: the webhook refuses the device-selecting variables
+	// in pods that hold GPUs and in pods that hold none, and keeps
+	// envFrom's invisible keys from setting them (isolation.go). Under
+	// cdi-cri and volume-mounts the runtime must ignore the environment of
+	// unprivileged containers (docs/security.md), and the webhook admits
+	// them.
+	DeviceListStrategy api.DeviceListStrategy
+	// UnprefixedEnvFrom says when a GPU pod may import variables through
+	// envFrom without a prefix ("" is EnvFromAuto: where the environment
+	// selects no device).
+	UnprefixedEnvFrom EnvFromRule
+	// AllowUnprefixedEnvFrom is UnprefixedEnvFrom EnvFromAllow (the
+	// webhook's earlier flag, kept).
 	AllowUnprefixedEnvFrom bool
+	// Audit turns isolation findings (the settings under which a pod's
+	// GPU share cannot be held: isolation.go) into admission warnings, an
+	// event and a metric instead of refusals, so a platform team can roll
+	// the webhook out on a live cluster first. Requests the scheduler
+	// cannot honour and record writes are refused either way.
+	Audit bool
+	// Report, if set, is told of every isolation finding of an admitted
+	// or refused pod (audit.go: the metric and, in audit mode, the
+	// event).
+	Report func(pod *corev1.Pod, findings field.ErrorList, audited bool)
+	// MIGShareMiB returns the most memory a share asking memMiB (or
+	// memPercent of a GPU) and cores percent is given as a MIG device on
+	// any node of the cluster, 0 when no node gives shares MIG devices
+	// (quota.go); nil: none.
+	MIGShareMiB func(memMiB, memPercent int64, cores int) int64
 	// ProtectedHostPaths are host paths a GPU pod may not mount, nor a
 	// directory above them; nil means DefaultProtectedHostPaths.
 	ProtectedHostPaths []string
@@ -67,40 +93,86 @@ func containers(pod *corev1.Pod) []containerRef {
 	return out
 }
 
-// Validate checks a GPU pod. Fractional GPU counts below 1 pass (the
-// mutation converts them); everything else must be what the scheduler
-// can place. A pod without GPU resources is always valid.
+// Validate checks a pod that names GPU resources, and, where the pod's
+// environment selects devices, a pod that holds none (deviceEnvFindings).
+// Fractional GPU counts below 1 pass (the mutation converts them);
+// everything else must be what the scheduler can place. In audit mode
+// the isolation findings are not among the errors (check returns them
+// apart).
 func (p *Admission) Validate(pod *corev1.Pod) field.ErrorList {
-	if !kubeobj.RequestsGPU(pod, p.Names) {
-		return nil
-	}
-	var errs field.ErrorList
-	if pod.Spec.NodeName != "" {
-		errs = append(errs, field.Forbidden(field.NewPath("spec", "nodeName"),
-			fmt.Sprintf("preset to %q on a pod that requests GPU resources; such pods must be placed by %s, which records their GPU shares (the node refuses GPUs without a record)",
-				pod.Spec.NodeName, p.SchedulerName)))
-	}
-	if _, err := api.ParsePodSelectors(pod.Annotations); err != nil {
-		errs = append(errs, field.Invalid(field.NewPath("metadata", "annotations"), "", err.Error()))
-	}
-	largest := int64(0)
-	if p.LargestGPUMiB != nil {
-		largest = p.LargestGPUMiB()
-	}
-	for _, ref := range containers(pod) {
-		errs = append(errs, p.validateContainer(ref, largest)...)
-	}
-	errs = append(errs, p.injectionErrors(pod)...)
-	errs = append(errs, p.isolationErrors(pod)...)
-	if len(errs) > 0 {
+	errs, findings := p.check(pod, false)
+	if p.Audit {
 		return errs
+	}
+	return append(errs, findings...)
+}
+
+// check returns what is wrong with a pod: errs, refused whatever the mode
+// (requests the scheduler cannot honour), and the isolation findings
+// (isolation.go), refused unless in audit mode. claimGPU says the pod
+// holds GPUs through ResourceClaims (the caller read them: draquota.go).
+func (p *Admission) check(pod *corev1.Pod, claimGPU bool) (errs, findings field.ErrorList) {
+	names := kubeobj.RequestsGPU(pod, p.Names)
+	asks := names && p.asksGPU(pod)
+	if names {
+		if asks && pod.Spec.NodeName != "" {
+			errs = append(errs, field.Forbidden(field.NewPath("spec", "nodeName"),
+				fmt.Sprintf("preset to %q on a pod that requests GPU resources; such pods must be placed by %s, which records their GPU shares (the node refuses GPUs without a record)",
+					pod.Spec.NodeName, p.SchedulerName)))
+		}
+		if _, err := api.ParsePodSelectors(pod.Annotations); err != nil {
+			errs = append(errs, field.Invalid(field.NewPath("metadata", "annotations"), "", err.Error()))
+		}
+		largest := int64(0)
+		if p.LargestGPUMiB != nil {
+			largest = p.LargestGPUMiB()
+		}
+		for _, ref := range containers(pod) {
+			errs = append(errs, p.validateContainer(ref, largest)...)
+		}
+	}
+	switch {
+	case asks || claimGPU:
+		findings = append(p.injectionErrors(pod), p.isolationErrors(pod)...)
+	default:
+		findings = p.deviceEnvFindings(pod)
+	}
+	if claimGPU {
+		if _, ok := pod.Annotations[api.AnnotationPreload]; ok {
+			errs = append(errs, field.Forbidden(field.NewPath("metadata", "annotations").Key(api.AnnotationPreload),
+				"declared preloads are written by the device plugin, which does not serve ResourceClaims; set LD_PRELOAD in the container's env instead"))
+		}
+	}
+	if len(errs) > 0 || !asks {
+		return errs, findings
 	}
 	// Anything else the placement core would refuse (GPU counts, limits
 	// on containers), in its words.
 	if _, err := podrequest.FromPod(pod, p.Names); err != nil {
 		errs = append(errs, field.Invalid(field.NewPath("spec"), "", err.Error()))
 	}
-	return errs
+	return errs, findings
+}
+
+// asksGPU reports whether some container of the pod asks for a GPU once
+// its resources are defaulted: a count of 0 alone (nvidia.com/gpu: 0)
+// asks for none. A container whose resources do not read asks (its error
+// is reported).
+func (p *Admission) asksGPU(pod *corev1.Pod) bool {
+	for _, ref := range containers(pod) {
+		r, err := kubeobj.ReadResources(ref.c, p.Names)
+		if err != nil {
+			return true
+		}
+		if !r.Any() {
+			continue
+		}
+		d, err := kubeobj.Defaulted(ref.c.Name, r, p.Names)
+		if err != nil || d.GPUMilli > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func (p *Admission) validateContainer(ref containerRef, largest int64) field.ErrorList {
@@ -200,42 +272,97 @@ func Message(errs field.ErrorList) string {
 // Mutate returns the pod as it should be admitted: sent to the Tessera
 // scheduler when it names the default scheduler or none, and with every
 // GPU container's resources defaulted and written as equal integer
-// requests and limits. It reports whether anything changed. The pod must
-// be valid (Validate).
+// requests and limits. A container that names GPU resources but asks for
+// none (nvidia.com/gpu: 0) has them removed: a kubelet whose device
+// plugin offers no device of the resource (a MIG or DRA node) would
+// reject it for good ("no healthy devices present"). It reports whether
+// anything changed. The pod must be valid (Validate).
 func (p *Admission) Mutate(pod *corev1.Pod) (*corev1.Pod, bool, error) {
-	if !kubeobj.RequestsGPU(pod, p.Names) {
-		return pod, false, nil
-	}
+	out, changed, _, err := p.mutate(pod, false)
+	return out, changed, err
+}
+
+// mutate is Mutate, with the warnings to return to the client; claimGPU
+// says the pod holds GPUs through ResourceClaims.
+func (p *Admission) mutate(pod *corev1.Pod, claimGPU bool) (*corev1.Pod, bool, []string, error) {
 	out := pod.DeepCopy()
 	changed := false
-	if out.Spec.SchedulerName == "" || out.Spec.SchedulerName == corev1.DefaultSchedulerName {
-		out.Spec.SchedulerName = p.SchedulerName
-		changed = true
+	var warnings []string
+	asks := p.asksGPU(out)
+	if kubeobj.RequestsGPU(out, p.Names) {
+		if asks && (out.Spec.SchedulerName == "" || out.Spec.SchedulerName == corev1.DefaultSchedulerName) {
+			out.Spec.SchedulerName = p.SchedulerName
+			changed = true
+		}
+		c, w, err := p.mutateResources(out, true)
+		if err != nil {
+			return nil, false, nil, err
+		}
+		changed = changed || c
+		warnings = append(warnings, w...)
 	}
-	for _, ref := range containers(out) {
+	if !asks && !claimGPU {
+		if w := p.voidDeviceEnv(out); len(w) > 0 {
+			changed = true
+			warnings = append(warnings, w...)
+		}
+	}
+	claims, err := p.mutateClaims(out) // draquota.go
+	if err != nil {
+		return nil, false, nil, err
+	}
+	return out, changed || claims, warnings, nil
+}
+
+// mutateResources defaults the GPU resources of every container of pod
+// (as writeResources writes them) and removes those of a container that
+// asks for no GPU; charge also writes the GPU memory quota charge
+// (quota.go; pod templates carry none: their pods are charged).
+func (p *Admission) mutateResources(pod *corev1.Pod, charge bool) (bool, []string, error) {
+	changed := false
+	var warnings []string
+	for _, ref := range containers(pod) {
 		r, err := kubeobj.ReadResources(ref.c, p.Names)
 		if err != nil {
-			return nil, false, err
+			return false, nil, err
 		}
 		if !r.Any() {
 			continue
 		}
 		d, err := kubeobj.Defaulted(ref.c.Name, r, p.Names)
 		if err != nil {
-			return nil, false, err
+			return false, nil, err
+		}
+		if d.GPUMilli == 0 {
+			if p.stripGPUResources(ref.c) {
+				changed = true
+				warnings = append(warnings, fmt.Sprintf("tessera: %s: removed GPU resources of 0: the container asks for no GPU", ref.path.Child("resources")))
+			}
+			continue
 		}
 		if p.writeResources(ref.c, d) {
 			changed = true
 		}
-		if p.writeQuotaCharge(ref.c, d) { // quota.go
+		if charge && p.writeQuotaCharge(ref.c, d) { // quota.go
 			changed = true
 		}
 	}
-	claims, err := p.mutateClaims(out) // draquota.go
-	if err != nil {
-		return nil, false, err
+	return changed, warnings, nil
+}
+
+// stripGPUResources removes every GPU resource (p.gpuNamesOf) from c's
+// requests and limits.
+func (p *Admission) stripGPUResources(c *corev1.Container) bool {
+	changed := false
+	for _, n := range p.gpuNamesOf(c) {
+		for _, list := range []corev1.ResourceList{c.Resources.Limits, c.Resources.Requests} {
+			if _, ok := list[corev1.ResourceName(n)]; ok {
+				delete(list, corev1.ResourceName(n))
+				changed = true
+			}
+		}
 	}
-	return out, changed || claims, nil
+	return changed
 }
 
 // writeResources sets the GPU entries of c's requests and limits to d.

@@ -6,7 +6,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
-	"github.com/google/cel-go/cel"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -277,34 +276,14 @@ func TestInventories(t *testing.T) {
 // TestMatchConditionEvaluates runs the CEL match condition, as the API
 // server would, over pods asking for each kind of GPU resource.
 func TestMatchConditionEvaluates(t *testing.T) {
-	env, err := cel.NewEnv(cel.Variable("object", cel.DynType))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ast, iss := env.Compile(MatchCondition(api.DefaultResourceNames))
-	if iss.Err() != nil {
-		t.Fatal(iss.Err())
-	}
-	prg, err := env.Program(ast)
-	if err != nil {
-		t.Fatal(err)
-	}
+	prg := celProgram(t, MatchCondition(api.DefaultResourceNames))
 	for res, want := range map[string]bool{
 		"nvidia.com/gpu": true, "nvidia.com/gpu.shared": true, "nvidia.com/mig-1g.5gb": true,
 		"nvidia.com/gpucores": true, "cpu": false, "example.com/mig-1g.5gb": false,
+		"volcano.sh/vgpu-memory": true, "volcano.sh/vgpu-number": true,
 	} {
-		p := pod(map[string]string{res: "1"})
-		raw, _ := json.Marshal(p)
-		var obj map[string]any
-		if err := json.Unmarshal(raw, &obj); err != nil {
-			t.Fatal(err)
-		}
-		out, _, err := prg.Eval(map[string]any{"object": obj})
-		if err != nil {
-			t.Fatalf("%s: %v", res, err)
-		}
-		if out.Value() != want {
-			t.Errorf("pod asking %s: match %v, want %v", res, out.Value(), want)
+		if got := evalPod(t, prg, pod(map[string]string{res: "1"})); got != want {
+			t.Errorf("pod asking %s: match %v, want %v", res, got, want)
 		}
 	}
 }

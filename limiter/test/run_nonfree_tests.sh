@@ -4,8 +4,8 @@
 # fetch_nonfree.sh puts them in $NONFREE; CI runs it.
 
 if [ ! -f "$NONFREE/.complete" ]; then
-    echo "FAIL nonfree: the Debian non-free binaries are not in $NONFREE; run limiter/test/fetch_nonfree.sh (root; CI does)" |
-        tee -a "$LOG"
+    need nonfree "NVIDIA's CUDA runtime, libcuda, NVML and nvidia-smi (Debian non-free) in $NONFREE" \
+        "run limiter/test/fetch_nonfree.sh (make test does; root, or apt sources with contrib non-free)"
 else
     echo "# nonfree: $(tr '\n' ';' <"$NONFREE/VERSIONS")" | tee -a "$LOG"
     RT=$NONFREE/cudart/libcudart.so.11.0

@@ -2,9 +2,10 @@
 # $T, $PRE, $L). As root: the read-only limits file, processes started
 # without the environment, a restarted container.
 
-if [ "$(id -u)" != 0 ] || ! command -v unshare >/dev/null; then
-    echo "FAIL root-tests: need root and unshare (limits file at /etc/tessera, pid namespaces); CI runs as root" |
-        tee -a "$LOG"
+if [ "$(id -u)" != 0 ]; then
+    need root-tests "root (a limits file at /etc/tessera in a private mount namespace, pid namespaces)" "run the tests as root"
+elif ! command -v unshare >/dev/null; then
+    need root-tests "unshare (private mount and pid namespaces)" "apt-get install util-linux"
 else
     # An /etc for a container: ld.so.preload naming the library (it reaches
     # processes that drop the environment) and tessera/limiter.conf.
@@ -46,7 +47,7 @@ device.0.sm=0
         if command -v sudo >/dev/null; then
             run file-sudo with_etc "$E" sudo env LD_LIBRARY_PATH="$FAKE" "$B/client_sym" try $((L + 1)) oom sudo-gets-the-limit
         else
-            echo "FAIL sudo-gets-the-limit: sudo is not installed (.ci/run installs it)" | tee -a "$LOG"
+            need sudo-gets-the-limit "sudo (not installed)" "apt-get install sudo (make test installs it when run as root)"
         fi
         # the file is authoritative: the environment cannot raise the limit
         # or move the shared state
@@ -65,6 +66,28 @@ kill -9 \$H; wait \$H 2>/dev/null
 env -i LD_LIBRARY_PATH=$FAKE $B/client_dl try $L ok pool-whole-after-holder-gone
 EOS
         run file-one-pool with_etc "$E" env LD_LIBRARY_PATH="$FAKE" CUDA_DEVICE_MEMORY_LIMIT=1t sh "$T/pool.sh"
+        # a container's own preloads beside the limiter's list: the pod's
+        # LD_PRELOAD (loaded before the preload list), and its declared
+        # preloads written after the limiter in the list (the agent's
+        # list for a pod annotated tessera.io/preload): a malloc replacement
+        # loads and the file's limit holds
+        MI="$B/libtest-malloc.so"
+        rm -f "$T/mark"
+        # (the sanitizers' runtimes must come first: before the pod's list too)
+        run file-ld-preload-interposer with_etc "$E" env LD_PRELOAD="${SANPRE:+$SANPRE }$MI" TEST_MALLOC_MARK="$T/mark" CUDA_DEVICE_MEMORY_LIMIT=1t \
+            "$B/client_sym" try $((L + 1)) oom pod-ld-preload-limit-holds
+        if [ "${SANITIZE:-0}" != 1 ]; then
+            check "file-ld-preload-interposer-loaded" "$([ "$(cat "$T/mark" 2>/dev/null || echo 0)" -gt 0 ]; echo $?)"
+        fi
+        E4=$T/etc4
+        mketc "$E4" "$(cat "$E/tessera/limiter.conf")"
+        echo "$MI" >>"$E4/ld.so.preload"
+        rm -f "$T/mark"
+        run file-declared-preload with_etc "$E4" env -i LD_LIBRARY_PATH="$FAKE" TEST_MALLOC_MARK="$T/mark" "$B/client_sym" try $((L + 1)) oom declared-preload-limit-holds
+        run file-declared-preload-exact with_etc "$E4" env -i LD_LIBRARY_PATH="$FAKE" "$B/client_sym" try $L ok declared-preload-limit-exactly
+        if [ "${SANITIZE:-0}" != 1 ]; then
+            check "file-declared-preload-loaded" "$([ "$(cat "$T/mark" 2>/dev/null || echo 0)" -gt 0 ]; echo $?)"
+        fi
         # malformed or unreadable file: fail closed, and say where
         for bad in "version=2" "version=1
 state=$T/state.bad

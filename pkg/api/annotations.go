@@ -39,6 +39,14 @@ const (
 	AnnotationNUMABind = "tessera.io/numa-bind"
 )
 
+// AnnotationPreload on a pod lists libraries its containers' images
+// preload through their own /etc/ld.so.preload (jemalloc, tcmalloc): the
+// node agent mounts its own preload list over that file (naming the GPU
+// limiter) and cannot read the image, so the pod declares them here and
+// the agent writes them after the limiter in each limited container's
+// list. Comma- or newline-separated absolute paths (ParsePreloads).
+const AnnotationPreload = "tessera.io/preload"
+
 // annotationAliases maps each Tessera pod annotation key to the HAMi keys
 // accepted with the same meaning on input. Tessera never writes the aliases.
 var annotationAliases = map[string][]string{

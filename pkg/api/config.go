@@ -14,8 +14,11 @@ import (
 const SchedulerName = "tessera-scheduler"
 
 // DefaultPlacementPolicy is the placement-core policy used when the cluster
-// configuration names none.
-const DefaultPlacementPolicy = "binpack"
+// configuration names none (and no nodePolicy): "tessera", the
+// fragmentation-aware policy the shipped scheduler configuration
+// (deploy/scheduler/config.yaml, the chart) names; a test in
+// internal/scheduler holds the two equal.
+const DefaultPlacementPolicy = "tessera"
 
 // DefaultSharesPerGPU is how many containers may share a GPU unless the
 // node configuration says otherwise (HAMi's default split count).
@@ -111,7 +114,8 @@ func isPolicyName(s string) bool {
 type NodeConfig struct {
 	// Mode is how the node serves its GPUs: the kubelet device plugin
 	// (ModeDevicePlugin; empty means it) or DRA ResourceClaims through the
-	// driver gpu.tessera.io (ModeDRA; docs/dra.md). Never both.
+	// driver gpu.tessera.io (ModeDRA; docs/dra.md), or Volcano's vGPU
+	// protocol (ModeVolcano; docs/volcano.md). Never two.
 	Mode NodeMode `json:"mode,omitempty"`
 	// SharesPerGPU is the most containers sharing one GPU (MaxShares).
 	SharesPerGPU int `json:"sharesPerGPU"`
@@ -226,8 +230,11 @@ func (c *NodeConfig) Validate() error {
 // Time-slicing, MPS and MIG are the device plugin's; DRA capacities are
 // the GPUs' physical memory, so no overcommit.
 func (c *NodeConfig) validateMode() error {
+	if c.Mode == ModeVolcano {
+		return c.validateVolcano()
+	}
 	if !c.Mode.Valid() {
-		return fmt.Errorf("mode %q is not one of %s", c.Mode, joinQuoted(NodeModes()))
+		return fmt.Errorf("mode %q is not one of %s", c.Mode, joinQuoted(append(NodeModes(), ModeVolcano)))
 	}
 	if c.Mode != ModeDRA {
 		return nil

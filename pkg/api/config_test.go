@@ -8,7 +8,7 @@ import (
 func TestClusterConfigDefaults(t *testing.T) {
 	var c ClusterConfig
 	c.Defaults()
-	want := ClusterConfig{ResourcePrefix: "nvidia.com", NodePolicy: NodeBinpack, GPUPolicy: GPUBinpack, PlacementPolicy: "binpack"}
+	want := ClusterConfig{ResourcePrefix: "nvidia.com", NodePolicy: NodeBinpack, GPUPolicy: GPUBinpack, PlacementPolicy: "tessera"}
 	if c != want {
 		t.Errorf("got %+v, want %+v", c, want)
 	}
@@ -101,12 +101,16 @@ func TestNodeConfigValidate(t *testing.T) {
 		{"exclude negative", func(c *NodeConfig) { c.ExcludeGPUs = []string{"-1"} }, `excludeGPUs[0]: index -1 outside [0, 63]`},
 		{"exclude empty", func(c *NodeConfig) { c.ExcludeGPUs = []string{"0", ""} }, `excludeGPUs[1]: uuid is empty`},
 		{"exclude twice", func(c *NodeConfig) { c.ExcludeGPUs = []string{"GPU-a", "GPU-a"} }, `excludeGPUs[1]: "GPU-a" listed twice`},
-		{"mode", func(c *NodeConfig) { c.Mode = "cdi" }, `mode "cdi" is not one of "device-plugin" or "dra"`},
+		{"mode", func(c *NodeConfig) { c.Mode = "cdi" }, `mode "cdi" is not one of "device-plugin", "dra" or "volcano"`},
 		{"dra time-slicing", func(c *NodeConfig) { c.Mode, c.Sharing = ModeDRA, SharingTimeSlicing },
 			`sharing "time-slicing" with mode "dra": a DRA node shares GPUs by capacity ("shared") or gives them whole ("exclusive"); time-slicing is served by the device plugin (mode "device-plugin")`},
 		{"dra mig", func(c *NodeConfig) { c.Mode, c.Sharing, c.MIGStrategy = ModeDRA, SharingMIG, MIGStrategyMixed },
 			`sharing "mig" with mode "dra": a DRA node shares GPUs by capacity ("shared") or gives them whole ("exclusive"); mig is served by the device plugin (mode "device-plugin")`},
 		{"dra overcommit", func(c *NodeConfig) { c.Mode, c.MemoryOvercommit = ModeDRA, 2 }, `memoryOvercommit 2 with mode "dra": DRA capacities are the GPUs' physical memory (must be 1)`},
+		{"volcano exclusive", func(c *NodeConfig) { c.Mode, c.Sharing, c.SharesPerGPU = ModeVolcano, SharingExclusive, 1 },
+			`sharing "exclusive" with mode "volcano": a volcano node shares its GPUs through the limiter ("shared")`},
+		{"volcano overcommit", func(c *NodeConfig) { c.Mode, c.MemoryOvercommit = ModeVolcano, 2 },
+			`memoryOvercommit 2 with mode "volcano": the GPUs are registered with Volcano at their physical memory (must be 1)`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

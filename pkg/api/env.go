@@ -20,9 +20,9 @@ const (
 )
 
 // Paths inside a GPU container where the node agent mounts what it gives
-// the container. A pod's own volumes may not be mounted on or under any of
-// them (the webhook refuses it), so the agent's mounts are what the
-// container sees there.
+// the container. A pod's own volumes may not be mounted on, under or
+// above any of them (the webhook refuses it), so the agent's mounts are
+// what the container sees there.
 const (
 	// ContainerLimiterDir holds the limiter library (read-only).
 	ContainerLimiterDir = "/usr/local/tessera"
@@ -41,67 +41,89 @@ func ContainerReservedPaths() []string {
 	return []string{ContainerLimiterDir, ContainerPreload, ContainerConfigDir, ContainerStateDir}
 }
 
-// reservedEnvNames are variables that choose a container's devices (read
-// by the NVIDIA container runtime), load code ahead of the limiter, or
-// are HAMi-core settings that loosen its limits (Tessera's limiter does
-// not implement them).
-var reservedEnvNames = map[string]bool{
-	EnvVisibleDevices:             true,
-	"NVIDIA_MIG_CONFIG_DEVICES":   true,
-	"NVIDIA_MIG_MONITOR_DEVICES":  true,
-	"NVIDIA_IMEX_CHANNELS":        true,
-	"LD_PRELOAD":                  true,
-	"LD_AUDIT":                    true,
-	"CUDA_DISABLE_CONTROL":        true,
-	"CUDA_OVERSUBSCRIBE":          true,
-	"GPU_CORE_UTILIZATION_POLICY": true,
-	"CUDA_TASK_PRIORITY":          true,
+// DeviceListStrategy is how a container's GPUs reach the container
+// runtime (NVIDIA's device plugin offers the same choice). It decides
+// whether a pod's own environment can select devices, so the node agent
+// (which answers with it) and the webhook (which refuses what would
+// select devices) read the same setting.
+type DeviceListStrategy string
+
+const (
+	// DeviceListEnvvar: NVIDIA_VISIBLE_DEVICES in the container's
+	// environment, which the NVIDIA runtime reads before the container's
+	// code runs; a pod's own value would win over the device plugin's.
+	DeviceListEnvvar DeviceListStrategy = "envvar"
+	// DeviceListCDI: CDI device names (nvidia.com/gpu=<UUID>) in the CRI
+	// request; the environment plays no part, provided the NVIDIA runtime
+	// ignores it for unprivileged containers
+	// (accept-nvidia-visible-devices-envvar-when-unprivileged = false).
+	DeviceListCDI DeviceListStrategy = "cdi-cri"
+	// DeviceListVolumeMounts: /dev/null mounted at
+	// /var/run/nvidia-container-devices/<UUID> per GPU, which the NVIDIA
+	// runtime reads when it ignores the environment of unprivileged
+	// containers (the same setting).
+	DeviceListVolumeMounts DeviceListStrategy = "volume-mounts"
+)
+
+// DeviceListStrategies are the strategies, the default first.
+func DeviceListStrategies() []DeviceListStrategy {
+	return []DeviceListStrategy{DeviceListEnvvar, DeviceListCDI, DeviceListVolumeMounts}
 }
 
-// reservedEnvPrefixes: the limiter's variables (CUDA_DEVICE_MEMORY_LIMIT*,
-// CUDA_DEVICE_SM_LIMIT*, CUDA_DEVICE_MEMORY_SHARED_CACHE), MPS's
-// (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT,
-// the pipe and log directories) and Tessera's own.
-var reservedEnvPrefixes = []string{"CUDA_DEVICE_", "CUDA_MPS_", "TESSERA_"}
+// EnvSelectsDevices reports whether, under s, a container's environment
+// chooses its devices (s is "" or DeviceListEnvvar).
+func (s DeviceListStrategy) EnvSelectsDevices() bool {
+	return s == "" || s == DeviceListEnvvar
+}
 
-// envAllowed are names under a reserved prefix that change no limit.
-var envAllowed = map[string]bool{"TESSERA_LIMITER_DEBUG": true}
+// deviceSelectionEnv are the variables the NVIDIA container runtime reads
+// from a container's environment to choose the devices it mounts into
+// the container, before any of the container's code runs: the GPUs (or
+// MIG devices), the MIG configuration and monitoring devices, and the
+// IMEX channels.
+var deviceSelectionEnv = []string{
+	EnvVisibleDevices,
+	"NVIDIA_MIG_CONFIG_DEVICES",
+	"NVIDIA_MIG_MONITOR_DEVICES",
+	"NVIDIA_IMEX_CHANNELS",
+}
 
-// ReservedEnv reports whether a GPU container's spec may not set the
-// environment variable name: the node agent sets it, or it selects the
-// container's devices, or it would load code ahead of the limiter or
-// loosen a limit. The kubelet puts a pod's own variables after the device
-// plugin's, so a reserved name in the spec would win.
-func ReservedEnv(name string) bool {
-	if envAllowed[name] {
-		return false
-	}
-	if reservedEnvNames[name] {
-		return true
-	}
-	for _, p := range reservedEnvPrefixes {
-		if strings.HasPrefix(name, p) {
+// DeviceSelectionEnv lists the variables that select devices where the
+// runtime reads the environment (DeviceListStrategy.EnvSelectsDevices).
+// Every other variable is the container's own: whatever it says, the
+// limiter takes its limits from the read-only limits file when there is
+// one (docs/isolation.md), the reconciler holds the container to its
+// grant from the host, and a variable the spec could set, the tenant can
+// set inside the container anyway.
+func DeviceSelectionEnv() []string { return append([]string(nil), deviceSelectionEnv...) }
+
+// SelectsDevices reports whether name is one of DeviceSelectionEnv.
+func SelectsDevices(name string) bool {
+	for _, n := range deviceSelectionEnv {
+		if name == n {
 			return true
 		}
 	}
 	return false
 }
 
-// EnvPrefixReaches reports whether prefix followed by some non-empty name
-// can be a reserved variable: envFrom with that prefix imports keys the
-// webhook cannot see (they live in a ConfigMap or Secret and may change
-// after admission), so only a prefix that can reach no reserved name keeps
-// them out. The empty prefix reaches every name.
-func EnvPrefixReaches(prefix string) bool {
-	for name := range reservedEnvNames {
+// EnvPrefixSelectsDevices reports whether prefix followed by some
+// non-empty key can be one of DeviceSelectionEnv: envFrom with that
+// prefix imports keys the webhook cannot see (they live in a ConfigMap or
+// Secret and may change after admission), so only a prefix that reaches
+// none of them keeps them out. The empty prefix reaches every name.
+func EnvPrefixSelectsDevices(prefix string) bool {
+	for _, name := range deviceSelectionEnv {
 		if len(prefix) < len(name) && strings.HasPrefix(name, prefix) {
 			return true
 		}
 	}
-	for _, p := range reservedEnvPrefixes {
-		if strings.HasPrefix(p, prefix) || strings.HasPrefix(prefix, p) {
-			return true
-		}
-	}
 	return false
 }
+
+// EnvVoidDevices is the value of EnvVisibleDevices under which the NVIDIA
+// runtime mounts no GPU and behaves as the plain runtime: the webhook
+// writes it into containers that ask for no GPU but import variables it
+// cannot see (envFrom), so that an imported NVIDIA_VISIBLE_DEVICES cannot
+// select GPUs (a variable in env wins over one from envFrom).
+const EnvVoidDevices = "void"

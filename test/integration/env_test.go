@@ -20,6 +20,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/kubernetes/cmd/kube-scheduler/app"
 
 	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/internal/install"
@@ -85,21 +86,25 @@ func newEnv(t *testing.T) *env {
 }
 
 // startWebhook runs the webhook on a loopback port and waits until the API
-// server sends GPU pods to it.
-func (e *env) startWebhook() {
+// server sends GPU pods to it; with changes applied to its options.
+func (e *env) startWebhook(changes ...func(o *webhook.Options)) {
 	t := e.t
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
+	o := webhook.Options{
+		Client:        e.cp.Client,
+		Names:         names,
+		SchedulerName: api.SchedulerName,
+		Listen:        "127.0.0.1:0",
+		Hosts:         []string{"127.0.0.1"},
+		Register:      true,
+		Registration:  webhook.Registration{Name: "tessera-webhook"},
+	}
+	for _, c := range changes {
+		c(&o)
+	}
 	go func() {
-		done <- webhook.Run(ctx, webhook.Options{
-			Client:        e.cp.Client,
-			Names:         names,
-			SchedulerName: api.SchedulerName,
-			Listen:        "127.0.0.1:0",
-			Hosts:         []string{"127.0.0.1"},
-			Register:      true,
-			Registration:  webhook.Registration{Name: "tessera-webhook"},
-		})
+		done <- webhook.Run(ctx, o)
 	}()
 	e.stopWebhook = func() {
 		cancel()
@@ -127,7 +132,7 @@ func (e *env) startWebhook() {
 // configuration, pointed at the test's API server without leader election.
 // A modest client rate keeps a 500-pod run a few seconds long, so a
 // scheduler killed "in the middle" really is. Its placementPolicy is
-// api.DefaultPlacementPolicy (binpack), the policy expectPlacement
+// binpack, the policy expectPlacement
 // re-derives every placement with: the shipped policy learns the workload
 // online from every pod it sees, which a placement-by-placement check
 // cannot replay. (TestEveryPolicyStarts runs every policy through this
@@ -154,7 +159,7 @@ func (e *env) schedulerConfig(name string, mutate func(cfg map[string]any)) stri
 	for _, prof := range cfg["profiles"].([]any) {
 		for _, pc := range prof.(map[string]any)["pluginConfig"].([]any) {
 			if pc := pc.(map[string]any); pc["name"] == scheduler.Name {
-				pc["args"].(map[string]any)["placementPolicy"] = api.DefaultPlacementPolicy
+				pc["args"].(map[string]any)["placementPolicy"] = string(api.NodeBinpack)
 			}
 		}
 	}
@@ -173,10 +178,14 @@ func (e *env) schedulerConfig(name string, mutate func(cfg map[string]any)) stri
 
 // startScheduler runs a scheduler in the process; the returned function
 // kills it (cancels it and waits until it has stopped).
-func (e *env) startScheduler() (stop func()) {
+func (e *env) startScheduler() (stop func()) { return e.startSchedulerWith(e.schedConfig) }
+
+// startSchedulerWith is startScheduler from the configuration file
+// config, with extra kube-scheduler options (a test's own plugins).
+func (e *env) startSchedulerWith(config string, extra ...app.Option) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- scheduler.RunInProcess(ctx, e.schedConfig) }()
+	go func() { done <- scheduler.RunInProcess(ctx, config, scheduler.WithSchedulerOptions(extra...)) }()
 	stopped := false
 	stop = func() {
 		if stopped {

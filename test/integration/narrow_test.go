@@ -11,9 +11,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/component-base/metrics/legacyregistry"
 
 	"github.com/tessera-gpu/tessera/internal/scheduler"
+	"github.com/tessera-gpu/tessera/internal/testenv"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
+	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 // TestNarrowedCandidatesRealCluster plays two findings of the review of
@@ -30,9 +33,9 @@ import (
 //     over the candidates alone, and evicted a low-priority pod there.
 //   - a pod whose nodeSelector names the other free node (17 nodes with
 //     a share rank before it) must be bound there at its first attempt,
-//     with no FailedScheduling event: before, its candidates ignored the
-//     selector, all failed NodeAffinity, and it was bound only at the
-//     retry over every node.
+//     with no failed attempt (no FailedScheduling event): before, its
+//     candidates ignored the selector, all failed NodeAffinity, and it was
+//     bound only at the retry over every node.
 func TestNarrowedCandidatesRealCluster(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
@@ -43,6 +46,8 @@ func TestNarrowedCandidatesRealCluster(t *testing.T) {
 	nodes := e.addNodes("nw", scheduler.Candidates+2, 1, "NVIDIA A100-SXM4-40GB", 40960)
 	free := map[string]bool{nodes[scheduler.Candidates]: true, nodes[scheduler.Candidates+1]: true}
 	e.startScheduler()
+	bound := 0 // pods this test had bound
+	base := scheduleAttempts(t)
 	share := map[string]string{names.Memory: "10000"}
 	hostPort := func(p *corev1.Pod) *corev1.Pod {
 		p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 8080, HostPort: 8080, Protocol: corev1.ProtocolTCP}}
@@ -60,6 +65,7 @@ func TestNarrowedCandidatesRealCluster(t *testing.T) {
 		if p, _ := e.waitBound(name); p.Spec.NodeName != n {
 			t.Fatalf("%s bound to %s, want %s", name, p.Spec.NodeName, n)
 		}
+		bound++
 	}
 
 	web := hostPort(fixtures.MakePod().Name("web").Container("main", share).Obj())
@@ -72,6 +78,7 @@ func TestNarrowedCandidatesRealCluster(t *testing.T) {
 		t.Errorf("web bound to %s, want a free node %v", p.Spec.NodeName, free)
 	}
 	delete(free, p.Spec.NodeName)
+	bound++
 	pods, err := e.cp.Client.CoreV1().Pods(gpuNS).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -89,20 +96,66 @@ func TestNarrowedCandidatesRealCluster(t *testing.T) {
 	for n := range free {
 		extra = n
 	}
+	// Every attempt so far counted (each bound pod's scheduled one is
+	// counted after its Binding): any further failed attempt is pinned's.
+	before := waitScheduled(t, base, bound)
 	if _, err := e.create(pinned(fixtures.MakePod().Name("pinned").Container("main", share).Obj(), extra)); err != nil {
 		t.Fatal(err)
 	}
 	if p, _ := e.waitBound("pinned"); p.Spec.NodeName != extra {
 		t.Errorf("pinned bound to %s, want %s", p.Spec.NodeName, extra)
 	}
-	time.Sleep(time.Second) // events are written asynchronously
-	evs, err := e.cp.Client.CoreV1().Events(gpuNS).List(ctx, metav1.ListOptions{})
+	bound++
+	// kube-scheduler counts a failed attempt (and emits its
+	// FailedScheduling event) before the pod's next attempt starts, and
+	// the successful one after its Binding: once pinned's is counted, a
+	// failed attempt of pinned would be too.
+	after := waitScheduled(t, base, bound)
+	if n := after["unschedulable"] + after["error"] - before["unschedulable"] - before["error"]; n != 0 {
+		t.Errorf("pinned failed %v attempts (FailedScheduling) before it was bound, want it bound at its first", n)
+	}
+}
+
+// scheduleAttempts is kube-scheduler's count of the attempts of Tessera's
+// profile in this test process, by result (scheduled, unschedulable,
+// error): its metric scheduler_schedule_attempts_total, counted in the
+// attempt itself, where the FailedScheduling events reach the API server
+// later and in no order.
+func scheduleAttempts(t *testing.T) map[string]float64 {
+	t.Helper()
+	families, err := legacyregistry.DefaultGatherer.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, ev := range evs.Items {
-		if ev.InvolvedObject.Name == "pinned" && ev.Reason == "FailedScheduling" {
-			t.Errorf("FailedScheduling event for a pod bound at its first attempt: %s", ev.Message)
+	out := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != "scheduler_schedule_attempts_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["profile"] == api.SchedulerName {
+				out[labels["result"]] += m.GetCounter().GetValue()
+			}
 		}
 	}
+	return out
+}
+
+// waitScheduled waits until the scheduler has counted n more successful
+// attempts than in base, and returns the counts then.
+func waitScheduled(t *testing.T, base map[string]float64, n int) map[string]float64 {
+	t.Helper()
+	var now map[string]float64
+	testenv.WaitFor(t, fmt.Sprintf("%d scheduled attempts counted", n), 30*time.Second, func() bool {
+		now = scheduleAttempts(t)
+		return now["scheduled"]-base["scheduled"] >= float64(n)
+	})
+	if d := now["scheduled"] - base["scheduled"]; d != float64(n) {
+		t.Fatalf("%v scheduled attempts counted, want %d (another scheduler of the profile in this process?)", d, n)
+	}
+	return now
 }

@@ -71,7 +71,7 @@ func expectPlacement(t *testing.T, invs map[string]*api.NodeInventory, before ma
 	if err != nil {
 		t.Fatal(err)
 	}
-	def, _ := policies.New(api.DefaultPlacementPolicy, c, 1)
+	def, _ := policies.New(string(api.NodeBinpack), c, 1)
 	pol := placement.PolicyFor(cr, def)
 	ranker := placement.RankerFor(cr, pol)
 	var s placement.Scratch

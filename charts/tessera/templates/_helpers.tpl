@@ -17,13 +17,41 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
-{{/* The CEL match condition of the webhooks: pods naming a GPU resource
-(internal/webhook.MatchCondition; TestChartWebhookConfigurations compares). */}}
-{{- define "tessera.matchCondition" -}}
+{{/* CEL: container c names a GPU resource in its limits or requests,
+Volcano's vGPU resources included (internal/webhook.gpuUses). */}}
+{{- define "tessera.gpuUses" -}}
 {{- $p := .Values.resourcePrefix -}}
-{{- $m := printf "r in ['%s/gpu', '%s/gpumem', '%s/gpumem-percentage', '%s/gpucores', '%s/gpumem-ceiling', '%s/gpu.shared'] || r.startsWith('%s/mig-')" $p $p $p $p $p $p $p -}}
-{{- $u := printf "(has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, %s)) || (has(c.resources.requests) && c.resources.requests.exists(r, %s))))" $m $m -}}
+{{- $m := printf "r in ['%s/gpu', '%s/gpumem', '%s/gpumem-percentage', '%s/gpucores', '%s/gpumem-ceiling', '%s/gpu.shared', 'volcano.sh/vgpu-number', 'volcano.sh/vgpu-memory', 'volcano.sh/vgpu-memory-percentage', 'volcano.sh/vgpu-cores'] || r.startsWith('%s/mig-')" $p $p $p $p $p $p $p -}}
+{{- printf "(has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, %s)) || (has(c.resources.requests) && c.resources.requests.exists(r, %s))))" $m $m -}}
+{{- end -}}
+
+{{/* The CEL match condition of the webhooks: pods naming a GPU resource or
+using ResourceClaims, and where the environment selects devices (envvar)
+pods setting or importing a device-selecting variable
+(internal/webhook.MatchCondition, DeviceEnvCondition;
+TestChartWebhookConfigurations compares). */}}
+{{- define "tessera.matchCondition" -}}
+{{- $u := include "tessera.gpuUses" . -}}
 {{- printf "object.spec.containers.exists(c, %s) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, %s)) || (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0)" $u $u -}}
+{{- if eq .Values.nodeAgent.deviceListStrategy "envvar" -}}
+{{- $set := "['NVIDIA_VISIBLE_DEVICES', 'NVIDIA_MIG_CONFIG_DEVICES', 'NVIDIA_MIG_MONITOR_DEVICES', 'NVIDIA_IMEX_CHANNELS']" -}}
+{{- $s := printf "((has(c.env) && c.env.exists(e, e.name in %s)) || (has(c.envFrom) && c.envFrom.exists(f, !has(f.prefix) || %s.exists(n, n.startsWith(f.prefix) && n != f.prefix))))" $set $set -}}
+{{- printf " || object.spec.containers.exists(c, %s) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, %s)) || (has(object.spec.ephemeralContainers) && object.spec.ephemeralContainers.exists(c, %s))" $s $s $s -}}
+{{- end -}}
+{{- end -}}
+
+{{/* CEL: a workload whose pod template names a GPU resource
+(internal/webhook.TemplateMatchCondition). */}}
+{{- define "tessera.templateMatchCondition" -}}
+{{- $u := include "tessera.gpuUses" . -}}
+{{- $out := list -}}
+{{- range $path := list (list "object" "spec" "template" "spec") (list "object" "spec" "jobTemplate" "spec" "template" "spec") (list "object" "template" "spec") -}}
+{{- $has := list -}}
+{{- range $i, $_ := $path -}}{{- if gt $i 0 -}}{{- $has = append $has (printf "has(%s)" (join "." (slice $path 0 (add $i 1)))) -}}{{- end -}}{{- end -}}
+{{- $s := join "." $path -}}
+{{- $out = append $out (printf "(%s && has(%s.containers) && (%s.containers.exists(c, %s) || (has(%s.initContainers) && %s.initContainers.exists(c, %s))))" (join " && " $has) $s $s $u $s $s $u) -}}
+{{- end -}}
+{{- join " || " $out -}}
 {{- end -}}
 
 {{/* CEL: a ResourceClaim with a request of Tessera's DeviceClasses

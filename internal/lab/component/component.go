@@ -2,8 +2,9 @@
 // process the supervisor starts for it, `tessera-lab component NAME
 // [flags]`: the real kube-apiserver and controller manager, Tessera's
 // scheduler and webhook, and per node its container runtime, hollow
-// kubelet, kubelet shim and node agent (over the emulated NVML), and the
-// MPS control daemon's stand-in. The flags each takes are built here too
+// kubelet, kubelet shim and node agent (over the emulated NVML), the MPS
+// control daemon's stand-in, and the volume provisioner. The flags each
+// takes are built here too
 // (Args, NodeFlags), so the lab that starts a component and the component
 // read one command line.
 package component
@@ -30,6 +31,9 @@ const (
 	ControllerManager = "kube-controller-manager"
 	Scheduler         = "scheduler"
 	Webhook           = "webhook"
+	// VolumeProvisioner provisions the lab's PersistentVolumes (package
+	// volumes).
+	VolumeProvisioner = "volume-provisioner"
 	// Per node:
 	Runtime     = "runtime"
 	Kubelet     = "kubelet"
@@ -64,6 +68,8 @@ func Run(ctx context.Context, name string, args []string) error {
 		return cmd.Execute()
 	case Webhook:
 		return runWebhook(ctx, args)
+	case VolumeProvisioner:
+		return runVolumeProvisioner(ctx, args)
 	case Kubelet:
 		return runKubelet(ctx, args)
 	case Runtime:
@@ -74,6 +80,8 @@ func Run(ctx context.Context, name string, args []string) error {
 		return runKubeletShim(ctx, args)
 	case MPSControl:
 		return runMPSControl(args)
+	case InCluster:
+		return runInCluster(args)
 	}
 	return fmt.Errorf("unknown component %q", name)
 }

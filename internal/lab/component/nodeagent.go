@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -16,9 +17,15 @@ import (
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/dra"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/reconcile"
 	"github.com/tessera-gpu/tessera/internal/recordsig"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
+
+// ReconcileInterval is how often the lab's node agents compare what each
+// container holds on its GPUs with its grant (the agent's default is 5 s;
+// the lab's tests wait for it).
+const ReconcileInterval = 2 * time.Second
 
 func runNodeAgent(ctx context.Context, args []string) error {
 	f, err := parseNodeFlags(NodeAgent, args)
@@ -51,8 +58,11 @@ func runNodeAgent(ctx context.Context, args []string) error {
 // nodeAgentOptions is the node's agent: its paths in the node's
 // directory, the lab's MPS control daemon (exe's mps-control component),
 // and what it checks: the scheduler's signatures, and (Shim) serving the
-// shim instead of the kubelet. The host-side reconciler is off until the
-// lab's GPUs report processes (the emulated NVML lists none).
+// shim instead of the kubelet. The host-side reconciler runs as shipped
+// (kill on breach, the default exempt namespaces), every
+// ReconcileInterval: the emulated NVML lists the processes on the node's
+// GPUs by host pid and the node's runtime puts each container in a cgroup
+// named after its pod and container, as a kubelet's are.
 func nodeAgentOptions(f *NodeFlags, exe string) nodeagent.Options {
 	paths := deviceplugin.DefaultPaths()
 	paths.LimiterHost = f.Dir.Limiter()
@@ -73,7 +83,9 @@ func nodeAgentOptions(f *NodeFlags, exe string) nodeagent.Options {
 		MetricsAddress:     "127.0.0.1:0",
 		RecordKeys:         &recordsig.Store{},
 	}
-	o.Reconcile.Interval = 0
+	exempt := strings.Split(reconcile.DefaultExemptNamespaces, ",")
+	o.Reconcile = reconcile.Options{Interval: ReconcileInterval, Kill: true,
+		Exempt: func(ns string) bool { return slices.Contains(exempt, ns) }}
 	if f.Shim {
 		o.PluginSocketDir = f.Dir.AgentSockets()
 	}

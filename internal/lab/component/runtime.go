@@ -2,14 +2,20 @@ package component
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
+	"path/filepath"
+	"syscall"
 	"time"
 
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/internal/hollowkubelet"
 	"github.com/tessera-gpu/tessera/internal/lab/fakegpu"
+	"github.com/tessera-gpu/tessera/internal/lab/standin"
 )
 
 // containerTools is where a container finds the lab's tools (tools.Dir's
@@ -64,22 +70,61 @@ func runRuntime(ctx context.Context, args []string) error {
 			logger.Error(err, "Recording a container", "pod", c.Namespace+"/"+c.Pod, "container", c.Name)
 		}
 	}
+	cgroups, err := containerCgroups(f)
+	if err != nil {
+		return err
+	}
+	cgroups.Clean()
 	rt := hollowkubelet.NewRuntime(hollowkubelet.RuntimeOptions{
 		Init: f.Tools.Init(), RunDir: f.Dir.Run(), Hide: []string{string(f.Lab)},
 		DefaultCommand: []string{containerTools + "/lab-pause"},
 		DefaultEnv:     map[string]string{"PATH": containerPATH, "HOME": "/root"},
-		Prepare:        labContainer(f.Tools, gpus),
-		PodResources:   kubeletRoot + "/pod-resources/kubelet.sock",
-		CDIDirs:        []string{f.Dir.CDI()},
-		OnCreate:       record, OnUpdate: record,
+		StandIn: func(image string, argv []string, env map[string]string) []string {
+			cmd, _ := standin.Command(containerTools+"/gpu-fill", image, argv, env)
+			return cmd
+		},
+		Prepare:      labContainer(f.Tools, gpus),
+		PodResources: kubeletRoot + "/pod-resources/kubelet.sock",
+		CDIDirs:      []string{f.Dir.CDI()},
+		Cgroups:      cgroups,
+		OnCreate:     record, OnUpdate: record,
 		OnRemove: f.Dir.RemoveContainer,
 		Logger:   logger,
 	})
 	err = rt.Serve(ctx, "unix://"+f.Dir.CRISocket())
+	// Its containers are gone: so are their cgroups, and the lab's
+	// directories above them once no other node's are left.
+	cgroups.Clean()
+	_ = syscall.Rmdir(filepath.Dir(cgroups.Root))
+	_ = syscall.Rmdir(filepath.Dir(filepath.Dir(cgroups.Root)))
 	select {
 	case derr := <-driverErr:
 		return errors.Join(err, derr)
 	default:
 		return err
 	}
+}
+
+// containerCgroups is where the node's runtime makes its containers'
+// cgroups (hollowkubelet.Cgroups): in the cgroup v2 hierarchy where the
+// host mounts it, or mounted in the runtime's own mount namespace (the
+// node's Cgroup directory), under a directory of this lab and node, so
+// two labs on one machine keep apart.
+func containerCgroups(f *NodeFlags) (*hollowkubelet.Cgroups, error) {
+	info, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	mnt := hollowkubelet.CgroupV2Mount(string(info))
+	if mnt == "" {
+		mnt = f.Dir.Cgroup()
+		if err := os.MkdirAll(mnt, 0o755); err != nil {
+			return nil, err
+		}
+		if err := syscall.Mount("cgroup2", mnt, "cgroup2", 0, ""); err != nil {
+			return nil, fmt.Errorf("mounting the cgroup v2 hierarchy on %s for the containers' cgroups: %w", mnt, err)
+		}
+	}
+	lab := sha256.Sum256([]byte(f.Lab))
+	return &hollowkubelet.Cgroups{Root: filepath.Join(mnt, "tessera-lab", hex.EncodeToString(lab[:4]), f.Node)}, nil
 }

@@ -144,3 +144,10 @@ func (n NodeDir) CDI() string { return n.path("cdi") }
 
 // Claims holds the DRA driver's per-claim limiter files and checkpoint.
 func (n NodeDir) Claims() string { return n.path("claims") }
+
+// Cgroup is where the node's runtime mounts the cgroup v2 hierarchy, in
+// its own mount namespace, when the host has it mounted nowhere.
+func (n NodeDir) Cgroup() string { return n.path("cgroup") }
+
+// Volumes holds the directories of the node's provisioned volumes.
+func (n NodeDir) Volumes() string { return n.path("volumes") }

@@ -81,6 +81,10 @@ type Mode struct {
 	Serving func(ctx context.Context, client kubernetes.Interface, node *corev1.Node) bool
 	// Kubelet adjusts the hollow kubelet of each of the mode's nodes.
 	Kubelet func(*hollowkubelet.Options)
+	// OnRequest: the lab has a node of the mode only when asked (a
+	// component the mode needs is optional: `up --volcano`, or
+	// --node-groups …@MODE); All, SharingNodes and the demo leave it out.
+	OnRequest bool
 }
 
 // DemoPod is a pod of the demo: what it runs, what it asks for and what
@@ -122,8 +126,11 @@ func Register(m *Mode) {
 	slices.SortFunc(registry, func(a, b *Mode) int { return a.Order - b.Order })
 }
 
-// All are the lab's modes, the default first.
-func All() []*Mode { return slices.Clone(registry) }
+// All are the modes every lab has a node of, the default first (not the
+// OnRequest ones).
+func All() []*Mode {
+	return slices.DeleteFunc(slices.Clone(registry), func(m *Mode) bool { return m.OnRequest })
+}
 
 // Default is the mode of --nodes and of node groups that name none.
 func Default() *Mode { return registry[0] }

@@ -91,7 +91,7 @@ func ParseNodes(s string) ([]NodeSpec, error) {
 // one per other mode.
 func SharingNodes() []NodeSpec {
 	var out []NodeSpec
-	for _, m := range registry[1:] {
+	for _, m := range All()[1:] {
 		out = append(out, m.Spec(m.Node, m.Model, m.GPUs))
 	}
 	return out

@@ -5,12 +5,18 @@ package status
 // inventory). CheckPhysical reads what the containers were actually given
 // (the fake runtime's record of every container: its visible GPUs, its
 // read-only limits file) and the GPUs NVML reports on each node, and
-// checks that no GPU was given away more than once over.
+// checks that no GPU was given away more than once over. It also reads
+// what NVML says each process holds on each GPU and whose it is (the
+// process's cgroup names its pod and container, as the node agent's
+// reconciler reads it), and counts the memory held without a valid grant:
+// by a container whose pod's record (or DRA claim) does not grant it the
+// GPU, over what it grants, or by a process in no container.
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -24,12 +30,14 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/hollowkubelet"
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
+	"github.com/tessera-gpu/tessera/internal/lab/fakegpu"
 	"github.com/tessera-gpu/tessera/internal/lab/labdir"
 	"github.com/tessera-gpu/tessera/internal/lab/modes"
 	"github.com/tessera-gpu/tessera/internal/lab/nvmlemu"
 	"github.com/tessera-gpu/tessera/internal/limiterconf"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/discovery"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/dra"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -40,10 +48,13 @@ type PhysicalReport struct {
 	Containers int
 	// GPUs maps a GPU's UUID to what its containers were given.
 	GPUs map[string]*PhysicalGPU
+	// Processes is how many processes NVML lists on the GPUs.
+	Processes int
 	// Errors are the broken rules: a container given a GPU its node does
 	// not have, given other GPUs or limits than its record grants, a GPU
 	// given past its memory or whole to two containers, NVML reporting
-	// more memory in use than the GPU has.
+	// more memory in use than the GPU has, memory held without a valid
+	// grant.
 	Errors []error
 }
 
@@ -56,10 +67,33 @@ type PhysicalGPU struct {
 	Whole      int   // containers given it without a limit
 	Containers []string
 	UsedMiB    int64 // NVML's processes (0 where the GPU reports none)
+	// UngrantedMiB is memory NVML's processes hold on the GPU without a
+	// valid grant of it: in a container its pod's record or claims do not
+	// grant the GPU, over what they grant, or in no container.
+	UngrantedMiB int64
 }
 
 // Err is the report's errors joined (nil: the physical invariant holds).
 func (r *PhysicalReport) Err() error { return errors.Join(r.Errors...) }
+
+// UngrantedMiB is the memory held without a valid grant on every GPU.
+func (r *PhysicalReport) UngrantedMiB() int64 {
+	var n int64
+	for _, g := range r.GPUs {
+		n += g.UngrantedMiB
+	}
+	return n
+}
+
+// Print writes the check's line: what it checked, and that it holds or
+// what is broken.
+func (r *PhysicalReport) Print(w io.Writer) {
+	if err := r.Err(); err != nil {
+		fmt.Fprintf(w, "PHYSICAL CHECK BROKEN (%d MiB of GPU memory held without a valid grant): %v\n", r.UngrantedMiB(), err)
+		return
+	}
+	fmt.Fprintf(w, "physical check: %d containers given GPUs, %d GPU processes; no GPU given past its memory, no GPU memory held without a valid grant\n", r.Containers, r.Processes)
+}
 
 // CheckPhysical checks the physical invariant of the lab in d.
 func CheckPhysical(ctx context.Context, client kubernetes.Interface, d labdir.Dir, nodes []modes.NodeSpec) (*PhysicalReport, error) {
@@ -72,28 +106,51 @@ func CheckPhysical(ctx context.Context, client kubernetes.Interface, d labdir.Di
 		p := &pods.Items[i]
 		byKey[kubeobj.Key(p)] = p
 	}
+	claims, err := labClaims(ctx, client)
+	if err != nil {
+		return nil, err
+	}
 	r := &PhysicalReport{GPUs: map[string]*PhysicalGPU{}}
 	fail := func(format string, args ...any) { r.Errors = append(r.Errors, fmt.Errorf(format, args...)) }
 	migHolders := map[string]string{}
+	var held []holding
+	byUID := map[string]*corev1.Pod{}
+	for _, p := range byKey {
+		byUID[string(p.UID)] = p
+	}
 	for _, n := range nodes {
 		lib, err := nvmlemu.NewModel(n.Model, n.GPUs, n.Name)
 		if err != nil {
 			return nil, err
 		}
+		// NVML as the node's agent reads it: the processes on the node's
+		// GPUs, from their state files.
+		lib.UseUsage(&fakegpu.Node{Dir: d.Node(n.Name).GPUs()})
 		res, err := discovery.Discover(lib, discovery.Options{})
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", n.Name, err)
 		}
+		devices := map[string]string{} // DRA device name → UUID
 		for _, dv := range res.Devices {
 			r.GPUs[dv.GPU.UUID] = &PhysicalGPU{Node: n.Name, MemoryMiB: dv.GPU.MemoryMiB, UsedMiB: nvmlUsed(dv.Handle)}
+			devices[dra.DeviceName(dv.GPU.Index)] = dv.GPU.UUID
 		}
 		files, _ := filepath.Glob(filepath.Join(d.Node(n.Name).Containers(), "*.json"))
 		sort.Strings(files)
+		var onNode []*corev1.Pod
+		for _, p := range byKey {
+			if p.Spec.NodeName == n.Name {
+				onNode = append(onNode, p)
+			}
+		}
+		grants := grantsOn(onNode, claimsOn(claims, n.Name, devices))
+		records := map[string]*hollowkubelet.Container{} // by container ID
 		for _, f := range files {
 			c, err := labdir.ReadContainer(f)
 			if err != nil {
 				return nil, err
 			}
+			records[c.ID] = c
 			pod := byKey[c.Namespace+"/"+c.Pod]
 			if pod == nil || string(pod.UID) != c.PodUID || pod.Spec.NodeName != n.Name || pod.Status.Phase != corev1.PodRunning || pod.DeletionTimestamp != nil || initContainer(pod, c.Name) {
 				continue // not running now: holds nothing
@@ -108,7 +165,11 @@ func CheckPhysical(ctx context.Context, client kubernetes.Interface, d labdir.Di
 			}
 			r.Containers++
 			who := fmt.Sprintf("%s/%s/%s", c.Namespace, c.Pod, c.Name)
-			checkAgainstRecord(pod, c.Name, given, fail)
+			if g, ok := grants[string(pod.UID)+"/"+c.Name]; ok && g.claims {
+				checkAgainstClaims(pod, c.Name, given, g, fail)
+			} else {
+				checkAgainstRecord(pod, c.Name, given, fail)
+			}
 			for _, g := range given {
 				if isMIG(g.UUID) {
 					// A MIG device: its memory and SMs are the
@@ -133,10 +194,19 @@ func CheckPhysical(ctx context.Context, client kubernetes.Interface, d labdir.Di
 				}
 			}
 		}
+		held = append(held, heldOn(res.Devices, records, byUID, grants)...)
 	}
 	uuids := make([]string, 0, len(r.GPUs))
 	for u := range r.GPUs {
 		uuids = append(uuids, u)
+	}
+	for _, h := range held {
+		r.Processes += len(h.pids)
+		g := r.GPUs[h.gpu]
+		if msg := h.ungranted(g.MemoryMiB); msg != "" {
+			g.UngrantedMiB += h.mib
+			fail("GPU %s (node %s): %s", h.gpu, g.Node, msg)
+		}
 	}
 	sort.Strings(uuids)
 	for _, u := range uuids {
@@ -259,6 +329,25 @@ func checkAgainstRecord(pod *corev1.Pod, container string, got []given, fail fun
 	fail("%s was given GPUs, its record grants it none", who)
 }
 
+// checkAgainstClaims compares what a container using DRA claims was given
+// with what the claims' allocations grant it.
+func checkAgainstClaims(pod *corev1.Pod, container string, got []given, g *grant, fail func(string, ...any)) {
+	who := fmt.Sprintf("%s/%s container %s", pod.Namespace, pod.Name, container)
+	if len(got) != len(g.devs) {
+		fail("%s was given %d GPUs, its claims grant %d", who, len(got), len(g.devs))
+		return
+	}
+	for _, d := range got {
+		want, ok := g.devs[d.UUID]
+		switch {
+		case !ok:
+			fail("%s was given GPU %s, which its claims do not grant", who, d.UUID)
+		case d.whole != want.whole || !d.whole && d.MemoryMiB != want.mib:
+			fail("%s was given %d MiB (whole: %v) on GPU %s, its claim grants %d MiB (whole: %v)", who, d.MemoryMiB, d.whole, d.UUID, want.mib, want.whole)
+		}
+	}
+}
+
 func initContainer(pod *corev1.Pod, name string) bool {
 	for i := range pod.Spec.InitContainers {
 		if c := &pod.Spec.InitContainers[i]; c.Name == name {
@@ -269,19 +358,9 @@ func initContainer(pod *corev1.Pod, name string) bool {
 }
 
 // nvmlUsed is the memory NVML's processes hold on a GPU, 0 when the GPU
-// lists none or cannot list them (the mock GPUs of the lab list none
-// until they run real processes).
+// lists none or cannot list them.
 func nvmlUsed(d nvml.Device) (mib int64) {
-	defer func() {
-		if recover() != nil {
-			mib = 0
-		}
-	}()
-	ps, ret := d.GetComputeRunningProcesses()
-	if ret != nvml.SUCCESS {
-		return 0
-	}
-	for _, p := range ps {
+	for _, p := range processes(d) {
 		mib += int64(p.UsedGpuMemory >> 20)
 	}
 	return mib

@@ -18,7 +18,7 @@ import (
 // bound is a one-GPU pod of the scheduler bound to node with rec as its
 // record (nil: pending, no record).
 func bound(ns, name, node string, rec *api.PodAllocation) *corev1.Pod {
-	p := fixtures.MakePod().Namespace(ns).Name(name).SchedulerName("tessera-scheduler").Node(node).
+	p := fixtures.MakePod().Namespace(ns).Name(name).SchedulerName(api.SchedulerName).Node(node).
 		Container("c", map[string]string{api.DefaultResourceNames.GPU: "1"})
 	if rec != nil {
 		p.Record(rec).Phase(corev1.PodRunning)

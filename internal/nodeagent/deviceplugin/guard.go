@@ -62,8 +62,12 @@ func (p *Plugin) checkGrant(ctx context.Context, t *Target, gpus map[string]GPU,
 	if g == nil {
 		return nil
 	}
-	err := g.checkOrigin(ctx, t)
-	if err == nil {
+	var err error
+	if pr := p.opts.Matcher.Protocol; pr != nil {
+		// Another scheduler's grants: its protocol holds them to the
+		// pod's request (no signature to check).
+		err = pr.Check(t.Pod, t.Record, physical(gpus, mode))
+	} else if err = g.checkOrigin(ctx, t); err == nil {
 		err = g.checkRequest(t, gpus, mode)
 	}
 	// A MIG instance's memory and SMs are the hardware's to enforce, and
@@ -81,6 +85,9 @@ func (p *Plugin) checkGrant(ctx context.Context, t *Target, gpus map[string]GPU,
 	err = fmt.Errorf("%w: pod %s container %s: %v", ErrNoMatch, kubeobj.Key(t.Pod), t.Container, err)
 	if g.Refused != nil {
 		g.Refused(t.Pod, err.Error())
+	}
+	if pr := p.opts.Matcher.Protocol; pr != nil {
+		pr.Refused(ctx, t.Pod, err.Error())
 	}
 	return err
 }
@@ -180,6 +187,7 @@ func (g *Guard) checkLedger(ctx context.Context, m *Matcher, t *Target, gpus map
 		}
 	}
 	live[t.Pod.UID] = t.Pod
+	stopped := g.stopped(ctx, m, live)
 	// Per pod, the containers it was served, as a record.
 	perPod := map[types.UID]*api.PodAllocation{}
 	add := func(uid types.UID, c api.ContainerAllocation) {
@@ -197,7 +205,7 @@ func (g *Guard) checkLedger(ctx context.Context, m *Matcher, t *Target, gpus map
 		if e.PodUID == t.Pod.UID && e.Container == t.Container {
 			continue // this very container: a retry of an answer that was lost
 		}
-		if !g.holds(ctx, m, e, live) {
+		if stopped[e.PodUID] || !g.holds(ctx, m, e, live) {
 			continue
 		}
 		if e.Grant != nil {
@@ -239,6 +247,42 @@ func (g *Guard) checkLedger(ctx context.Context, m *Matcher, t *Target, gpus map
 		}
 	}
 	return nil
+}
+
+// stopped are the live pods being deleted (deletionTimestamp) whose
+// containers the kubelet no longer runs: it does not list them among its
+// active pods (the pod-resources API). A pod preempted for another frees
+// its GPUs there when its processes have exited, while the API server,
+// and so this agent's cache, may still show it, terminating, for a
+// moment: the preemptor the scheduler placed in its room is served at its
+// first Allocate. A pod not being deleted counts until the cache shows it
+// finished or gone (a kubelet that does not list it may be restarting).
+// When the kubelet cannot be asked, none is stopped.
+func (g *Guard) stopped(ctx context.Context, m *Matcher, live map[types.UID]*v1.Pod) map[types.UID]bool {
+	var out map[types.UID]bool
+	var active map[string]bool
+	for uid, p := range live {
+		if p.DeletionTimestamp == nil {
+			continue
+		}
+		if active == nil {
+			kps, err := m.Kubelet.List(ctx)
+			if err != nil {
+				return nil
+			}
+			active = make(map[string]bool, len(kps))
+			for _, kp := range kps {
+				active[kp.Namespace+"/"+kp.Name] = true
+			}
+		}
+		if !active[kubeobj.Key(p)] {
+			if out == nil {
+				out = map[types.UID]bool{}
+			}
+			out[uid] = true
+		}
+	}
+	return out
 }
 
 // holds reports whether the served container's pod still holds its GPUs:

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
@@ -232,4 +233,58 @@ func TestGuardShareSlots(t *testing.T) {
 		}
 	}
 	g.expectRefused(t, g.podAsking("c", small, api.DeviceGrant{UUID: uuid(0), MemoryMiB: 100}, true), "3 of 2 share slots")
+}
+
+// TestGuardPreemptedShareFree: the race of a preemption on the node. A
+// victim's share is served; the scheduler preempts it (the API server
+// marks it deleted) and, once its containers have stopped and the pod is
+// gone from the API, binds the preemptor in its room. This agent's cache
+// may still show the victim, terminating: while the kubelet still runs
+// it, a pod placed over it is refused; once the kubelet no longer lists
+// it (its processes exited), the preemptor's first Allocate is served.
+func TestGuardPreemptedShareFree(t *testing.T) {
+	g := newGuardEnv(t, false)
+	big := map[string]string{"nvidia.com/gpu": "1", "nvidia.com/gpumem": "30000"}
+	victim := g.podAsking("victim", big, api.DeviceGrant{UUID: uuid(0), MemoryMiB: 30000}, true)
+	g.api.put(victim)
+	if _, err := g.admit(victim); err != nil {
+		t.Fatal(err)
+	}
+	// Preempted: terminating in the cache, its containers still running.
+	term := victim.DeepCopy()
+	now := metav1.Now()
+	term.DeletionTimestamp = &now
+	g.api.put(term)
+	g.expectRefused(t, g.podAsking("early", big, api.DeviceGrant{UUID: uuid(0), MemoryMiB: 30000}, true), "counting the 1 pods this node already serves there")
+	// Its processes exit: the kubelet drops it from its active pods; the
+	// cache still lists it, terminating.
+	g.kubelet.mu.Lock()
+	for i, kp := range g.kubelet.pods {
+		if kp.Name == "victim" {
+			g.kubelet.pods = append(g.kubelet.pods[:i], g.kubelet.pods[i+1:]...)
+			break
+		}
+	}
+	g.kubelet.mu.Unlock()
+	pre := g.podAsking("preemptor", big, api.DeviceGrant{UUID: uuid(0), MemoryMiB: 30000}, true)
+	g.api.put(pre)
+	if _, err := g.admit(pre); err != nil {
+		t.Fatalf("the preemptor's first Allocate: %v", err)
+	}
+	// A running pod the kubelet does not list (it may be restarting)
+	// still counts.
+	other := g.podAsking("other", big, api.DeviceGrant{UUID: uuid(1), MemoryMiB: 30000}, true)
+	g.api.put(other)
+	if _, err := g.admit(other); err != nil {
+		t.Fatal(err)
+	}
+	g.kubelet.mu.Lock()
+	for i, kp := range g.kubelet.pods {
+		if kp.Name == "other" {
+			g.kubelet.pods = append(g.kubelet.pods[:i], g.kubelet.pods[i+1:]...)
+			break
+		}
+	}
+	g.kubelet.mu.Unlock()
+	g.expectRefused(t, g.podAsking("over", big, api.DeviceGrant{UUID: uuid(1), MemoryMiB: 30000}, true), "counting the 1 pods this node already serves there")
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
+	"github.com/tessera-gpu/tessera/internal/recordcheck"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -53,6 +54,27 @@ type Matcher struct {
 	Kubelet  KubeletPods
 	Pods     PodGetter
 	State    statedir.Dirs
+	// Protocol, if set, reads the pod's grants (another scheduler's
+	// protocol); nil: Tessera's allocation record.
+	Protocol Protocol
+}
+
+// Protocol is how a scheduler other than Tessera's tells the node what it
+// granted a pod (Volcano's vGPU annotations: the node agent's volcano
+// part). The matcher reads the grants through it and the guard holds them
+// to the pod's request with it, in place of Tessera's signed record; the
+// physical and ledger checks, the answer and the limiter are the same.
+type Protocol interface {
+	// Record returns the pod's grants as an allocation record; its Node
+	// is the node the grants name. The error says what is missing.
+	Record(pod *v1.Pod) (*api.PodAllocation, error)
+	// Check holds the grants to the pod's own request; gpu is what NVML
+	// says of the node's GPUs.
+	Check(pod *v1.Pod, rec *api.PodAllocation, gpu recordcheck.Lookup) error
+	// Served is told of each container answered, Refused of each refusal
+	// of a pod's grants (the protocol's status on the pod).
+	Served(ctx context.Context, t *Target)
+	Refused(ctx context.Context, pod *v1.Pod, reason string)
 }
 
 // Target is the container a request belongs to, its grant and the
@@ -155,7 +177,15 @@ func (m *Matcher) nextContainer(pod *v1.Pod, kp KubeletPod) (name string, init b
 // target reads the pod's allocation record for the container.
 func (m *Matcher) target(p pending, n int) (*Target, error) {
 	ref := kubeobj.Key(p.pod)
-	rec, err := kubeobj.Record(p.pod)
+	var rec *api.PodAllocation
+	var err error
+	if m.Protocol != nil {
+		if rec, err = m.Protocol.Record(p.pod); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrNoMatch, err)
+		}
+	} else {
+		rec, err = kubeobj.Record(p.pod)
+	}
 	if errors.Is(err, kubeobj.ErrNoRecord) {
 		return nil, fmt.Errorf("%w: pod %s has no %s annotation: it was not placed by the Tessera scheduler, and a GPU share without a record would run without limits", ErrNoMatch, ref, api.AnnotationAllocation)
 	}

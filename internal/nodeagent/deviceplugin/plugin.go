@@ -357,6 +357,9 @@ func (p *Plugin) allocate(ctx context.Context, n int) (*pluginapi.ContainerAlloc
 	if err := p.after(r, t, mode); err != nil {
 		return nil, err
 	}
+	if pr := p.opts.Matcher.Protocol; pr != nil {
+		pr.Served(ctx, t)
+	}
 	return r, nil
 }
 
@@ -364,6 +367,15 @@ func (p *Plugin) allocate(ctx context.Context, n int) (*pluginapi.ContainerAlloc
 // served), its limits file when the limiter applies, and its ledger entry.
 func (p *Plugin) prepare(t *Target, limited bool, mode api.SharingMode) (containerFiles, error) {
 	st := p.opts.Matcher.State
+	// The image's own preload list, which the agent's read-only list
+	// replaces, as the pod declares it: kept after the limiter. The
+	// webhook checked it at creation; annotations can change since, so it
+	// is checked again, before anything is served.
+	v, declares := t.Pod.Annotations[api.AnnotationPreload]
+	declared, err := api.ParsePreloads(v)
+	if limited && declares && err != nil {
+		return containerFiles{}, fmt.Errorf("%w: annotation %s: %v", ErrNoMatch, api.AnnotationPreload, err)
+	}
 	if _, err := p.opts.Matcher.MarkServed(t.Pod.UID, t.Container); err != nil {
 		return containerFiles{}, err
 	}
@@ -377,8 +389,14 @@ func (p *Plugin) prepare(t *Target, limited bool, mode api.SharingMode) (contain
 			return containerFiles{}, fmt.Errorf("writing the limits file: %w", err)
 		}
 		files.LimitsFile = st.LimitsFile(t.Pod.UID, t.Container)
+		if declares {
+			if err := st.WritePreload(t.Pod.UID, t.Container, api.PreloadList(p.opts.Paths.LimiterContainer, declared)); err != nil {
+				return containerFiles{}, fmt.Errorf("writing the preload list: %w", err)
+			}
+			files.PreloadFile = st.PreloadFile(t.Pod.UID, t.Container)
+		}
 	}
-	err := st.WriteGrant(statedir.Grant{
+	err = st.WriteGrant(statedir.Grant{
 		PodUID: t.Pod.UID, Namespace: t.Pod.Namespace, Pod: t.Pod.Name, Container: t.Container,
 		Init: t.Grant.Init, Devices: t.Grant.Devices, Served: time.Now(),
 	})

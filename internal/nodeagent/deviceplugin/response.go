@@ -50,29 +50,31 @@ func (p Paths) WritePreload() error {
 	if err := os.MkdirAll(filepath.Dir(p.PreloadHost), 0o755); err != nil {
 		return err
 	}
-	return atomicfile.Write(p.PreloadHost, []byte(p.LimiterContainer+"\n"), 0o644)
+	return atomicfile.Write(p.PreloadHost, api.PreloadList(p.LimiterContainer, nil), 0o644)
 }
 
 // DeviceListStrategy is how a container's GPUs reach the container
-// runtime (NVIDIA's device plugin offers the same choice).
-type DeviceListStrategy string
+// runtime; its one home is pkg/api, which the webhook reads too (it
+// refuses what would select devices where the environment does).
+type DeviceListStrategy = api.DeviceListStrategy
 
+// The strategies (api.DeviceListStrategy).
 const (
 	// DeviceListEnvvar sets NVIDIA_VISIBLE_DEVICES; the NVIDIA runtime
 	// reads it from the container's environment, where the pod's own
 	// variables would win over it (the webhook refuses the visible ones;
 	// envFrom keys it cannot see: docs/security.md).
-	DeviceListEnvvar DeviceListStrategy = "envvar"
+	DeviceListEnvvar = api.DeviceListEnvvar
 	// DeviceListCDI names the GPUs as CDI devices in the CRI request
 	// (kind CDIKind, device names by UUID, as `nvidia-ctk cdi generate
 	// --device-name-strategy=uuid` writes them); the environment plays no
 	// part.
-	DeviceListCDI DeviceListStrategy = "cdi-cri"
+	DeviceListCDI = api.DeviceListCDI
 	// DeviceListVolumeMounts mounts /dev/null at
 	// /var/run/nvidia-container-devices/<UUID> per GPU, which the NVIDIA
 	// runtime reads when it is set to ignore the environment of
 	// unprivileged containers.
-	DeviceListVolumeMounts DeviceListStrategy = "volume-mounts"
+	DeviceListVolumeMounts = api.DeviceListVolumeMounts
 )
 
 // CDIKind is the CDI kind of NVIDIA's GPU devices.
@@ -83,14 +85,14 @@ const CDIKind = "nvidia.com/gpu"
 const volumeMountsRoot = "/var/run/nvidia-container-devices"
 
 // DeviceListStrategies are the strategies, the default first.
-func DeviceListStrategies() []DeviceListStrategy {
-	return []DeviceListStrategy{DeviceListEnvvar, DeviceListCDI, DeviceListVolumeMounts}
-}
+func DeviceListStrategies() []DeviceListStrategy { return api.DeviceListStrategies() }
 
 // containerFiles are the container's files on the host: its writable
-// state directory and, when the limiter applies, its limits file.
+// state directory and, when the limiter applies, its limits file and,
+// when its pod declares preloads (api.AnnotationPreload), its own preload
+// list (otherwise the node's shared one, Paths.PreloadHost).
 type containerFiles struct {
-	StateDir, LimitsFile string
+	StateDir, LimitsFile, PreloadFile string
 }
 
 // limitsFile is the limiter's read-only limits file for a grant: the
@@ -163,10 +165,14 @@ func buildResponse(c api.ContainerAllocation, limited bool, f containerFiles, p 
 		r.Envs[api.EnvSMLimit] = fmt.Sprint(low)
 	}
 	r.Envs[api.EnvSharedCache] = filepath.Join(p.StateContainer, statedir.LimiterStateFile)
+	preload := p.PreloadHost
+	if f.PreloadFile != "" {
+		preload = f.PreloadFile
+	}
 	r.Mounts = append(r.Mounts,
 		&pluginapi.Mount{ContainerPath: p.LimiterContainer, HostPath: p.LimiterHost, ReadOnly: true},
 		&pluginapi.Mount{ContainerPath: p.StateContainer, HostPath: f.StateDir},
-		&pluginapi.Mount{ContainerPath: api.ContainerPreload, HostPath: p.PreloadHost, ReadOnly: true},
+		&pluginapi.Mount{ContainerPath: api.ContainerPreload, HostPath: preload, ReadOnly: true},
 	)
 	if f.LimitsFile != "" {
 		r.Mounts = append(r.Mounts, &pluginapi.Mount{ContainerPath: limiterconf.Path, HostPath: f.LimitsFile, ReadOnly: true})

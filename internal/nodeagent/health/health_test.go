@@ -10,6 +10,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/tessera-gpu/tessera/internal/nodeagent/nvmltest"
+	"github.com/tessera-gpu/tessera/internal/testenv/poll"
 )
 
 type fakeClock struct {
@@ -46,22 +47,11 @@ func start(t *testing.T, n *nvmltest.Node, opts Options) (*Monitor, *fakeClock) 
 	return m, clk
 }
 
-// eventually polls cond for up to 5s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("timed out waiting for %s", what)
-}
-
 // settle waits until the monitor has consumed everything injected.
 func settle(t *testing.T, n *nvmltest.Node) {
 	t.Helper()
 	w := n.Events.Waits()
-	eventually(t, "event loop", func() bool { return n.Events.Waits() > w+2 })
+	poll.Until(t, "the event loop", 5*time.Second, func() bool { return n.Events.Waits() > w+2 })
 }
 
 func TestXIDMakesUnhealthyAndRecovers(t *testing.T) {
@@ -132,7 +122,7 @@ func TestUnknownDeviceAndLostMarkAll(t *testing.T) {
 	// GPU 4 no longer answers: everything else recovers, it does not.
 	n.Device(4).GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) { return nvml.Memory{}, nvml.ERROR_GPU_IS_LOST }
 	clk.Add(2 * time.Second)
-	eventually(t, "recovery", func() bool { return m.Snapshot()[n.Device(0).UUID].Healthy })
+	poll.Until(t, "recovery", 5*time.Second, func() bool { return m.Snapshot()[n.Device(0).UUID].Healthy })
 	settle(t, n)
 	s := m.Snapshot()
 	for i := range n.Devices {

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"k8s.io/klog/v2/ktesting"
+
+	"github.com/tessera-gpu/tessera/internal/testenv/poll"
 )
 
 func TestSocketNames(t *testing.T) {
@@ -46,7 +48,7 @@ func TestManagerServesEachResource(t *testing.T) {
 	for i, res := range want {
 		srv := startAgent(t, filepath.Join(agentDir, AgentSocketName(res)))
 		defer srv.Stop()
-		waitFor(t, res+" registered", 10*time.Second, func() bool { return kubelet.count() == i+1 })
+		poll.Until(t, res+" registered", 10*time.Second, func() bool { return kubelet.count() == i+1 })
 	}
 	var got []string
 	kubelet.mu.Lock()

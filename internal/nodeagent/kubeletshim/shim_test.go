@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/klog/v2/ktesting"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/tessera-gpu/tessera/internal/testenv/poll"
 )
 
 // fakeKubelet is the kubelet's registration service on dir/kubelet.sock.
@@ -93,16 +95,6 @@ func startAgent(t *testing.T, sock string) *grpc.Server {
 	return srv
 }
 
-func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("timed out after %v waiting for %s", d, what)
-}
-
 // TestShimOutlivesTheAgent: the kubelet's connection stays up and healthy
 // while the agent restarts; an Allocate arriving meanwhile waits for the
 // agent and succeeds; one whose agent stays away fails after AgentWait
@@ -115,7 +107,7 @@ func TestShimOutlivesTheAgent(t *testing.T) {
 	agent := startAgent(t, agentSock)
 	shim := runShim(t, dir, agentSock, 1500*time.Millisecond)
 	ctx := t.Context()
-	waitFor(t, "registration", 5*time.Second, func() bool { return kubelet.count() == 1 })
+	poll.Until(t, "registration", 5*time.Second, func() bool { return kubelet.count() == 1 })
 
 	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "shim.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -144,7 +136,7 @@ func TestShimOutlivesTheAgent(t *testing.T) {
 	got := make(chan error, 1)
 	start := time.Now()
 	go func() { _, err := alloc(); got <- err }()
-	waitFor(t, "the Allocate waiting in the shim", 5*time.Second, func() bool { return shim.Forwarding() == 1 })
+	poll.Until(t, "the Allocate waiting in the shim", 5*time.Second, func() bool { return shim.Forwarding() == 1 })
 	agent = startAgent(t, agentSock)
 	if err := <-got; err != nil {
 		t.Fatalf("an Allocate during the agent's restart failed: %v", err)
@@ -174,7 +166,7 @@ func TestShimOutlivesTheAgent(t *testing.T) {
 		t.Errorf("agent away: %v after %v", err, time.Since(start))
 	}
 	// Past StaleAfter the kubelet is told the GPUs are unhealthy.
-	waitFor(t, "the devices reported unhealthy", 5*time.Second, func() bool {
+	poll.Until(t, "the devices reported unhealthy", 5*time.Second, func() bool {
 		select {
 		case r, ok := <-recv:
 			return ok && len(r.Devices) == 2 && r.Devices[0].Health == pluginapi.Unhealthy
@@ -184,7 +176,7 @@ func TestShimOutlivesTheAgent(t *testing.T) {
 	})
 	agent = startAgent(t, agentSock)
 	defer agent.Stop()
-	waitFor(t, "the devices healthy again", 5*time.Second, func() bool {
+	poll.Until(t, "the devices healthy again", 5*time.Second, func() bool {
 		select {
 		case r, ok := <-recv:
 			return ok && len(r.Devices) == 2 && r.Devices[0].Health == pluginapi.Healthy
@@ -198,7 +190,7 @@ func TestShimOutlivesTheAgent(t *testing.T) {
 	kubelet.srv.Stop()
 	start = time.Now()
 	kubelet = startKubelet(t, dir)
-	waitFor(t, "re-registration after the kubelet restart", 2*time.Second, func() bool { return kubelet.count() == 1 })
+	poll.Until(t, "re-registration after the kubelet restart", 2*time.Second, func() bool { return kubelet.count() == 1 })
 	t.Logf("re-registered %v after the kubelet restarted", time.Since(start).Round(time.Millisecond))
 	if _, err := os.Stat(filepath.Join(dir, "shim.sock")); err != nil {
 		t.Errorf("the shim's socket was not served again: %v", err)
@@ -216,7 +208,7 @@ func TestShimRegistersAgainWhenDropped(t *testing.T) {
 	agent := startAgent(t, agentSock)
 	defer agent.Stop()
 	runShim(t, dir, agentSock, 0)
-	waitFor(t, "registration", 5*time.Second, func() bool { return kubelet.count() == 1 })
+	poll.Until(t, "registration", 5*time.Second, func() bool { return kubelet.count() == 1 })
 	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "shim.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -238,7 +230,7 @@ func TestShimRegistersAgainWhenDropped(t *testing.T) {
 	// The kubelet drops it.
 	drop()
 	start := time.Now()
-	waitFor(t, "registration after the kubelet dropped the plugin", dropGrace+5*time.Second, func() bool { return kubelet.count() == 2 })
+	poll.Until(t, "registration after the kubelet dropped the plugin", dropGrace+5*time.Second, func() bool { return kubelet.count() == 2 })
 	t.Logf("registered again %v after the kubelet dropped the stream", time.Since(start).Round(time.Millisecond))
 }
 
@@ -294,7 +286,7 @@ func TestShimRegistersAgainWhenItsSocketGoesMidRegistration(t *testing.T) {
 	defer srv.Stop()
 	start := time.Now()
 	runShim(t, dir, agentSock, 0)
-	waitFor(t, "the kubelet connected to the shim's socket", 3*time.Second, func() bool { return kubelet.connected.Load() == 1 })
+	poll.Until(t, "the kubelet connected to the shim's socket", 3*time.Second, func() bool { return kubelet.connected.Load() == 1 })
 	t.Logf("registered %v after the first attempt's socket was removed (%d Register calls)", time.Since(start).Round(time.Millisecond), kubelet.calls.Load())
 	if _, err := os.Stat(filepath.Join(dir, "shim.sock")); err != nil {
 		t.Errorf("the shim's socket: %v", err)

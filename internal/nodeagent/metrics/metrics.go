@@ -26,12 +26,12 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/internal/gpushare"
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/limiterstate"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/claimuse"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -69,35 +69,13 @@ type Source struct {
 	Now func() time.Time
 }
 
-// Claim is a DRA ResourceClaim prepared on the node: what the containers
-// that use it were given.
-type Claim struct {
-	Namespace, Name string
-	Requests        []ClaimRequest
-}
-
-// ClaimRequest is one request of a claim the node's DRA driver serves.
-type ClaimRequest struct {
-	// Request is the request's name (a prioritized list's subrequest as
-	// "request/subrequest": containers name the request).
-	Request string
-	// StateFile is the limiter's shared-state file of the request on the
-	// host; "" when the limiter does not apply (whole GPUs).
-	StateFile string
-	// Devices are the request's GPUs in the order of its limits file (the
-	// limiter's device index).
-	Devices []ClaimDevice
-}
-
-// ClaimDevice is one GPU of a claim request: its share, or Whole, or
-// Admin (admin access: visible, nothing consumed).
-type ClaimDevice struct {
-	UUID      string
-	MemoryMiB int64
-	Cores     int64
-	Whole     bool
-	Admin     bool
-}
+// Claim, ClaimRequest and ClaimDevice are the DRA claims prepared on the
+// node (package claimuse).
+type (
+	Claim        = claimuse.Claim
+	ClaimRequest = claimuse.Request
+	ClaimDevice  = claimuse.Device
+)
 
 // Collector is a prometheus.Collector over a Source.
 type Collector struct {
@@ -421,82 +399,28 @@ type targetDev struct {
 	profile string
 }
 
-// claimTargets finds the containers of pods that use the prepared claims:
-// a container's resources.claims entry names a pod claim, which names the
-// ResourceClaim (or the template whose claim the pod's status names), and
-// optionally one request; a pod served nvidia.com/gpu through the
-// extended-resource mapping names its claim and requests in its status.
-// A claim shared by several containers has one limiter state: each of
-// them shows the claim's values.
+// claimTargets are the containers of pods that use the prepared claims
+// (claimuse.Uses; a container that runs to completion before the others
+// is not exported). A claim shared by several containers has one limiter
+// state: each of them shows the claim's values.
 func claimTargets(pods []*v1.Pod, claims []Claim, gpus map[string]*api.GPU) []target {
-	byName := map[string]*Claim{}
-	for i := range claims {
-		byName[claims[i].Namespace+"/"+claims[i].Name] = &claims[i]
-	}
-	if len(byName) == 0 {
-		return nil
-	}
 	var out []target
-	seen := map[string]bool{} // a request reached twice (by name and as all of its claim) is one series
-	add := func(p *v1.Pod, container string, cl *Claim, request string) {
-		for _, r := range cl.Requests {
-			if request != "" && resourceclaim.BaseRequestRef(r.Request) != request {
-				continue
-			}
-			key := string(p.UID) + "/" + container + "/" + cl.Name + "/" + r.Request
-			if seen[key] {
-				continue
-			}
-			seen[key] = true
-			t := target{pod: p, container: container, claim: cl.Name, stateFile: r.StateFile}
-			for _, d := range r.Devices {
-				td := targetDev{uuid: d.UUID, limit: d.MemoryMiB * MiB, share: d.Cores}
-				if d.Whole || d.Admin {
-					td.share = gpushare.FullCores
-					if g, ok := gpus[d.UUID]; ok {
-						td.limit = g.MemoryMiB * MiB
-					}
-				}
-				t.devs = append(t.devs, td)
-			}
-			out = append(out, t)
-		}
-	}
-	for _, p := range pods {
-		if p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed {
+	for _, u := range claimuse.Uses(pods, claims) {
+		if u.Init {
 			continue
 		}
-		var cs []v1.Container
-		for _, c := range p.Spec.InitContainers {
-			if c.RestartPolicy != nil && *c.RestartPolicy == v1.ContainerRestartPolicyAlways {
-				cs = append(cs, c) // a sidecar runs beside the others
-			}
-		}
-		cs = append(cs, p.Spec.Containers...)
-		for _, c := range cs {
-			for _, cr := range c.Resources.Claims {
-				for k := range p.Spec.ResourceClaims {
-					if p.Spec.ResourceClaims[k].Name != cr.Name {
-						continue
-					}
-					name, _, err := resourceclaim.Name(p, &p.Spec.ResourceClaims[k])
-					if err != nil || name == nil {
-						continue
-					}
-					if cl, ok := byName[p.Namespace+"/"+*name]; ok {
-						add(p, c.Name, cl, cr.Request)
-					}
+		t := target{pod: u.Pod, container: u.Container, claim: u.Claim.Name, stateFile: u.Request.StateFile}
+		for _, d := range u.Request.Devices {
+			td := targetDev{uuid: d.UUID, limit: d.MemoryMiB * MiB, share: d.Cores}
+			if d.Whole || d.Admin {
+				td.share = gpushare.FullCores
+				if g, ok := gpus[d.UUID]; ok {
+					td.limit = g.MemoryMiB * MiB
 				}
 			}
-			if s := p.Status.ExtendedResourceClaimStatus; s != nil {
-				cl, ok := byName[p.Namespace+"/"+s.ResourceClaimName]
-				for _, m := range s.RequestMappings {
-					if ok && m.ContainerName == c.Name {
-						add(p, c.Name, cl, m.RequestName)
-					}
-				}
-			}
+			t.devs = append(t.devs, td)
 		}
+		out = append(out, t)
 	}
 	return out
 }

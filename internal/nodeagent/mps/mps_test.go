@@ -14,6 +14,8 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/tessera-gpu/tessera/internal/nodeagent/mps/mpsfake"
+	"github.com/tessera-gpu/tessera/internal/testenv/need"
+	"github.com/tessera-gpu/tessera/internal/testenv/poll"
 )
 
 // The test binary is also the fake control daemon (TESSERA_FAKE_MPS=1).
@@ -94,9 +96,7 @@ func TestManagerWithFake(t *testing.T) {
 	if err := syscall.Kill(p, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	for syscall.Kill(p, 0) == nil {
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.Until(t, "the killed daemon gone", 10*time.Second, func() bool { return syscall.Kill(p, 0) != nil })
 	if err := m.Ensure(ctx, gpus); err != nil {
 		t.Fatal(err)
 	}
@@ -127,9 +127,7 @@ func TestManagerWithNVIDIADaemon(t *testing.T) {
 	if bin == "" {
 		bin = filepath.Join(repoRoot(t), "bin", "nonfree", "nvidia-cuda-mps-control")
 	}
-	if _, err := os.Stat(bin); err != nil {
-		t.Fatalf("NVIDIA's nvidia-cuda-mps-control is missing (%v): run hack/fetch-mps-control.sh or set TESSERA_MPS_CONTROL", err)
-	}
+	need.File(t, bin, "NVIDIA's MPS control daemon (Debian non-free): run hack/fetch-mps-control.sh (`make test-go` does), or set TESSERA_MPS_CONTROL")
 	m := &Manager{Command: []string{bin}, Root: shortDir(t), Logger: ktesting.NewLogger(t, ktesting.NewConfig())}
 	ctx := context.Background()
 	stopped := false
@@ -162,11 +160,10 @@ func TestManagerWithNVIDIADaemon(t *testing.T) {
 		t.Errorf("the daemon still answers after quit: %v", err)
 	}
 	var b []byte
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if b, _ = os.ReadFile(filepath.Join(m.LogDir(u), "control.log")); strings.Contains(string(b), "Cmd:quit") {
-			break
-		}
-	}
+	poll.Until(t, "quit in the daemon's control.log", 5*time.Second, func() bool {
+		b, _ = os.ReadFile(filepath.Join(m.LogDir(u), "control.log"))
+		return strings.Contains(string(b), "Cmd:quit")
+	})
 	if !strings.Contains(string(b), "Cmd:set_default_active_thread_percentage 25") {
 		t.Errorf("control.log lacks the command:\n%s", b)
 	}

@@ -239,6 +239,13 @@ func (m *MIG) prepareLocked(devs []discovery.Device, pod *v1.Pod, container stri
 		}
 		u, err := migmgr.Create(d.Handle, d.MIG, in)
 		if err != nil {
+			// The room may still hold instances of pods gone a moment ago
+			// (pods preempted for this one): destroy those no record
+			// holds and whose processes have exited, then try once more.
+			m.collectLocked(devs)
+			u, err = migmgr.Create(d.Handle, d.MIG, in)
+		}
+		if err != nil {
 			_ = d.RefreshMIG()
 			return nil, fmt.Errorf("creating MIG instance %s on GPU %s for pod %s container %s: %w", in, g.UUID, kubeobj.Key(pod), container, err)
 		}

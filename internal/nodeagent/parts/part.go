@@ -13,6 +13,7 @@
 //	MIG      (mig.go)      static layouts and dynamic instances; answers the device plugins' MIG grants
 //	Trust    (trust.go)    the device plugins' checks of records, the host-side reconciler, their metrics
 //	Plugins  (plugins.go)  one kubelet device plugin per resource offered; per-container state directories
+//	Volcano  (volcano.go)  Volcano's vGPU protocol on nodes in mode volcano (registration, capacities, the grants' checks)
 //	DRA      (dra.go)      the DRA kubelet plugin on nodes in mode dra
 //	MPS      (mps.go)      the MPS control daemons on nodes in mps mode
 //	Metrics  (metrics.go)  the Prometheus endpoint
@@ -76,6 +77,8 @@ type Resyncer interface {
 type Cluster struct {
 	// Pods are the pods bound to this node (the agent's informer cache).
 	Pods corelisters.PodLister
+	// Nodes holds this node's Node (the agent's informer cache).
+	Nodes corelisters.NodeLister
 	// Recorder posts events as tessera-node-agent from this node.
 	Recorder record.EventRecorder
 	// Poke asks for a reconcile soon (coalesced with any pending one).
@@ -120,9 +123,13 @@ func (d *Devices) With(f func(list []discovery.Device)) {
 	f(d.list)
 }
 
-// List returns the devices without the lock: their identity and handles,
-// not a consistent MIG state.
-func (d *Devices) List() []discovery.Device { return d.list }
+// List returns a copy of the devices as they are now, taken under the
+// lock (the MIG part changes their MIG state in place).
+func (d *Devices) List() []discovery.Device {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]discovery.Device(nil), d.list...)
+}
 
 // Handles returns the NVML handle of each GPU by UUID.
 func (d *Devices) Handles() map[string]nvml.Device {

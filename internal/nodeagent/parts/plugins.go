@@ -47,6 +47,10 @@ type PluginsOptions struct {
 	MIG deviceplugin.MIGDevices
 	// MPSPipeDir locates a GPU's MPS daemon pipes (nil: no MPS).
 	MPSPipeDir func(uuid string) string
+	// Protocols are the other schedulers' protocols by the resource their
+	// plugin serves (volcano.sh/vgpu-number: the volcano part); a
+	// resource without one serves Tessera's records.
+	Protocols map[string]deviceplugin.Protocol
 	// Client reads a pod the agent's cache does not show yet.
 	Client kubernetes.Interface
 	// StateAge is how old the state directory of a pod no longer on the
@@ -284,9 +288,10 @@ func (p *Plugins) newPluginLocked(res string) *pluginRun {
 		Socket:     socket,
 		Matcher: &deviceplugin.Matcher{
 			Node: p.opts.NodeName, Resource: res,
-			Kubelet: pr,
-			Pods:    p.pods,
-			State:   p.state,
+			Kubelet:  pr,
+			Pods:     p.pods,
+			State:    p.state,
+			Protocol: p.opts.Protocols[res],
 		},
 	}, p.opts.Logger.WithName("deviceplugin").WithValues("resource", res))
 	ctx, cancel := context.WithCancel(p.ctx)

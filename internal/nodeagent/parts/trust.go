@@ -68,7 +68,7 @@ func NewTrust(opts TrustOptions) *Trust {
 		}),
 		breaches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tessera_node_agent_grant_breaches_total",
-			Help: "Reconciler passes that found a container holding more GPU memory than granted (TesseraGPUMemoryOverGrant) or using a GPU it was not granted (TesseraGPUNotGranted).",
+			Help: "Reconciler passes that found a container holding more GPU memory than granted (TesseraGPUMemoryOverGrant), using a GPU it was not granted (TesseraGPUNotGranted), or holding GPU memory in processes that never registered with its limiter (TesseraGPUMemoryWithoutLimiter).",
 		}, []string{"reason"}),
 		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tessera_node_agent_container_gpu_memory_mib",

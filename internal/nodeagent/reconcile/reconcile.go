@@ -7,10 +7,22 @@
 // container through /proc/<pid>/cgroup (the kubelet puts every container
 // in a cgroup named after its pod UID and container ID) and compares, per
 // container and GPU, what it holds with what the node agent granted it
-// (the ledger the device plugin wrote on the host). A container over its
+// (the ledger the device plugin wrote on the host, or the DRA claim
+// requests it uses, whose grant all their containers share). A container
+// over its
 // grant, or on a GPU it was not granted, is a breach: a Warning event on
 // its pod, a metric, and (configurable) SIGKILL of every process in the
 // container; the kubelet then restarts it under its pod's policy.
+//
+// The same answer goes to a container whose GPU memory is held by a
+// process that never registered with the limiter, though it was given one
+// (it has a limits file): a static binary, a loader that ignores
+// /etc/ld.so.preload, raw ioctls, or its limiter state removed. The
+// limiter's shared state lists each registered process by host pid (and
+// by pid and pid namespace); a process NVML lists for the container and
+// the state does not, in two passes running, is the breach. The state is
+// the container's to write: a container that forges it escapes this
+// check, not the grant's.
 package reconcile
 
 import (
@@ -32,6 +44,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-gpu/tessera/internal/limiterstate"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/claimuse"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 )
 
@@ -71,7 +85,16 @@ type Options struct {
 	// in shared mode); otherwise only use of GPUs a container was not
 	// granted is a breach.
 	Shared func() bool
+	// Claims lists the DRA claims the node's driver prepared: a container
+	// that uses one of their requests is held to the request's grant,
+	// together with every other container that uses it (claimuse.Uses).
+	Claims func() []claimuse.Claim
 }
+
+// DefaultExemptNamespaces are the namespaces whose pods may use GPUs
+// without a grant unless the agent is told otherwise: monitoring agents
+// and the GPU operator run there.
+const DefaultExemptNamespaces = "kube-system,tessera-system"
 
 // Breach is one container over its grant on one GPU.
 type Breach struct {
@@ -83,11 +106,25 @@ type Breach struct {
 	GrantedMiB int64
 	PIDs       []int
 	Killed     []int
+	// Unregistered: the PIDs hold UsedMiB on the GPU without having
+	// registered with the container's limiter.
+	Unregistered bool
+	// Claim is the DRA claim request ("namespace/claim/request") whose
+	// grant the container shares with every other container using it;
+	// UsedMiB is then what they hold together. Empty for a grant of the
+	// container's own.
+	Claim string
 }
 
 func (b Breach) String() string {
+	if b.Unregistered {
+		return fmt.Sprintf("container %s holds %d MiB on GPU %s in processes %v that never registered with its GPU limiter (a static binary, a loader that ignores /etc/ld.so.preload, or its limiter state removed): the limiter cannot hold them to the grant of %d MiB", b.Container, b.UsedMiB, b.GPU, b.PIDs, b.GrantedMiB)
+	}
 	if b.GrantedMiB == 0 {
 		return fmt.Sprintf("container %s holds %d MiB on GPU %s, which it was not granted", b.Container, b.UsedMiB, b.GPU)
+	}
+	if b.Claim != "" {
+		return fmt.Sprintf("the containers using DRA claim request %s (container %s among them) hold %d MiB on GPU %s, more than its grant of %d MiB", b.Claim, b.Container, b.UsedMiB, b.GPU, b.GrantedMiB)
 	}
 	return fmt.Sprintf("container %s holds %d MiB on GPU %s, more than its grant of %d MiB", b.Container, b.UsedMiB, b.GPU, b.GrantedMiB)
 }
@@ -110,6 +147,12 @@ type Reconciler struct {
 
 	mu       sync.Mutex
 	breached map[string]bool // pod UID/container/GPU breaching in the last pass
+	// unregistered are the processes seen without a limiter registration
+	// in the last pass (host pid → its container's pod UID): a process is
+	// reported the second pass running, so one that is exiting (its slot
+	// released before its context) is not.
+	unregistered map[int]types.UID
+	badState     map[string]bool // containers whose state was unreadable, logged once
 }
 
 // New returns a reconciler of the GPUs against the grants in state; pods
@@ -125,7 +168,8 @@ func New(opts Options, gpus []GPU, state statedir.Dirs, pods func() []*v1.Pod, l
 		opts.TolerancePercent, opts.ToleranceMiB = 2, 64
 	}
 	return &Reconciler{opts: opts, gpus: gpus, state: state, pods: pods, logger: logger,
-		kill: func(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }, breached: map[string]bool{}}
+		kill: func(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }, breached: map[string]bool{},
+		unregistered: map[int]types.UID{}, badState: map[string]bool{}}
 }
 
 // Run reconciles every Interval until ctx ends.
@@ -158,7 +202,8 @@ type key struct {
 func (r *Reconciler) Once() []Breach {
 	podsByUID := map[types.UID]*v1.Pod{}
 	byID := map[string]string{} // container ID → name
-	for _, p := range r.pods() {
+	pods := r.pods()
+	for _, p := range pods {
 		podsByUID[p.UID] = p
 		for _, lists := range [][]v1.ContainerStatus{p.Status.InitContainerStatuses, p.Status.ContainerStatuses, p.Status.EphemeralContainerStatuses} {
 			for _, cs := range lists {
@@ -168,7 +213,7 @@ func (r *Reconciler) Once() []Breach {
 			}
 		}
 	}
-	grants := r.grants()
+	grants := r.grants(pods)
 	used := map[key]int64{}
 	pids := map[key][]int{}
 	for _, g := range r.gpus {
@@ -190,8 +235,14 @@ func (r *Reconciler) Once() []Breach {
 	var out []Breach
 	breached := map[string]bool{}
 	keys := make([]key, 0, len(used))
+	// What the containers sharing a DRA claim request's grant hold
+	// together, per GPU.
+	together := map[string]int64{}
 	for k := range used {
 		keys = append(keys, k)
+		if l, ok := grants[key{k.pod, k.container, ""}][k.gpu]; ok && l.group != "" {
+			together[l.group+"|"+k.gpu] += used[k]
+		}
 	}
 	sort.Slice(keys, func(i, j int) bool { return fmt.Sprint(keys[i]) < fmt.Sprint(keys[j]) })
 	for _, k := range keys {
@@ -209,13 +260,17 @@ func (r *Reconciler) Once() []Breach {
 				continue // a whole GPU, or no memory limits on this node
 			}
 		}
+		held := used[k]
+		if onGPU && limit.group != "" {
+			held = together[limit.group+"|"+k.gpu]
+		}
 		allowed := int64(float64(limit.mib)*(1+r.opts.TolerancePercent/100)) + r.opts.ToleranceMiB
-		if onGPU && used[k] <= allowed {
+		if onGPU && held <= allowed {
 			continue
 		}
-		b := Breach{Pod: pod, Container: k.container, GPU: k.gpu, UsedMiB: used[k], PIDs: pids[k]}
+		b := Breach{Pod: pod, Container: k.container, GPU: k.gpu, UsedMiB: held, PIDs: pids[k]}
 		if onGPU {
-			b.GrantedMiB = limit.mib
+			b.GrantedMiB, b.Claim = limit.mib, limit.group
 		}
 		if r.opts.Kill {
 			b.Killed = r.killContainer(k.pod, pids[k])
@@ -227,41 +282,209 @@ func (r *Reconciler) Once() []Breach {
 		again := r.breached[id]
 		r.mu.Unlock()
 		if !again {
-			r.logger.Error(nil, "GPU grant breached", "pod", klog.KObj(pod), "container", k.container, "gpu", k.gpu, "usedMiB", used[k], "grantedMiB", b.GrantedMiB, "killed", b.Killed)
+			r.logger.Error(nil, "GPU grant breached", "pod", klog.KObj(pod), "container", k.container, "gpu", k.gpu, "usedMiB", b.UsedMiB, "grantedMiB", b.GrantedMiB, "claim", b.Claim, "killed", b.Killed)
 		}
 		if r.Report != nil {
 			r.Report(b)
 		}
 	}
+	out = append(out, r.unregisteredBreaches(keys, used, pids, grants, podsByUID, breached)...)
 	r.mu.Lock()
 	r.breached = breached
 	r.mu.Unlock()
 	return out
 }
 
+// unregisteredBreaches finds, in the containers that were given the
+// limiter, GPU memory held by processes that never registered with it
+// (and were seen so in the previous pass too), and answers each like a
+// breach: reported, and killed with Kill.
+func (r *Reconciler) unregisteredBreaches(keys []key, used map[key]int64, pids map[key][]int, grants map[key]map[string]limit, pods map[types.UID]*v1.Pod, breached map[string]bool) []Breach {
+	var out []Breach
+	seen := map[int]types.UID{}
+	regs := map[string]*registrations{} // by state file
+	r.mu.Lock()
+	last := r.unregistered
+	r.mu.Unlock()
+	for _, k := range keys {
+		ck := key{k.pod, k.container, ""}
+		g, granted := grants[ck]
+		if !granted || !g[k.gpu].limited {
+			continue
+		}
+		pod := pods[k.pod]
+		if r.opts.Exempt != nil && r.opts.Exempt(pod.Namespace) {
+			continue
+		}
+		l := g[k.gpu]
+		reg, ok := regs[l.stateFile]
+		if !ok {
+			reg = r.registrations(l.stateFile)
+			regs[l.stateFile] = reg
+		}
+		if reg == nil {
+			continue // a state we cannot read (logged): only the grant holds
+		}
+		var bad []int
+		for _, pid := range pids[k] {
+			if reg.has(r.opts.ProcRoot, pid) {
+				continue
+			}
+			seen[pid] = k.pod
+			if last[pid] == k.pod {
+				bad = append(bad, pid)
+			}
+		}
+		if len(bad) == 0 {
+			continue
+		}
+		sort.Ints(bad)
+		b := Breach{Pod: pod, Container: k.container, GPU: k.gpu, UsedMiB: used[k], GrantedMiB: l.mib, PIDs: bad, Unregistered: true, Claim: l.group}
+		if r.opts.Kill {
+			b.Killed = r.killContainer(k.pod, pids[k])
+		}
+		id := string(k.pod) + "/" + k.container + "/" + k.gpu + "/unregistered"
+		breached[id] = true
+		r.mu.Lock()
+		again := r.breached[id]
+		r.mu.Unlock()
+		if !again {
+			r.logger.Error(nil, "GPU memory held without the limiter", "pod", klog.KObj(pod), "container", k.container, "gpu", k.gpu, "pids", bad, "usedMiB", used[k], "killed", b.Killed)
+		}
+		if r.Report != nil {
+			r.Report(b)
+		}
+		out = append(out, b)
+	}
+	r.mu.Lock()
+	r.unregistered = seen
+	r.mu.Unlock()
+	return out
+}
+
+// registrations are the processes a container's limiter state lists.
+type registrations struct {
+	host map[int32]bool
+	ns   map[[2]uint64]bool // pid in its namespace, namespace inode
+}
+
+// registrations reads a container's limiter state file; a missing state
+// file registers nothing (its processes never registered, or it was
+// removed); nil for a file that is not the limiter's (logged once per
+// file).
+func (r *Reconciler) registrations(path string) *registrations {
+	out := &registrations{host: map[int32]bool{}, ns: map[[2]uint64]bool{}}
+	snap, err := limiterstate.ReadFile(path)
+	switch {
+	case os.IsNotExist(err):
+		return out
+	case err != nil:
+		id := path
+		r.mu.Lock()
+		logged := r.badState[id]
+		r.badState[id] = true
+		r.mu.Unlock()
+		if !logged {
+			r.logger.Info("Container's limiter state unreadable; its processes' registrations are not checked", "state", path, "err", err)
+		}
+		return nil
+	}
+	for _, p := range snap.Processes {
+		if p.HostPID > 0 {
+			out.host[p.HostPID] = true
+		}
+		out.ns[[2]uint64{uint64(p.PID), p.PIDNamespace}] = true
+	}
+	return out
+}
+
+// has reports whether the host pid is registered: by its host pid, or by
+// its pid in its own namespace and that namespace (before the limiter
+// learnt its host pid).
+func (g *registrations) has(procRoot string, pid int) bool {
+	if g.host[int32(pid)] {
+		return true
+	}
+	nspid, ns, ok := nsPID(procRoot, pid)
+	return ok && g.ns[[2]uint64{uint64(nspid), ns}]
+}
+
+// nsPID reads a process's pid in its innermost pid namespace (the last
+// field of NSpid in /proc/<pid>/status) and that namespace's inode
+// (/proc/<pid>/ns/pid, "pid:[4026532451]").
+func nsPID(procRoot string, pid int) (int, uint64, bool) {
+	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "status"))
+	if err != nil {
+		return 0, 0, false
+	}
+	inner := -1
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			f := strings.Fields(rest)
+			if len(f) > 0 {
+				inner, _ = strconv.Atoi(f[len(f)-1])
+			}
+		}
+	}
+	link, err := os.Readlink(filepath.Join(procRoot, strconv.Itoa(pid), "ns", "pid"))
+	if err != nil || inner <= 0 {
+		return 0, 0, false
+	}
+	ino, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(link, "pid:["), "]"), 10, 64)
+	if err != nil {
+		return 0, 0, false
+	}
+	return inner, ino, true
+}
+
 type limit struct {
 	mib       int64
 	exclusive bool
+	// limited: the container was given the limiter (it has a limits
+	// file), so its processes register with it, in stateFile.
+	limited   bool
+	stateFile string
+	// group is the DRA claim request whose grant the container shares
+	// ("" for a grant of its own).
+	group string
 }
 
-// grants reads the ledger: per pod and container (gpu ""), the limit on
-// each GPU it was granted.
-func (r *Reconciler) grants() map[key]map[string]limit {
+// grants reads the ledger and the DRA claims the pods use: per pod and
+// container (gpu ""), the limit on each GPU it was granted.
+func (r *Reconciler) grants(pods []*v1.Pod) map[key]map[string]limit {
 	out := map[key]map[string]limit{}
 	entries, err := r.state.Entries()
 	if err != nil {
 		r.logger.Error(err, "Reading the grants this node served")
-		return out
 	}
 	for _, e := range entries {
 		if e.Grant == nil {
 			continue
 		}
 		m := map[string]limit{}
+		_, err := os.Stat(r.state.LimitsFile(e.PodUID, e.Container))
+		state := filepath.Join(r.state.StateDir(e.PodUID, e.Container), statedir.LimiterStateFile)
 		for _, d := range e.Grant.Devices {
-			m[d.UUID] = limit{mib: d.MemoryMiB, exclusive: d.Exclusive}
+			m[d.UUID] = limit{mib: d.MemoryMiB, exclusive: d.Exclusive, limited: err == nil, stateFile: state}
 		}
 		out[key{e.PodUID, e.Container, ""}] = m
+	}
+	if r.opts.Claims == nil {
+		return out
+	}
+	for _, u := range claimuse.Uses(pods, r.opts.Claims()) {
+		k := key{u.Pod.UID, u.Container, ""}
+		m := out[k]
+		if m == nil {
+			m = map[string]limit{}
+			out[k] = m
+		}
+		for _, d := range u.Request.Devices {
+			// Admin access (monitoring) consumes nothing: like a whole
+			// GPU, only its use is allowed, not its memory counted.
+			m[d.UUID] = limit{mib: d.MemoryMiB, exclusive: d.Whole || d.Admin, limited: u.Request.StateFile != "",
+				stateFile: u.Request.StateFile, group: u.Key()}
+		}
 	}
 	return out
 }
@@ -368,12 +591,16 @@ func (r *Reconciler) killContainer(pod types.UID, nvmlPIDs []int) []int {
 
 // Reasons of the Warning events the agent puts on a breaching pod.
 const (
-	ReasonOverGrant  = "TesseraGPUMemoryOverGrant"
-	ReasonNotGranted = "TesseraGPUNotGranted"
+	ReasonOverGrant      = "TesseraGPUMemoryOverGrant"
+	ReasonNotGranted     = "TesseraGPUNotGranted"
+	ReasonWithoutLimiter = "TesseraGPUMemoryWithoutLimiter"
 )
 
 // Reason is the event reason of a breach.
 func (b Breach) Reason() string {
+	if b.Unregistered {
+		return ReasonWithoutLimiter
+	}
 	if b.GrantedMiB == 0 {
 		return ReasonNotGranted
 	}

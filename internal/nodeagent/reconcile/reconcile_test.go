@@ -7,7 +7,9 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
@@ -15,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2/ktesting"
 
+	"github.com/tessera-gpu/tessera/internal/limiterstate"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/claimuse"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 	"github.com/tessera-gpu/tessera/pkg/api"
@@ -192,5 +196,217 @@ func TestExclusiveAndTimeSlicing(t *testing.T) {
 	r.opts.Shared = func() bool { return false }
 	if got := r.Once(); len(got) != 0 {
 		t.Errorf("time-slicing node: %v", got)
+	}
+}
+
+// limited gives container n of pod p a limits file (the agent wrote one:
+// the container was given the limiter) and a limiter state file listing
+// procs (nil: no state file).
+func (w *world) limited(p *v1.Pod, procs []limiterstate.Process) {
+	w.t.Helper()
+	if err := w.state.WriteLimits(p.UID, "main", []byte("version=1\n")); err != nil {
+		w.t.Fatal(err)
+	}
+	if procs == nil {
+		return
+	}
+	b := limiterstate.Encode(&limiterstate.Snapshot{Processes: procs})
+	if err := os.WriteFile(filepath.Join(w.state.StateDir(p.UID, "main"), statedir.LimiterStateFile), b, 0o666); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// nsProc writes what /proc says of a process's own pid namespace.
+func (w *world) nsProc(pid, nspid int, ns uint64) {
+	w.t.Helper()
+	dir := filepath.Join(w.proc, fmt.Sprint(pid))
+	if err := os.WriteFile(filepath.Join(dir, "status"), []byte(fmt.Sprintf("Name:\tpython\nNSpid:\t%d\t%d\n", pid, nspid)), 0o644); err != nil {
+		w.t.Fatal(err)
+	}
+	_ = os.MkdirAll(filepath.Join(dir, "ns"), 0o755)
+	if err := os.Symlink(fmt.Sprintf("pid:[%d]", ns), filepath.Join(dir, "ns", "pid")); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// TestProcessesWithoutTheLimiter: GPU memory held by a container's
+// process that never registered with the limiter the container was given
+// (a static binary talking to the driver, a glibc-compat loader that
+// ignores /etc/ld.so.preload, the limiter's state removed between
+// processes) went unnoticed while within the grant. Seen in two passes
+// running, it is answered as a breach: an event reason of its own, the
+// metric's label, and the configured kill. Registered processes (by host
+// pid, or by pid and namespace before the limiter learnt its host pid),
+// containers without the limiter, exempt namespaces and a state that is
+// not the limiter's are left alone.
+func TestProcessesWithoutTheLimiter(t *testing.T) {
+	w := newWorld(t)
+	g0 := w.gpus[0].UUID
+	grant := []api.DeviceGrant{{UUID: g0, MemoryMiB: 4096, Cores: 10}}
+	reg := w.container("a", "registered", 1, grant, 101, 102)
+	w.nsProc(102, 7, 4026532001)
+	w.limited(reg, []limiterstate.Process{{PID: 1, HostPID: 101}, {PID: 7, PIDNamespace: 4026532001}})
+	w.uses(0, 101, 1000)
+	w.uses(0, 102, 1000)
+	static := w.container("a", "static", 2, grant, 201, 202)
+	w.nsProc(202, 8, 4026532002)
+	w.limited(static, []limiterstate.Process{{PID: 1, HostPID: 201}, {PID: 8, PIDNamespace: 4026532999}}) // 202 is pid 8 of another namespace
+	w.uses(0, 201, 1000)
+	w.uses(0, 202, 1000)
+	removed := w.container("a", "removed", 3, grant, 301)
+	w.limited(removed, nil) // its state file deleted
+	w.uses(0, 301, 2000)
+	plain := w.container("a", "no-limiter", 4, []api.DeviceGrant{{UUID: g0, MemoryMiB: 40960, Cores: 100, Exclusive: true}}, 401)
+	_ = plain
+	w.uses(0, 401, 1000)
+	exempt := w.container("monitoring", "exporter", 5, grant, 501)
+	w.limited(exempt, nil)
+	w.uses(0, 501, 100)
+	foreign := w.container("a", "hami", 6, grant, 601)
+	w.limited(foreign, []limiterstate.Process{})
+	if err := os.WriteFile(filepath.Join(w.state.StateDir(foreign.UID, "main"), statedir.LimiterStateFile), []byte("not the limiter's"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	w.uses(0, 601, 100)
+
+	var reported []Breach
+	r := w.reconciler(true)
+	r.Report = func(b Breach) { reported = append(reported, b) }
+	if got := r.Once(); len(got) != 0 {
+		t.Fatalf("first pass: %v (a process is reported when seen unregistered twice running)", got)
+	}
+	got := r.Once()
+	byPod := map[string]Breach{}
+	for _, b := range got {
+		byPod[b.Pod.Name] = b
+	}
+	if len(got) != 2 || len(reported) != 2 {
+		t.Fatalf("breaches %v, want the static binary and the removed state", got)
+	}
+	if b := byPod["static"]; fmt.Sprint(b.PIDs) != "[202]" || b.Reason() != ReasonWithoutLimiter || fmt.Sprint(b.Killed) != "[201 202]" ||
+		!strings.Contains(b.String(), "never registered with its GPU limiter") || b.UsedMiB != 2000 || b.GrantedMiB != 4096 {
+		t.Errorf("static: %+v %s", b, b)
+	}
+	if b := byPod["removed"]; fmt.Sprint(b.PIDs) != "[301]" || b.Reason() != ReasonWithoutLimiter {
+		t.Errorf("removed: %+v", b)
+	}
+	for _, pid := range []int{101, 102, 401, 501, 601} {
+		if slices.Contains(w.killed, pid) {
+			t.Errorf("killed %d", pid)
+		}
+	}
+	// A process that registers before the next pass is left alone; one
+	// that was seen once and is gone the next pass was never reported.
+	w.limited(static, []limiterstate.Process{{PID: 1, HostPID: 201}, {PID: 2, HostPID: 202}})
+	w.limited(removed, []limiterstate.Process{{PID: 1, HostPID: 301}})
+	if got := r.Once(); len(got) != 0 {
+		t.Errorf("after registering: %v", got)
+	}
+}
+
+// TestStateFileNotFollowed: the state file is in a directory the
+// container writes; a symbolic link in its place (to a FIFO, which would
+// block the reader, or to a host file) is not followed.
+func TestStateFileNotFollowed(t *testing.T) {
+	w := newWorld(t)
+	p := w.container("a", "link", 1, []api.DeviceGrant{{UUID: w.gpus[0].UUID, MemoryMiB: 4096, Cores: 10}}, 101)
+	w.limited(p, nil)
+	fifo := filepath.Join(t.TempDir(), "fifo")
+	if err := syscall.Mkfifo(fifo, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	state := filepath.Join(w.state.StateDir(p.UID, "main"), statedir.LimiterStateFile)
+	if err := os.Symlink(fifo, state); err != nil {
+		t.Fatal(err)
+	}
+	w.uses(0, 101, 100)
+	r := w.reconciler(false)
+	done := make(chan []Breach, 1)
+	go func() { r.Once(); done <- r.Once() }()
+	select {
+	case got := <-done:
+		if len(got) != 0 {
+			t.Errorf("%v", got)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the reconciler blocked on the state file")
+	}
+	// A FIFO in place of the file: not a regular file, not read either.
+	_ = os.Remove(state)
+	if err := syscall.Mkfifo(state, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- r.Once() }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the reconciler blocked on a FIFO")
+	}
+}
+
+// claimPod adds a pod whose container "main" uses the request "gpu" of
+// its pod claim "gpu", the ResourceClaim claim (as a DRA pod names it),
+// with its processes' pids in /proc.
+func (w *world) claimPod(ns, name string, n int, claim string, pids ...int) *v1.Pod {
+	p := w.container(ns, name, n, nil, pids...)
+	p.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim}}
+	p.Spec.Containers = []v1.Container{{Name: "main", Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}}
+	return p
+}
+
+// TestClaimGrants: on a DRA node the device plugin's ledger has no entry;
+// the grants are the prepared claims'. A container using a claim is held
+// to its request's grant, together with every other container using the
+// same request (they share one limiter state); a whole GPU or admin
+// access only to its use. Before the reconciler read the claims, every
+// DRA container holding GPU memory was "not granted" its GPU, and killed.
+func TestClaimGrants(t *testing.T) {
+	w := newWorld(t)
+	g0, g1 := w.gpus[0].UUID, w.gpus[1].UUID
+	stateDir := t.TempDir()
+	claims := []claimuse.Claim{
+		{Namespace: "a", Name: "share", Requests: []claimuse.Request{{Request: "gpu", StateFile: filepath.Join(stateDir, "cache"),
+			Devices: []claimuse.Device{{UUID: g0, MemoryMiB: 4096, Cores: 20}}}}},
+		{Namespace: "a", Name: "whole", Requests: []claimuse.Request{{Request: "gpu", Devices: []claimuse.Device{{UUID: g1, Whole: true}}}}},
+		{Namespace: "a", Name: "within", Requests: []claimuse.Request{{Request: "gpu", StateFile: filepath.Join(stateDir, "other"),
+			Devices: []claimuse.Device{{UUID: g1, MemoryMiB: 8192}}}}},
+	}
+	one := w.claimPod("a", "one", 1, "share", 101)
+	two := w.claimPod("a", "two", 2, "share", 201)
+	w.uses(0, 101, 3000)
+	w.uses(0, 201, 2000) // each within 4096; together 5000 of the shared 4096
+	w.claimPod("a", "whole", 3, "whole", 301)
+	w.uses(1, 301, 40000)
+	w.claimPod("a", "within", 4, "within", 401)
+	w.uses(1, 401, 8000)
+	b := limiterstate.Encode(&limiterstate.Snapshot{Processes: []limiterstate.Process{{PID: 1, HostPID: 101}, {PID: 1, HostPID: 201}, {PID: 1, HostPID: 401}}})
+	for _, f := range []string{"cache", "other"} {
+		if err := os.WriteFile(filepath.Join(stateDir, f), b, 0o666); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Without the claims: every one of them is a container on a GPU it
+	// was not granted.
+	if got := w.reconciler(false).Once(); len(got) != 4 {
+		t.Fatalf("without the claims: %v, want the 4 DRA containers not granted their GPUs", got)
+	}
+	r := w.reconciler(true)
+	r.opts.Claims = func() []claimuse.Claim { return claims }
+	got := r.Once()
+	if again := r.Once(); len(again) != len(got) { // the second pass would report processes without the limiter
+		t.Errorf("second pass: %v", again)
+	}
+	if len(got) != 2 {
+		t.Fatalf("breaches %v, want the two containers sharing claim a/share", got)
+	}
+	for _, b := range got {
+		if b.Claim != "a/share/gpu" || b.UsedMiB != 5000 || b.GrantedMiB != 4096 || b.Reason() != ReasonOverGrant ||
+			!strings.Contains(b.String(), "the containers using DRA claim request a/share/gpu") || (b.Pod != one && b.Pod != two) {
+			t.Errorf("breach %+v: %s", b, b)
+		}
+	}
+	if fmt.Sprint(w.killed[:2]) != "[101 201]" {
+		t.Errorf("killed %v, want the claim's containers' processes", w.killed)
 	}
 }

@@ -11,6 +11,9 @@
 //	state/        the limiter's shared state, writable by every user of the
 //	              container (mode 1777), mounted at api.ContainerStateDir
 //	limiter.conf  the limits file, mounted read-only at limiterconf.Path
+//	ld.so.preload the container's own preload list, when its pod declares
+//	              preloads (api.AnnotationPreload), mounted read-only at
+//	              api.ContainerPreload in place of the node's shared one
 //	grant.json    what the container was served: the agent's ledger of
 //	              the node's GPUs, out of the container's reach
 //
@@ -35,9 +38,10 @@ import (
 
 // Names inside a container's directory.
 const (
-	stateName  = "state"
-	limitsName = "limiter.conf"
-	grantName  = "grant.json"
+	stateName   = "state"
+	limitsName  = "limiter.conf"
+	preloadName = "ld.so.preload"
+	grantName   = "grant.json"
 )
 
 // LimiterStateFile is the name of the limiter's shared-state file
@@ -60,6 +64,17 @@ func (s Dirs) StateDir(uid types.UID, container string) string {
 // LimitsFile is the container's limits file on the host.
 func (s Dirs) LimitsFile(uid types.UID, container string) string {
 	return filepath.Join(s.Path(uid, container), limitsName)
+}
+
+// PreloadFile is the container's own preload list on the host.
+func (s Dirs) PreloadFile(uid types.UID, container string) string {
+	return filepath.Join(s.Path(uid, container), preloadName)
+}
+
+// WritePreload writes the container's own preload list (read-only for
+// all).
+func (s Dirs) WritePreload(uid types.UID, container string, b []byte) error {
+	return atomicfile.Write(s.PreloadFile(uid, container), b, 0o444)
 }
 
 // Served reports whether the container was answered before.

@@ -4,21 +4,21 @@
 // user would: the binary is built, `tessera-lab up` runs as a process, and
 // the tests use a kubectl built from the pinned module, the lab's
 // kubeconfig, what the nodes' runtimes record and the GPUs' shared state.
-// One lab (4 fractional nodes x 8 A100-40GB, one node of each other mode,
-// and the profiles of nodeConfig) serves every test of the package; each
+// One lab (4 fractional nodes x 8 A100-40GB, lab-gpu-01 to 04, and one of
+// 8 H100-80GB, lab-gpu-05, for the GPU guides' 8-GPU pod of the corpus;
+// one node of each other mode; the profiles of nodeConfig) serves every
+// test of the package; each
 // test works in its own namespace and leaves no pods behind, so any test
 // passes alone (go test -run TestFaults) or after the others.
 package lab_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -29,6 +29,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/lab/labdir"
 	"github.com/tessera-gpu/tessera/internal/lab/status"
 	"github.com/tessera-gpu/tessera/internal/testenv"
+	"github.com/tessera-gpu/tessera/internal/testenv/need"
 )
 
 var (
@@ -42,6 +43,9 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
+	if code, ok := need.RootMain("test/integration/lab", "the lab's hollow kubelets and containers run in mount and PID namespaces"); !ok {
+		return code
+	}
 	tmp, err := os.MkdirTemp("", "lab-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -53,13 +57,8 @@ func run(m *testing.M) int {
 		}
 	}()
 	built := time.Now()
-	tools := filepath.Join(tmp, "tools")
-	if labBin, err = testenv.BuildWith(tmp, "tessera-lab", "./cmd/tessera-lab", testenv.KubernetesBuildFlags()); err == nil {
-		if kubectlBin, err = testenv.BuildKubectl(tmp); err == nil {
-			err = testenv.Make("", "lab-tools", "LAB_TOOLS="+tools)
-		}
-	}
-	if err != nil {
+	var tools string
+	if labBin, kubectlBin, tools, err = testenv.BuildLab(tmp); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -70,44 +69,14 @@ func run(m *testing.M) int {
 		return 1
 	}
 	dir = labdir.Dir(filepath.Join(tmp, "lab"))
-	up := exec.Command(labBin, "up", "--dir", string(dir), "--nodes", "4", "--gpus-per-node", "8", "--gpu-model", "A100-40GB",
-		"--tools", tools, "--node-config", nodeConfig)
-	var out bytes.Buffer
-	up.Stdout, up.Stderr = &out, &out
-	// A killed test run takes its lab down with it.
-	up.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	start := time.Now()
-	if err := up.Start(); err != nil {
+	labRun, err := testenv.StartLab(labBin, string(dir), 4*time.Minute, "--node-groups", labNodeGroups,
+		"--tools", tools, "--node-config", nodeConfig)
+	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- up.Wait() }()
-	stop := func() {
-		_ = up.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(90 * time.Second):
-			_ = up.Process.Kill()
-		}
-	}
-	defer stop()
-	for {
-		st, err := lab.ReadState(dir)
-		if err == nil && st.Ready {
-			break
-		}
-		select {
-		case err := <-exited:
-			fmt.Fprintf(os.Stderr, "tessera-lab up exited: %v\n%s", err, out.String())
-			return 1
-		case <-time.After(200 * time.Millisecond):
-		}
-		if time.Since(start) > 4*time.Minute {
-			fmt.Fprintf(os.Stderr, "lab not ready after 4 minutes\n%s", out.String())
-			return 1
-		}
-	}
+	defer labRun.Stop()
 	fmt.Printf("lab up in %v\n", time.Since(start).Round(100*time.Millisecond))
 	cfg, err := clientcmd.BuildConfigFromFlags("", dir.Kubeconfig())
 	if err != nil {
@@ -121,11 +90,14 @@ func run(m *testing.M) int {
 	}
 	code := m.Run()
 	if code != 0 {
-		fmt.Fprintf(os.Stderr, "lab output:\n%s\n", out.String())
-		dumpLogs()
+		fmt.Fprintf(os.Stderr, "lab output:\n%s\n", labRun.Output())
+		labRun.DumpLogs(os.Stderr, 25)
 	}
 	return code
 }
+
+// labNodeGroups are the lab's fractional nodes (--node-groups).
+const labNodeGroups = "4xA100-40GB:8,1xH100-80GB:8"
 
 // nodeConfigYAML is the lab's --node-config: a profile a test switches a
 // node to.
@@ -138,19 +110,6 @@ data:
     sharing: shared
     sharesPerGPU: 20
 `
-
-// dumpLogs prints the tail of every component's log after a failure.
-func dumpLogs() {
-	logs, _ := filepath.Glob(filepath.Join(dir.Logs(), "*.log"))
-	for _, l := range logs {
-		b, _ := os.ReadFile(l)
-		lines := strings.Split(string(b), "\n")
-		if len(lines) > 25 {
-			lines = lines[len(lines)-25:]
-		}
-		fmt.Fprintf(os.Stderr, "--- %s\n%s\n", filepath.Base(l), strings.Join(lines, "\n"))
-	}
-}
 
 // kubectl runs the kubectl built from the pinned module against the lab.
 func kubectl(t *testing.T, args ...string) string {

@@ -296,7 +296,7 @@ func checkSettled(t *testing.T, ns string, mayFail func(*corev1.Pod) bool) (runn
 }
 
 // TestConcurrentFractionalPods creates 300 fractional pods at once on the
-// 4 x 8 GPUs.
+// fractional nodes' 40 GPUs.
 func TestConcurrentFractionalPods(t *testing.T) {
 	useNamespace(t, loadNS)
 	var pods []*corev1.Pod
@@ -311,7 +311,7 @@ func TestConcurrentFractionalPods(t *testing.T) {
 	t.Logf("300 pods created at once: %d running, %d pending after %v; %d of %d GPUs in use, %.1f%% of GPU memory allocated",
 		running, pending, time.Since(start).Round(100*time.Millisecond), k.InUse, k.GPUs, 100*float64(k.UsedMiB)/float64(k.MemoryMiB))
 	if running < 250 {
-		t.Errorf("only %d of 300 pods running; the 32 GPUs hold more", running)
+		t.Errorf("only %d of 300 pods running; the 40 GPUs hold more", running)
 	}
 }
 

@@ -31,12 +31,13 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
-// draOptions are the scheduler_perf hooks of the DRA test cases; the
-// other test cases have no node in mode dra and no claim, for which the
-// hooks do nothing.
+// draOptions are the scheduler_perf hooks: those of the DRA test cases
+// (the other test cases have no node in mode dra and no claim, for which
+// they do nothing) and, through prepare (preempt_test.go), the check of
+// the allocation records after every workload.
 func draOptions() []perf.SchedulerPerfOption {
 	return []perf.SchedulerPerfOption{
-		perf.WithPrepareFn(prepareDRA),
+		perf.WithPrepareFn(prepare),
 		perf.WithNodeUpdateFn(publishSlices),
 	}
 }
