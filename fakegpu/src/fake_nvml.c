@@ -37,6 +37,7 @@
 
 #include "fake_api.h"
 #include "fake_common.h"
+#include "fake_limits.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -178,6 +179,57 @@ static void mem(struct fake_nvdev *f, unsigned long long *total, unsigned long l
     *total = t;
     *used = u < t ? u : t;
     *freep = t - *used;
+    uint64_t hard, cg;
+    if (fake_limits_self(f->ord, &hard, &cg)) {
+        /* the calling process's cgroup's share, as the driver reports it */
+        uint64_t left = cg < hard ? hard - cg : 0;
+        *total = hard < t ? hard : t;
+        *used = cg < *total ? cg : *total;
+        *freep = left < *freep ? left : *freep;
+    }
+}
+
+/* ---- memory partitioning (fake_limits.h) ---- */
+
+EXPORT nvmlReturn_t nvmlDeviceSetMemoryLimits_v1(nvmlDevice_t d, TL_NVML_SET_MEMORY_LIMITS_V1 *l)
+{
+    struct fake_nvdev *f = dev_of(d);
+    if (!f || !l)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return fake_limits_set(f->ord, l->nameSpace, l->softLimit, l->hardLimit);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryLimits_v1(nvmlDevice_t d, TL_NVML_GET_MEMORY_LIMITS_V1 *l)
+{
+    struct fake_nvdev *f = dev_of(d);
+    if (!f || !l)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    uint64_t soft = 0, hard = 0, used = 0;
+    nvmlReturn_t r = fake_limits_get(f->ord, l->nameSpace, &soft, &hard, &used);
+    if (r == NVML_SUCCESS) {
+        l->softLimit = soft;
+        l->hardLimit = hard;
+        l->currentUsed = used;
+    }
+    return r;
+}
+
+/* The driver's version: FAKE_NVML_DRIVER_VERSION, else 615.00 where the
+ * GPUs partition memory (the release that brought it) and 580.00 where
+ * they do not. */
+EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *v, unsigned int n)
+{
+    if (!inited)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!v)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const char *e = getenv("FAKE_NVML_DRIVER_VERSION");
+    struct fake_shared *s = fake_shared_of(0);
+    const char *ver = e && *e ? e : s && (s->m->flags & FAKE_FLAG_PARTITION) ? "615.00" : "580.00";
+    if (strlen(ver) >= n)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    snprintf(v, n, "%s", ver);
+    return NVML_SUCCESS;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, TL_NVML_MEMORY *m)
