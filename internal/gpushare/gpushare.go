@@ -283,8 +283,7 @@ type Ask struct {
 	MemoryPercent int
 	Cores         int
 	// CeilingMiB is the memory ceiling above MemoryMiB (0: none). It is
-	// not charged: a GPU is charged the guarantee, and what a container
-	// uses above it is borrowed from memory nobody is guaranteed.
+	// not charged: a GPU is charged the guarantee.
 	CeilingMiB int64
 }
 

@@ -8,13 +8,12 @@ import (
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
 )
 
-// The memory ceiling (nvidia.com/gpumem-ceiling, docs/isolation.md,
-// "Guaranteed plus burst"). kubeobj.Defaulted holds the rules that need no
-// GPU (a guarantee in MiB below it, not on a whole GPU or a MIG device);
-// what needs the cluster's GPUs is here. The GPU memory quota charges the
+// The memory ceiling (nvidia.com/gpumem-ceiling, docs/upgrading.md,
+// tessera.io/v3). kubeobj.Defaulted holds the rules that need no GPU (a
+// guarantee in MiB below it, not on a whole GPU or a MIG device); what
+// needs the cluster's GPUs is here. The GPU memory quota charges the
 // guarantee alone (quota.go's chargedMiB reads the memory, never the
-// ceiling): what a container borrows above it is given back when a
-// guarantee needs it.
+// ceiling).
 
 // ceilingErrors checks a container's ceiling against the largest GPU the
 // cluster's inventories list (largest 0: none known yet, not checked; the

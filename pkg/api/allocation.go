@@ -49,14 +49,13 @@ type DeviceGrant struct {
 	UUID string `json:"uuid"`
 	// MemoryMiB is the memory the container is guaranteed on this GPU:
 	// what the scheduler charges the GPU, and the container's memory
-	// limit unless CeilingMiB raises it.
+	// limit.
 	MemoryMiB int64 `json:"memoryMiB"`
-	// CeilingMiB, when set (v3), is the most memory the container may use
-	// on this GPU, above its guarantee, while the memory is not guaranteed
-	// to another container: it borrows the difference and gives it back
-	// when a guarantee needs it (docs/isolation.md, "Guaranteed plus
-	// burst"). It is more than MemoryMiB; 0 means no ceiling (the
-	// guarantee is the limit).
+	// CeilingMiB, when set (v3), is the ceiling the pod asked
+	// (nvidia.com/gpumem-ceiling): more than MemoryMiB, at most the GPU's
+	// memory; 0 means none. The scheduler places the grant on a GPU at
+	// least that large; the node agent holds the container to MemoryMiB
+	// (docs/upgrading.md, tessera.io/v3).
 	CeilingMiB int64 `json:"ceilingMiB,omitempty"`
 	// Cores is the compute share in percent of the GPU's SMs (0..100;
 	// 0 means the limiter enforces no compute share).
@@ -81,10 +80,6 @@ type MIGGrant struct {
 	// (dynamic MIG).
 	Device string `json:"device,omitempty"`
 }
-
-// LimitMiB is the most memory the grant lets the container use on its
-// GPU: the ceiling when there is one, else the guarantee.
-func (d DeviceGrant) LimitMiB() int64 { return max(d.MemoryMiB, d.CeilingMiB) }
 
 // MaxContainersPerPod bounds the number of containers a record may hold.
 const MaxContainersPerPod = 256

@@ -88,8 +88,10 @@ type GPU struct {
 	Links []Link `json:"links,omitempty"`
 	// DriverMemoryLimits (v3) says the GPU's driver partitions its memory
 	// per cgroup (NVIDIA r615 and later, cgroup v2, MIG off) and the node
-	// agent has it enforce the containers' memory limits: soft limit =
-	// guarantee, hard limit = ceiling. False: the limiter enforces them.
+	// agent has it enforce the containers' memory limits (soft limit =
+	// guarantee, hard limit = ceiling). False: the limiter enforces them,
+	// as it does on every node of this release (its agent leaves it
+	// false).
 	DriverMemoryLimits bool `json:"driverMemoryLimits,omitempty"`
 }
 

@@ -143,10 +143,4 @@ func TestValidateV3Errors(t *testing.T) {
 			t.Errorf("%s: got %v, want %q", name, err, tc.want)
 		}
 	}
-	if d := (DeviceGrant{MemoryMiB: 10, CeilingMiB: 30}); d.LimitMiB() != 30 {
-		t.Errorf("LimitMiB with a ceiling = %d", d.LimitMiB())
-	}
-	if d := (DeviceGrant{MemoryMiB: 10}); d.LimitMiB() != 10 {
-		t.Errorf("LimitMiB without a ceiling = %d", d.LimitMiB())
-	}
 }
