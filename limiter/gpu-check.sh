@@ -638,8 +638,10 @@ S5="$WORK/s5"; rm -f "$WORK/ready-nb" "$WORK/ready-me"
 GPU_CHECK_PIDS="$WORK/smi.pids"
 "$PY" "$WORK/hold.py" $((256 << 20)) "$WORK/ready-nb" 600 >/dev/null 2>&1 &
 BG="$BG $!"
-limited "$S5" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m "$PY" "$WORK/hold.py" \
-    $((LIMIT / 4)) "$WORK/ready-me" 600 >/dev/null 2>&1 &
+# the holder traced: how (and whether) it resolved its host pid, which the
+# exported process list filters by
+limited "$S5" CUDA_DEVICE_MEMORY_LIMIT=${LIMIT_MIB}m TESSERA_LIMITER_TRACE="$DIAG/trace-smi-holder" "$PY" "$WORK/hold.py" \
+    $((LIMIT / 4)) "$WORK/ready-me" 600 >/dev/null 2>"$DIAG/smi-holder.err" &
 BG="$BG $!"
 for _ in $(seq 1 600); do [ -s "$WORK/ready-nb" ] && [ -s "$WORK/ready-me" ] && break; sleep 0.1; done
 NB=$(cat "$WORK/ready-nb" 2>/dev/null); ME=$(cat "$WORK/ready-me" 2>/dev/null)
