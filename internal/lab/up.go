@@ -226,15 +226,21 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	}
 	step("started kube-controller-manager, scheduler, webhook, volume provisioner and %d emulated GPU nodes", len(cfg.Nodes))
 
-	if err := waitReady(ctx, client, cfg.Nodes, profiles, cfg.ReadyTimeout, func() error {
+	crashing := func() error {
 		for name, c := range sup.Components() {
 			if c.Restarts >= 3 {
 				return fmt.Errorf("%s keeps exiting (%d restarts); see %s", name, c.Restarts, d.Log(name))
 			}
 		}
 		return nil
-	}); err != nil {
+	}
+	if err := waitReady(ctx, client, cfg.Nodes, profiles, cfg.ReadyTimeout, crashing); err != nil {
 		return fmt.Errorf("%w (logs in %s)", err, d.Logs())
+	}
+	if cfg.Volcano != "" {
+		if err := waitVolcanoSees(ctx, client, cfg.Nodes, cfg.ReadyTimeout, d.Log(VolcanoScheduler), crashing); err != nil {
+			return err
+		}
 	}
 	step("ready: webhook admitting, %d nodes Ready with their GPUs", len(cfg.Nodes))
 	save(func(s *State) { s.Ready = true })

@@ -10,6 +10,7 @@ package lab
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -30,6 +31,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/lab/apply"
 	"github.com/tessera-gpu/tessera/internal/lab/component"
 	"github.com/tessera-gpu/tessera/internal/lab/labdir"
+	"github.com/tessera-gpu/tessera/internal/lab/modes"
 	"github.com/tessera-gpu/tessera/internal/lab/pki"
 	"github.com/tessera-gpu/tessera/internal/lab/poll"
 	"github.com/tessera-gpu/tessera/internal/lab/supervisor"
@@ -163,4 +165,45 @@ func startVolcano(ctx context.Context, sup *supervisor.Supervisor, client kubern
 		// others' CRDs are not installed).
 		"--controllers=job-controller,pg-controller,queue-controller,gc-controller",
 	})
+}
+
+// waitVolcanoSees waits until Volcano's scheduler has read the GPUs of
+// every volcano node with its vGPU sharing on. Volcano v1.14 turns
+// deviceshare's VGPUEnable on when its first scheduling session opens and
+// builds a node's vGPUs only when it syncs the Node after that: a node
+// synced before has none, so deviceshare skips it and Volcano binds a vGPU
+// pod there without the grant annotations (its predicates plugin logs the
+// failed device allocation and binds anyway), and the node agent refuses
+// the pod. What shows that Volcano has the node's vGPUs is the handshake
+// it writes when it builds them ("Requesting_<time>", answered by the
+// agent's "Reported_" within 20 s); the lab is not ready before that.
+// The handshake turns back to "Reported_" within 20 s, so a node seen
+// once is not asked again. crashing ends the wait early when a component
+// keeps failing; log is the Volcano scheduler's, named in the error.
+func waitVolcanoSees(ctx context.Context, client kubernetes.Interface, nodes []modes.NodeSpec, timeout time.Duration, log string, crashing func() error) error {
+	var waiting []string
+	seen := map[string]bool{}
+	err := poll.Until(ctx, timeout, func(ctx context.Context) (bool, error) {
+		if err := crashing(); err != nil {
+			return false, err
+		}
+		waiting = waiting[:0]
+		for _, n := range nodes {
+			if n.Mode != modes.VolcanoMode || seen[n.Name] {
+				continue
+			}
+			node, err := client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+			if err == nil && strings.HasPrefix(node.Annotations[api.AnnotationVolcanoHandshake], api.VolcanoHandshakeRequesting) {
+				seen[n.Name] = true
+				continue
+			}
+			waiting = append(waiting, n.Name)
+		}
+		return len(waiting) == 0, nil
+	})
+	if errors.Is(err, poll.ErrTimeout) {
+		return fmt.Errorf("volcano's scheduler has not read the vGPUs of node %s (its %s never said %s<time>) %w; see %s",
+			strings.Join(waiting, ", "), api.AnnotationVolcanoHandshake, api.VolcanoHandshakeRequesting, err, log)
+	}
+	return err
 }

@@ -178,6 +178,31 @@ func (c *Cluster) Release(pod string) bool {
 	return true
 }
 
+// SetUsage sets what is allocated on each GPU of a node whose
+// allocations the cluster holds no records for (Tessera's DRA GPUs, whose
+// claims the structured allocator allocates): used[i] is the usage of
+// GPU i, in the node's GPU order. It reports whether the node exists
+// with as many GPUs; the node's Version changes only if some usage did.
+// A node's GPUs are either charged by records (Assign, AssignRecord) or
+// set here, never both.
+func (c *Cluster) SetUsage(node string, used []Usage) bool {
+	n := c.Node(node)
+	if n == nil || len(used) != len(n.GPUs) {
+		return false
+	}
+	changed := false
+	for i := range n.GPUs {
+		if n.GPUs[i].Used != used[i] {
+			n.GPUs[i].Used = used[i]
+			changed = true
+		}
+	}
+	if changed {
+		n.Version++
+	}
+	return true
+}
+
 // unapply takes what e charges off n, the inverse of apply.
 func unapply(n *Node, e *podEntry) {
 	n.CPUUsed -= e.cpu

@@ -79,11 +79,29 @@ func utilisationAfter(cr *Compiled, p *Placement) float64 {
 		}
 		return float64(n.CPUUsed+cr.Req.CPUMilli) / float64(n.CPUCapacity)
 	}
+	return gpuUtilisation(n, &p.charge)
+}
+
+// Utilisation is how full the node's GPUs are now: the mean over its
+// GPUs of allocated memory and compute fractions (0 without GPUs), what
+// Binpack maximises and Spread minimises.
+func (n *Node) Utilisation() float64 {
+	if len(n.GPUs) == 0 {
+		return 0
+	}
+	return gpuUtilisation(n, nil)
+}
+
+// gpuUtilisation is Utilisation with charge (nil: nothing) added to each
+// GPU; n has GPUs.
+func gpuUtilisation(n *Node, charge *[api.MaxGPUsPerNode]Usage) float64 {
 	var sum float64
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
 		u := g.Used
-		u.add(p.charge[i])
+		if charge != nil {
+			u.add(charge[i])
+		}
 		sum += float64(u.MemoryMiB)/float64(g.MemoryCap) + float64(u.Cores)/100
 	}
 	return sum / float64(2*len(n.GPUs))

@@ -137,13 +137,40 @@ var cordoned = corev1.Taint{Key: corev1.TaintNodeUnschedulable, Effect: corev1.T
 func (p *Plugin) candidates(ctx context.Context, s *cycleState) sets.Set[string] {
 	p.st.mu.RLock()
 	defer p.st.mu.RUnlock()
-	nodes := p.st.cluster.Nodes()
+	top := p.search(ctx, s, p.st.cluster.Nodes(), p.memo, func(name string, score float64) {
+		if i, ok := p.st.slot[name]; ok && i < len(s.scores) {
+			s.scores[i] = score // each node has its own slot
+		}
+	})
+	if len(top) == 0 {
+		return nil
+	}
+	names := sets.New[string]()
+	for _, c := range top {
+		names.Insert(c.name)
+	}
+	if s.draWhy == "" {
+		for n, m := range p.st.mode {
+			if m == api.ModeDRA {
+				names.Insert(n)
+			}
+		}
+	}
+	return names
+}
+
+// search runs s's fit check and policy score on every node of nodes
+// (through memo) and returns the best Candidates among those the pod's
+// own rules allow, best first; record (if not nil) is told the score of
+// every node that fits, from several goroutines at once. The caller holds
+// the lock that guards nodes.
+func (p *Plugin) search(ctx context.Context, s *cycleState, nodes []*placement.Node, memo *placement.Memo, record func(name string, score float64)) []candidate {
 	const chunk = 256
 	parts := (len(nodes) + chunk - 1) / chunk
 	tops := make([][]candidate, parts)
 	// Nodes unchanged since the last pod of this shape keep their verdict
 	// and score (placement.Memo): a lookup instead of a fit check.
-	scan := p.memo.Begin(s.cr, s.pol, s.ranker, len(nodes))
+	scan := memo.Begin(s.cr, s.pol, s.ranker, len(nodes))
 	defer scan.End()
 	// For a pod without a nodeSelector or required affinity, rules is
 	// nil in the first pass: the policy's best nodes are usually all ones
@@ -176,8 +203,8 @@ func (p *Plugin) candidates(ctx context.Context, s *cycleState) sets.Set[string]
 			}
 			if r, score := eval(n, &sc.s, &sc.p); r.OK() {
 				c := candidate{name: n.Name, score: score}
-				if i, ok := p.st.slot[n.Name]; ok && i < len(s.scores) {
-					s.scores[i] = c.score // each node has its own slot
+				if record != nil {
+					record(n.Name, score)
 				}
 				if kept(top, c) && rules.allow(n.Name) {
 					top = keep(top, c)
@@ -207,21 +234,7 @@ func (p *Plugin) candidates(ctx context.Context, s *cycleState) sets.Set[string]
 		rules = s.rules
 		top = best()
 	}
-	if len(top) == 0 {
-		return nil
-	}
-	names := sets.New[string]()
-	for _, c := range top {
-		names.Insert(c.name)
-	}
-	if s.draWhy == "" {
-		for n, m := range p.st.mode {
-			if m == api.ModeDRA {
-				names.Insert(n)
-			}
-		}
-	}
-	return names
+	return top
 }
 
 // kept reports whether keep would insert c into top.

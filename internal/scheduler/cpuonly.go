@@ -20,16 +20,19 @@ import (
 // preFilterCPUOnly narrows a pod that asks no GPU to the policy's best
 // candidates by its CPU and memory (a policy that weighs them, such as
 // bestfit, packs such pods and keeps CPU free elsewhere). Pods with
-// ResourceClaims are left to DynamicResources. Where there is
+// ResourceClaims are narrowed by their claims (draclaims.go). Where there is
 // nothing to narrow (an invalid request, no node fits in the plugin's
 // view, or a retry over every node) the plugin skips the pod, and the
 // profile's other plugins place it as before.
 func (p *Plugin) preFilterCPUOnly(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodes []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
 	skip := fwk.NewStatus(fwk.Skip)
 	// A pod with ResourceClaims may need a node in mode dra for them,
-	// which its CPU alone does not tell: DynamicResources and the DRA
-	// ranking (drascore.go) place it.
-	if len(pod.Spec.ResourceClaims) > 0 || p.wide(pod.UID) {
+	// which its CPU alone does not tell: its claims place it
+	// (draclaims.go).
+	if len(pod.Spec.ResourceClaims) > 0 {
+		return p.preFilterClaims(ctx, cs, pod, nodes)
+	}
+	if p.wide(pod.UID) {
 		return nil, skip
 	}
 	if err := p.waitSynced(ctx); err != nil {

@@ -214,6 +214,11 @@ func (p *Plugin) PostFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.
 	defer since("PostFilter", time.Now())
 	s := readState(cs)
 	if s == nil {
+		if d := readDRACycle(cs); d != nil && d.narrowed {
+			// Every candidate for the pod's claims failed a Filter
+			// (the structured allocator's or another plugin's).
+			return p.retryWide(ctx, pod)
+		}
 		return nil, fwk.NewStatus(fwk.Unschedulable)
 	}
 	s.mu.Lock()
@@ -237,11 +242,7 @@ func (p *Plugin) PostFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.
 		// may fit another node as it is. The retry's PostFilter runs
 		// the whole chain (the DRA claim clean-up, preemption over
 		// every node) if it fails too.
-		p.widen(pod.UID)
-		if p.activate != nil {
-			p.activate(klog.FromContext(ctx), map[string]*corev1.Pod{kubeobj.Key(pod): pod})
-		}
-		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, statusText(NarrowedRetry))
+		return p.retryWide(ctx, pod)
 	}
 	p.waitMu.Lock()
 	p.waiting[kubeobj.Key(pod)] = pod
@@ -252,8 +253,18 @@ func (p *Plugin) PostFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.
 	return nil, fwk.NewStatus(fwk.Unschedulable, statusText("Tessera: "+s.summary(reasons)))
 }
 
+// retryWide ends PostFilter's chain for a pod whose narrowed attempt
+// failed and tries it again at once over every node.
+func (p *Plugin) retryWide(ctx context.Context, pod *corev1.Pod) (*fwk.PostFilterResult, *fwk.Status) {
+	p.widen(pod.UID)
+	if p.activate != nil {
+		p.activate(klog.FromContext(ctx), map[string]*corev1.Pod{kubeobj.Key(pod): pod})
+	}
+	return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, statusText(NarrowedRetry))
+}
+
 // PreScore skips scoring for pods the plugin does not place, but for
-// pods whose claims DynamicResources allocates on DRA nodes (drascore.go).
+// pods whose claims DynamicResources allocates on DRA nodes (dramodel.go).
 func (p *Plugin) PreScore(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodes []fwk.NodeInfo) *fwk.Status {
 	if readState(cs) == nil {
 		// Not a pod Tessera places: one whose claims DynamicResources
@@ -335,7 +346,7 @@ func (p *Plugin) ScoreExtensions() fwk.ScoreExtensions { return p }
 // through DRA (draScore) get 0, below every node Tessera places on.
 func (p *Plugin) NormalizeScore(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, scores fwk.NodeScoreList) *fwk.Status {
 	if len(scores) == 0 || readDRACycle(cs) != nil {
-		// The DRA scores (drascore.go) are already in range.
+		// The DRA scores (dramodel.go) are already in range.
 		return nil
 	}
 	lo, hi, seen, dra := int64(0), int64(0), false, false

@@ -34,6 +34,13 @@ var (
 		Help:           "Bound GPU pods whose allocation record the scheduler did not charge, by reason (TesseraRecordIgnored: bad signature or not the pod's request; TesseraRecordMissing: no record).",
 		StabilityLevel: metrics.ALPHA,
 	}, []string{"reason"})
+	claimPodsTotal = metrics.NewCounterVec(&metrics.CounterOpts{
+		Namespace:      "tessera",
+		Subsystem:      "scheduler",
+		Name:           "claim_pods_total",
+		Help:           "Scheduling attempts of pods with ResourceClaims, by whether the plugin narrowed them to its best DRA nodes (narrowed) or why not (the claims' feature it does not model, notFitting, retry, notReady).",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"result"})
 	gpuMemory      = perGPUGauge("gpu_allocated_memory_mib", "GPU memory allocated to pods, per GPU, in MiB.")
 	gpuCores       = perGPUGauge("gpu_allocated_cores_percent", "GPU compute allocated to pods, per GPU, in percent of its SMs.")
 	gpuShares      = perGPUGauge("gpu_allocated_shares", "Containers holding a share of the GPU.")
@@ -98,7 +105,7 @@ var registerOnce sync.Once
 // several plugins).
 func registerMetrics() {
 	registerOnce.Do(func() {
-		legacyregistry.MustRegister(placementsTotal, failuresTotal, recordsIgnored, gpuMemory, gpuCores, gpuShares, pluginDuration)
+		legacyregistry.MustRegister(placementsTotal, failuresTotal, recordsIgnored, claimPodsTotal, gpuMemory, gpuCores, gpuShares, pluginDuration)
 	})
 }
 

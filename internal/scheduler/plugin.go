@@ -24,12 +24,15 @@ import (
 	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/features"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
 	"github.com/tessera-gpu/tessera/internal/policies"
@@ -61,6 +64,9 @@ type Plugin struct {
 	// memo keeps each node's verdict and score per pod shape between
 	// pods (candidates.go).
 	memo *placement.Memo
+	// dra is the placement core's model of Tessera's DRA GPUs
+	// (dramodel.go).
+	dra *draModel
 
 	bindOnce  sync.Once
 	bindsSelf bool // set once by recordInBinding
@@ -173,6 +179,27 @@ func newWithPolicies(ctx context.Context, obj runtime.Object, h fwk.Handle, cat 
 	if err != nil {
 		return nil, fmt.Errorf("watching pods: %w", err)
 	}
+	// Tessera's DRA GPUs (dramodel.go), with DynamicResourceAllocation
+	// on, as kube-scheduler's DynamicResources. Only the narrowing of
+	// claims waits for the slices (draReady), never the device-plugin
+	// pods.
+	if utilfeature.DefaultFeatureGate.Enabled(features.DynamicResourceAllocation) {
+		sliceReg, err := h.SharedInformerFactory().Resource().V1().ResourceSlices().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { p.onSlice(logger, obj) },
+			UpdateFunc: func(_, obj any) { p.onSlice(logger, obj) },
+			DeleteFunc: func(obj any) {
+				if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+					p.dra.onSlice(logger, t.Key, nil) // cluster-scoped: the key is the name
+				} else if s, ok := obj.(*resourceapi.ResourceSlice); ok {
+					p.dra.onSlice(logger, s.Name, nil)
+				}
+			},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("watching ResourceSlices: %w", err)
+		}
+		p.dra.synced = sliceReg.HasSynced
+	}
 	p.syncFns = []cache.InformerSynced{nodeReg.HasSynced, podReg.HasSynced}
 	logger.Info("Tessera plugin ready", "resourcePrefix", cfg.ResourcePrefix, "policy", p.policy.Name(), "gpuPolicy", cfg.GPUPolicy)
 	return p, nil
@@ -199,6 +226,7 @@ func newPlugin(cfg api.ClusterConfig, cat policies.Catalogue) (*Plugin, error) {
 	st.trust = p.trust
 	p.scratchs.New = func() any { return new(scratch) }
 	p.memo = placement.NewMemo()
+	p.dra = newDRAModel(cfg.GPUPolicy)
 	return p, nil
 }
 
@@ -212,6 +240,12 @@ func (p *Plugin) Name() string { return Name }
 func (p *Plugin) onNode(logger klog.Logger, obj any) {
 	if n, ok := obj.(*corev1.Node); ok && p.st.upsertNode(logger, n) {
 		p.requeue(logger)
+	}
+}
+
+func (p *Plugin) onSlice(logger klog.Logger, obj any) {
+	if s, ok := obj.(*resourceapi.ResourceSlice); ok {
+		p.dra.onSlice(logger, s.Name, s)
 	}
 }
 

@@ -40,6 +40,10 @@ const (
 	// "Requesting_<time>" and drops the node's GPUs when no report
 	// follows within 60 s. Later releases ignore it.
 	AnnotationVolcanoHandshake = "volcano.sh/node-vgpu-handshake"
+	// VolcanoHandshakeRequesting starts the handshake Volcano's scheduler
+	// (up to v1.15.0) writes each time it reads the node's registration
+	// with its vGPU sharing on.
+	VolcanoHandshakeRequesting = "Requesting_"
 )
 
 // Pod annotations of the protocol. Volcano's scheduler writes them when it

@@ -19,9 +19,12 @@ import (
 // the limiter, 10 per GPU (Volcano's default split count).
 const VolcanoProfile = "mode: volcano\nsharing: shared\nsharesPerGPU: 10\n"
 
+// VolcanoMode is the mode's name (NodeSpec.Mode).
+const VolcanoMode = "volcano"
+
 func init() {
 	Register(&Mode{
-		Name:    "volcano",
+		Name:    VolcanoMode,
 		Summary: "Volcano's scheduler places GPU shares (volcano.sh/vgpu-number, vgpu-memory, vgpu-cores), gangs and queues; the agent speaks Volcano's vGPU protocol and the limiter enforces each share (with --volcano)",
 		Order:   60,
 		Profile: "volcano", ProfileYAML: VolcanoProfile, Sharing: api.SharingShared,

@@ -65,7 +65,7 @@ func registry() frameworkruntime.Registry {
 
 // BenchmarkPerfScheduling runs the performance workloads (label
 // performance): stock whole-GPU pods and Tessera fractional pods on
-// 5,000 nodes x 8 GPUs, and the DRA claims (dra_test.go) on 1,000 nodes
+// 5,000 nodes x 8 GPUs, and the DRA claims (dra_test.go) on 5,000 nodes
 // x 8 GPUs.
 func BenchmarkPerfScheduling(b *testing.B) {
 	perf.RunBenchmarkPerfScheduling(b, "performance-config.yaml", "tessera", registry(), draOptions()...)

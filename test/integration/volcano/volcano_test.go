@@ -367,9 +367,23 @@ func TestVolcanoGang(t *testing.T) {
 	running(t, ns, "job=blockers", 5, 2*time.Minute)
 	apply(t, job(ns, "gang", "default", "", 4, 4, 30000))
 	// Volcano's gang plugin has weighed the job with its four pods
-	// created and pending (not before: the PodGroup says so from its
-	// creation, with no pods yet).
-	msg := podGroupSays(t, ns, "gang", regexp.MustCompile(`tasks in gang unschedulable: pod group is not ready, 4 Pending, 4 minAvailable`))
+	// created and none placed (not before: the PodGroup says so from its
+	// creation, with no pods yet). Each of the four is Pending, or
+	// Pipelined: Volcano's preempt action nominates a task onto a node
+	// whose free vGPU memory, summed, would hold it (with no victim to
+	// evict), without binding it.
+	var split []string
+	for pending := 0; pending <= 4; pending++ {
+		switch pipelined := 4 - pending; {
+		case pipelined == 0:
+			split = append(split, "4 Pending")
+		case pending == 0:
+			split = append(split, "4 Pipelined")
+		default:
+			split = append(split, fmt.Sprintf("%d Pending, %d Pipelined", pending, pipelined), fmt.Sprintf("%d Pipelined, %d Pending", pipelined, pending))
+		}
+	}
+	msg := podGroupSays(t, ns, "gang", regexp.MustCompile(`tasks in gang unschedulable: pod group is not ready, (`+strings.Join(split, "|")+`), 4 minAvailable`))
 	if n := bound(t, ns, "gang"); n != 0 {
 		t.Fatalf("%d of the gang's pods bound with room for 3 (PodGroup: %q)", n, msg)
 	}
