@@ -37,7 +37,10 @@ INTEGRATION     := ./internal/nodeagent/... ./cmd/kubectl-tessera/... ./charts/.
 # bench-results/data/ (not committed).
 RECORD          := hack/record-result.sh
 
-.PHONY: help build images release-plugin test-release-plugin lab-tools volcano test test-go test-limiter test-integration test-alone lint fuzz bench bench-scheduler-ci bench-scheduler bench-scheduler-preemption bench-scheduler-dra demo lab simulate clean
+# make e2e's real node: its binaries, images and test binary.
+E2E             := bin/e2e
+
+.PHONY: help build images e2e e2e-build release-plugin test-release-plugin lab-tools volcano test test-go test-limiter test-integration test-alone lint fuzz bench bench-scheduler-ci bench-scheduler bench-scheduler-preemption bench-scheduler-dra demo lab simulate clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
@@ -50,6 +53,18 @@ build: lab-tools ## build bin/tessera, bin/kubectl-tessera, bin/tessera-sim, bin
 
 images: ## the image index (linux/amd64 + linux/arm64) in bin/images: OCI layout, tar, smoke test (docs/install.md)
 	K8S_LDFLAGS="$(K8S_LDFLAGS)" hack/images/build.sh
+
+e2e: e2e-build ## the chart installed as the README says on a real node (kubelet, containerd, runc, CNI, kube-proxy), the GPU guides' pods in real containers (root; docs/install.md)
+	cd test/e2e && ../../$(E2E)/e2e.test -test.v -test.timeout 20m $(E2E_FLAGS)
+
+e2e-build: images lab-tools ## what make e2e runs: the node's binaries (kubelet, kube-proxy, containerd, runc, CNI plugins), helm, the containers' images, the test binary
+	$(GO) build -ldflags "$(LAB_LDFLAGS)" -o bin/tessera-lab ./cmd/tessera-lab
+	$(GO) build -ldflags "$(K8S_LDFLAGS)" -o $(E2E)/ k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
+	CGO_ENABLED=0 $(GO) build -ldflags "$(K8S_LDFLAGS)" -o $(E2E)/kubectl ./internal/testenv/kubectlbin
+	hack/tools/build-helm.sh bin/helm
+	hack/node/build.sh $(E2E)/node
+	hack/e2e/images.sh $(E2E)/images
+	$(GO) test -c -tags e2e -o $(E2E)/e2e.test ./test/e2e
 
 release-plugin: ## kubectl-tessera release archives (linux, darwin, windows) and their krew manifest in bin/release
 	hack/release-plugin.sh
@@ -95,13 +110,15 @@ test-alone: ## every Go test and subtest alone, one process each (hack/each-test
 	hack/each-test.sh -subtests ./...
 	hack/each-test.sh -tags integration -subtests $(INTEGRATION)
 
-lint: ## gofmt, go vet, staticcheck (with and without the integration tag)
+lint: ## gofmt, go vet, staticcheck (with and without the integration tag; make e2e's test with its tag)
 	@out=$$(gofmt -l .); \
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags integration ./...
+	$(GO) vet -tags e2e ./test/e2e/
 	$(GO) run $(STATICCHECK) ./...
 	$(GO) run $(STATICCHECK) -tags integration ./...
+	$(GO) run $(STATICCHECK) -tags e2e ./test/e2e/
 
 fuzz: ## run every fuzz target for FUZZTIME each (default 2,000,000 inputs)
 	@set -e; for pkg in $(FUZZ_PACKAGES); do \

@@ -139,6 +139,8 @@ func TestChartSchemaRejects(t *testing.T) {
 		{"webhook.unprefixedEnvFrom=sometimes", "unprefixedEnvFrom"},
 		{"webhook.audit=maybe", "audit"},
 		{"nodeAgent.deviceListStrategy=auto", "deviceListStrategy"},
+		{"readinessCheck.timeout=4 minutes", "timeout"},
+		{"readinessCheck.enabled=yes", "enabled"},
 	} {
 		out, err := helm(t, "template", "tessera", "./tessera", "--set", tc.set)
 		if err == nil {

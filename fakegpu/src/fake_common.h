@@ -6,6 +6,17 @@
  * the state files.
  *
  * Devices (read once per process), the first that applies:
+ *   an installed driver (a real node: make e2e): R/run/fakegpu exists, R
+ *       being the driver root the library was loaded from (its directory
+ *       less /usr/lib[64] or /lib[64] and an architecture directory:
+ *       /driver-root in the node agent, / in a container the CDI spec
+ *       gave the driver's files). The GPUs are the device nodes R/dev/nvidiaN
+ *       this process sees, in minor order (a container sees those its
+ *       runtime made from the CDI spec); GPU N's state file is
+ *       R/run/fakegpu/nvidiaN (its UUID, model, memory, written by whoever
+ *       installed the driver) and the driver socket R/run/fakegpu/driver.sock.
+ *       A read-only state file (the agent's read-only driver root) is read,
+ *       never written.
  *   the emulated cluster: a directory FAKE_GPU_DEVICES (default
  *       /run/tessera-fakegpu, where tessera-lab's runtime mounts it into a
  *       container) holding one state file per GPU of the container, named
@@ -46,7 +57,9 @@
 #define FAKE_COMMON_H
 
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdint.h>
@@ -56,11 +69,16 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
 #define FAKE_MAXDEV 16
+/* The driver the fake stands for: what NVML and cuDriverGetVersion report
+ * (CUDA 12.4 is the R550 branch's). */
+#define FAKE_DRIVER_VERSION "550.163.01"
+#define FAKE_CUDA_VERSION 12040
 #define FAKE_LAB_DEVICES "/run/tessera-fakegpu"
 
 /* ---- the state file of one GPU (layout version 2) ---- */
@@ -141,6 +159,81 @@ static struct fake_shared {
 } fake_sh[FAKE_MAXDEV];
 
 static int fake_state_open(int ord, const char *path, int create);
+static void fake_gpu_from_state(int ord);
+
+/* The driver root this library was loaded from (see the top): its
+ * directory less the library directory; 0, or -1 when it lies in none. */
+static int fake_driver_root(char *root, size_t size)
+{
+    Dl_info info;
+    if (!dladdr((void *)fake_driver_root, &info) || !info.dli_fname || info.dli_fname[0] != '/')
+        return -1;
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof(dir), "%s", info.dli_fname);
+    char *slash = strrchr(dir, '/');
+    *slash = 0;
+    static const char *const libdirs[] = {"/usr/lib64", "/usr/lib", "/lib64", "/lib"};
+    for (int k = 0; k < 2; k++) { /* the directory, then its parent (an architecture directory) */
+        size_t n = strlen(dir);
+        for (size_t i = 0; i < sizeof(libdirs) / sizeof(libdirs[0]); i++) {
+            size_t l = strlen(libdirs[i]);
+            if (n >= l && !strcmp(dir + n - l, libdirs[i])) {
+                dir[n - l] = 0;
+                if (strlen(dir) >= size)
+                    return -1;
+                snprintf(root, size, "%s", dir[0] ? dir : "/");
+                return 0;
+            }
+        }
+        if (!(slash = strrchr(dir, '/')) || slash == dir)
+            break;
+        *slash = 0;
+    }
+    return -1;
+}
+
+static int fake_cmp_uint(const void *a, const void *b)
+{
+    unsigned x = *(const unsigned *)a, y = *(const unsigned *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* An installed driver's GPUs (see the top): their count, or -1 when no
+ * driver is installed where this library lies. */
+static int fake_installed_devs(void)
+{
+    char root[192], state[208], path[512];
+    struct stat st;
+    if (fake_driver_root(root, sizeof(root)) != 0)
+        return -1;
+    const char *sep = strcmp(root, "/") ? "/" : "";
+    snprintf(state, sizeof(state), "%s%srun/fakegpu", root, sep);
+    if (stat(state, &st) != 0 || !S_ISDIR(st.st_mode))
+        return -1;
+    snprintf(fake_devs.lab, sizeof(fake_devs.lab), "%s", state);
+    unsigned minors[FAKE_MAXDEV];
+    int n = 0;
+    snprintf(path, sizeof(path), "%s%sdev", root, sep);
+    DIR *d = opendir(path);
+    for (struct dirent *e; d && (e = readdir(d)) && n < FAKE_MAXDEV;) {
+        const char *p = e->d_name;
+        if (strncmp(p, "nvidia", 6) || !p[6] || strspn(p + 6, "0123456789") != strlen(p + 6))
+            continue;
+        snprintf(path, sizeof(path), "%s%sdev/%s", root, sep, p);
+        if (stat(path, &st) == 0 && S_ISCHR(st.st_mode))
+            minors[n++] = minor(st.st_rdev);
+    }
+    if (d)
+        closedir(d);
+    qsort(minors, (size_t)n, sizeof(minors[0]), fake_cmp_uint);
+    for (int i = 0; i < n; i++) {
+        snprintf(path, sizeof(path), "%s/nvidia%u", state, minors[i]);
+        if (fake_state_open(i, path, 0) != 0)
+            return 0; /* reported; no GPU rather than a wrong one */
+        fake_gpu_from_state(i);
+    }
+    return n;
+}
 
 static unsigned long long fake_parse_size(const char *s, const char **end)
 {
@@ -165,13 +258,16 @@ static void fake_devs_init(void)
         fake_sh[i].fd = -1;
         fake_sh[i].self = -1;
     }
-    int n = 0;
     const char *lab = getenv("FAKE_GPU_DEVICES");
     if (!lab || !*lab)
         lab = FAKE_LAB_DEVICES;
     char path[320];
     snprintf(path, sizeof(path), "%s/0", lab);
-    if (access(path, F_OK) == 0) {
+    int installed = fake_installed_devs();
+    int n = installed > 0 ? installed : 0;
+    if (installed >= 0) {
+        /* an installed driver: its device nodes and state files */
+    } else if (access(path, F_OK) == 0) {
         /* the emulated cluster: the container's GPUs are its state files */
         snprintf(fake_devs.lab, sizeof(fake_devs.lab), "%s", lab);
         for (; n < FAKE_MAXDEV; n++) {
@@ -182,12 +278,7 @@ static void fake_devs_init(void)
                 n = 0; /* reported; no GPU rather than a wrong one */
                 break;
             }
-            const struct fake_state *m = fake_sh[n].m;
-            memcpy(fake_devs.gpu[n].uuid, m->uuid, sizeof(fake_devs.gpu[n].uuid));
-            fake_devs.gpu[n].uuid[sizeof(fake_devs.gpu[n].uuid) - 1] = 0;
-            memcpy(fake_devs.gpu[n].name, m->name, sizeof(fake_devs.gpu[n].name));
-            fake_devs.gpu[n].name[sizeof(fake_devs.gpu[n].name) - 1] = 0;
-            fake_devs.gpu[n].mem = m->memory;
+            fake_gpu_from_state(n);
         }
     } else {
         const char *g = getenv("FAKE_GPUS");
@@ -236,6 +327,17 @@ static void fake_devs_init(void)
         o = o ? o + 1 : NULL;
     }
     fake_devs.ready = 1;
+}
+
+/* GPU ord as its state file names it. */
+static void fake_gpu_from_state(int ord)
+{
+    const struct fake_state *m = fake_sh[ord].m;
+    memcpy(fake_devs.gpu[ord].uuid, m->uuid, sizeof(fake_devs.gpu[ord].uuid));
+    fake_devs.gpu[ord].uuid[sizeof(fake_devs.gpu[ord].uuid) - 1] = 0;
+    memcpy(fake_devs.gpu[ord].name, m->name, sizeof(fake_devs.gpu[ord].name));
+    fake_devs.gpu[ord].name[sizeof(fake_devs.gpu[ord].name) - 1] = 0;
+    fake_devs.gpu[ord].mem = m->memory;
 }
 
 static inline int fake_ndev(void)
@@ -323,6 +425,11 @@ static inline int fake_slot_live(int fd, int i)
 static int fake_state_open(int ord, const char *path, int create)
 {
     int fd = open(path, O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0666);
+    int prot = PROT_READ | PROT_WRITE;
+    if (fd < 0 && !create && (errno == EROFS || errno == EACCES)) {
+        fd = open(path, O_RDONLY | O_CLOEXEC); /* a reader: NVML in the node agent */
+        prot = PROT_READ;
+    }
     if (fd < 0) {
         fprintf(stderr, "fake GPU: cannot open the GPU state file %s: %s\n", path, strerror(errno));
         return -1;
@@ -362,7 +469,7 @@ static int fake_state_open(int ord, const char *path, int create)
         close(fd);
         return -1;
     }
-    void *m = mmap(NULL, sizeof(struct fake_state), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *m = mmap(NULL, sizeof(struct fake_state), prot, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED) {
         close(fd);
         return -1;

@@ -125,7 +125,7 @@ FAKE_EXPORT CUresult cuDriverGetVersion(int *v)
 {
     if (!v)
         return CUDA_ERROR_INVALID_VALUE;
-    *v = 12040;
+    *v = FAKE_CUDA_VERSION;
     return CUDA_SUCCESS;
 }
 

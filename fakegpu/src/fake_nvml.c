@@ -21,6 +21,15 @@
  *                fixed; device: their sum, or 100 % with
  *                FAKE_GPU_NEIGHBOUR=1 (a saturating neighbour on GPU 0)
  *
+ * What the node agent asks besides (discovery, health, node labels):
+ *   driver      FAKE_DRIVER_VERSION, CUDA FAKE_CUDA_VERSION
+ *   PCI         bus 00000000:<0x10 + NVML index>:00.0, NVIDIA's vendor ID
+ *   compute     capability from the model (8.0 Ampere, 9.0 Hopper, 10.0
+ *               Blackwell); no MIG mode, no NVLink, no NUMA node, no
+ *               topology (NOT_SUPPORTED, as many drivers answer)
+ *   events      an event set that never fires: a wait sleeps its timeout
+ *   errors      nvmlErrorString's names
+ *
  * Failure knobs: FAKE_NVML_FAIL=1 (nvmlInit fails), FAKE_NVML_MEM_FAIL=1
  * (memory info fails), FAKE_NVML_NO_PROCLIST=1 (process lists not
  * supported), FAKE_NVML_NO_V3=1 (only the _v2 and v1 lists) or =2 (only
@@ -40,6 +49,7 @@
 #include "fake_limits.h"
 
 #define EXPORT __attribute__((visibility("default")))
+#define FAKE_NVML_ERROR_TIMEOUT 10
 
 static struct fake_nvdev {
     unsigned idx; /* NVML index */
@@ -501,4 +511,174 @@ EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t d, TL_NVM
     }
     l->numProcArrayEntries = (unsigned)ne;
     return NVML_SUCCESS;
+}
+
+/* ---- the system ---- */
+
+EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *v, unsigned int n)
+{
+    if (!v || n <= strlen(FAKE_DRIVER_VERSION))
+        return v ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_ERROR_INVALID_ARGUMENT;
+    snprintf(v, n, "%s", FAKE_DRIVER_VERSION);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v)
+{
+    if (!v)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *v = FAKE_CUDA_VERSION;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v) { return nvmlSystemGetCudaDriverVersion(v); }
+
+EXPORT const char *nvmlErrorString(nvmlReturn_t r)
+{
+    switch (r) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case FAKE_NVML_ERROR_TIMEOUT: return "Timeout";
+    case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
+    }
+    return "Unknown Error";
+}
+
+/* ---- what the node agent reads of a GPU ---- */
+
+/* nvmlPciInfo_t, as NVML documents it. */
+typedef struct {
+    char busIdLegacy[16];
+    unsigned domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} fake_pci_info;
+
+#define FAKE_PCI_VENDOR_NVIDIA 0x10deu
+
+static nvmlReturn_t pci(nvmlDevice_t d, fake_pci_info *p)
+{
+    struct fake_nvdev *f = dev_of(d);
+    if (!f || !p)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    memset(p, 0, sizeof(*p));
+    p->bus = 0x10 + f->idx;
+    p->pciDeviceId = FAKE_PCI_VENDOR_NVIDIA;
+    snprintf(p->busId, sizeof(p->busId), "00000000:%02X:00.0", p->bus);
+    snprintf(p->busIdLegacy, sizeof(p->busIdLegacy), "0000:%02X:00.0", p->bus);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, fake_pci_info *p) { return pci(d, p); }
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t d, fake_pci_info *p) { return pci(d, p); }
+
+EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned int *m)
+{
+    struct fake_nvdev *f = dev_of(d);
+    if (!f || !m)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *m = f->idx;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *major, int *minor)
+{
+    struct fake_nvdev *f = dev_of(d);
+    if (!f || !major || !minor)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const char *name = fake_gpu_of(f->ord)->name;
+    *minor = 0;
+    if (strstr(name, "B200") || strstr(name, "GB200"))
+        *major = 10;
+    else if (strstr(name, "H100") || strstr(name, "H200") || strstr(name, "H20"))
+        *major = 9;
+    else
+        *major = 8;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t not_supported(nvmlDevice_t d)
+{
+    return dev_of(d) ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t d, unsigned int *n)
+{
+    (void)n;
+    return not_supported(d);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *cur, unsigned int *pending)
+{
+    (void)cur, (void)pending;
+    return not_supported(d);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t d, void *a)
+{
+    (void)a;
+    return not_supported(d);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t d, unsigned int link, unsigned int *active)
+{
+    (void)link, (void)active;
+    return not_supported(d);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t d, unsigned int link, fake_pci_info *p)
+{
+    (void)link, (void)p;
+    return not_supported(d);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t a, nvmlDevice_t b, int *level)
+{
+    (void)b, (void)level;
+    return not_supported(a);
+}
+
+/* ---- events: a set that never fires ---- */
+
+static int event_set; /* the one set's address is the handle */
+
+EXPORT nvmlReturn_t nvmlEventSetCreate(void **set)
+{
+    if (!inited)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!set)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *set = &event_set;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetFree(void *set) { return set == &event_set ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT; }
+
+#define FAKE_EVENT_XID 0x8ull /* nvmlEventTypeXidCriticalError */
+
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t d, unsigned long long *types)
+{
+    if (!dev_of(d) || !types)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *types = FAKE_EVENT_XID;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long types, void *set)
+{
+    (void)types;
+    return dev_of(d) && set == &event_set ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetWait_v2(void *set, void *data, unsigned int timeout_ms)
+{
+    if (set != &event_set || !data)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct timespec ts = {(time_t)(timeout_ms / 1000), (long)(timeout_ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+    return FAKE_NVML_ERROR_TIMEOUT;
 }

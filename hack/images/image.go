@@ -367,6 +367,11 @@ func (t *tree) addFile(p, src string, mode fs.FileMode) error {
 	return nil
 }
 
+func (t *tree) addSymlink(p, target string) {
+	t.parents(p)
+	t.entries[p] = entry{mode: 0o777, typ: tar.TypeSymlink, linkname: target}
+}
+
 // addFromRoot adds p as it is under root: a symlink as a symlink (and its
 // target), a file with mode (not the input's: that would make the digest
 // depend on the checkout's umask).
@@ -386,8 +391,7 @@ func (t *tree) addFromRoot(root, p string, mode fs.FileMode) error {
 		if err != nil {
 			return err
 		}
-		t.parents(p)
-		t.entries[p] = entry{mode: 0o777, typ: tar.TypeSymlink, linkname: target}
+		t.addSymlink(p, target)
 		if !path.IsAbs(target) {
 			target = path.Join(path.Dir(p), target)
 		}
@@ -433,18 +437,25 @@ func (t *tree) tar(created time.Time) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// tarDir writes directory dir as a tar file: sorted, owner 0, mtime created.
-func tarDir(dir, out string, created time.Time) error {
-	t := newTree()
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || p == dir {
+// walkTree calls add for every entry below root (not root itself), with
+// its name in the image: "/" and its path relative to root.
+func walkTree(root string, add func(name, p string, d fs.DirEntry) error) error {
+	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == root {
 			return err
 		}
-		rel, err := filepath.Rel(dir, p)
+		rel, err := filepath.Rel(root, p)
 		if err != nil {
 			return err
 		}
-		name := "/" + filepath.ToSlash(rel)
+		return add("/"+filepath.ToSlash(rel), p, d)
+	})
+}
+
+// tarDir writes directory dir as a tar file: sorted, owner 0, mtime created.
+func tarDir(dir, out string, created time.Time) error {
+	t := newTree()
+	err := walkTree(dir, func(name, p string, d fs.DirEntry) error {
 		if d.IsDir() {
 			t.addDir(name, 0o755, 0)
 			return nil

@@ -8,6 +8,11 @@
 //	images build   --out DIR --tar FILE --repository R --version V --revision C --created EPOCH \
 //	               --platform linux/amd64=DIR --platform linux/arm64=DIR
 //	images extract --layout DIR --platform linux/arm64 --to DIR
+//	images rootfs  --root DIR --name REPOSITORY:TAG --tar FILE --created EPOCH \
+//	               [--entrypoint ARG]... [--cmd ARG]... [--env K=V]... [--user U]
+//
+// rootfs (rootfs.go) is the image of a directory tree for this machine's
+// platform: the containers of make e2e's real node (hack/e2e/images.sh).
 //
 // Each platform directory holds what build.sh put there: tessera (the
 // binary), libtessera-limiter.so, libc6/ (Debian's libc6 package of that
@@ -42,7 +47,7 @@ func main() {
 	}
 }
 
-var errUsage = errors.New("usage: images build|extract [flags] (images <command> -h)")
+var errUsage = errors.New("usage: images build|extract|rootfs [flags] (images <command> -h)")
 
 func run(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
@@ -53,6 +58,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return runBuild(args[1:], stdout, stderr)
 	case "extract":
 		return runExtract(args[1:], stderr)
+	case "rootfs":
+		return runRootfs(args[1:], stdout, stderr)
 	}
 	return fmt.Errorf("unknown command %q: %w", args[0], errUsage)
 }

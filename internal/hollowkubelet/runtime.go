@@ -41,8 +41,12 @@ type Container struct {
 	// runtime's default command when it names neither, or the stand-in
 	// for its image's program (RuntimeOptions.StandIn).
 	Command []string `json:"command,omitempty"`
+	// StandIn: a stand-in runs in place of the image's program
+	// (RuntimeOptions.StandIn).
+	StandIn bool `json:"standIn,omitempty"`
 	// StandsInFor is the container's own command and arguments when a
-	// stand-in runs in their place.
+	// stand-in runs in their place (none when the container names
+	// neither and would run its image's entrypoint).
 	StandsInFor []string          `json:"standsInFor,omitempty"`
 	WorkingDir  string            `json:"workingDir,omitempty"`
 	Env         map[string]string `json:"env"`
@@ -278,7 +282,7 @@ func (r *Runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateCon
 	c.rec.Command = append(append([]string(nil), cfg.Command...), cfg.Args...)
 	if r.opts.StandIn != nil {
 		if s := r.opts.StandIn(c.rec.Image, c.rec.Command, c.rec.Env); s != nil {
-			c.rec.StandsInFor, c.rec.Command = c.rec.Command, s
+			c.rec.StandIn, c.rec.StandsInFor, c.rec.Command = true, c.rec.Command, s
 		}
 	}
 	if len(c.rec.Command) == 0 {

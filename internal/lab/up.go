@@ -134,42 +134,9 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	}()
 	save(nil)
 
-	if err := sup.Start(component.APIServer, component.Args(component.APIServer,
-		"--etcd-servers="+etcdURL,
-		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", ports[0]),
-		"--cert-dir="+filepath.Join(d.PKI(), "apiserver-generated"),
-		"--tls-cert-file="+p.File("apiserver.crt"), "--tls-private-key-file="+p.File("apiserver.key"),
-		"--token-auth-file="+p.File("tokens.csv"),
-		"--authorization-mode=RBAC",
-		"--service-account-issuer=https://kubernetes.default.svc",
-		"--service-account-key-file="+p.File("sa.key"), "--service-account-signing-key-file="+p.File("sa.key"),
-		"--service-cluster-ip-range=10.96.0.0/16",
-		"--allow-privileged=true",
-		// No pod gets a service-account token volume (the hollow kubelet
-		// has nothing to mount it with), and no controller lifts the
-		// not-ready taint a new Node would get.
-		"--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
-		// kubectl logs: the kubelets authenticate the API server by this
-		// certificate; it verifies theirs with the lab CA.
-		"--kubelet-client-certificate="+p.File("kubelet-client.crt"), "--kubelet-client-key="+p.File("kubelet-client.key"),
-		"--kubelet-certificate-authority="+p.File("ca.crt"),
-		"--kubelet-preferred-address-types=InternalIP,Hostname",
-		"--profiling=false",
-	), nil, false); err != nil {
-		return err
-	}
-	client, err := component.Client(d.Kubeconfig())
+	client, err := startAPIServer(ctx, sup, d, p, apiServerFlags{etcdURL: etcdURL, address: "127.0.0.1", port: ports[0]})
 	if err != nil {
 		return err
-	}
-	if err := poll.Until(ctx, 2*time.Minute, func(ctx context.Context) (bool, error) {
-		if !sup.Alive(component.APIServer) {
-			return false, fmt.Errorf("kube-apiserver exited; see %s", d.Log(component.APIServer))
-		}
-		_, err := client.CoreV1().Namespaces().Get(ctx, metav1.NamespaceDefault, metav1.GetOptions{})
-		return err == nil, nil
-	}); err != nil {
-		return fmt.Errorf("kube-apiserver not ready: %w", err)
 	}
 	step("kube-apiserver serving at %s", apiURL)
 	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: install.Namespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -189,10 +156,7 @@ func Up(ctx context.Context, cfg Config, ready func(*State, kubernetes.Interface
 	if err != nil {
 		return err
 	}
-	if err := sup.Start(component.ControllerManager, component.Args(component.ControllerManager,
-		"--kubeconfig="+d.Kubeconfig(), "--controllers="+strings.Join(controllers, ","),
-		"--leader-elect=false", "--use-service-account-credentials=false", "--secure-port=0",
-	), nil, false); err != nil {
+	if err := startControllerManager(sup, d, controllers); err != nil {
 		return err
 	}
 	if err := sup.Start(component.Webhook, component.WebhookArgs(d.Kubeconfig(), fmt.Sprintf("127.0.0.1:%d", ports[1])), nil, false); err != nil {

@@ -41,6 +41,9 @@ func (a *Agent) newParts(lib nvml.Interface) []parts.Part {
 		if rec.Claims == nil {
 			rec.Claims = draPart.Claims
 		}
+		if rec.Known == nil {
+			rec.Known = draPart.ClaimsKnown
+		}
 		trust := parts.NewTrust(parts.TrustOptions{
 			Names: a.names, RecordKeys: o.RecordKeys, AcceptUnsigned: o.AcceptUnsigned, Client: a.client,
 			Reconcile: rec, Devices: a.devices, State: state, Logger: logger,

@@ -241,6 +241,8 @@ type Subject struct {
 	Object corev1.ObjectReference
 	// Component and Host are the event's source.
 	Component, Host string
+	// Reason is the event's reason (empty: Reason).
+	Reason string
 }
 
 // Report writes err (a failed check or a Finding) to the log and as a
@@ -265,10 +267,14 @@ func Report(ctx context.Context, client kubernetes.Interface, s Subject, err err
 	if len(msg) > 1024 {
 		msg = msg[:1021] + "..."
 	}
+	reason := s.Reason
+	if reason == "" {
+		reason = Reason
+	}
 	ev := &corev1.Event{
 		ObjectMeta:          metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x", s.Object.Name, now.UnixNano()), Namespace: ns},
 		InvolvedObject:      s.Object,
-		Reason:              Reason,
+		Reason:              reason,
 		Message:             msg,
 		Type:                corev1.EventTypeWarning,
 		Source:              corev1.EventSource{Component: s.Component, Host: s.Host},

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	apiserverapp "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	kcmapp "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	schedapp "k8s.io/kubernetes/cmd/kube-scheduler/app"
 
 	"github.com/tessera-gpu/tessera/internal/scheduler"
 )
@@ -31,6 +32,9 @@ const (
 	ControllerManager = "kube-controller-manager"
 	Scheduler         = "scheduler"
 	Webhook           = "webhook"
+	// KubeScheduler is the stock kube-scheduler, which places pods beside
+	// a real node when Tessera is installed by its chart (StartControlPlane).
+	KubeScheduler = "kube-scheduler"
 	// VolumeProvisioner provisions the lab's PersistentVolumes (package
 	// volumes).
 	VolumeProvisioner = "volume-provisioner"
@@ -60,6 +64,10 @@ func Run(ctx context.Context, name string, args []string) error {
 		return cmd.Execute()
 	case ControllerManager:
 		cmd := kcmapp.NewControllerManagerCommand()
+		cmd.SetArgs(args)
+		return cmd.Execute()
+	case KubeScheduler:
+		cmd := schedapp.NewSchedulerCommand()
 		cmd.SetArgs(args)
 		return cmd.Execute()
 	case Scheduler:

@@ -33,8 +33,11 @@ const DriverSocket = "driver.sock"
 
 // UsedBytes is the device memory the GPU's processes hold
 // (nvmlemu.Usage).
-func (n *Node) UsedBytes(uuid string) (uint64, error) {
-	_, procs, err := Read(n.File(uuid))
+func (n *Node) UsedBytes(uuid string) (uint64, error) { return UsedBytes(n.File(uuid)) }
+
+// UsedBytes is the device memory held on the GPU whose state file is path.
+func UsedBytes(path string) (uint64, error) {
+	_, procs, err := Read(path)
 	if err != nil {
 		return 0, err
 	}

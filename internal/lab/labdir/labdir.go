@@ -39,6 +39,10 @@ func (d Dir) NodeAgentKubeconfig() string { return d.path("node-agent.kubeconfig
 // SchedulerConfig is the scheduler's configuration.
 func (d Dir) SchedulerConfig() string { return d.path("scheduler.yaml") }
 
+// AdmissionConfig configures the API server's admission plugins beside a
+// real node (PodSecurity's defaults).
+func (d Dir) AdmissionConfig() string { return d.path("admission.yaml") }
+
 // StateFile describes the running lab (lab.json).
 func (d Dir) StateFile() string { return d.path("lab.json") }
 

@@ -49,9 +49,18 @@ func (p PKI) File(name string) string { return filepath.Join(p.dir, name) }
 // CAFile is the CA certificate of the credentials in dir.
 func CAFile(dir string) string { return PKI{dir: dir}.File("ca.crt") }
 
+// ServingHosts are the names and addresses the API server's certificate
+// is made for, besides those Ensure is given: this machine's loopback, the
+// in-cluster names of the kubernetes Service and its ClusterIP in the
+// lab's Service range (what a pod's client dials).
+var ServingHosts = []string{"127.0.0.1", "localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local", "10.96.0.1"}
+
 // Ensure creates the credentials in dir once; a lab started again in the
-// same directory keeps them, so kubeconfigs handed out stay valid.
-func Ensure(dir string) (PKI, error) {
+// same directory keeps them, so kubeconfigs handed out stay valid. hosts
+// are further names or addresses of the API server's certificate (an
+// address it listens on besides loopback), used when the credentials are
+// made.
+func Ensure(dir string, hosts ...string) (PKI, error) {
 	p := PKI{dir: dir}
 	if b, err := os.ReadFile(p.File("token")); err == nil {
 		if _, err := os.Stat(p.File("kubelet-client.key")); err == nil {
@@ -67,7 +76,7 @@ func Ensure(dir string) (PKI, error) {
 	if err != nil {
 		return p, err
 	}
-	serving, err := ca.ServingCert([]string{"127.0.0.1", "localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"})
+	serving, err := ca.ServingCert(append(append([]string(nil), ServingHosts...), hosts...))
 	if err != nil {
 		return p, err
 	}
@@ -131,6 +140,40 @@ func (p PKI) WriteKubeconfigFor(path, server, user, token string) error {
 	return clientcmd.WriteToFile(*kc, path)
 }
 
+// WriteCertKubeconfig writes a kubeconfig for the API server whose user
+// is a client certificate of the CA for cn in the groups orgs (a real
+// kubelet as system:node:<name> in system:nodes, kube-proxy as
+// system:kube-proxy), with its key and certificate inline.
+func (p PKI) WriteCertKubeconfig(path, server, cn string, orgs ...string) error {
+	ca, err := p.loadCA()
+	if err != nil {
+		return err
+	}
+	certPEM, keyPEM, err := issueClientCert(ca, cn, orgs)
+	if err != nil {
+		return err
+	}
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["tessera-lab"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: ca.CertPEM}
+	kc.AuthInfos[cn] = &clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM}
+	kc.Contexts["tessera-lab"] = &clientcmdapi.Context{Cluster: "tessera-lab", AuthInfo: cn}
+	kc.CurrentContext = "tessera-lab"
+	return clientcmd.WriteToFile(*kc, path)
+}
+
+// loadCA reads the CA (certificate and key).
+func (p PKI) loadCA() (*webhook.CA, error) {
+	certPEM, err := os.ReadFile(p.File("ca.crt"))
+	if err != nil {
+		return nil, err
+	}
+	keyPEM, err := os.ReadFile(p.File("ca.key"))
+	if err != nil {
+		return nil, err
+	}
+	return webhook.ParseCA(certPEM, keyPEM)
+}
+
 // issueClientCert issues a one-year client certificate from the CA.
 func issueClientCert(ca *webhook.CA, cn string, orgs []string) (certPEM, keyPEM []byte, err error) {
 	certs, err := certutil.ParseCertsPEM(ca.CertPEM)
@@ -179,16 +222,7 @@ func issueClientCert(ca *webhook.CA, cn string, orgs []string) (certPEM, keyPEM 
 // them as the node's address, which the API server dials), and returns
 // the certificate and key files.
 func KubeletServing(pkiDir, dir, node string) (certFile, keyFile string, err error) {
-	p := PKI{dir: pkiDir}
-	certPEM, err := os.ReadFile(p.File("ca.crt"))
-	if err != nil {
-		return "", "", err
-	}
-	keyPEM, err := os.ReadFile(p.File("ca.key"))
-	if err != nil {
-		return "", "", err
-	}
-	ca, err := webhook.ParseCA(certPEM, keyPEM)
+	ca, err := PKI{dir: pkiDir}.loadCA()
 	if err != nil {
 		return "", "", err
 	}

@@ -49,6 +49,7 @@ type Component struct {
 // proc is one supervised component.
 type proc struct {
 	name     string
+	exe      string // the binary (the supervisor's, unless StartExe names another)
 	args     []string
 	env      []string
 	newNS    bool // own mount namespace (hollow kubelets)
@@ -87,7 +88,19 @@ func New(exe string, logFile func(name string) string, logger klog.Logger, chang
 // environment; newNS: in a mount namespace of its own) and keeps it
 // running.
 func (s *Supervisor) Start(name string, args []string, env []string, newNS bool) error {
-	p := &proc{name: name, args: args, env: env, newNS: newNS}
+	return s.start(&proc{name: name, exe: s.exe, args: args, env: env, newNS: newNS})
+}
+
+// StartExe launches a component that is another binary (exe args…, with
+// env added to this process's environment) and keeps it running: the
+// real node's containerd, kubelet and kube-proxy beside the lab's control
+// plane.
+func (s *Supervisor) StartExe(name, exe string, args []string, env []string) error {
+	return s.start(&proc{name: name, exe: exe, args: args, env: env})
+}
+
+func (s *Supervisor) start(p *proc) error {
+	name := p.name
 	s.mu.Lock()
 	if _, dup := s.procs[name]; dup {
 		s.mu.Unlock()
@@ -107,7 +120,7 @@ func (s *Supervisor) launch(p *proc) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(s.exe, p.args...)
+	cmd := exec.Command(p.exe, p.args...)
 	cmd.Env = append(os.Environ(), p.env...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}

@@ -33,6 +33,9 @@ type DRA struct {
 
 	mu     sync.Mutex
 	driver *dra.Driver
+	// known: the part has reconciled with the Node's configuration and,
+	// in mode dra, read the claims it prepared (the driver's checkpoint).
+	known bool
 }
 
 // NewDRA returns the DRA part.
@@ -58,6 +61,9 @@ func (d *DRA) Start(ctx context.Context, c Cluster) error {
 // when the node is in mode dra, and otherwise winds down.
 func (d *DRA) Reconcile(ctx context.Context, n *Node) {
 	dr := d.Driver()
+	if n.Configured && (n.Config.Mode != api.ModeDRA || dr != nil) {
+		d.setKnown()
+	}
 	if n.Config.Mode != api.ModeDRA {
 		if dr == nil || !d.running {
 			return
@@ -81,6 +87,9 @@ func (d *DRA) Reconcile(ctx context.Context, n *Node) {
 		d.mu.Lock()
 		d.driver = dr
 		d.mu.Unlock()
+		if n.Configured {
+			d.setKnown()
+		}
 	}
 	handles := d.opts.Devices.Handles()
 	gpus := make([]dra.GPU, 0, len(n.Inventory.GPUs))
@@ -102,6 +111,23 @@ func (d *DRA) Reconcile(ctx context.Context, n *Node) {
 		d.running, d.errMsg = true, ""
 		d.opts.Logger.Info("DRA kubelet plugin started", "driver", api.DRADriverName, "gpus", len(gpus))
 	}
+}
+
+func (d *DRA) setKnown() {
+	d.mu.Lock()
+	d.known = true
+	d.mu.Unlock()
+}
+
+// ClaimsKnown reports whether Claims lists every claim the node's DRA
+// driver prepared: once the part has reconciled with the Node's
+// configuration (not the defaults) and, on a node in mode dra, the
+// driver has read its checkpoint. Before that, after a restart of the
+// agent, claims prepared by the previous agent are missing from Claims.
+func (d *DRA) ClaimsKnown() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.known
 }
 
 func (d *DRA) report(err error) {

@@ -89,6 +89,13 @@ type Options struct {
 	// that uses one of their requests is held to the request's grant,
 	// together with every other container that uses it (claimuse.Uses).
 	Claims func() []claimuse.Claim
+	// Known reports whether the agent knows every source of grants: the
+	// ledger the device plugin wrote, and the DRA claims its driver
+	// prepared (read back from its checkpoint after a restart). Until it
+	// does, a pass acts on nothing: a container whose grant the agent
+	// has not read yet would be taken for one holding memory it was not
+	// granted, and killed. Nil: always known.
+	Known func() bool
 }
 
 // DefaultExemptNamespaces are the namespaces whose pods may use GPUs
@@ -153,6 +160,7 @@ type Reconciler struct {
 	// released before its context) is not.
 	unregistered map[int]types.UID
 	badState     map[string]bool // containers whose state was unreadable, logged once
+	waitLogged   bool            // a pass skipped while grants were unknown was logged
 }
 
 // New returns a reconciler of the GPUs against the grants in state; pods
@@ -198,8 +206,19 @@ type key struct {
 	gpu       string
 }
 
-// Once runs one pass and returns the breaches it found.
+// Once runs one pass and returns the breaches it found: none while the
+// agent does not know every grant (Options.Known).
 func (r *Reconciler) Once() []Breach {
+	if r.opts.Known != nil && !r.opts.Known() {
+		r.mu.Lock()
+		logged := r.waitLogged
+		r.waitLogged = true
+		r.mu.Unlock()
+		if !logged {
+			r.logger.Info("Not checking what containers hold until the agent knows every grant (the DRA claims it prepared)")
+		}
+		return nil
+	}
 	podsByUID := map[types.UID]*v1.Pod{}
 	byID := map[string]string{} // container ID → name
 	pods := r.pods()

@@ -410,3 +410,40 @@ func TestClaimGrants(t *testing.T) {
 		t.Errorf("killed %v, want the claim's containers' processes", w.killed)
 	}
 }
+
+// TestNothingDoneBeforeGrantsKnown: a restarted agent's reconciler runs
+// before its DRA driver has read back the claims it prepared. Until the
+// agent knows every grant (Options.Known), a pass acts on nothing: the
+// DRA containers, whose claims it has not listed yet, keep running. Once
+// it knows them, they are held to their claims' grants and a container
+// on a GPU it was not granted is still caught.
+func TestNothingDoneBeforeGrantsKnown(t *testing.T) {
+	w := newWorld(t)
+	g0 := w.gpus[0].UUID
+	claims := []claimuse.Claim{{Namespace: "a", Name: "share", Requests: []claimuse.Request{{Request: "gpu",
+		Devices: []claimuse.Device{{UUID: g0, MemoryMiB: 10240, Cores: 10}}}}}}
+	w.claimPod("a", "r0", 1, "share", 101)
+	w.uses(0, 101, 8192)
+	stray := w.container("a", "stray", 2, nil, 201)
+	w.uses(0, 201, 1024)
+	var mu sync.Mutex
+	known, listed := false, []claimuse.Claim(nil)
+	r := w.reconciler(true)
+	r.opts.Known = func() bool { mu.Lock(); defer mu.Unlock(); return known }
+	r.opts.Claims = func() []claimuse.Claim { mu.Lock(); defer mu.Unlock(); return listed }
+	for range 2 {
+		if got := r.Once(); len(got) != 0 || len(w.killed) != 0 {
+			t.Fatalf("before the grants are known: breaches %v, killed %v; want nothing done", got, w.killed)
+		}
+	}
+	mu.Lock()
+	known, listed = true, claims
+	mu.Unlock()
+	got := r.Once()
+	if len(got) != 1 || got[0].Pod != stray || got[0].Reason() != ReasonNotGranted {
+		t.Fatalf("grants known: breaches %v, want only the stray container's use of a GPU it was not granted", got)
+	}
+	if fmt.Sprint(w.killed) != "[201]" {
+		t.Errorf("killed %v, want only the stray container's process", w.killed)
+	}
+}

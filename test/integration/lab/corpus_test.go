@@ -23,8 +23,12 @@ import (
 	"github.com/tessera-gpu/tessera/internal/testenv"
 )
 
-// corpusDir is test/corpus, from this package's directory.
-const corpusDir = "../../corpus"
+// corpusDir is test/corpus, as an absolute path: the tests' kubectl runs
+// in the repository's root.
+func corpusDir(t *testing.T) string {
+	t.Helper()
+	return filepath.Join(testenv.RepoRoot(t), "test", "corpus")
+}
 
 // tgiNode carries the label TGI's manifest selects nodes by (a GKE node
 // pool of L4 GPUs), for the length of TestCorpusOnTheLab.
@@ -136,11 +140,12 @@ func TestCorpusOnTheLab(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	kubectl(t, "apply", "-n", ns, "-f", filepath.Join(corpusDir, "volumes"))
+	corpus := corpusDir(t)
+	kubectl(t, "apply", "-n", ns, "-f", filepath.Join(corpus, "volumes"))
 	kubectl(t, "label", "node", tgiNode, "cloud.google.com/gke-accelerator=nvidia-l4", "--overwrite")
 	t.Cleanup(func() { kubectl(t, "label", "node", tgiNode, "cloud.google.com/gke-accelerator-") })
 
-	files, err := filepath.Glob(filepath.Join(corpusDir, "*.yaml"))
+	files, err := filepath.Glob(filepath.Join(corpus, "*.yaml"))
 	if err != nil || len(files) < 8 {
 		t.Fatalf("corpus: %v %v", files, err)
 	}
@@ -190,7 +195,7 @@ func TestCorpusOnTheLab(t *testing.T) {
 			if got == nil {
 				continue
 			}
-			if len(got.StandsInFor) == 0 {
+			if !got.StandIn {
 				t.Errorf("%s/%s: image %s ran %v, not the stand-in", p.Name, c.Name, got.Image, got.Command)
 			}
 			var limits []int64

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/tessera-gpu/tessera/internal/gpushare"
 	"github.com/tessera-gpu/tessera/internal/hollowkubelet"
 	"github.com/tessera-gpu/tessera/internal/lab"
 	"github.com/tessera-gpu/tessera/internal/lab/status"
@@ -47,25 +49,26 @@ func TestExamples(t *testing.T) {
 	if len(pods.Items) != 14 { // 6 pods and 8 Deployment replicas
 		t.Fatalf("%d pods in default, want 14", len(pods.Items))
 	}
-	// What each example asked for, per container: memory (MiB) and
-	// cores of each GPU it gets; 0 cores with exclusive = whole GPU.
+	// What each example asks for, per container: the number of GPUs and
+	// the ask on each, as its manifest states it (a percentage of memory
+	// is granted of the GPU the container lands on: the lab's nodes hold
+	// A100-40GB and H100-80GB GPUs).
 	type want struct {
-		gpus      int
-		mem       int64
-		cores     int
-		exclusive bool
+		gpus int
+		ask  gpushare.Ask
 	}
 	wants := map[string]want{
-		"whole-gpu/train":           {1, 40960, 100, true},
-		"fractional-explicit/infer": {1, 10000, 30, false},
-		"fractional-half/notebook":  {1, 20480, 50, false},
-		"multi-gpu/finetune":        {2, 16384, 50, false},
-		"multi-container/warmup":    {1, 4096, 20, false},
-		"multi-container/model":     {1, 8192, 40, false},
-		"multi-container/embedder":  {1, 4096, 10, false},
-		"hami-style/app":            {1, 10240, 25, false},
-		"inference/server":          {1, 8192, 20, false},
+		"whole-gpu/train":           {1, gpushare.Ask{}},
+		"fractional-explicit/infer": {1, gpushare.Ask{MemoryMiB: 10000, Cores: 30}},
+		"fractional-half/notebook":  {1, gpushare.Ask{MemoryPercent: 50, Cores: 50}},
+		"multi-gpu/finetune":        {2, gpushare.Ask{MemoryMiB: 16384, Cores: 50}},
+		"multi-container/warmup":    {1, gpushare.Ask{MemoryMiB: 4096, Cores: 20}},
+		"multi-container/model":     {1, gpushare.Ask{MemoryMiB: 8192, Cores: 40}},
+		"multi-container/embedder":  {1, gpushare.Ask{MemoryPercent: 10, Cores: 10}},
+		"hami-style/app":            {1, gpushare.Ask{MemoryPercent: 25, Cores: 25}},
+		"inference/server":          {1, gpushare.Ask{MemoryPercent: 20, Cores: 20}},
 	}
+	gpuMemory := nodeGPUMemory(t)
 	for _, p := range pods.Items {
 		if p.Status.Phase != corev1.PodRunning {
 			t.Errorf("pod %s is %s: %+v", p.Name, p.Status.Phase, p.Status.Conditions)
@@ -89,8 +92,13 @@ func TestExamples(t *testing.T) {
 				t.Errorf("%s: %d GPUs, want %d", key, len(c.Devices), w.gpus)
 			}
 			for _, d := range c.Devices {
-				if d.MemoryMiB != w.mem || d.Exclusive != w.exclusive || (!w.exclusive && d.Cores != w.cores) {
-					t.Errorf("%s: granted %+v, want %+v", key, d, w)
+				mem, ok := gpuMemory[p.Spec.NodeName][d.UUID]
+				if !ok {
+					t.Errorf("%s: granted GPU %s, which node %s's inventory does not list", key, d.UUID, p.Spec.NodeName)
+					continue
+				}
+				if g := w.ask.Grant(d.UUID, mem); d.MemoryMiB != g.MemoryMiB || d.Exclusive != g.Exclusive || d.Cores != g.Cores {
+					t.Errorf("%s: granted %+v on a GPU of %d MiB, want %+v (ask %+v)", key, d, mem, g, w.ask)
 				}
 			}
 			checkContainer(t, &p, c)
@@ -111,6 +119,32 @@ func TestExamples(t *testing.T) {
 	})
 }
 
+// nodeGPUMemory reads each node's published inventory: per node, each
+// GPU's memory (MiB) by UUID.
+func nodeGPUMemory(t *testing.T) map[string]map[string]int64 {
+	t.Helper()
+	nodes, err := client.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]map[string]int64{}
+	for _, n := range nodes.Items {
+		raw, ok := n.Annotations[api.AnnotationInventory]
+		if !ok {
+			continue
+		}
+		inv, err := api.DecodeInventory([]byte(raw))
+		if err != nil {
+			t.Fatalf("node %s's inventory: %v", n.Name, err)
+		}
+		out[n.Name] = map[string]int64{}
+		for _, g := range inv.GPUs {
+			out[n.Name][g.UUID] = g.MemoryMiB
+		}
+	}
+	return out
+}
+
 func record(t *testing.T, p *corev1.Pod) *api.PodAllocation {
 	t.Helper()
 	rec, err := api.DecodeAllocation([]byte(p.Annotations[api.AnnotationAllocation]))
@@ -124,7 +158,13 @@ func record(t *testing.T, p *corev1.Pod) *api.PodAllocation {
 }
 
 // checkContainer compares what the node's fake runtime was asked to
-// create with the pod's allocation record.
+// create with the pod's allocation record: the GPUs exposed, the
+// kubelet's devices, and, on shared GPUs, the read-only limits file the
+// limiter enforces (when it exists, the limit variables are ignored:
+// internal/limiterconf) with each GPU's granted memory and compute share.
+// The device plugin's variables are checked where the pod does not set
+// them itself: the kubelet puts the pod's own variables after the
+// device plugin's, so the pod's value is the one the container sees.
 func checkContainer(t *testing.T, p *corev1.Pod, c api.ContainerAllocation) *hollowkubelet.Container {
 	t.Helper()
 	got, err := dir.Node(p.Spec.NodeName).Container(p.Namespace, p.Name, c.Name)
@@ -135,24 +175,37 @@ func checkContainer(t *testing.T, p *corev1.Pod, c api.ContainerAllocation) *hol
 	if got.PodUID != string(p.UID) {
 		t.Errorf("%s/%s: recorded container belongs to pod UID %s, want %s", p.Name, c.Name, got.PodUID, p.UID)
 	}
+	podSets := map[string]bool{}
+	for _, pc := range append(append([]corev1.Container(nil), p.Spec.InitContainers...), p.Spec.Containers...) {
+		if pc.Name == c.Name {
+			for _, e := range pc.Env {
+				podSets[e.Name] = true
+			}
+		}
+	}
+	envIs := func(name, want string) {
+		t.Helper()
+		if v := got.Env[name]; !podSets[name] && v != want {
+			t.Errorf("%s/%s: %s=%q, want %q", p.Name, c.Name, name, v, want)
+		}
+	}
 	var uuids []string
+	var wantLimits []limiterconf.Device
 	shared := false
 	for k, d := range c.Devices {
 		uuids = append(uuids, d.UUID)
 		if d.Exclusive {
+			wantLimits = append(wantLimits, limiterconf.Device{UUID: d.UUID, SMPercent: d.Cores})
 			continue
 		}
 		shared = true
-		if v := got.Env[fmt.Sprintf("CUDA_DEVICE_MEMORY_LIMIT_%d", k)]; v != fmt.Sprintf("%dm", d.MemoryMiB) {
-			t.Errorf("%s/%s: CUDA_DEVICE_MEMORY_LIMIT_%d=%q, want %dm", p.Name, c.Name, k, v, d.MemoryMiB)
-		}
-		if d.Cores > 0 && got.Env["CUDA_DEVICE_SM_LIMIT"] != fmt.Sprint(d.Cores) {
-			t.Errorf("%s/%s: CUDA_DEVICE_SM_LIMIT=%q, want %d", p.Name, c.Name, got.Env["CUDA_DEVICE_SM_LIMIT"], d.Cores)
+		wantLimits = append(wantLimits, limiterconf.Device{UUID: d.UUID, MemoryMiB: uint64(d.MemoryMiB), SMPercent: d.Cores})
+		envIs(fmt.Sprintf("CUDA_DEVICE_MEMORY_LIMIT_%d", k), fmt.Sprintf("%dm", d.MemoryMiB))
+		if d.Cores > 0 {
+			envIs("CUDA_DEVICE_SM_LIMIT", fmt.Sprint(d.Cores))
 		}
 	}
-	if v := got.Env[api.EnvVisibleDevices]; v != strings.Join(uuids, ",") {
-		t.Errorf("%s/%s: %s=%q, want %q", p.Name, c.Name, api.EnvVisibleDevices, v, strings.Join(uuids, ","))
-	}
+	envIs(api.EnvVisibleDevices, strings.Join(uuids, ","))
 	// The GPUs the runtime exposed, in the record's order, and the
 	// kubelet's devices (app containers: the pod-resources API does not
 	// list init containers).
@@ -181,15 +234,37 @@ func checkContainer(t *testing.T, p *corev1.Pod, c api.ContainerAllocation) *hol
 	preload, limits := false, false
 	for _, m := range got.Mounts {
 		preload = preload || m.ContainerPath == "/etc/ld.so.preload" && m.ReadOnly
-		limits = limits || m.ContainerPath == limiterconf.Path && m.ReadOnly
+		if m.ContainerPath == limiterconf.Path && m.ReadOnly {
+			limits = true
+			checkLimitsFile(t, p.Name+"/"+c.Name, m.HostPath, wantLimits)
+		}
 	}
 	if preload != shared || limits != shared {
 		t.Errorf("%s/%s: limiter preloaded = %v, read-only limits file = %v, want %v (shared GPU)", p.Name, c.Name, preload, limits, shared)
 	}
-	if !shared && got.Env["CUDA_DEVICE_MEMORY_LIMIT_0"] != "" {
+	if !shared && !podSets["CUDA_DEVICE_MEMORY_LIMIT_0"] && got.Env["CUDA_DEVICE_MEMORY_LIMIT_0"] != "" {
 		t.Errorf("%s/%s: whole GPU limited: %v", p.Name, c.Name, got.Env)
 	}
 	return got
+}
+
+// checkLimitsFile reads the limits file a container got (its host path)
+// and compares its devices, in order, with the grant's.
+func checkLimitsFile(t *testing.T, who, path string, want []limiterconf.Device) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Errorf("%s: the limits file: %v", who, err)
+		return
+	}
+	cfg, err := limiterconf.Parse(b)
+	if err != nil {
+		t.Errorf("%s: the limits file %s: %v", who, path, err)
+		return
+	}
+	if !slices.Equal(cfg.Devices, want) {
+		t.Errorf("%s: the limits file %s grants %+v, want %+v", who, path, cfg.Devices, want)
+	}
 }
 
 // shapes are the fractional requests of the load tests.
