@@ -224,24 +224,6 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryLimits_v1(nvmlDevice_t d, TL_NVML_GET_MEM
     return r;
 }
 
-/* The driver's version: FAKE_NVML_DRIVER_VERSION, else 615.00 where the
- * GPUs partition memory (the release that brought it) and 580.00 where
- * they do not. */
-EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *v, unsigned int n)
-{
-    if (!inited)
-        return NVML_ERROR_UNINITIALIZED;
-    if (!v)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    const char *e = getenv("FAKE_NVML_DRIVER_VERSION");
-    struct fake_shared *s = fake_shared_of(0);
-    const char *ver = e && *e ? e : s && (s->m->flags & FAKE_FLAG_PARTITION) ? "615.00" : "580.00";
-    if (strlen(ver) >= n)
-        return NVML_ERROR_INSUFFICIENT_SIZE;
-    snprintf(v, n, "%s", ver);
-    return NVML_SUCCESS;
-}
-
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, TL_NVML_MEMORY *m)
 {
     struct fake_nvdev *f = dev_of(d);
