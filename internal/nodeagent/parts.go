@@ -44,6 +44,9 @@ func (a *Agent) newParts(lib nvml.Interface) []parts.Part {
 		if rec.Known == nil {
 			rec.Known = draPart.ClaimsKnown
 		}
+		if rec.BudgetDir == "" {
+			rec.BudgetDir = o.Paths.BudgetHost
+		}
 		trust := parts.NewTrust(parts.TrustOptions{
 			Names: a.names, RecordKeys: o.RecordKeys, AcceptUnsigned: o.AcceptUnsigned, Client: a.client,
 			Reconcile: rec, Devices: a.devices, State: state, Logger: logger,

@@ -69,6 +69,13 @@ type DeviceGrant struct {
 	MIG *MIGGrant `json:"mig,omitempty"`
 }
 
+// Bursts reports whether the grant may hold memory past its guarantee, up
+// to its ceiling, where the node lends it (a share of a GPU with a
+// ceiling; docs/isolation.md, "Guaranteed plus burst").
+func (d DeviceGrant) Bursts() bool {
+	return d.CeilingMiB > d.MemoryMiB && d.MemoryMiB > 0 && !d.Exclusive && d.MIG == nil
+}
+
 // MIGGrant is a MIG instance granted to a container.
 type MIGGrant struct {
 	// Profile is the GPU-instance profile ("1g.5gb").
