@@ -342,6 +342,27 @@ static int parse_mib(const char *v, size_t len, uint64_t *bytes)
     return 0;
 }
 
+/* The next setting of a key=value file from *pos: empty lines and
+ * comments skipped, *line counted; *ll is its length, *clean 0 when it
+ * holds a control character, a space or a non-ASCII byte. NULL at the end. */
+static const char *next_setting(const char *text, size_t len, size_t *pos, int *line, size_t *ll, int *clean)
+{
+    while (*pos < len) {
+        const char *l = text + *pos, *nl = memchr(l, '\n', len - *pos);
+        *ll = nl ? (size_t)(nl - l) : len - *pos;
+        *pos += *ll + 1;
+        (*line)++;
+        if (*ll == 0 || l[0] == '#')
+            continue;
+        *clean = 1;
+        for (size_t i = 0; i < *ll; i++)
+            if ((unsigned char)l[i] <= 0x20 || (unsigned char)l[i] >= 0x7f)
+                *clean = 0;
+        return l;
+    }
+    return NULL;
+}
+
 enum { F_UUID = 1, F_MEM = 2, F_SM = 4, F_CEIL = 8, F_BUDGET = 16 };
 
 static int is_borrower(const char *v, size_t len)
@@ -373,23 +394,14 @@ static int parse_file(tl_config *c, const char *text, size_t len, const char *pa
         bad(c, "tessera-limiter: %s: larger than %d bytes", path, TL_CONF_MAX_BYTES);
         return c->error;
     }
-    size_t pos = 0;
-    int line = 0;
-    while (pos < len && !c->error) {
-        const char *l = text + pos;
-        const char *nl = memchr(l, '\n', len - pos);
-        size_t ll = nl ? (size_t)(nl - l) : len - pos;
-        pos += ll + 1;
-        line++;
-        if (ll == 0 || l[0] == '#')
-            continue;
-        for (size_t i = 0; i < ll; i++)
-            if ((unsigned char)l[i] < 0x20 || (unsigned char)l[i] >= 0x7f || l[i] == ' ') {
-                bad(c, "tessera-limiter: %s line %d: control character, space or non-ASCII byte", path, line);
-                break;
-            }
-        if (c->error)
+    size_t pos = 0, ll;
+    int line = 0, clean;
+    const char *l;
+    while (!c->error && (l = next_setting(text, len, &pos, &line, &ll, &clean))) {
+        if (!clean) {
+            bad(c, "tessera-limiter: %s line %d: control character, space or non-ASCII byte", path, line);
             break;
+        }
         const char *eq = memchr(l, '=', ll);
         if (!eq) {
             bad(c, "tessera-limiter: %s line %d: want key=value", path, line);
@@ -540,17 +552,12 @@ int tl_budget_parse(const char *text, size_t len, const char *self, uint64_t *av
 #define BAD(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
     if (len > TL_BUDGET_MAX_BYTES)
         BAD("larger than %d bytes", TL_BUDGET_MAX_BYTES);
-    while (pos < len) {
-        const char *l = text + pos;
-        const char *nl = memchr(l, '\n', len - pos);
-        size_t ll = nl ? (size_t)(nl - l) : len - pos;
-        pos += ll + 1;
-        line++;
-        if (ll == 0 || l[0] == '#')
-            continue;
-        for (size_t i = 0; i < ll; i++)
-            if ((unsigned char)l[i] <= 0x20 || (unsigned char)l[i] >= 0x7f)
-                BAD("line %d: control character, space or non-ASCII byte", line);
+    size_t ll;
+    int clean;
+    const char *l;
+    while ((l = next_setting(text, len, &pos, &line, &ll, &clean))) {
+        if (!clean)
+            BAD("line %d: control character, space or non-ASCII byte", line);
         const char *eq = memchr(l, '=', ll);
         if (!eq)
             BAD("line %d: want key=value", line);
