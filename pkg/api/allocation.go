@@ -54,8 +54,9 @@ type DeviceGrant struct {
 	// CeilingMiB, when set (v3), is the ceiling the pod asked
 	// (nvidia.com/gpumem-ceiling): more than MemoryMiB, at most the GPU's
 	// memory; 0 means none. The scheduler places the grant on a GPU at
-	// least that large; the node agent holds the container to MemoryMiB
-	// (docs/upgrading.md, tessera.io/v3).
+	// least that large; on a node in shared mode the container may hold
+	// up to it from the GPU's memory no grant is guaranteed (Bursts;
+	// docs/isolation.md, "Guaranteed plus burst"), elsewhere MemoryMiB.
 	CeilingMiB int64 `json:"ceilingMiB,omitempty"`
 	// Cores is the compute share in percent of the GPU's SMs (0..100;
 	// 0 means the limiter enforces no compute share).
