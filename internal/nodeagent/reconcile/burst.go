@@ -191,6 +191,18 @@ func (r *Reconciler) burst(o observation) {
 	}
 }
 
+// bursting reports whether any grant may burst.
+func bursting(grants map[key]map[string]limit) bool {
+	for _, g := range grants {
+		for _, l := range g {
+			if l.ceiling > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // isStopping: some of the processes were stopped by an earlier reclaim.
 func (r *Reconciler) isStopping(pids []int) bool {
 	for _, pid := range pids {

@@ -236,9 +236,16 @@ func (r *Reconciler) Once() []Breach {
 // Admitted runs the budget part of a pass at once, for a container just
 // served (its Allocate): a guarantee it brings to a GPU whose unguaranteed
 // memory others borrowed is made good before the container starts.
+// On a node where no grant may burst it reads nothing from the GPUs.
 func (r *Reconciler) Admitted() {
+	if r.opts.BudgetDir == "" || (r.opts.Shared != nil && !r.opts.Shared()) {
+		return
+	}
 	r.pass.Lock()
 	defer r.pass.Unlock()
+	if !bursting(r.grants(r.pods())) {
+		return
+	}
 	if o, ok := r.observe(); ok {
 		r.burst(o)
 	}
