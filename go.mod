@@ -39,7 +39,7 @@ replace (
 )
 
 require (
-	github.com/NVIDIA/go-nvml v0.13.3-1
+	github.com/NVIDIA/go-nvml v0.13.4-1
 	github.com/fsnotify/fsnotify v1.9.0
 	github.com/google/cadvisor v0.56.2
 	github.com/google/cel-go v0.26.0

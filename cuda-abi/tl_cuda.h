@@ -151,7 +151,9 @@ typedef void *nvmlDevice_t;
 #define NVML_ERROR_NOT_SUPPORTED 3
 #define NVML_ERROR_NOT_FOUND 6
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
+#define NVML_ERROR_NO_PERMISSION 4
 #define NVML_ERROR_FUNCTION_NOT_FOUND 13
+#define NVML_ERROR_OPERATING_SYSTEM 17
 #define NVML_ERROR_UNKNOWN 999
 #define TL_NVML_UUID_LEN 96 /* buffer for nvmlDeviceGetUUID (NVML asks for >= 80) */
 
@@ -160,6 +162,24 @@ typedef struct {
     unsigned long long free;
     unsigned long long used;
 } TL_NVML_MEMORY;
+
+/* nvmlSetMemoryLimits_v1_t and nvmlGetMemoryLimits_v1_t (r615, CUDA
+ * 13.4): a cgroup's share of a GPU's memory, in bytes. nameSpace is the
+ * cgroup's directory under the cgroup2 mount. No limit: soft 0, hard
+ * TL_NVML_MEMORY_LIMIT_MAX. */
+#define TL_NVML_MEMORY_LIMIT_MAX 0xFFFFFFFFFFFFFFFFull
+typedef struct {
+    const char *nameSpace;
+    unsigned long long softLimit;
+    unsigned long long hardLimit;
+} TL_NVML_SET_MEMORY_LIMITS_V1;
+
+typedef struct {
+    const char *nameSpace;
+    unsigned long long softLimit;
+    unsigned long long hardLimit;
+    unsigned long long currentUsed;
+} TL_NVML_GET_MEMORY_LIMITS_V1;
 
 typedef struct {
     unsigned int version;

@@ -465,7 +465,8 @@ if path is None:
     print("native-nocgroup", cg); sys.exit(0)
 print("native cgroup", path)
 cur, pend = ctypes.c_uint(0), ctypes.c_uint(0)
-if nv.nvmlDeviceGetMigMode(h, ctypes.byref(cur), ctypes.byref(pend)) == 0 and cur.value == 1:
+mig_mode = getattr(nv, "nvmlDeviceGetMigMode", None)  # absent: not a MIG-capable driver
+if mig_mode and mig_mode(h, ctypes.byref(cur), ctypes.byref(pend)) == 0 and cur.value == 1:
     print("native-mig"); sys.exit(0)
 print("native set", set_limits(h, ctypes.byref(SetL(path.encode(), soft, hard))))
 print("native get %d %d %d %d" % get(path))

@@ -21,6 +21,7 @@
 
 #include "fake_api.h"
 #include "fake_common.h"
+#include "fake_limits.h"
 
 #define FAKE_EXPORT __attribute__((visibility("default")))
 

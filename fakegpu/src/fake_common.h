@@ -81,10 +81,14 @@
 #define FAKE_CUDA_VERSION 12040
 #define FAKE_LAB_DEVICES "/run/tessera-fakegpu"
 
-/* ---- the state file of one GPU (layout version 1) ---- */
+/* ---- the state file of one GPU (layout version 2) ---- */
 #define FAKE_STATE_MAGIC 0x55504754u /* "TGPU" */
-#define FAKE_STATE_VERSION 1u
+#define FAKE_STATE_VERSION 2u
 #define FAKE_STATE_SLOTS 256
+#define FAKE_LIMITS 64        /* entries of the memory partitioning table (fake_limits.h) */
+#define FAKE_LIMIT_PATH 256
+#define FAKE_LIMIT_KEY 200
+#define FAKE_FLAG_PARTITION 1u /* the driver partitions memory per cgroup */
 
 struct fake_slot {      /* 64 bytes */
     uint32_t host_pid;  /* NVML's pid of the process (host pid namespace) */
@@ -96,24 +100,40 @@ struct fake_slot {      /* 64 bytes */
     uint64_t start_ns;  /* CLOCK_MONOTONIC ns at which it took the slot */
     uint32_t rate_ppm;  /* GPU time per ns of its last work, in millionths (shared GPU: < 1e6) */
     uint32_t reserved0;
-    uint64_t reserved;
+    uint64_t cg;        /* fake_cg_hash of its cgroup v2 path, 0 = none */
 };
 
-struct fake_state {     /* header: 256 bytes, then the slots */
+/* One cgroup's memory limits on the GPU (fake_limits.h). */
+struct fake_limit {           /* 512 bytes */
+    char path[FAKE_LIMIT_PATH]; /* the cgroup's directory, as Set named it; "" = free */
+    char key[FAKE_LIMIT_KEY];   /* the same cgroup as /proc/<pid>/cgroup names it */
+    uint64_t soft, hard;        /* bytes; hard TL_NVML_MEMORY_LIMIT_MAX = none */
+    uint32_t crossings;         /* allocations that took it past its soft limit */
+    uint32_t pressure;          /* its allocations within the soft limit the GPU could not hold while another was above its own */
+    uint32_t leaked;            /* its cgroup went away while its soft limit was set */
+    uint32_t reserved0;
+    uint64_t reserved[3];
+};
+
+struct fake_state {     /* header: 256 bytes, then the slots, then the limits */
     uint32_t magic;     /* FAKE_STATE_MAGIC */
     uint32_t version;   /* FAKE_STATE_VERSION */
     uint32_t header_size, slot_size, slots;
     uint32_t arrived;   /* FAKE_CTX_RENDEZVOUS */
     uint64_t memory;    /* bytes */
     uint32_t sms;
-    uint32_t reserved0;
+    uint32_t flags;     /* FAKE_FLAG_PARTITION */
     char uuid[48];
     char name[96];
-    uint8_t reserved[72];
+    uint32_t limit_size, limits;
+    uint8_t reserved[64];
     struct fake_slot slot[FAKE_STATE_SLOTS];
+    struct fake_limit limit[FAKE_LIMITS];
 };
 _Static_assert(sizeof(struct fake_slot) == 64, "fake_slot layout");
+_Static_assert(sizeof(struct fake_limit) == 512, "fake_limit layout");
 _Static_assert(__builtin_offsetof(struct fake_state, slot) == 256, "fake_state header layout");
+_Static_assert(__builtin_offsetof(struct fake_state, limit) == 256 + 64 * FAKE_STATE_SLOTS, "fake_state limits layout");
 
 typedef struct {
     char uuid[48];          /* "GPU-..." */
@@ -427,7 +447,11 @@ static int fake_state_open(int ord, const char *path, int create)
             h.header_size = (uint32_t)__builtin_offsetof(struct fake_state, slot);
             h.slot_size = sizeof(struct fake_slot);
             h.slots = FAKE_STATE_SLOTS;
+            h.limit_size = sizeof(struct fake_limit);
+            h.limits = FAKE_LIMITS;
             h.memory = fake_devs.gpu[ord].mem;
+            if (getenv("FAKE_NVML_PARTITIONING") && !strcmp(getenv("FAKE_NVML_PARTITIONING"), "1"))
+                h.flags |= FAKE_FLAG_PARTITION;
             snprintf(h.uuid, sizeof(h.uuid), "%s", fake_devs.gpu[ord].uuid);
             bad = ftruncate(fd, (off_t)sizeof(struct fake_state)) != 0 ||
                   pwrite(fd, &h, h.header_size, 0) != (ssize_t)h.header_size;
@@ -472,6 +496,46 @@ static inline uint64_t fake_pidns(void)
 {
     struct stat st;
     return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+/* FNV-1a of a cgroup as its processes see it: a slot's fake_slot.cg. */
+static inline uint64_t fake_cg_hash(const char *key)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *key; key++)
+        h = (h ^ (unsigned char)*key) * 1099511628211ull;
+    return h ? h : 1;
+}
+
+/* This process's cgroup v2 path ("/a/b", from the "0::" line of
+ * /proc/self/cgroup), "" when it has none. Read once per process. */
+static inline const char *fake_self_cgroup(void)
+{
+    static char cg[FAKE_LIMIT_KEY];
+    static int for_pid;
+    if (for_pid == getpid())
+        return cg;
+    cg[0] = 0;
+    FILE *f = fopen("/proc/self/cgroup", "re");
+    char line[512];
+    while (f && fgets(line, sizeof(line), f)) {
+        if (strncmp(line, "0::", 3) != 0)
+            continue;
+        line[strcspn(line, "\n")] = 0;
+        if (strlen(line + 3) < sizeof(cg))
+            snprintf(cg, sizeof(cg), "%s", line + 3);
+        break;
+    }
+    if (f)
+        fclose(f);
+    for_pid = getpid();
+    return cg;
+}
+
+static inline uint64_t fake_self_cg_hash(void)
+{
+    const char *cg = fake_self_cgroup();
+    return cg[0] ? fake_cg_hash(cg) : 0;
 }
 
 /* This process's host pid: asked from the emulated cluster's driver
@@ -577,6 +641,7 @@ static inline void fake_state_register(int ord, uint64_t used)
         __atomic_store_n(&t->ns_pid, 0, __ATOMIC_RELEASE);
         t->host_pid = fake_self_host_pid();
         t->pidns = fake_pidns();
+        __atomic_store_n(&t->cg, fake_self_cg_hash(), __ATOMIC_RELAXED);
         __atomic_store_n(&t->used, used, __ATOMIC_RELAXED);
         t->busy_ns = 0;
         t->tail_ns = 0;

@@ -65,6 +65,10 @@ int fake_mem_take(int dev, unsigned long long n)
     fake_state_lock(dev);
     unsigned long long others = fake_others_used(dev), held = used[dev] + others;
     int ok = held <= g->mem && n <= g->mem - held;
+    /* the hard limit of this process's cgroup, where the driver
+     * partitions the GPU's memory (fake_limits.h) */
+    if (fake_limits_admit(dev, used[dev], n, ok) != 0)
+        ok = 0;
     if (ok) {
         used[dev] += n;
         if (dev == 0 && used[0] > fake_peak_used)
@@ -692,6 +696,13 @@ FAKE_EXPORT CUresult cuMemGetInfo_v2(size_t *f, size_t *t)
     pthread_mutex_unlock(&fake_mu);
     *t = g->mem;
     *f = held < g->mem ? g->mem - held : 0;
+    uint64_t hard, cg;
+    if (fake_limits_self(dev, &hard, &cg)) {
+        /* the driver reports the cgroup's hard limit as the total */
+        uint64_t left = cg < hard ? hard - cg : 0;
+        *t = hard < *t ? hard : *t;
+        *f = left < *f ? left : *f;
+    }
     return CUDA_SUCCESS;
 }
 

@@ -46,6 +46,7 @@
 
 #include "fake_api.h"
 #include "fake_common.h"
+#include "fake_limits.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define FAKE_NVML_ERROR_TIMEOUT 10
@@ -188,6 +189,39 @@ static void mem(struct fake_nvdev *f, unsigned long long *total, unsigned long l
     *total = t;
     *used = u < t ? u : t;
     *freep = t - *used;
+    uint64_t hard, cg;
+    if (fake_limits_self(f->ord, &hard, &cg)) {
+        /* the calling process's cgroup's share, as the driver reports it */
+        uint64_t left = cg < hard ? hard - cg : 0;
+        *total = hard < t ? hard : t;
+        *used = cg < *total ? cg : *total;
+        *freep = left < *freep ? left : *freep;
+    }
+}
+
+/* ---- memory partitioning (fake_limits.h) ---- */
+
+EXPORT nvmlReturn_t nvmlDeviceSetMemoryLimits_v1(nvmlDevice_t d, TL_NVML_SET_MEMORY_LIMITS_V1 *l)
+{
+    struct fake_nvdev *f = dev_of(d);
+    if (!f || !l)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return fake_limits_set(f->ord, l->nameSpace, l->softLimit, l->hardLimit);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryLimits_v1(nvmlDevice_t d, TL_NVML_GET_MEMORY_LIMITS_V1 *l)
+{
+    struct fake_nvdev *f = dev_of(d);
+    if (!f || !l)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    uint64_t soft = 0, hard = 0, used = 0;
+    nvmlReturn_t r = fake_limits_get(f->ord, l->nameSpace, &soft, &hard, &used);
+    if (r == NVML_SUCCESS) {
+        l->softLimit = soft;
+        l->hardLimit = hard;
+        l->currentUsed = used;
+    }
+    return r;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, TL_NVML_MEMORY *m)

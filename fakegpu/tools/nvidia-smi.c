@@ -11,6 +11,11 @@
  *   nvidia-smi --query-compute-apps=F,... --format=csv[,noheader][,nounits]
  *        F: pid, gpu_uuid, used_memory (also used_gpu_memory)
  *   -i N / --id=N                   only GPU N (an index or a UUID)
+ *   nvidia-smi memory-limits -n CGROUP [-i N]
+ *        the cgroup's memory limits on the GPUs (where the driver
+ *        partitions memory): soft, hard and used, in MiB
+ *   nvidia-smi memory-limits --set -n CGROUP --soft-limit MiB --hard-limit MiB [-i N]
+ *        sets them (root); soft 0 and no hard limit clear them
  *
  * Anything else is refused with a message naming it (exit 2), never
  * ignored.
@@ -30,6 +35,8 @@ static struct {
     nvmlReturn_t (*mem)(nvmlDevice_t, TL_NVML_MEMORY *);
     nvmlReturn_t (*util)(nvmlDevice_t, TL_NVML_UTILIZATION *);
     nvmlReturn_t (*procs)(nvmlDevice_t, unsigned *, void *);
+    nvmlReturn_t (*set_limits)(nvmlDevice_t, TL_NVML_SET_MEMORY_LIMITS_V1 *);
+    nvmlReturn_t (*get_limits)(nvmlDevice_t, TL_NVML_GET_MEMORY_LIMITS_V1 *);
 } nv;
 
 /* a _v2 process list entry: pid at 0, usedGpuMemory at 8 */
@@ -48,7 +55,8 @@ static void usage_exit(const char *why)
             "nvidia-smi (tessera-lab): %s\n"
             "supported: nvidia-smi [-i N] | -L | --query-gpu=index,name,uuid,memory.total,memory.used,"
             "memory.free,utilization.gpu,count | --query-compute-apps=pid,gpu_uuid,used_memory; "
-            "with --format=csv[,noheader][,nounits]\n",
+            "with --format=csv[,noheader][,nounits] | memory-limits [--set] -n CGROUP "
+            "[--soft-limit MiB --hard-limit MiB] [-i N]\n",
             why);
     exit(2);
 }
@@ -251,11 +259,67 @@ static void table(nvmlDevice_t *d, int n)
     printf("%s\n", line);
 }
 
+/* nvidia-smi memory-limits: a cgroup's limits on each GPU, or --set. */
+static int memory_limits(int argc, char **argv)
+{
+    const char *only = NULL, *cg = NULL;
+    int set = 0;
+    long long soft = -1, hard = -1;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--set"))
+            set = 1;
+        else if ((!strcmp(a, "-n") || !strcmp(a, "--cgroup")) && i + 1 < argc)
+            cg = argv[++i];
+        else if (!strcmp(a, "--soft-limit") && i + 1 < argc)
+            soft = atoll(argv[++i]);
+        else if (!strcmp(a, "--hard-limit") && i + 1 < argc)
+            hard = atoll(argv[++i]);
+        else if ((!strcmp(a, "-i") || !strcmp(a, "--id")) && i + 1 < argc)
+            only = argv[++i];
+        else {
+            char msg[200];
+            snprintf(msg, sizeof(msg), "memory-limits: option \"%s\" is not supported", a);
+            usage_exit(msg);
+        }
+    }
+    if (!cg)
+        usage_exit("memory-limits needs -n CGROUP (the cgroup's directory)");
+    if (set && (soft < 0 || hard < 0))
+        usage_exit("memory-limits --set needs --soft-limit and --hard-limit (MiB; a hard limit of 0 means none)");
+    nvmlDevice_t d[16];
+    int n = devices(only, d);
+    for (int i = 0; i < n; i++) {
+        unsigned idx = (unsigned)i;
+        nv.index(d[i], &idx);
+        if (set) {
+            TL_NVML_SET_MEMORY_LIMITS_V1 l = {cg, (unsigned long long)soft * MiB,
+                                              hard ? (unsigned long long)hard * MiB : TL_NVML_MEMORY_LIMIT_MAX};
+            check(nv.set_limits(d[i], &l), "nvmlDeviceSetMemoryLimits_v1");
+            printf("GPU %u: memory limits of %s set\n", idx, cg);
+            continue;
+        }
+        TL_NVML_GET_MEMORY_LIMITS_V1 l = {cg, 0, 0, 0};
+        nvmlReturn_t r = nv.get_limits(d[i], &l);
+        if (r == NVML_ERROR_NOT_FOUND) {
+            printf("GPU %u: %s: no limits\n", idx, cg);
+            continue;
+        }
+        check(r, "nvmlDeviceGetMemoryLimits_v1");
+        if (l.hardLimit == TL_NVML_MEMORY_LIMIT_MAX)
+            printf("GPU %u: %s: soft %llu MiB, hard none, used %llu MiB\n", idx, cg, l.softLimit / MiB, l.currentUsed / MiB);
+        else
+            printf("GPU %u: %s: soft %llu MiB, hard %llu MiB, used %llu MiB\n", idx, cg, l.softLimit / MiB,
+                   l.hardLimit / MiB, l.currentUsed / MiB);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *only = NULL, *qgpu = NULL, *qapps = NULL, *format = NULL;
-    int list = 0;
-    for (int i = 1; i < argc; i++) {
+    int list = 0, limits = argc > 1 && !strcmp(argv[1], "memory-limits");
+    for (int i = 1; i < argc && !limits; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-L") || !strcmp(a, "--list-gpus"))
             list = 1;
@@ -311,6 +375,11 @@ int main(int argc, char **argv)
     nv.util = tool_sym(h, "nvmlDeviceGetUtilizationRates");
     nv.procs = tool_sym(h, "nvmlDeviceGetComputeRunningProcesses_v2");
     check(nv.init(), "nvmlInit");
+    if (limits) {
+        nv.set_limits = tool_sym(h, "nvmlDeviceSetMemoryLimits_v1");
+        nv.get_limits = tool_sym(h, "nvmlDeviceGetMemoryLimits_v1");
+        return memory_limits(argc, argv);
+    }
 
     nvmlDevice_t d[16];
     int n = devices(only, d);

@@ -282,6 +282,9 @@ type Ask struct {
 	MemoryMiB     int64
 	MemoryPercent int
 	Cores         int
+	// CeilingMiB is the memory ceiling above MemoryMiB (0: none). It is
+	// not charged: a GPU is charged the guarantee.
+	CeilingMiB int64
 }
 
 // Exclusive reports whether the ask takes the GPU whole: all compute, all
@@ -316,5 +319,16 @@ func (a Ask) CoresGranted() int {
 // Grant is the record's grant of the ask on a GPU of gpuMemoryMiB: what
 // the scheduler writes and what the node agent expects to find.
 func (a Ask) Grant(uuid string, gpuMemoryMiB int64) api.DeviceGrant {
-	return api.DeviceGrant{UUID: uuid, MemoryMiB: a.MemoryOn(gpuMemoryMiB), Cores: a.CoresGranted(), Exclusive: a.Exclusive()}
+	g := api.DeviceGrant{UUID: uuid, MemoryMiB: a.MemoryOn(gpuMemoryMiB), Cores: a.CoresGranted(), Exclusive: a.Exclusive()}
+	g.CeilingMiB = a.CeilingOn(g.MemoryMiB, g.Exclusive)
+	return g
+}
+
+// CeilingOn is the ceiling the ask is granted above a guarantee of
+// memoryMiB: its ceiling when above the guarantee on a share, else none.
+func (a Ask) CeilingOn(memoryMiB int64, exclusive bool) int64 {
+	if exclusive || a.CeilingMiB <= memoryMiB {
+		return 0
+	}
+	return a.CeilingMiB
 }

@@ -12,7 +12,6 @@ package hollowkubelet
 // every process of the container is born there.
 
 import (
-	"bufio"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -22,7 +21,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 )
@@ -83,26 +81,6 @@ func (c Cgroups) Clean() {
 	for _, d := range dirs {
 		_ = syscall.Rmdir(d)
 	}
-}
-
-// CgroupV2Mount returns where the cgroup v2 hierarchy is mounted in the
-// caller's mount namespace (/sys/fs/cgroup on a unified host,
-// /sys/fs/cgroup/unified on a hybrid one), from mountinfo; "" when it is
-// not mounted.
-func CgroupV2Mount(mountinfo string) string {
-	sc := bufio.NewScanner(strings.NewReader(mountinfo))
-	for sc.Scan() {
-		// id parent major:minor root mountpoint options [optional...] - fstype source superoptions
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		if !ok {
-			continue
-		}
-		f, g := strings.Fields(pre), strings.Fields(post)
-		if len(f) >= 5 && len(g) >= 1 && g[0] == "cgroup2" && f[3] == "/" {
-			return f[4]
-		}
-	}
-	return ""
 }
 
 // newContainerID is a container ID as containerd and CRI-O make them: 64

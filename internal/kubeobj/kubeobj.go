@@ -32,8 +32,11 @@ type Resources struct {
 	MemoryMiB     int64
 	MemoryPercent int64
 	Cores         int64
-	// Set reports which of the four were present at all.
-	HasGPU, HasMemory, HasPercent, HasCores bool
+	// CeilingMiB is the memory ceiling per GPU (nvidia.com/gpumem-ceiling):
+	// the most the container may use above its guarantee, MemoryMiB.
+	CeilingMiB int64
+	// Set reports which of the five were present at all.
+	HasGPU, HasMemory, HasPercent, HasCores, HasCeiling bool
 	// CountName is the resource the GPU count was read from: the GPU
 	// resource, its shared rename (nvidia.com/gpu.shared) or a MIG
 	// profile's (nvidia.com/mig-1g.5gb); empty when none was given.
@@ -43,7 +46,9 @@ type Resources struct {
 }
 
 // Any reports whether the container names any GPU resource.
-func (r Resources) Any() bool { return r.HasGPU || r.HasMemory || r.HasPercent || r.HasCores }
+func (r Resources) Any() bool {
+	return r.HasGPU || r.HasMemory || r.HasPercent || r.HasCores || r.HasCeiling
+}
 
 // quantity is a container's value of a resource: its limit (the value the
 // kubelet enforces), else its request.
@@ -152,7 +157,8 @@ func gpuMilli(c *corev1.Container, name string) (milli int64, has bool, err erro
 // than the GPU count must be whole numbers. Every value is checked against
 // its bound before conversion (a *ResourceError names the resource, the
 // value and the bound): at most api.MaxGPUsPerNode GPUs,
-// api.MaxGPUMemoryMiB MiB, 100 percent of memory or cores.
+// api.MaxGPUMemoryMiB MiB (memory and its ceiling), 100 percent of memory
+// or cores.
 func ReadResources(c *corev1.Container, names api.ResourceNames) (Resources, error) {
 	var r Resources
 	var err error
@@ -181,6 +187,9 @@ func ReadResources(c *corev1.Container, names api.ResourceNames) (Resources, err
 		return r, err
 	}
 	if err := read(names.Cores, maxPercent, "percent of the GPU's compute", &r.HasCores, &r.Cores); err != nil {
+		return r, err
+	}
+	if err := read(names.MemoryCeiling, maxMemory, "MiB per GPU", &r.HasCeiling, &r.CeilingMiB); err != nil {
 		return r, err
 	}
 	return r, nil
@@ -236,8 +245,8 @@ func Defaulted(container string, r Resources, names api.ResourceNames) (Resource
 	if r.MIGProfile != "" {
 		// A MIG device: its profile fixes memory and compute.
 		switch {
-		case r.HasMemory || r.HasPercent || r.HasCores:
-			return r, fmt.Errorf("container %q: %s together with %s, %s or %s; a MIG profile fixes memory and compute", container, r.CountName, names.Memory, names.MemoryPercentage, names.Cores)
+		case r.HasMemory || r.HasPercent || r.HasCores || r.HasCeiling:
+			return r, fmt.Errorf("container %q: %s together with %s, %s, %s or %s; a MIG profile fixes memory and compute", container, r.CountName, names.Memory, names.MemoryPercentage, names.Cores, names.MemoryCeiling)
 		case r.GPUMilli%1000 != 0:
 			return r, fmt.Errorf("container %q: %s is %s; MIG devices are whole", container, r.CountName, milliString(r.GPUMilli))
 		}
@@ -255,6 +264,12 @@ func Defaulted(container string, r Resources, names api.ResourceNames) (Resource
 		return zero(names.GPU, fmt.Sprintf("but %s, %s or %s asks for a share of a GPU; set the count, or remove the GPU resources for no GPU", names.Memory, names.MemoryPercentage, names.Cores))
 	case r.HasCores && r.Cores == 0 && !r.HasGPU && !r.HasMemory && !r.HasPercent:
 		return zero(names.Cores, fmt.Sprintf("alone it asks for no GPU; give %s or %s with it, or remove it", names.GPU, names.Memory))
+	}
+	if r.HasCeiling {
+		var err error
+		if r, err = ceiling(container, r, names); err != nil {
+			return r, err
+		}
 	}
 	if r.GPUMilli%1000 != 0 {
 		if r.GPUMilli > 1000 {
@@ -278,6 +293,28 @@ func Defaulted(container string, r Resources, names api.ResourceNames) (Resource
 	}
 	if r.GPUMilli > 0 && r.MemoryMiB == 0 && r.MemoryPercent == 0 {
 		r.MemoryPercent, r.HasPercent = 100, true
+	}
+	return r, nil
+}
+
+// ceiling checks a memory ceiling: it qualifies a guarantee given in MiB
+// (the webhook and the scheduler check it against the GPUs, which the
+// container's spec does not know) and lies at or above it; equal to the
+// guarantee it asks nothing more and is dropped. A share of a GPU with
+// all its compute is the whole GPU, which has nothing to borrow.
+func ceiling(container string, r Resources, names api.ResourceNames) (Resources, error) {
+	fail := func(reason string) (Resources, error) {
+		return r, &ResourceError{Container: container, Resource: names.MemoryCeiling, Value: fmt.Sprint(r.CeilingMiB), Reason: reason}
+	}
+	switch {
+	case !r.HasMemory:
+		return fail(fmt.Sprintf("a ceiling needs the guarantee below it in MiB: set %s as well", names.Memory))
+	case r.CeilingMiB < r.MemoryMiB:
+		return fail(fmt.Sprintf("must be at least %s (%d MiB, the guarantee)", names.Memory, r.MemoryMiB))
+	case r.HasCores && r.Cores == api.MaxCores:
+		return fail(fmt.Sprintf("%s=100 asks the whole GPU, which has nothing to borrow; ask fewer cores, or drop the ceiling", names.Cores))
+	case r.CeilingMiB == r.MemoryMiB:
+		r.CeilingMiB, r.HasCeiling = 0, false
 	}
 	return r, nil
 }

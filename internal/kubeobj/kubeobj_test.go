@@ -245,6 +245,49 @@ func TestCountResources(t *testing.T) {
 	}
 }
 
+// TestCeiling: a memory ceiling rides on a guarantee in MiB, at or above
+// it (equal asks nothing more and is dropped), never on a whole GPU, a
+// MIG device or a fraction; each refusal names the resource and why.
+func TestCeiling(t *testing.T) {
+	read := func(limits map[string]string) (Resources, error) {
+		r, err := ReadResources(container(limits, nil), names)
+		if err != nil {
+			return r, err
+		}
+		return Defaulted("c", r, names)
+	}
+	r, err := read(map[string]string{names.Memory: "4096", names.MemoryCeiling: "12288", names.Cores: "30"})
+	if err != nil || r.CeilingMiB != 12288 || !r.HasCeiling || r.MemoryMiB != 4096 || r.GPUMilli != 1000 {
+		t.Errorf("guarantee and ceiling: %+v, %v", r, err)
+	}
+	r, err = read(map[string]string{names.Memory: "4096", names.MemoryCeiling: "4096"})
+	if err != nil || r.CeilingMiB != 0 || r.HasCeiling {
+		t.Errorf("a ceiling equal to the guarantee: %+v, %v; want it dropped", r, err)
+	}
+	for _, tc := range []struct {
+		limits map[string]string
+		want   string
+	}{
+		{map[string]string{names.MemoryCeiling: "8192"}, `container "c": nvidia.com/gpumem-ceiling is 8192, a ceiling needs the guarantee below it in MiB: set nvidia.com/gpumem as well`},
+		{map[string]string{names.GPU: "1", names.MemoryCeiling: "8192"}, "set nvidia.com/gpumem as well"},
+		{map[string]string{names.MemoryPercentage: "20", names.MemoryCeiling: "8192"}, "set nvidia.com/gpumem as well"},
+		{map[string]string{names.Memory: "8192", names.MemoryCeiling: "4096"}, `container "c": nvidia.com/gpumem-ceiling is 4096, must be at least nvidia.com/gpumem (8192 MiB, the guarantee)`},
+		{map[string]string{names.Memory: "4096", names.MemoryCeiling: "8192", names.Cores: "100"}, "nvidia.com/gpucores=100 asks the whole GPU, which has nothing to borrow"},
+		{map[string]string{names.GPU: "0.5", names.MemoryCeiling: "8192"}, "set nvidia.com/gpumem as well"},
+		{map[string]string{names.MIG("1g.5gb"): "1", names.MemoryCeiling: "8192"}, "a MIG profile fixes memory and compute"},
+		{map[string]string{names.Memory: "4096", names.MemoryCeiling: "-1"}, "nvidia.com/gpumem-ceiling is -1, must not be negative"},
+		{map[string]string{names.Memory: "4096", names.MemoryCeiling: "17000000"}, "nvidia.com/gpumem-ceiling is 17M, must be between 0 and 16777216 (MiB per GPU)"},
+	} {
+		if _, err := read(tc.limits); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want %q", tc.limits, err, tc.want)
+		}
+	}
+	var re *ResourceError
+	if _, err := read(map[string]string{names.Memory: "8192", names.MemoryCeiling: "4096"}); !errors.As(err, &re) || re.Resource != names.MemoryCeiling {
+		t.Errorf("the error %v is not a ResourceError on %s", err, names.MemoryCeiling)
+	}
+}
+
 // TestQuantityUnits: a GPU quantity written with a suffix is refused with
 // its unit and the conversion (gpumem: 4Gi was refused with "must be
 // between 0 and 16777216", which did not say how to write 4 GiB).

@@ -29,7 +29,14 @@
 // limiter measures it) are optional. Devices are numbered from 0 without
 // gaps, at most 16, each with uuid (GPU- or MIG- and the 8-4-4-4-12 hex
 // digits NVML prints), memory (MiB with the suffix m; 0m: no memory limit)
-// and sm (percent 0..100; 0 and 100: no compute limit). Keys are unique;
+// and sm (percent 0..100; 0 and 100: no compute limit). A device may add
+// a ceiling above its memory limit (ceiling, MiB with the suffix m) with
+// the node agent's budget file for the GPU (budget, an absolute path); the
+// memory limit is then the guarantee, and the limiter lets the container
+// allocate past it, up to the ceiling, from what the budget file lends
+// (docs/isolation.md, "Guaranteed plus burst"); a file with a ceiling
+// names the container in the budget files (borrower, 16 lower-case hex
+// digits). Keys are unique;
 // unknown keys, spaces, control characters and non-ASCII bytes outside
 // comments are errors; the file is at most 64 KiB. The C parser is
 // limiter/src/tl_config.c; TestParityWithC runs both on the same files.
@@ -39,8 +46,11 @@ package limiterconf
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -61,6 +71,9 @@ const (
 	// MaxMiB bounds memory and context_reserve (bytes fit in 64 bits).
 	MaxMiB   = 1<<44 - 1
 	maxValue = 4095 // longest value the limiter reads
+	// maxBudgetPath is the longest budget path (the limiter's
+	// TL_BUDGET_PATH_MAX - 1).
+	maxBudgetPath = 255
 )
 
 // Device is the limit on one GPU.
@@ -72,6 +85,13 @@ type Device struct {
 	MemoryMiB uint64
 	// SMPercent is the compute share; 0 and 100 mean no compute limit.
 	SMPercent int
+	// CeilingMiB, when not 0, is the most the container may hold on the
+	// GPU, above MemoryMiB (its guarantee): what it holds past the
+	// guarantee comes from the GPU's budget file (BudgetPath).
+	CeilingMiB uint64
+	// BudgetPath is the budget file of the GPU inside the container
+	// (BudgetDir/<UUID>, read-only); set exactly when CeilingMiB is.
+	BudgetPath string
 }
 
 // Config is the content of one limits file.
@@ -87,6 +107,9 @@ type Config struct {
 	ContextReserveMiB *uint64
 	// Devices in the order the allocation grants them.
 	Devices []Device
+	// Borrower names the container in the budget files (BorrowerName);
+	// required when a device has a ceiling.
+	Borrower string
 }
 
 // Validate reports the first problem, naming the field, the value and the
@@ -104,6 +127,9 @@ func (c Config) Validate() error {
 	if len(c.Devices) > MaxDevices {
 		return fmt.Errorf("devices: %d exceed the limit of %d", len(c.Devices), MaxDevices)
 	}
+	if c.Borrower != "" && !isBorrower(c.Borrower) {
+		return fmt.Errorf("borrower %q: want %d lower-case hex digits", c.Borrower, BorrowerLen)
+	}
 	seen := map[string]int{}
 	for i, d := range c.Devices {
 		if err := checkUUID(d.UUID); err != nil {
@@ -120,8 +146,52 @@ func (c Config) Validate() error {
 		if d.SMPercent < 0 || d.SMPercent > api.MaxCores {
 			return fmt.Errorf("devices[%d].smPercent %d outside [0, %d]", i, d.SMPercent, api.MaxCores)
 		}
+		if err := checkCeiling(d); err != nil {
+			return fmt.Errorf("devices[%d]: %w", i, err)
+		}
+		if d.CeilingMiB != 0 && c.Borrower == "" {
+			return fmt.Errorf("devices[%d].ceilingMiB %d: the file needs a borrower", i, d.CeilingMiB)
+		}
 	}
 	return nil
+}
+
+func checkCeiling(d Device) error {
+	switch {
+	case d.CeilingMiB == 0 && d.BudgetPath == "":
+		return nil
+	case d.CeilingMiB == 0 || d.BudgetPath == "":
+		return fmt.Errorf("ceilingMiB %d and budgetPath %q go together", d.CeilingMiB, d.BudgetPath)
+	case d.MemoryMiB == 0 || d.CeilingMiB <= d.MemoryMiB:
+		return fmt.Errorf("ceilingMiB %d is not above memoryMiB %d", d.CeilingMiB, d.MemoryMiB)
+	case d.CeilingMiB > MaxMiB:
+		return fmt.Errorf("ceilingMiB %d exceeds %d", d.CeilingMiB, uint64(MaxMiB))
+	case !strings.HasPrefix(d.BudgetPath, "/") || len(d.BudgetPath) > maxBudgetPath:
+		return fmt.Errorf("budgetPath %q: want an absolute path of at most %d bytes", d.BudgetPath, maxBudgetPath)
+	}
+	return checkPathBytes("budgetPath", d.BudgetPath)
+}
+
+// BorrowerLen is the length of a borrower's name: hexadecimal digits.
+const BorrowerLen = 16
+
+// BorrowerName is the name the agent gives a container (or a DRA claim's
+// request) in the budget files: opaque to the other tenants who read them.
+func BorrowerName(owner string) string {
+	h := sha256.Sum256([]byte(owner))
+	return hex.EncodeToString(h[:BorrowerLen/2])
+}
+
+func isBorrower(s string) bool {
+	if len(s) != BorrowerLen {
+		return false
+	}
+	for _, ch := range s {
+		if (ch < '0' || ch > '9') && (ch < 'a' || ch > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // Encode writes c in the file format, after Validate.
@@ -132,6 +202,9 @@ func Encode(c Config) ([]byte, error) {
 	var b bytes.Buffer
 	b.WriteString("# written by the Tessera node agent; read-only in the container\n")
 	fmt.Fprintf(&b, "version=%d\nstate=%s\n", Version, c.StatePath)
+	if c.Borrower != "" {
+		fmt.Fprintf(&b, "borrower=%s\n", c.Borrower)
+	}
 	if c.Elastic {
 		b.WriteString("elastic=1\n")
 	}
@@ -141,6 +214,9 @@ func Encode(c Config) ([]byte, error) {
 	for i, d := range c.Devices {
 		fmt.Fprintf(&b, "device.%d.uuid=%s\ndevice.%d.memory=%dm\ndevice.%d.sm=%d\n", i, d.UUID, i, d.MemoryMiB, i,
 			d.SMPercent)
+		if d.CeilingMiB != 0 {
+			fmt.Fprintf(&b, "device.%d.ceiling=%dm\ndevice.%d.budget=%s\n", i, d.CeilingMiB, i, d.BudgetPath)
+		}
 	}
 	return b.Bytes(), nil
 }
@@ -169,10 +245,10 @@ func Parse(b []byte) (Config, error) {
 	}
 	type dev struct {
 		d    Device
-		have int // bits: 1 uuid, 2 memory, 4 sm
+		have int // bits: 1 uuid, 2 memory, 4 sm, 8 ceiling, 16 budget
 	}
 	var devs [MaxDevices]dev
-	seenVersion, seenState, seenElastic, seenReserve := false, false, false, false
+	seenVersion, seenState, seenElastic, seenReserve, seenBorrower := false, false, false, false, false
 	lines := bytes.Split(b, []byte("\n"))
 	if len(lines) > 0 && len(lines[len(lines)-1]) == 0 {
 		lines = lines[:len(lines)-1]
@@ -235,13 +311,22 @@ func Parse(b []byte) (Config, error) {
 				return fail(line, "context_reserve=%q: want MiB, e.g. 256m", val)
 			}
 			c.ContextReserveMiB = &mib
+		case key == "borrower":
+			if seenBorrower {
+				return fail(line, "borrower given twice")
+			}
+			seenBorrower = true
+			if !isBorrower(val) {
+				return fail(line, "borrower=%q: want %d lower-case hex digits", val, BorrowerLen)
+			}
+			c.Borrower = val
 		case strings.HasPrefix(key, "device."):
 			idx, field, ok := strings.Cut(key[len("device."):], ".")
 			i, err := parseUint(idx, MaxDevices-1)
 			if !ok || err != nil {
-				return fail(line, "%q: want device.<0..%d>.<uuid|memory|sm>", key, MaxDevices-1)
+				return fail(line, "%q: want device.<0..%d>.<uuid|memory|sm|ceiling|budget>", key, MaxDevices-1)
 			}
-			bit := map[string]int{"uuid": 1, "memory": 2, "sm": 4}[field]
+			bit := map[string]int{"uuid": 1, "memory": 2, "sm": 4, "ceiling": 8, "budget": 16}[field]
 			if bit == 0 {
 				return fail(line, "unknown key %q", key)
 			}
@@ -268,6 +353,17 @@ func Parse(b []byte) (Config, error) {
 					return fail(line, "%s=%q: want an integer percentage 0..100", key, val)
 				}
 				d.d.SMPercent = int(sm)
+			case 8:
+				mib, err := parseMiB(val)
+				if err != nil || mib == 0 {
+					return fail(line, "%s=%q: want MiB above the memory limit, e.g. 8192m", key, val)
+				}
+				d.d.CeilingMiB = mib
+			case 16:
+				if !strings.HasPrefix(val, "/") || len(val) > maxBudgetPath {
+					return fail(line, "%s=%q: want an absolute path of at most %d bytes", key, val, maxBudgetPath)
+				}
+				d.d.BudgetPath = val
 			}
 		default:
 			return fail(line, "unknown key %q", key)
@@ -284,8 +380,19 @@ func Parse(b []byte) (Config, error) {
 		if i >= n && devs[i].have != 0 {
 			return fail(0, "device.%d given but device.%d is missing (devices are numbered from 0)", i, n)
 		}
-		if i < n && devs[i].have != 7 {
+		if i >= n {
+			continue
+		}
+		d := devs[i]
+		switch {
+		case d.have&7 != 7:
 			return fail(0, "device.%d needs uuid, memory and sm", i)
+		case (d.have&8 == 0) != (d.have&16 == 0):
+			return fail(0, "device.%d: ceiling and budget go together", i)
+		case d.have&8 != 0 && (d.d.MemoryMiB == 0 || d.d.CeilingMiB <= d.d.MemoryMiB):
+			return fail(0, "device.%d.ceiling %dm is not above its memory limit %dm", i, d.d.CeilingMiB, d.d.MemoryMiB)
+		case d.have&8 != 0 && !seenBorrower:
+			return fail(0, "device.%d has a ceiling but the file has no borrower=", i)
 		}
 	}
 	for i := 0; i < n; i++ {
@@ -336,9 +443,13 @@ func checkState(p string) error {
 	if len(p) > maxValue {
 		return fmt.Errorf("statePath: %d bytes exceed %d", len(p), maxValue)
 	}
+	return checkPathBytes("statePath", p)
+}
+
+func checkPathBytes(field, p string) error {
 	for _, ch := range []byte(p) {
 		if ch <= ' ' || ch >= 0x7f {
-			return fmt.Errorf("statePath %q: spaces, control characters and non-ASCII bytes are not allowed", p)
+			return fmt.Errorf("%s %q: spaces, control characters and non-ASCII bytes are not allowed", field, p)
 		}
 	}
 	return nil
@@ -358,3 +469,57 @@ func checkUUID(u string) error {
 	}
 	return nil
 }
+
+// BudgetDir is where the node agent mounts its budget files read-only in a
+// container with a ceiling: one file per GPU, named by its UUID.
+const BudgetDir = "/etc/tessera/burst"
+
+// Budget is the content of one GPU's budget file, which the node agent
+// writes on the host and every container with a ceiling on the GPU reads
+// (read-only). The limiter lends a container past its guarantee at most
+// UnguaranteedMiB minus what the other borrowers hold past theirs.
+//
+//	version=1
+//	unguaranteed=4096m
+//	borrower.0123456789abcdef=1024m
+type Budget struct {
+	// UnguaranteedMiB is the GPU's memory minus the guarantees of every
+	// grant on it.
+	UnguaranteedMiB uint64
+	// Borrowed is what each container (by BorrowerName) held past its
+	// guarantee when the agent last looked; containers within their
+	// guarantee are not listed.
+	Borrowed map[string]uint64
+}
+
+// EncodeBudget writes a budget file (borrowers in name order); names that
+// are not BorrowerName's are an error.
+func EncodeBudget(b Budget) ([]byte, error) {
+	names := make([]string, 0, len(b.Borrowed))
+	for n, mib := range b.Borrowed {
+		if !isBorrower(n) {
+			return nil, fmt.Errorf("budget file: borrower %q: want %d lower-case hex digits", n, BorrowerLen)
+		}
+		if mib > MaxMiB {
+			return nil, fmt.Errorf("budget file: borrower %s: %d MiB exceeds %d", n, mib, uint64(MaxMiB))
+		}
+		names = append(names, n)
+	}
+	if b.UnguaranteedMiB > MaxMiB {
+		return nil, fmt.Errorf("budget file: unguaranteedMiB %d exceeds %d", b.UnguaranteedMiB, uint64(MaxMiB))
+	}
+	sort.Strings(names)
+	var out bytes.Buffer
+	out.WriteString("# written by the Tessera node agent: GPU memory no container is guaranteed, and who borrows it\n")
+	fmt.Fprintf(&out, "version=1\nunguaranteed=%dm\n", b.UnguaranteedMiB)
+	for _, n := range names {
+		fmt.Fprintf(&out, "borrower.%s=%dm\n", n, b.Borrowed[n])
+	}
+	if out.Len() > MaxBudgetBytes {
+		return nil, fmt.Errorf("budget file: %d borrowers make %d bytes, more than the limiter reads (%d)", len(names), out.Len(), MaxBudgetBytes)
+	}
+	return out.Bytes(), nil
+}
+
+// MaxBudgetBytes bounds a budget file (the limiter's TL_BUDGET_MAX_BYTES).
+const MaxBudgetBytes = 16384

@@ -102,7 +102,14 @@ var files = []string{
 	"# c\n\nversion=1\n#x\nstate=/s\ndevice.0.sm=30\ndevice.0.memory=4096m\ndevice.0.uuid=" + strings.ToUpper(uuid0[:4]) + strings.ToUpper(uuid0[4:]),
 	"version=1\nstate=/s=x\nelastic=0\ncontext_reserve=0m\ndevice.0.uuid=" + uuid0 + "\ndevice.0.memory=0m\ndevice.0.sm=100\ndevice.1.uuid=MIG-" + uuid1[4:] + "\ndevice.1.memory=17592186044415m\ndevice.1.sm=99\n",
 	"# comment with spaces and\tcontrol \x01 bytes é\nversion=1\nstate=/s\ndevice.0.uuid=" + uuid0 + "\ndevice.0.memory=1m\ndevice.0.sm=0",
+	"version=1\nstate=/s\nborrower=0123456789abcdef\ndevice.0.uuid=" + uuid0 + "\ndevice.0.memory=1024m\ndevice.0.sm=0\ndevice.0.ceiling=4096m\ndevice.0.budget=/etc/tessera/burst/" + uuid0 + "\ndevice.1.uuid=" + uuid1 + "\ndevice.1.memory=1m\ndevice.1.sm=0\n",
 	// rejected
+	"version=1\nstate=/s\nborrower=0123456789abcdef\ndevice.0.uuid=" + uuid0 + "\ndevice.0.memory=1024m\ndevice.0.sm=0\ndevice.0.ceiling=1024m\ndevice.0.budget=/b\n",
+	"version=1\nstate=/s\nborrower=0123456789abcdef\ndevice.0.uuid=" + uuid0 + "\ndevice.0.memory=0m\ndevice.0.sm=0\ndevice.0.ceiling=1024m\ndevice.0.budget=/b\n",
+	"version=1\nstate=/s\nborrower=0123456789abcdef\ndevice.0.uuid=" + uuid0 + "\ndevice.0.memory=1m\ndevice.0.sm=0\ndevice.0.ceiling=2m\n",
+	"version=1\nstate=/s\ndevice.0.uuid=" + uuid0 + "\ndevice.0.memory=1m\ndevice.0.sm=0\ndevice.0.ceiling=2m\ndevice.0.budget=/b\n",
+	"version=1\nstate=/s\nborrower=0123456789abcdef\ndevice.0.uuid=" + uuid0 + "\ndevice.0.memory=1m\ndevice.0.sm=0\ndevice.0.ceiling=2m\ndevice.0.budget=/" + strings.Repeat("b", 255) + "\n",
+	"version=1\nstate=/s\nborrower=0123456789ABCDEF\ndevice.0.uuid=" + uuid0 + "\ndevice.0.memory=1m\ndevice.0.sm=0\n",
 	"",
 	"# only a comment\n",
 	"state=/s\nversion=1\n",
@@ -157,6 +164,12 @@ func canonical(c Config, err error) string {
 			sm = 0 // the limiter's "no limit"
 		}
 		fmt.Fprintf(&b, "device %d %s %d %d\n", i, d.UUID, d.MemoryMiB<<20, sm)
+		if d.CeilingMiB != 0 {
+			fmt.Fprintf(&b, "ceiling %d %d %s\n", i, d.CeilingMiB<<20, d.BudgetPath)
+		}
+	}
+	if c.Borrower != "" {
+		fmt.Fprintf(&b, "borrower=%s\n", c.Borrower)
 	}
 	return b.String()
 }
@@ -227,6 +240,9 @@ func TestParityWithC(t *testing.T) {
 		sample(),
 		{StatePath: "/tessera/state/cache", Devices: []Device{{UUID: uuid0, MemoryMiB: 40960, SMPercent: 0}}},
 		{StatePath: "/x", ContextReserveMiB: u64(0), Devices: []Device{{UUID: uuid1, MemoryMiB: 1, SMPercent: 1}}},
+		{StatePath: "/x", Borrower: BorrowerName("pod/c"), Devices: []Device{
+			{UUID: uuid0, MemoryMiB: 1024, CeilingMiB: 8192, BudgetPath: BudgetDir + "/" + uuid0, SMPercent: 30},
+			{UUID: uuid1, MemoryMiB: 1, SMPercent: 1}}},
 	} {
 		b, err := Encode(c)
 		if err != nil {
@@ -353,4 +369,42 @@ func TestParityWithCMutations(t *testing.T) {
 		t.Errorf("no mutant was accepted: the mutations exercise only the error paths")
 	}
 	t.Logf("%d mutants, %d accepted by both", n, accepted)
+}
+
+// TestBudgetParityWithC: budget files EncodeBudget writes are read by the
+// limiter's parser, which lends each borrower the unguaranteed memory the
+// others leave.
+func TestBudgetParityWithC(t *testing.T) {
+	bin := buildConfDump(t)
+	a, b := BorrowerName("uid-a/main"), BorrowerName("uid-b/main")
+	if a == b || len(a) != BorrowerLen || !isBorrower(a) {
+		t.Fatalf("BorrowerName gives %q and %q", a, b)
+	}
+	enc, err := EncodeBudget(Budget{UnguaranteedMiB: 4096, Borrowed: map[string]uint64{a: 1024, b: 512}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "budget")
+	if err := os.WriteFile(path, enc, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	for self, want := range map[string]uint64{a: 4096 - 512, b: 4096 - 1024, BorrowerName("other"): 4096 - 1536} {
+		out, err := exec.Command(bin, "budget", self, path).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.TrimSpace(string(out)); got != fmt.Sprintf("ok %d", want<<20) {
+			t.Errorf("the limiter lends %s: %q, want %d MiB\n%s", self, got, want, enc)
+		}
+	}
+	if _, err := EncodeBudget(Budget{Borrowed: map[string]uint64{"pod/c": 1}}); err == nil || !strings.Contains(err.Error(), `borrower "pod/c"`) {
+		t.Errorf("a raw name: %v, want an error naming it", err)
+	}
+	many := map[string]uint64{}
+	for i := range 600 {
+		many[BorrowerName(fmt.Sprint(i))] = 1 << 30
+	}
+	if _, err := EncodeBudget(Budget{UnguaranteedMiB: 1, Borrowed: many}); err == nil || !strings.Contains(err.Error(), "more than the limiter reads") {
+		t.Errorf("600 borrowers: %v, want the size refused", err)
+	}
 }

@@ -29,11 +29,13 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-gpu/tessera/internal/cgroup2"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/config"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/discovery"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/dra"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/health"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/memlimits"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/nodelabels"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/parts"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/reconcile"
@@ -109,6 +111,10 @@ type Agent struct {
 	monitor *health.Monitor
 	config  *config.Store
 	driver  nodelabels.Driver // the driver's versions, for the labels
+	// partitioning: whether the driver can partition each GPU's memory
+	// per cgroup, found at start (a metric)
+	partitioning map[string]memlimits.Support
+
 	parts   []parts.Part
 	trigger chan struct{}
 
@@ -156,8 +162,28 @@ func New(lib nvml.Interface, client kubernetes.Interface, opts Options, logger k
 		driver:  driverInfo(lib),
 		trigger: make(chan struct{}, 1),
 	}
+	a.partitioning = detectPartitioning(lib, a.driver.Version, res.Devices, logger)
 	a.parts = a.newParts(lib)
 	return a, nil
+}
+
+// detectPartitioning finds, and logs, whether the driver can partition
+// each GPU's memory per cgroup (memlimits.Detect).
+func detectPartitioning(lib nvml.Interface, version string, devs []discovery.Device, logger klog.Logger) map[string]memlimits.Support {
+	handles, mig := map[string]nvml.Device{}, map[string]bool{}
+	for _, d := range devs {
+		handles[d.GPU.UUID], mig[d.GPU.UUID] = d.Handle, d.GPU.MIG.Enabled
+	}
+	mount, err := cgroup2.FindMount("/proc/self/mountinfo")
+	support := memlimits.Detect(version, lib, handles, mig, mount, err)
+	for _, d := range devs {
+		if s := support[d.GPU.UUID]; s.OK {
+			logger.Info("The driver can partition this GPU's memory per cgroup; the limiter enforces the containers' memory", "gpu", d.GPU.UUID, "cgroup2", mount.Point)
+		} else {
+			logger.V(2).Info("The driver cannot partition this GPU's memory per cgroup", "gpu", d.GPU.UUID, "reason", s.Reason)
+		}
+	}
+	return support
 }
 
 // Devices returns the discovered GPUs.

@@ -246,6 +246,8 @@ func TestMetricsAndLabels(t *testing.T) {
 		{"tessera_container_memory_limit_bytes", map[string]string{"gpu": "2", "UUID": uuids[2], "pod": "multi"}, 4096 << 20},
 		{"tessera_container_memory_limit_bytes", map[string]string{"gpu": "3", "UUID": uuids[3], "pod": "multi"}, 4096 << 20},
 		{"tessera_node_agent_state_read_errors_total", map[string]string{"Hostname": node}, -2},
+		// the mock's driver predates memory partitioning (r615)
+		{"tessera_node_agent_gpu_driver_memory_partitioning", map[string]string{"UUID": uuids[0], "Hostname": node}, 0},
 	}
 	for _, c := range checks {
 		m := series(fams, c.name, c.labels)

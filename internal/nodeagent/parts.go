@@ -6,6 +6,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/dra"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/memlimits"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/metrics"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/parts"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
@@ -43,6 +44,9 @@ func (a *Agent) newParts(lib nvml.Interface) []parts.Part {
 		if rec.Known == nil {
 			rec.Known = draPart.ClaimsKnown
 		}
+		if rec.BudgetDir == "" {
+			rec.BudgetDir = o.Paths.BudgetHost
+		}
 		trust := parts.NewTrust(parts.TrustOptions{
 			Names: a.names, RecordKeys: o.RecordKeys, AcceptUnsigned: o.AcceptUnsigned, Client: a.client,
 			Reconcile: rec, Devices: a.devices, State: state, Logger: logger,
@@ -59,6 +63,7 @@ func (a *Agent) newParts(lib nvml.Interface) []parts.Part {
 		collectors, claims = trust.Collectors(), draPart.Claims
 	}
 	list = append(list, mps)
+	collectors = append(collectors, memlimits.Gauge(o.NodeName, a.partitioning))
 	if o.MetricsAddress != "" {
 		list = append(list, parts.NewMetrics(parts.MetricsOptions{
 			Address: o.MetricsAddress, NodeName: o.NodeName, Devices: a.devices, Health: a.monitor.Snapshot,

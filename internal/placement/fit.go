@@ -12,8 +12,10 @@ import (
 type Grant struct {
 	GPU       int // position in Node.GPUs
 	MemoryMiB int64
-	Cores     int
-	Exclusive bool
+	// CeilingMiB is the memory ceiling above MemoryMiB (0: none).
+	CeilingMiB int64
+	Cores      int
+	Exclusive  bool
 	// MIG is set for a MIG device or instance (see MIGState).
 	MIG *api.MIGGrant
 }
@@ -71,11 +73,12 @@ func (p *Placement) Record(cr *Compiled) *api.PodAllocation {
 				ca := api.ContainerAllocation{Name: cc.c.Name, Init: init}
 				for _, g := range p.Grants(k) {
 					ca.Devices = append(ca.Devices, api.DeviceGrant{
-						UUID:      p.Node.GPUs[g.GPU].UUID,
-						MemoryMiB: g.MemoryMiB,
-						Cores:     g.Cores,
-						Exclusive: g.Exclusive,
-						MIG:       g.MIG,
+						UUID:       p.Node.GPUs[g.GPU].UUID,
+						MemoryMiB:  g.MemoryMiB,
+						CeilingMiB: g.CeilingMiB,
+						Cores:      g.Cores,
+						Exclusive:  g.Exclusive,
+						MIG:        g.MIG,
 					})
 				}
 				rec.Containers = append(rec.Containers, ca)
@@ -296,6 +299,10 @@ const (
 	noMemory
 	noCores
 	noShares
+	// overcommitted: the share has a memory ceiling, and the GPU's memory
+	// is overcommitted (its node's memoryOvercommit is above 1): its
+	// guarantee would not be one.
+	overcommitted
 )
 
 // overShift moves gpushare's limit bits onto noMemory, noCores, noShares.
@@ -333,8 +340,11 @@ func (s *Scratch) rules(g *GPU, i int, cc *compiledContainer, d gpushare.Usage, 
 		f |= ownWhole
 	}
 	c := g.capacity()
-	if !c.Holds(d.MemoryMiB) {
+	if !c.Holds(max(d.MemoryMiB, cc.ceiling)) {
 		f |= tooSmall
+	}
+	if cc.ceiling > 0 && c.MemoryCap > c.MemoryMiB {
+		f |= overcommitted
 	}
 	if f != 0 && !all {
 		return f
@@ -475,7 +485,7 @@ func (cr *Compiled) placeContainer(n *Node, k int, ranker GPURanker, s *Scratch,
 			p.grants = append(p.grants, Grant{GPU: i, MemoryMiB: d.MemoryMiB, Cores: d.Cores})
 			continue
 		}
-		p.grants = append(p.grants, Grant{GPU: i, MemoryMiB: cc.memoryOn(g), Cores: cc.cores, Exclusive: d.Exclusive > 0})
+		p.grants = append(p.grants, Grant{GPU: i, MemoryMiB: cc.memoryOn(g), CeilingMiB: cc.ceiling, Cores: cc.cores, Exclusive: d.Exclusive > 0})
 	}
 	return Reason{}
 }
@@ -599,7 +609,7 @@ func (cr *Compiled) explain(n *Node, cc *compiledContainer, s *Scratch, m int) R
 	// Find the first rule that every eligible GPU breaks.
 	var need, largest, physical int64
 	var memGPU, coreGPU string
-	mostCores, memOK, coresOK, sharesOK, modeOK, heldWholeBy := -1, 0, 0, 0, 0, 0
+	mostCores, memOK, coresOK, sharesOK, modeOK, heldWholeBy, overcommit := -1, 0, 0, 0, 0, 0, 0
 	for i := range n.GPUs {
 		if !s.eligible[i] {
 			continue
@@ -616,6 +626,10 @@ func (cr *Compiled) explain(n *Node, cc *compiledContainer, s *Scratch, m int) R
 		}
 		if f&heldWhole != 0 {
 			heldWholeBy++
+			continue
+		}
+		if f&overcommitted != 0 {
+			overcommit++
 			continue
 		}
 		modeOK++
@@ -642,10 +656,12 @@ func (cr *Compiled) explain(n *Node, cc *compiledContainer, s *Scratch, m int) R
 	switch {
 	case modeOK == 0 && heldWholeBy > 0:
 		return Reason{Kind: ReasonHeldWhole, Container: name, Total: heldWholeBy}
+	case modeOK == 0 && overcommit > 0:
+		return Reason{Kind: ReasonMemoryOvercommitted, Container: name, Need: cc.ceiling, Total: overcommit}
 	case modeOK == 0:
 		return Reason{Kind: ReasonSharingMode, Container: name}
-	case need > physical:
-		return Reason{Kind: ReasonGPUMemoryPhysical, Container: name, Need: need, Have: physical}
+	case max(need, cc.ceiling) > physical:
+		return Reason{Kind: ReasonGPUMemoryPhysical, Container: name, Need: max(need, cc.ceiling), Have: physical}
 	case memOK == 0:
 		return Reason{Kind: ReasonGPUMemory, Container: name, Need: need, Have: largest, GPU: memGPU}
 	case coresOK == 0:

@@ -206,6 +206,7 @@ func memoKey(cr *Compiled) string {
 			num(c.MemoryMiB)
 			num(int64(c.MemoryPercent))
 			num(int64(c.Cores))
+			num(c.CeilingMiB)
 			str(c.MIGProfile)
 		}
 	}

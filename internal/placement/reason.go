@@ -30,6 +30,7 @@ const (
 	ReasonNUMA
 	ReasonMIG
 	ReasonMPSOneGPU
+	ReasonMemoryOvercommitted
 
 	// numReasonKinds counts the kinds; it sizes the table of their texts.
 	numReasonKinds
@@ -95,6 +96,8 @@ var reasonTexts = [numReasonKinds]ReasonText{
 		Hint: "ask for a MIG profile the nodes offer, or wait for MIG devices to free"},
 	ReasonMPSOneGPU: {Name: "MPSOneGPU", Short: "GPU request does not fit: MPSOneGPU",
 		Hint: "an MPS client uses one GPU: ask for one GPU, or use nodes not in mps mode"},
+	ReasonMemoryOvercommitted: {Name: "GPUMemoryOvercommitted", Short: "GPU memory overcommitted (no room for a guarantee)", Unresolvable: true,
+		Hint: "a memory ceiling (nvidia.com/gpumem-ceiling) needs GPUs whose memory is not overcommitted: nodes with memoryOvercommit 1.0, or drop the ceiling"},
 }
 
 // Text is the kind's entry in the one table of reason texts. A kind
@@ -188,6 +191,8 @@ func (r Reason) summary(detail bool) string {
 		return fmt.Sprintf("needs %d whole free GPUs, %d of %d free", r.Need, r.Have, r.Total)
 	case ReasonGPUCount:
 		return fmt.Sprintf("needs %d GPUs with the requested share free, %d have it", r.Need, r.Have)
+	case ReasonMemoryOvercommitted:
+		return fmt.Sprintf("asks a memory ceiling of %d MiB, but the memory of its %d usable GPUs is overcommitted (memoryOvercommit above 1), so no guarantee holds there", r.Need, r.Total)
 	case ReasonMPSOneGPU:
 		return fmt.Sprintf("asks %d GPUs, but an MPS client uses one GPU (it connects to one GPU's control daemon)", r.Need)
 	case ReasonMIG:

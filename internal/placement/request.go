@@ -45,6 +45,10 @@ type Container struct {
 	// Cores is the compute share per GPU in percent (0 = no guarantee,
 	// 100 = the whole GPU exclusively).
 	Cores int
+	// CeilingMiB is the memory ceiling per GPU above MemoryMiB, the
+	// guarantee (0 = none). Only the guarantee is charged; the ceiling
+	// needs a GPU at least that large whose memory is not overcommitted.
+	CeilingMiB int64
 	// MIGProfile asks for one MIG device of this GPU-instance profile
 	// ("1g.5gb", from the resource nvidia.com/mig-1g.5gb): a static
 	// layout's device, or an instance created for the pod on a dynamic
@@ -56,7 +60,7 @@ type Container struct {
 // decide what it is granted (the node agent checks records by the same
 // rules).
 func (c Container) ask() gpushare.Ask {
-	return gpushare.Ask{MemoryMiB: c.MemoryMiB, MemoryPercent: c.MemoryPercent, Cores: c.Cores}
+	return gpushare.Ask{MemoryMiB: c.MemoryMiB, MemoryPercent: c.MemoryPercent, Cores: c.Cores, CeilingMiB: c.CeilingMiB}
 }
 
 // Exclusive reports whether the container takes whole GPUs: all compute,
@@ -117,8 +121,14 @@ func (c Container) validate() error {
 		return fmt.Errorf("container %q: GPU memory or cores requested with a GPU count of 0", c.Name)
 	case c.MIGProfile != "" && c.GPUs != 1:
 		return fmt.Errorf("container %q: %d MIG devices of %s; a container gets one MIG device (CUDA uses only the first MIG device it is given)", c.Name, c.GPUs, c.MIGProfile)
-	case c.MIGProfile != "" && (c.MemoryMiB > 0 || c.MemoryPercent > 0 || c.Cores > 0):
+	case c.MIGProfile != "" && (c.MemoryMiB > 0 || c.MemoryPercent > 0 || c.Cores > 0 || c.CeilingMiB > 0):
 		return fmt.Errorf("container %q: MIG profile %s together with GPU memory or cores; the profile fixes both", c.Name, c.MIGProfile)
+	case c.CeilingMiB < 0 || c.CeilingMiB > api.MaxGPUMemoryMiB:
+		return fmt.Errorf("container %q: GPU memory ceiling %d MiB outside [0, %d]", c.Name, c.CeilingMiB, api.MaxGPUMemoryMiB)
+	case c.CeilingMiB > 0 && (c.MemoryMiB == 0 || c.CeilingMiB < c.MemoryMiB):
+		return fmt.Errorf("container %q: GPU memory ceiling %d MiB needs a guarantee of at most that much in MiB (memory %d MiB)", c.Name, c.CeilingMiB, c.MemoryMiB)
+	case c.CeilingMiB > 0 && c.Exclusive():
+		return fmt.Errorf("container %q: GPU memory ceiling %d MiB on a whole GPU, which has nothing to borrow", c.Name, c.CeilingMiB)
 	}
 	if c.MIGProfile != "" {
 		if _, _, _, err := api.ParseMIGProfile(c.MIGProfile); err != nil {
@@ -159,13 +169,17 @@ type compiledContainer struct {
 	specPos int // position in InitContainers or Containers
 	// Decided once at compile time (the fit check asks them per GPU):
 	// excl is c.Exclusive(), cores the compute share granted (whole GPUs
-	// get 100%).
-	excl  bool
-	cores int
+	// get 100%), ceiling the memory ceiling granted above the guarantee
+	// (0: none).
+	excl    bool
+	cores   int
+	ceiling int64
 }
 
 func compileContainer(c Container, init bool, specPos int) compiledContainer {
-	return compiledContainer{c: c, init: init, specPos: specPos, excl: c.Exclusive(), cores: c.ask().CoresGranted()}
+	a := c.ask()
+	return compiledContainer{c: c, init: init, specPos: specPos, excl: a.Exclusive(), cores: a.CoresGranted(),
+		ceiling: a.CeilingOn(c.MemoryMiB, a.Exclusive())}
 }
 
 const (

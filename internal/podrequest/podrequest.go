@@ -24,6 +24,7 @@ func Container(name string, r kubeobj.Resources) placement.Container {
 		MemoryMiB:     r.MemoryMiB,
 		MemoryPercent: int(r.MemoryPercent),
 		Cores:         int(r.Cores),
+		CeilingMiB:    r.CeilingMiB,
 		MIGProfile:    r.MIGProfile,
 	}
 }

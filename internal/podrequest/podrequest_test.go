@@ -41,6 +41,11 @@ func TestFromPod(t *testing.T) {
 			want: placement.Request{Containers: []placement.Container{{Name: "a", GPUs: 1, MemoryMiB: 10240, Cores: 30}}},
 		},
 		{
+			name: "guarantee and ceiling",
+			pod:  pod(nil).Container("a", map[string]string{"nvidia.com/gpumem": "4096", "nvidia.com/gpumem-ceiling": "16384"}).Obj(),
+			want: placement.Request{Containers: []placement.Container{{Name: "a", GPUs: 1, MemoryMiB: 4096, CeilingMiB: 16384}}},
+		},
+		{
 			name: "fraction",
 			pod:  pod(nil).Container("a", map[string]string{"nvidia.com/gpu": "0.5"}).Obj(),
 			want: placement.Request{Containers: []placement.Container{{Name: "a", GPUs: 1, MemoryPercent: 50, Cores: 50}}},
@@ -111,6 +116,7 @@ func TestFromPodErrors(t *testing.T) {
 		{"fraction above one", pod(nil).Container("a", map[string]string{"nvidia.com/gpu": "1.5"}).Obj(), []string{"nvidia.com/gpu", "1500m", "below 1"}},
 		{"fraction with memory", pod(nil).Container("a", map[string]string{"nvidia.com/gpu": "0.5", "nvidia.com/gpumem": "10"}).Obj(), []string{"fraction"}},
 		{"fractional memory", pod(nil).Container("a", map[string]string{"nvidia.com/gpumem": "0.5"}).Obj(), []string{"nvidia.com/gpumem", "whole number"}},
+		{"ceiling below the guarantee", pod(nil).Container("a", map[string]string{"nvidia.com/gpumem": "8192", "nvidia.com/gpumem-ceiling": "4096"}).Obj(), []string{`"a"`, "nvidia.com/gpumem-ceiling", "4096", "8192 MiB"}},
 		{"model in and out", pod(map[string]string{"nvidia.com/use-gputype": "A100", "nvidia.com/nouse-gputype": "a100"}).Container("a", map[string]string{"nvidia.com/gpu": "1"}).Obj(), []string{"A100", "excluded"}},
 		{"bad policy", pod(map[string]string{"tessera.io/node-policy": "random"}).Container("a", map[string]string{"nvidia.com/gpu": "1"}).Obj(), []string{"random"}},
 	}

@@ -52,7 +52,7 @@ func Asks(pod *corev1.Pod, names api.ResourceNames) ([]ContainerAsk, error) {
 			}
 			out = append(out, ContainerAsk{
 				Name: c.Name, Init: i == 0 && !kubeobj.IsSidecar(c), GPUs: int(r.GPUMilli / 1000),
-				Ask: gpushare.Ask{MemoryMiB: r.MemoryMiB, MemoryPercent: int(r.MemoryPercent), Cores: int(r.Cores)},
+				Ask: gpushare.Ask{MemoryMiB: r.MemoryMiB, MemoryPercent: int(r.MemoryPercent), Cores: int(r.Cores), CeilingMiB: r.CeilingMiB},
 			})
 		}
 	}
@@ -143,6 +143,10 @@ func matchGrant(a ContainerAsk, d api.DeviceGrant, gpu Lookup) error {
 		return fmt.Errorf("the record grants %d percent of the cores, the request asks %d", d.Cores, want.Cores)
 	case (known || a.Ask.MemoryMiB > 0) && d.MemoryMiB != want.MemoryMiB:
 		return fmt.Errorf("the record grants %d MiB, the request asks %d MiB", d.MemoryMiB, want.MemoryMiB)
+	case d.CeilingMiB != want.CeilingMiB:
+		return fmt.Errorf("the record grants a memory ceiling of %d MiB, the request asks %d MiB", d.CeilingMiB, want.CeilingMiB)
+	case known && d.CeilingMiB > g.MemoryMiB:
+		return fmt.Errorf("the record grants a memory ceiling of %d MiB on a GPU of %d MiB", d.CeilingMiB, g.MemoryMiB)
 	}
 	return nil
 }

@@ -165,3 +165,40 @@ func TestReplicas(t *testing.T) {
 		}
 	}
 }
+
+// TestCeilingRecords: a record carries exactly the ceiling its pod asks;
+// one raised, added, dropped or past the GPU's memory does not match.
+func TestCeilingRecords(t *testing.T) {
+	p := fixtures.MakePod().Name("burst").UID("00000000-0000-0000-0000-000000000003").
+		Container("c", map[string]string{names.Memory: "4096", names.MemoryCeiling: "12288", names.Cores: "20"}).Obj()
+	good := placed(t, p)
+	if d := good.Containers[0].Devices[0]; d.MemoryMiB != 4096 || d.CeilingMiB != 12288 {
+		t.Fatalf("placed %+v", d)
+	}
+	if err := MatchPod(p, good, names, memory); err != nil {
+		t.Fatalf("the scheduler's record: %v", err)
+	}
+	for name, tc := range map[string]struct {
+		ceiling int64
+		want    string
+	}{
+		"raised":        {20480, "grants a memory ceiling of 20480 MiB, the request asks 12288 MiB"},
+		"dropped":       {0, "grants a memory ceiling of 0 MiB, the request asks 12288 MiB"},
+		"past the GPU":  {memMiB + 1, "grants a memory ceiling of 40961 MiB"},
+		"below request": {8192, "the request asks 12288"},
+	} {
+		r := *good
+		r.Containers = []api.ContainerAllocation{{Name: "c", Devices: append([]api.DeviceGrant(nil), good.Containers[0].Devices...)}}
+		r.Containers[0].Devices[0].CeilingMiB = tc.ceiling
+		if err := MatchPod(p, &r, names, memory); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", name, err, tc.want)
+		}
+	}
+	plain := fixtures.MakePod().Name("plain").UID("00000000-0000-0000-0000-000000000004").
+		Container("c", map[string]string{names.Memory: "4096"}).Obj()
+	r := placed(t, plain)
+	r.Containers[0].Devices[0].CeilingMiB = 8192
+	if err := MatchPod(plain, r, names, memory); err == nil || !strings.Contains(err.Error(), "grants a memory ceiling of 8192 MiB, the request asks 0 MiB") {
+		t.Errorf("a ceiling added to a pod that asked none: %v", err)
+	}
+}

@@ -44,7 +44,7 @@ func TestRecordsSignedForTheirPod(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rec.PodUID != string(pod.UID) || rec.APIVersion != api.AllocationAPIVersion {
+	if rec.PodUID != string(pod.UID) || rec.APIVersion != api.AllocationAPIVersionV2 {
 		t.Errorf("record %+v does not name pod %s", rec, pod.UID)
 	}
 	if err := ring.Verify(rec); err != nil {

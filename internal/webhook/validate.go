@@ -216,6 +216,7 @@ func (p *Admission) validateContainer(ref containerRef, largest int64) field.Err
 		errs = append(errs, field.Invalid(lim.Key(p.Names.Memory), r.MemoryMiB,
 			fmt.Sprintf("exceeds the largest GPU in the cluster (%d MiB)", largest)))
 	}
+	errs = append(errs, p.ceilingErrors(lim, r, largest)...) // ceiling.go
 	if _, err := kubeobj.Defaulted(c.Name, r, p.Names); err != nil {
 		errs = append(errs, resourceError(lim, err))
 	}
@@ -379,6 +380,9 @@ func (p *Admission) writeResources(c *corev1.Container, d kubeobj.Resources) boo
 	}
 	if d.HasCores {
 		want[p.Names.Cores] = d.Cores
+	}
+	if d.CeilingMiB > 0 {
+		want[p.Names.MemoryCeiling] = d.CeilingMiB
 	}
 	changed := false
 	for _, list := range []*corev1.ResourceList{&c.Resources.Limits, &c.Resources.Requests} {

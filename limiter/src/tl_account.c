@@ -17,11 +17,24 @@
  * it holds: the excess over what the limiter accounted is charged as an
  * extra, which is lowered again when NVML says less. Needs the process's
  * host pid (tl_nvml.c).
+ *
+ * Guaranteed plus burst. A device with a ceiling (cfg.ceiling) charges
+ * against guarantee + what it may borrow: min(ceiling - guarantee, the
+ * GPU's unguaranteed memory that no other container borrows), read from
+ * the node agent's budget file for the GPU (read-only in the container,
+ * refreshed by the agent from what NVML says each container holds). The
+ * file is re-read at the entry of a call that would charge past the
+ * guarantee, at most every BUDGET_PERIOD_S, and at once when the charge
+ * would not fit; a missing or malformed file lends nothing. Within its
+ * guarantee a container never depends on the file.
  */
 #include "tl_compat.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tl_clock.h"
 #include "tl_internal.h"
@@ -199,6 +212,74 @@ uint64_t tl_limit_of(int ld)
     return cfg.mem_limit[ld];
 }
 
+/* ---- guaranteed plus burst ---- */
+
+#define BUDGET_PERIOD_S 0.1
+static pthread_mutex_t budget_mu = PTHREAD_MUTEX_INITIALIZER; /* taken alone, at a call's entry */
+static uint64_t lendable[TL_MAX_DEVICES];   /* bytes this container may borrow on ld (atomic) */
+static double budget_read_at[TL_MAX_DEVICES];
+static int budget_warned[TL_MAX_DEVICES];
+
+uint64_t tl_total_of(int ld)
+{
+    uint64_t lim = tl_limit_of(ld);
+    if (lim && ld >= 0 && ld < TL_MAX_DEVICES && cfg.ceiling[ld])
+        return cfg.ceiling[ld];
+    return lim;
+}
+
+uint64_t tl_alloc_limit(int ld)
+{
+    uint64_t lim = tl_limit_of(ld);
+    if (!lim || ld < 0 || ld >= TL_MAX_DEVICES || !cfg.ceiling[ld])
+        return lim;
+    uint64_t room = cfg.ceiling[ld] - lim, lend = __atomic_load_n(&lendable[ld], __ATOMIC_ACQUIRE);
+    return lim + (lend < room ? lend : room);
+}
+
+static void budget_read(int ld, double now)
+{
+    static char buf[TL_BUDGET_MAX_BYTES + 1];
+    char err[160];
+    uint64_t avail = 0;
+    pthread_mutex_lock(&budget_mu);
+    int fd = open(cfg.budget_path[ld], O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    size_t n = 0;
+    if (fd < 0) {
+        snprintf(err, sizeof(err), "cannot open it: %s", strerror(errno));
+    } else {
+        ssize_t r;
+        while (n < sizeof(buf) && ((r = read(fd, buf + n, sizeof(buf) - n)) > 0 || (r < 0 && errno == EINTR)))
+            if (r > 0)
+                n += (size_t)r;
+        close(fd);
+        if (tl_budget_parse(buf, n, cfg.borrower, &avail, err, sizeof(err)) == 0)
+            err[0] = 0;
+    }
+    __atomic_store_n(&lendable[ld], avail, __ATOMIC_RELEASE);
+    budget_read_at[ld] = now;
+    if (err[0] && (cfg.debug || !budget_warned[ld]))
+        fprintf(stderr, "tessera-limiter: device %d: budget file %s: %s; nothing is lent past the guarantee\n", ld,
+                cfg.budget_path[ld], err);
+    budget_warned[ld] = err[0] != 0;
+    if (TL_TRACING)
+        tl_trace("budget dev %d lendable %llu err %s", ld, (unsigned long long)avail, err[0] ? err : "-");
+    pthread_mutex_unlock(&budget_mu);
+}
+
+void tl_budget_refresh(int ld, uint64_t bytes)
+{
+    if (ld < 0 || ld >= TL_MAX_DEVICES || !cfg.ceiling[ld] || !tl_limit_of(ld))
+        return;
+    uint64_t used = tl_shared_used(&sh, ld), lim = tl_limit_of(ld), want = used + bytes;
+    if (bytes && want <= lim)
+        return; /* within the guarantee: the budget does not matter */
+    double now = tl_clock_coarse();
+    if (now - budget_read_at[ld] < BUDGET_PERIOD_S && want <= tl_alloc_limit(ld))
+        return;
+    budget_read(ld, now);
+}
+
 /* ---- charging ---- */
 
 int tl_ensure_registered(void)
@@ -220,7 +301,7 @@ int tl_ensure_registered(void)
 
 int tl_reserve_uncounted(int ld, uint64_t bytes)
 {
-    uint64_t lim = tl_limit_of(ld);
+    uint64_t lim = tl_alloc_limit(ld);
     if (!lim)
         return 0;
     if (ld < 0 || ld >= TL_MAX_DEVICES || tl_ensure_registered() != 0)
@@ -320,9 +401,10 @@ static void reconcile(int ld)
 
 void tl_account_prepare(int ld, uint64_t bytes)
 {
-    uint64_t lim = tl_limit_of(ld);
-    if (!lim || ld < 0 || ld >= TL_MAX_DEVICES)
+    if (!tl_limit_of(ld) || ld < 0 || ld >= TL_MAX_DEVICES)
         return;
+    tl_budget_refresh(ld, bytes);
+    uint64_t lim = tl_alloc_limit(ld);
     double now = tl_clock_coarse();
     uint64_t used = tl_shared_used(&sh, ld);
     int fits = used <= lim && bytes <= lim - used;
@@ -341,6 +423,7 @@ void tl_account_after_fork(void)
 {
     pthread_mutex_init(&reg_mu, NULL);
     pthread_mutex_init(&acct_mu, NULL);
+    pthread_mutex_init(&budget_mu, NULL);
     registered = 0;
     memset(extra, 0, sizeof(extra));
     memset(last_reconcile, 0, sizeof(last_reconcile));

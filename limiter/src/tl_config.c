@@ -342,7 +342,38 @@ static int parse_mib(const char *v, size_t len, uint64_t *bytes)
     return 0;
 }
 
-enum { F_UUID = 1, F_MEM = 2, F_SM = 4 };
+/* The next setting of a key=value file from *pos: empty lines and
+ * comments skipped, *line counted; *ll is its length, *clean 0 when it
+ * holds a control character, a space or a non-ASCII byte. NULL at the end. */
+static const char *next_setting(const char *text, size_t len, size_t *pos, int *line, size_t *ll, int *clean)
+{
+    while (*pos < len) {
+        const char *l = text + *pos, *nl = memchr(l, '\n', len - *pos);
+        *ll = nl ? (size_t)(nl - l) : len - *pos;
+        *pos += *ll + 1;
+        (*line)++;
+        if (*ll == 0 || l[0] == '#')
+            continue;
+        *clean = 1;
+        for (size_t i = 0; i < *ll; i++)
+            if ((unsigned char)l[i] <= 0x20 || (unsigned char)l[i] >= 0x7f)
+                *clean = 0;
+        return l;
+    }
+    return NULL;
+}
+
+enum { F_UUID = 1, F_MEM = 2, F_SM = 4, F_CEIL = 8, F_BUDGET = 16 };
+
+static int is_borrower(const char *v, size_t len)
+{
+    if (len != TL_BORROWER_LEN)
+        return 0;
+    for (size_t i = 0; i < len; i++)
+        if (!((v[i] >= '0' && v[i] <= '9') || (v[i] >= 'a' && v[i] <= 'f')))
+            return 0;
+    return 1;
+}
 
 static int parse_file(tl_config *c, const char *text, size_t len, const char *path, char *const *envp, int secure)
 {
@@ -358,28 +389,19 @@ static int parse_file(tl_config *c, const char *text, size_t len, const char *pa
             set_trace(c, *e + 22, &trace_too_long); /* diagnostics only: a bad one is ignored */
     trace_finish(c, trace_too_long);
     secure_note(c, diag_ignored);
-    int have[TL_MAX_DEVICES] = {0}, seen_version = 0, seen_state = 0, seen_elastic = 0;
+    int have[TL_MAX_DEVICES] = {0}, seen_version = 0, seen_state = 0, seen_elastic = 0, seen_borrower = 0;
     if (len > TL_CONF_MAX_BYTES) {
         bad(c, "tessera-limiter: %s: larger than %d bytes", path, TL_CONF_MAX_BYTES);
         return c->error;
     }
-    size_t pos = 0;
-    int line = 0;
-    while (pos < len && !c->error) {
-        const char *l = text + pos;
-        const char *nl = memchr(l, '\n', len - pos);
-        size_t ll = nl ? (size_t)(nl - l) : len - pos;
-        pos += ll + 1;
-        line++;
-        if (ll == 0 || l[0] == '#')
-            continue;
-        for (size_t i = 0; i < ll; i++)
-            if ((unsigned char)l[i] < 0x20 || (unsigned char)l[i] >= 0x7f || l[i] == ' ') {
-                bad(c, "tessera-limiter: %s line %d: control character, space or non-ASCII byte", path, line);
-                break;
-            }
-        if (c->error)
+    size_t pos = 0, ll;
+    int line = 0, clean;
+    const char *l;
+    while (!c->error && (l = next_setting(text, len, &pos, &line, &ll, &clean))) {
+        if (!clean) {
+            bad(c, "tessera-limiter: %s line %d: control character, space or non-ASCII byte", path, line);
             break;
+        }
         const char *eq = memchr(l, '=', ll);
         if (!eq) {
             bad(c, "tessera-limiter: %s line %d: want key=value", path, line);
@@ -425,18 +447,28 @@ static int parse_file(tl_config *c, const char *text, size_t len, const char *pa
                 bad(c, "tessera-limiter: %s line %d: context_reserve given twice", path, line);
             else if (parse_mib(val, vl, &c->ctx_reserve) != 0)
                 bad(c, "tessera-limiter: %s line %d: context_reserve=\"%.40s\": want MiB, e.g. 256m", path, line, val);
+        } else if (KEY("borrower")) {
+            if (seen_borrower++)
+                bad(c, "tessera-limiter: %s line %d: borrower given twice", path, line);
+            else if (!is_borrower(val, vl))
+                bad(c, "tessera-limiter: %s line %d: borrower=\"%.40s\": want %d lower-case hex digits", path, line,
+                    val, TL_BORROWER_LEN);
+            else
+                memcpy(c->borrower, val, vl + 1);
         } else if (kl > 7 && !strncmp(l, "device.", 7)) {
             const char *ip = l + 7, *dot = memchr(ip, '.', kl - 7);
             uint64_t i;
             if (!dot || parse_uint(ip, (size_t)(dot - ip), TL_MAX_DEVICES - 1, &i) != 0) {
-                bad(c, "tessera-limiter: %s line %d: \"%.*s\": want device.<0..%d>.<uuid|memory|sm>", path, line,
+                bad(c, "tessera-limiter: %s line %d: \"%.*s\": want device.<0..%d>.<uuid|memory|sm|ceiling|budget>", path, line,
                     (int)kl, l, TL_MAX_DEVICES - 1);
                 break;
             }
             const char *f = dot + 1;
             size_t fl = kl - (size_t)(f - l);
             int bit = fl == 4 && !strncmp(f, "uuid", 4) ? F_UUID : fl == 6 && !strncmp(f, "memory", 6) ? F_MEM
-                      : fl == 2 && !strncmp(f, "sm", 2)  ? F_SM : 0;
+                      : fl == 2 && !strncmp(f, "sm", 2)  ? F_SM
+                      : fl == 7 && !strncmp(f, "ceiling", 7) ? F_CEIL
+                      : fl == 6 && !strncmp(f, "budget", 6) ? F_BUDGET : 0;
             if (!bit) {
                 bad(c, "tessera-limiter: %s line %d: unknown key \"%.*s\"", path, line, (int)kl, l);
             } else if (have[i] & bit) {
@@ -453,6 +485,16 @@ static int parse_file(tl_config *c, const char *text, size_t len, const char *pa
                 if (parse_mib(val, vl, &c->mem_limit[i]) != 0)
                     bad(c, "tessera-limiter: %s line %d: %.*s=\"%.40s\": want MiB, e.g. 4096m (0m: no memory limit)",
                         path, line, (int)kl, l, val);
+            } else if (bit == F_CEIL) {
+                if (parse_mib(val, vl, &c->ceiling[i]) != 0 || !c->ceiling[i])
+                    bad(c, "tessera-limiter: %s line %d: %.*s=\"%.40s\": want MiB above the memory limit, e.g. 8192m",
+                        path, line, (int)kl, l, val);
+            } else if (bit == F_BUDGET) {
+                if (val[0] != '/' || vl >= TL_BUDGET_PATH_MAX)
+                    bad(c, "tessera-limiter: %s line %d: %.*s=\"%.200s\": want an absolute path of at most %d bytes",
+                        path, line, (int)kl, l, val, TL_BUDGET_PATH_MAX - 1);
+                else
+                    memcpy(c->budget_path[i], val, vl + 1);
             } else if (parse_percent(val, &c->sm_limit[i]) != 0) {
                 bad(c, "tessera-limiter: %s line %d: %.*s=\"%.40s\": want an integer percentage 0..100", path, line,
                     (int)kl, l, val);
@@ -476,8 +518,17 @@ static int parse_file(tl_config *c, const char *text, size_t len, const char *pa
         if (i >= n && have[i])
             bad(c, "tessera-limiter: %s: device.%d given but device.%d is missing (devices are numbered from 0)",
                 path, i, n);
-        else if (i < n && have[i] != (F_UUID | F_MEM | F_SM))
+        else if (i < n && (have[i] & (F_UUID | F_MEM | F_SM)) != (F_UUID | F_MEM | F_SM))
             bad(c, "tessera-limiter: %s: device.%d needs uuid, memory and sm", path, i);
+        else if (i < n && !(have[i] & F_CEIL) != !(have[i] & F_BUDGET))
+            bad(c, "tessera-limiter: %s: device.%d: ceiling and budget go together", path, i);
+        else if (i < n && (have[i] & F_CEIL) && (!c->mem_limit[i] || c->ceiling[i] <= c->mem_limit[i]))
+            bad(c, "tessera-limiter: %s: device.%d.ceiling %llum is not above its memory limit %llum", path, i,
+                (unsigned long long)(c->ceiling[i] >> 20), (unsigned long long)(c->mem_limit[i] >> 20));
+        else if (i < n && (have[i] & F_CEIL) && !seen_borrower)
+            bad(c, "tessera-limiter: %s: device.%d has a ceiling but the file has no borrower=", path, i);
+        if (i < n && (have[i] & F_CEIL))
+            c->burst_active = 1;
         for (int j = 0; j < i && i < n; j++)
             if (!memcmp(c->uuid_bin[i], c->uuid_bin[j], 16))
                 bad(c, "tessera-limiter: %s: device.%d and device.%d have the same uuid", path, j, i);
@@ -489,6 +540,51 @@ static int parse_file(tl_config *c, const char *text, size_t len, const char *pa
     c->ndev = n;
     finish(c);
     return c->error;
+}
+
+int tl_budget_parse(const char *text, size_t len, const char *self, uint64_t *avail, char *err, size_t errlen)
+{
+    uint64_t ung = 0, others = 0;
+    int line = 0, seen_version = 0, seen_ung = 0;
+    size_t pos = 0;
+    *avail = 0;
+    err[0] = 0;
+#define BAD(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
+    if (len > TL_BUDGET_MAX_BYTES)
+        BAD("larger than %d bytes", TL_BUDGET_MAX_BYTES);
+    size_t ll;
+    int clean;
+    const char *l;
+    while ((l = next_setting(text, len, &pos, &line, &ll, &clean))) {
+        if (!clean)
+            BAD("line %d: control character, space or non-ASCII byte", line);
+        const char *eq = memchr(l, '=', ll);
+        if (!eq)
+            BAD("line %d: want key=value", line);
+        size_t kl = (size_t)(eq - l), vl = ll - kl - 1;
+        uint64_t b;
+        if (!seen_version) {
+            if (kl != 7 || strncmp(l, "version", 7) || vl != 1 || eq[1] != '1')
+                BAD("line %d: the first setting must be version=1", line);
+            seen_version = 1;
+        } else if (kl == 12 && !strncmp(l, "unguaranteed", 12)) {
+            if (seen_ung++ || parse_mib(eq + 1, vl, &b) != 0)
+                BAD("line %d: unguaranteed given twice or not MiB", line);
+            ung = b;
+        } else if (kl == 9 + TL_BORROWER_LEN && !strncmp(l, "borrower.", 9) && is_borrower(l + 9, TL_BORROWER_LEN)) {
+            if (parse_mib(eq + 1, vl, &b) != 0)
+                BAD("line %d: %.*s: want MiB", line, (int)kl, l);
+            if (!self || strncmp(l + 9, self, TL_BORROWER_LEN))
+                others = others + b < others ? UINT64_MAX : others + b;
+        } else {
+            BAD("line %d: unknown key \"%.*s\"", line, (int)(kl < 60 ? kl : 60), l);
+        }
+    }
+    if (!seen_version || !seen_ung)
+        BAD("want version=1 and unguaranteed=");
+#undef BAD
+    *avail = ung > others ? ung - others : 0;
+    return 0;
 }
 
 int tl_config_parse_file(tl_config *c, const char *text, size_t len, const char *path, char *const *envp)

@@ -34,6 +34,9 @@
 #define TL_CONF_MAX_BYTES 65536
 #define TL_DEFAULT_STATE_PATH "/tmp/tessera-limiter.state"
 #define TL_UUID_STR 48 /* "GPU-" + 36, or "MIG-" + 36, and NUL */
+#define TL_BUDGET_PATH_MAX 256  /* device.<i>.budget: an absolute path, at most 255 bytes */
+#define TL_BORROWER_LEN 16      /* borrower=: 16 lower-case hex digits */
+#define TL_BUDGET_MAX_BYTES 16384
 
 typedef struct tl_config {
     int error;                          /* nonzero: fail closed */
@@ -52,6 +55,15 @@ typedef struct tl_config {
     int ndev;                           /* file: devices listed (0..ndev-1) */
     char uuid[TL_MAX_DEVICES][TL_UUID_STR];    /* file: as written (lower case) */
     unsigned char uuid_bin[TL_MAX_DEVICES][16]; /* file: the 16 bytes */
+    /* Guaranteed plus burst (file only): a device with a ceiling above its
+     * memory limit (the guarantee) may allocate past the guarantee, up to
+     * the ceiling, from the GPU's unguaranteed memory that the node
+     * agent's budget file (budget_path) says no other container borrows.
+     * 0 = no ceiling: the memory limit is the limit. */
+    uint64_t ceiling[TL_MAX_DEVICES];   /* bytes */
+    char budget_path[TL_MAX_DEVICES][TL_BUDGET_PATH_MAX];
+    char borrower[TL_BORROWER_LEN + 1]; /* this container's name in the budget files */
+    int burst_active;                   /* any device with a ceiling */
     uint64_t ctx_reserve;               /* bytes charged per context */
     int ctx_reserve_set;                /* given (else measured) */
     char state_path[4096];
@@ -80,6 +92,18 @@ int tl_config_parse(tl_config *c, char *const *envp);
  * NUL-terminated); `path` names it in messages. envp is read for
  * TESSERA_LIMITER_DEBUG and TESSERA_LIMITER_TRACE only. Returns c->error. */
 int tl_config_parse_file(tl_config *c, const char *text, size_t len, const char *path, char *const *envp);
+
+/* Parse a budget file of the node agent (one per GPU, read-only in the
+ * container; docs/isolation.md, "Guaranteed plus burst"):
+ *
+ *   version=1
+ *   unguaranteed=4096m             GPU memory minus every container's guarantee
+ *   borrower.<16 hex>=1024m        what a container holds past its guarantee
+ *
+ * *avail = unguaranteed minus what the borrowers other than `self` hold,
+ * never below 0. Returns 0, or -1 with a reason in err (the caller then
+ * lends nothing). Strict like the limits file. */
+int tl_budget_parse(const char *text, size_t len, const char *self, uint64_t *avail, char *err, size_t errlen);
 
 /* The file at `path` when it exists (absent: ENOENT or ENOTDIR), else the
  * environment. Returns c->error. In a program run with more privilege than

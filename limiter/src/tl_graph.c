@@ -98,7 +98,7 @@ static int graph_prereserve(int ld, uint64_t bytes, uint64_t *pre)
  * graph_prereserve would reserve, without reserving it). */
 static int graph_fits(int ld, uint64_t bytes)
 {
-    uint64_t res = 0, used = 0, lim = tl_limit_of(ld);
+    uint64_t res = 0, used = 0, lim = tl_alloc_limit(ld);
     if (pool_attr(ld, TL_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &res) != 0 ||
         pool_attr(ld, TL_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &used) != 0)
         res = used = 0;

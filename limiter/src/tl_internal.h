@@ -32,8 +32,9 @@
  *   6. the table's lock (tl_table.c)
  *   7. the shared state's process-shared robust mutex (tl_state.c), waited
  *      for at most TL_LOCK_WAIT_S
- * pace[d].mu (tl_pace.c) is taken alone, never with any of these held, and
- * never held across a driver call. Work that may call NVML or reconcile
+ * budget_mu (tl_account.c, reading a budget file) and pace[d].mu
+ * (tl_pace.c) are taken alone, never with any of these held, and never
+ * held across a driver call. Work that may call NVML or reconcile
  * (tl_account_prepare) runs at the entry of an intercepted call, before any
  * of these locks is taken.
  */
@@ -242,6 +243,16 @@ int tl_current_ordinal(void);
 /* The device a stream's work runs on (its context's), else the current one. */
 int tl_stream_ordinal(CUstream s, int ptsz);
 uint64_t tl_limit_of(int ld);     /* 0 = unlimited; 1 for an unknown device (fail closed) */
+/* What a container may charge on ld now: the limit, or with a ceiling the
+ * guarantee (tl_limit_of) plus what the budget file lends, up to the
+ * ceiling. */
+uint64_t tl_alloc_limit(int ld);
+/* What a container is told its device's memory is: the ceiling if any,
+ * else the limit. */
+uint64_t tl_total_of(int ld);
+/* At a call's entry (no lock held): re-read ld's budget file when a
+ * charge of `bytes` (0: a report) goes past the guarantee. */
+void tl_budget_refresh(int ld, uint64_t bytes);
 int tl_ensure_registered(void);
 /* 1 charged, 0 not limited (nothing to track), -1 refused. */
 int tl_reserve(int ld, uint64_t bytes);

@@ -2,7 +2,10 @@
  * tl_report.c - what a limited container is told about its GPUs.
  *
  * Memory: total = min(limit, real total); free = min(total - the
- * container's usage, the real free memory), never negative; the same rule
+ * container's usage, the real free memory), never negative. With a
+ * ceiling (guaranteed plus burst) total is the ceiling and free what the
+ * container may still charge now (guarantee plus what the budget lends,
+ * minus its usage). The same rule
  * through cuMemGetInfo and NVML, so both report the same free memory when
  * they see the same device (NVML's used = total - free, reserved = 0).
  *
@@ -32,9 +35,11 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
     tl_pools_resync(ld);
     tl_account_prepare(ld, 0);
     tl_shared_maybe_reclaim(&sh, 1000000000ull);
-    uint64_t used = tl_shared_used(&sh, ld);
-    uint64_t total = lim < *total_b ? lim : *total_b;
-    uint64_t free_ = used < total ? total - used : 0;
+    uint64_t used = tl_shared_used(&sh, ld), cap = tl_total_of(ld), now = tl_alloc_limit(ld);
+    uint64_t total = cap < *total_b ? cap : *total_b;
+    if (now > total)
+        now = total;
+    uint64_t free_ = used < now ? now - used : 0;
     if (free_ > *free_b)
         free_ = *free_b;
     *total_b = total;
@@ -60,7 +65,7 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     CUresult r = CALL_REAL(cuDeviceTotalMem_v2, bytes, dev);
     if (r == CUDA_SUCCESS && cfg.mem_active && bytes) {
         int ld = tl_ld_of_ordinal(dev);
-        uint64_t lim = tl_limit_of(ld);
+        uint64_t lim = tl_total_of(ld);
         if (lim && lim < *bytes)
             *bytes = lim;
     }
@@ -90,10 +95,13 @@ static void nvml_adjust(nvmlDevice_t d, unsigned long long *total, unsigned long
         *total = *freep = *used = 0;
         return;
     }
-    uint64_t t = lim < *total ? lim : *total;
+    uint64_t cap = tl_total_of(ld), t = cap < *total ? cap : *total;
+    tl_budget_refresh(ld, 0);
     tl_shared_maybe_reclaim(&sh, 1000000000ull);
-    uint64_t u = tl_shared_used(&sh, ld);
-    uint64_t f = u < t ? t - u : 0;
+    uint64_t u = tl_shared_used(&sh, ld), now = tl_alloc_limit(ld);
+    if (now > t)
+        now = t;
+    uint64_t f = u < now ? now - u : 0;
     if (f > *freep)
         f = *freep; /* never more than the GPU really has free */
     *total = t;

@@ -696,6 +696,30 @@ static void t_report(unsigned long long L)
     }
 }
 
+/* What device 0 reports (cuMemGetInfo, cuDeviceTotalMem, NVML) after
+ * allocating `hold` bytes: total and free as expected. */
+static void t_meminfo(unsigned long long hold, unsigned long long total, unsigned long long free_, const char *name)
+{
+    init_cuda();
+    CUdeviceptr d;
+    if (hold && api.cuMemAlloc_v2(&d, hold) != CUDA_SUCCESS) {
+        check(0, name, "could not allocate %llu", hold);
+        return;
+    }
+    size_t f, t, tot;
+    api.cuMemGetInfo_v2(&f, &t);
+    check(t == total && f == free_, name, "cuMemGetInfo free=%zu total=%zu, want %llu %llu", f, t, free_, total);
+    api.cuDeviceTotalMem_v2(&tot, 0);
+    check(tot == total, name, "cuDeviceTotalMem %zu, want %llu", tot, total);
+    api.nvmlInit_v2();
+    nvmlDevice_t nd;
+    api.nvmlDeviceGetHandleByIndex_v2(0, &nd);
+    TL_NVML_MEMORY m;
+    api.nvmlDeviceGetMemoryInfo(nd, &m);
+    check(m.total == total && m.free == free_, name, "NVML total=%llu free=%llu, want %llu %llu", m.total, m.free,
+          total, free_);
+}
+
 /* Another process charged more than our (smaller) limit: never negative. */
 static void t_overfull(unsigned long long L)
 {
@@ -1102,6 +1126,8 @@ int main(int argc, char **argv)
         t_hold(a, argv[3]);
     else if (!strcmp(t, "try") && argc > 4)
         t_try(a, argv[3], argv[4]);
+    else if (!strcmp(t, "meminfo") && argc > 5)
+        t_meminfo(a, strtoull(argv[3], NULL, 0), strtoull(argv[4], NULL, 0), argv[5]);
     else if (!strcmp(t, "multi") && argc > 3)
         t_multi(a, atoi(argv[3]));
     else if (!strcmp(t, "malformed"))

@@ -9,6 +9,8 @@
  *   elastic=<0|1>
  *   context_reserve=<bytes>|measured
  *   device <i> <uuid> <memory bytes> <sm percent, 0 = no limit>
+ *   [ceiling <i> <bytes> <budget file>]   a device with a ceiling
+ *   [borrower=<name>]                       when the file names one
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,12 +38,37 @@ static void dump(const char *path)
         printf("context_reserve=%llu\n", (unsigned long long)c.ctx_reserve);
     else
         printf("context_reserve=measured\n");
-    for (int i = 0; i < c.ndev; i++)
+    for (int i = 0; i < c.ndev; i++) {
         printf("device %d %s %llu %u\n", i, c.uuid[i], (unsigned long long)c.mem_limit[i], c.sm_limit[i]);
+        if (c.ceiling[i])
+            printf("ceiling %d %llu %s\n", i, (unsigned long long)c.ceiling[i], c.budget_path[i]);
+    }
+    if (c.borrower[0])
+        printf("borrower=%s\n", c.borrower);
+}
+
+/* conf_dump budget SELF FILE: what the limiter lends SELF from a budget file */
+static int budget(const char *self, const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return 2;
+    static char buf[TL_BUDGET_MAX_BYTES * 2];
+    size_t n = fread(buf, 1, sizeof(buf), f);
+    fclose(f);
+    uint64_t avail;
+    char err[160];
+    if (tl_budget_parse(buf, n, self, &avail, err, sizeof(err)) != 0)
+        printf("error\n%s\n", err);
+    else
+        printf("ok %llu\n", (unsigned long long)avail);
+    return 0;
 }
 
 int main(int argc, char **argv)
 {
+    if (argc == 4 && !strcmp(argv[1], "budget"))
+        return budget(argv[2], argv[3]);
     if (argc < 2) {
         fprintf(stderr, "usage: conf_dump FILE...\n");
         return 2;

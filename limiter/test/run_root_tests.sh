@@ -105,7 +105,26 @@ device.0.sm=0" "version=1
 state=$T/state.bad
 device.0.uuid=$U0
 device.0.memory=1024
-device.0.sm=0"; do
+device.0.sm=0" "version=1
+state=$T/state.bad
+borrower=00000000000000aa
+device.0.uuid=$U0
+device.0.memory=4m
+device.0.sm=0
+device.0.budget=/b
+device.0.ceiling=4m" "version=1
+state=$T/state.bad
+borrower=00000000000000aa
+device.0.uuid=$U0
+device.0.memory=1m
+device.0.sm=0
+device.0.ceiling=4m" "version=1
+state=$T/state.bad
+device.0.uuid=$U0
+device.0.memory=1m
+device.0.sm=0
+device.0.budget=/b
+device.0.ceiling=4m"; do
             rm -rf "$T/etcbad"
             mketc "$T/etcbad" "$bad"
             what=$(printf '%s' "$bad" | tail -n 1)
@@ -138,6 +157,56 @@ device.0.sm=0
 "
         run file-unlisted-gpu with_etc "$E3" "$B/client_sym" trydev 1 4096 oom gpu-not-in-the-file-refused
         run file-listed-gpu with_etc "$E3" "$B/client_sym" trydev 0 4096 ok gpu-in-the-file-allowed
+        # guaranteed plus burst: a guarantee of L, a ceiling of 4L; past
+        # the guarantee only from what the GPU's budget file (the node
+        # agent's, read-only in the container) lends, up to the ceiling;
+        # within the guarantee whatever the file says
+        BU=$T/burst; mkdir -p "$BU"; ME=00000000000000aa
+        EB=$T/etcburst
+        mketc "$EB" "version=1
+state=$T/state.burst
+context_reserve=0m
+borrower=$ME
+device.0.uuid=$U0
+device.0.memory=1m
+device.0.ceiling=4m
+device.0.budget=$BU/$U0
+device.0.sm=0
+"
+        budget() { printf 'version=1\nunguaranteed=%s\n%s' "$1" "$2" >"$BU/$U0"; }
+        budget 8m ""
+        run burst-to-ceiling with_etc "$EB" "$B/client_sym" try $((4 * L)) ok burst-up-to-the-ceiling-from-the-budget
+        run burst-past-ceiling with_etc "$EB" "$B/client_sym" try $((4 * L + 1)) oom burst-refused-past-the-ceiling
+        run burst-reports-ceiling with_etc "$EB" "$B/client_sym" meminfo $L $((4 * L)) $((3 * L)) burst-total-is-the-ceiling
+        budget 8m "borrower.00000000000000bb=6m
+borrower.00000000000000cc=1m
+borrower.$ME=3m
+"
+        run burst-own-entry-not-counted with_etc "$EB" "$B/client_sym" try $((2 * L)) ok burst-only-what-others-leave
+        run burst-budget-bounds with_etc "$EB" "$B/client_sym" try $((2 * L + 1)) oom burst-refused-past-the-budget
+        run burst-free-is-budget with_etc "$EB" "$B/client_sym" meminfo 0 $((4 * L)) $((2 * L)) burst-free-is-guarantee-plus-budget
+        budget 8m "borrower.00000000000000bb=8m
+"
+        run burst-budget-spent with_etc "$EB" "$B/client_sym" try $((L + 1)) oom burst-refused-when-the-budget-is-spent
+        run burst-guarantee-kept with_etc "$EB" "$B/client_sym" try $L ok guarantee-allowed-when-the-budget-is-spent
+        # the budget is read again when a charge would not fit: a holder of
+        # its guarantee, then another process borrows what was freed
+        cat >"$T/burst.sh" <<EOS
+$B/client_sym hold $L $T/ready.b >/dev/null 2>&1 &
+H=\$!
+i=0; while [ ! -s $T/ready.b ] && [ \$i -lt 200 ]; do sleep 0.05; i=\$((i + 1)); done
+$B/client_dl try $L oom burst-second-process-refused-while-spent
+printf 'version=1\nunguaranteed=8m\nborrower.00000000000000bb=6m\n' >$BU/$U0
+$B/client_dl try $((2 * L)) ok burst-second-process-borrows-what-the-budget-lends
+$B/client_dl try $((2 * L + 1)) oom burst-container-total-bounded
+kill -9 \$H; wait \$H 2>/dev/null; true
+EOS
+        run burst-processes-share with_etc "$EB" sh "$T/burst.sh"
+        rm -f "$BU/$U0"
+        run burst-no-budget-file with_etc "$EB" "$B/client_sym" try $((L + 1)) oom burst-nothing-lent-without-a-budget-file
+        run burst-no-budget-guarantee with_etc "$EB" "$B/client_sym" try $L ok guarantee-allowed-without-a-budget-file
+        printf 'version=1\nunguaranteed=8m\nborrowed=x\n' >"$BU/$U0"
+        run burst-bad-budget-file with_etc "$EB" "$B/client_sym" try $((L + 1)) oom burst-nothing-lent-from-a-malformed-budget
     fi
 
     # hole 4: a holder SIGKILLed in the old pid namespace of a container;

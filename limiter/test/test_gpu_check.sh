@@ -75,6 +75,8 @@ case "$1" in
 -c) case "$2" in *nccl*) [ "${STUB_NCCL:-0}" = 1 ]; exit $? ;; *) exit 0 ;; esac ;;
 -) shift; exec "$REALPY" - "$@" ;;
 esac
+# STUB_NATIVE=real: the check's own native.py, on the fake driver
+case "$1" in */native.py) [ "${STUB_NATIVE:-}" = real ] && exec "$REALPY" "$@" ;; esac
 script=$(basename "$1"); shift
 announce() { echo $$ >>"$GPU_CHECK_PIDS"; }
 # seen: stay alive until the check's sampler has listed this process (at
@@ -285,3 +287,21 @@ rc=$(gc nativemig STUB_DRIVER=615.10 STUB_NATIVE=mig NATIVE_CGROUP_PARENT="$T/cg
 rc=$(gc nativenocg STUB_DRIVER=615.10 NATIVE_CGROUP_PARENT=/nonexistent/cg ONLY=native)
 [ "$rc" = 3 ] && grep -F "native memory limits" "$T/work.nativenocg/results" | grep -q "cannot make" &&
     pass "no cgroup v2 leaf to make: native NOT RUN, exit 3" || fail "native without a leaf: exit $rc" "$(cat "$T/work.nativenocg/results")"
+
+# 6. the native group's own python (ctypes structures, its cgroup found
+# from /proc/self/cgroup, the limits set, enforced and cleared) against the
+# fake driver, which partitions memory per cgroup as r615 does, in a real
+# leaf cgroup under this host's cgroup v2 mount (root)
+FAKE=$(dirname "$LIB")/fake
+CG2=$(awk '{ for (i = 7; i <= NF; i++) if ($i == "-") break } $(i + 1) == "cgroup2" && $4 == "/" { print $5; exit }' /proc/self/mountinfo)
+if [ "$(id -u)" != 0 ] || [ -z "$CG2" ]; then
+    fail "native on the fake driver" "needs root and a mounted cgroup v2 hierarchy (uid $(id -u), cgroup2 at '${CG2:-none}')"
+else
+    rc=$(gc nativefake STUB_USED_MIB=3000 STUB_DRIVER=615.00 STUB_NATIVE=real NATIVE_CGROUP_PARENT="$CG2" \
+         LD_LIBRARY_PATH="$FAKE" FAKE_GPU_STATE_DIR="$T/fakegpus" FAKE_NVML_PARTITIONING=1 FAKE_GPU_COUNT=1 \
+         FAKE_GPU_MEM=17179869184 ONLY=native)
+    nat=$(grep -c '^native.*PASS$' "$T/work.nativefake/results")
+    [ "$rc" = 0 ] && [ "$nat" = 10 ] && ! ls -d "$CG2"/tessera-gpu-check-* >/dev/null 2>&1 &&
+        pass "native.py on the fake r615 driver: 10 checks pass, the leaf cgroup is gone" ||
+        fail "native.py on the fake driver: exit $rc, $nat passes" "$(grep -v PASS "$T/nativefake.out" | head -8; tail -3 "$T/work.nativefake/diag/native.err" 2>/dev/null)"
+fi

@@ -241,6 +241,78 @@ static void test_config_file(void)
     rmdir(p);
 }
 
+static void test_burst(void)
+{
+    tl_config c;
+    const char *ok = "version=1\nstate=/s\nborrower=0123456789abcdef\n"
+                     "device.0.uuid=" U0 "\ndevice.0.memory=1024m\ndevice.0.ceiling=4096m\n"
+                     "device.0.budget=/etc/tessera/burst/" U0 "\ndevice.0.sm=0\n"
+                     "device.1.uuid=" U1 "\ndevice.1.memory=512m\ndevice.1.sm=0\n";
+    CHECK(file(&c, ok) == 0 && c.burst_active && c.mem_limit[0] == 1024ull << 20 && c.ceiling[0] == 4096ull << 20 &&
+              !strcmp(c.budget_path[0], "/etc/tessera/burst/" U0) && !strcmp(c.borrower, "0123456789abcdef") &&
+              c.ceiling[1] == 0 && !c.budget_path[1][0],
+          "limits file: a ceiling, its budget file and the borrower's name");
+    CHECK(file(&c, "version=1\nstate=/s\ndevice.0.uuid=" U0 "\ndevice.0.memory=1m\ndevice.0.sm=0\n") == 0 &&
+              !c.burst_active && !c.ceiling[0],
+          "limits file without a ceiling: no burst");
+    struct {
+        const char *text, *want;
+    } bad[] = {
+        {"version=1\nstate=/s\nborrower=0123456789abcdef\ndevice.0.uuid=" U0
+         "\ndevice.0.memory=1m\ndevice.0.sm=0\ndevice.0.ceiling=1m\ndevice.0.budget=/b\n",
+         "ceiling 1m is not above its memory limit 1m"},
+        {"version=1\nstate=/s\nborrower=0123456789abcdef\ndevice.0.uuid=" U0
+         "\ndevice.0.memory=0m\ndevice.0.sm=0\ndevice.0.ceiling=2m\ndevice.0.budget=/b\n",
+         "not above its memory limit 0m"},
+        {"version=1\nstate=/s\nborrower=0123456789abcdef\ndevice.0.uuid=" U0
+         "\ndevice.0.memory=1m\ndevice.0.sm=0\ndevice.0.ceiling=2m\n",
+         "ceiling and budget go together"},
+        {"version=1\nstate=/s\ndevice.0.uuid=" U0 "\ndevice.0.memory=1m\ndevice.0.sm=0\ndevice.0.ceiling=2m\n"
+         "device.0.budget=/b\n",
+         "no borrower="},
+        {"version=1\nstate=/s\nborrower=0123456789ABCDEF\n", "lower-case hex"},
+        {"version=1\nstate=/s\nborrower=01\n", "lower-case hex"},
+        {"version=1\nstate=/s\nborrower=0123456789abcdef\nborrower=0123456789abcdef\n", "borrower given twice"},
+        {"version=1\nstate=/s\ndevice.0.budget=relative\n", "want an absolute path"},
+        {"version=1\nstate=/s\ndevice.0.ceiling=2g\n", "want MiB above the memory limit"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char name[160];
+        snprintf(name, sizeof(name), "limits file rejects (%s)", bad[i].want);
+        CHECK(file(&c, bad[i].text) != 0 && strstr(c.errmsg, bad[i].want), name);
+    }
+    /* the budget file */
+    uint64_t a = 1;
+    char err[160];
+    const char *b = "# agent\nversion=1\nunguaranteed=4096m\nborrower.0123456789abcdef=1024m\n"
+                    "borrower.00000000000000bb=512m\n";
+    CHECK(tl_budget_parse(b, strlen(b), "0123456789abcdef", &a, err, sizeof(err)) == 0 && a == 3584ull << 20,
+          "budget: unguaranteed minus the other borrowers");
+    CHECK(tl_budget_parse(b, strlen(b), "00000000000000cc", &a, err, sizeof(err)) == 0 && a == 2560ull << 20,
+          "budget: a container not listed borrows nothing yet");
+    b = "version=1\nunguaranteed=1024m\nborrower.00000000000000bb=2048m\n";
+    CHECK(tl_budget_parse(b, strlen(b), "0123456789abcdef", &a, err, sizeof(err)) == 0 && a == 0,
+          "budget: overdrawn lends nothing (never below 0)");
+    const char *badb[][2] = {
+        {"", "want version=1"},
+        {"unguaranteed=1m\n", "first setting"},
+        {"version=1\n", "want version=1 and unguaranteed="},
+        {"version=1\nunguaranteed=1m\nunguaranteed=1m\n", "given twice"},
+        {"version=1\nunguaranteed=1\n", "not MiB"},
+        {"version=1\nunguaranteed=1m\nborrower.0123=1m\n", "unknown key"},
+        {"version=1\nunguaranteed=1m\nborrower.0123456789abcdef=x\n", "want MiB"},
+        {"version=1\nunguaranteed=1m \n", "space"},
+    };
+    for (size_t i = 0; i < sizeof(badb) / sizeof(badb[0]); i++) {
+        char name[160];
+        a = 1;
+        snprintf(name, sizeof(name), "budget file rejected, lends nothing (%s)", badb[i][1]);
+        CHECK(tl_budget_parse(badb[i][0], strlen(badb[i][0]), "0123456789abcdef", &a, err, sizeof(err)) != 0 &&
+                  a == 0 && strstr(err, badb[i][1]),
+              name);
+    }
+}
+
 static void test_uuid(void)
 {
     unsigned char b[16];
@@ -688,6 +760,7 @@ int main(int argc, char **argv)
     test_config_strict();
     test_config_diag();
     test_config_file();
+    test_burst();
     test_uuid();
     test_procaddr();
     test_size();

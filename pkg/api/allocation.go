@@ -1,11 +1,13 @@
 package api
 
-// Wire versions of PodAllocation. This build reads both and writes the
-// lowest one that expresses the record: tessera.io/v2 whenever the record
-// carries its pod's UID, a signature or a MIG grant (the scheduler always
-// sets the UID), tessera.io/v1 otherwise. See docs/upgrading.md.
+// Wire versions of PodAllocation. This build reads all three and writes
+// the lowest one that expresses the record: tessera.io/v3 when a grant has
+// a memory ceiling, else tessera.io/v2 whenever the record carries its
+// pod's UID, a signature or a MIG grant (the scheduler always sets the
+// UID), tessera.io/v1 otherwise. See docs/upgrading.md.
 const (
-	AllocationAPIVersion   = "tessera.io/v2"
+	AllocationAPIVersion   = "tessera.io/v3"
+	AllocationAPIVersionV2 = "tessera.io/v2"
 	AllocationAPIVersionV1 = "tessera.io/v1"
 )
 
@@ -45,8 +47,17 @@ type ContainerAllocation struct {
 // DeviceGrant is one container's share of one GPU.
 type DeviceGrant struct {
 	UUID string `json:"uuid"`
-	// MemoryMiB is the memory limit the limiter enforces on this GPU.
+	// MemoryMiB is the memory the container is guaranteed on this GPU:
+	// what the scheduler charges the GPU, and the container's memory
+	// limit.
 	MemoryMiB int64 `json:"memoryMiB"`
+	// CeilingMiB, when set (v3), is the ceiling the pod asked
+	// (nvidia.com/gpumem-ceiling): more than MemoryMiB, at most the GPU's
+	// memory; 0 means none. The scheduler places the grant on a GPU at
+	// least that large; on a node in shared mode the container may hold
+	// up to it from the GPU's memory no grant is guaranteed (Bursts;
+	// docs/isolation.md, "Guaranteed plus burst"), elsewhere MemoryMiB.
+	CeilingMiB int64 `json:"ceilingMiB,omitempty"`
 	// Cores is the compute share in percent of the GPU's SMs (0..100;
 	// 0 means the limiter enforces no compute share).
 	Cores int `json:"cores"`
@@ -57,6 +68,13 @@ type DeviceGrant struct {
 	// instead of a share of it (v2): the instance's memory slices are
 	// charged, not memory or cores.
 	MIG *MIGGrant `json:"mig,omitempty"`
+}
+
+// Bursts reports whether the grant may hold memory past its guarantee, up
+// to its ceiling, where the node lends it (a share of a GPU with a
+// ceiling; docs/isolation.md, "Guaranteed plus burst").
+func (d DeviceGrant) Bursts() bool {
+	return d.CeilingMiB > d.MemoryMiB && d.MemoryMiB > 0 && !d.Exclusive && d.MIG == nil
 }
 
 // MIGGrant is a MIG instance granted to a container.

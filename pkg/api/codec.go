@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 )
 
@@ -21,13 +22,13 @@ const MaxAnnotationBytes = 256 << 10
 // inventoryVersions and allocationVersions are the versions this build
 // reads, oldest first.
 var (
-	inventoryVersions  = []string{InventoryAPIVersionV1, InventoryAPIVersion}
-	allocationVersions = []string{AllocationAPIVersionV1, AllocationAPIVersion}
+	inventoryVersions  = []string{InventoryAPIVersionV1, InventoryAPIVersionV2, InventoryAPIVersion}
+	allocationVersions = []string{AllocationAPIVersionV1, AllocationAPIVersionV2, AllocationAPIVersion}
 )
 
 // EncodeInventory returns the wire form of inv for AnnotationInventory, in
-// the lowest version that expresses it (tessera.io/v1 unless a v2 field is
-// used), whatever inv.APIVersion says (it must be empty or a version this
+// the lowest version that expresses it (tessera.io/v1 unless a field of a
+// later version is used), whatever inv.APIVersion says (it must be empty or a version this
 // build reads). Kind is filled in when empty, and a MemoryOvercommit of 0
 // (unset) is written as 1.0 (no overcommit); inv itself is not modified.
 // The result is validated first, so an invalid inventory is never written.
@@ -48,10 +49,7 @@ func EncodeInventory(inv *NodeInventory) ([]byte, error) {
 	if err := checkHeader("GPU inventory", out.APIVersion, inventoryVersions, out.Kind, InventoryKind); err != nil {
 		return nil, fmt.Errorf("encoding %w", err)
 	}
-	out.APIVersion = InventoryAPIVersionV1
-	if inventoryV2Field(&out) != "" {
-		out.APIVersion = InventoryAPIVersion
-	}
+	out.APIVersion, _ = inventoryNeeds(&out)
 	if err := ValidateInventory(&out); err != nil {
 		return nil, fmt.Errorf("invalid GPU inventory: %w", err)
 	}
@@ -74,8 +72,8 @@ func DecodeInventory(data []byte) (*NodeInventory, error) {
 	if err := decodeJSON(data, inv, true); err != nil {
 		return nil, fmt.Errorf("decoding %s: %w", what, err)
 	}
-	if f := inventoryV2Field(inv); f != "" && inv.APIVersion == InventoryAPIVersionV1 {
-		return nil, fmt.Errorf("decoding %s: %s is not part of %s (it needs %s)", what, f, InventoryAPIVersionV1, InventoryAPIVersion)
+	if need, f := inventoryNeeds(inv); newer(inventoryVersions, need, inv.APIVersion) {
+		return nil, fmt.Errorf("decoding %s: %s is not part of %s (it needs %s)", what, f, inv.APIVersion, need)
 	}
 	if len(inv.GPUs) == 0 {
 		inv.GPUs = nil
@@ -115,10 +113,7 @@ func EncodeAllocation(a *PodAllocation) ([]byte, error) {
 	if err := checkHeader("GPU allocation", out.APIVersion, allocationVersions, out.Kind, AllocationKind); err != nil {
 		return nil, fmt.Errorf("encoding %w", err)
 	}
-	out.APIVersion = AllocationAPIVersionV1
-	if allocationV2Field(&out) != "" {
-		out.APIVersion = AllocationAPIVersion
-	}
+	out.APIVersion, _ = allocationNeeds(&out)
 	if err := ValidateAllocation(&out); err != nil {
 		return nil, fmt.Errorf("invalid GPU allocation: %w", err)
 	}
@@ -136,8 +131,8 @@ func DecodeAllocation(data []byte) (*PodAllocation, error) {
 	if err := decodeJSON(data, a, true); err != nil {
 		return nil, fmt.Errorf("decoding %s: %w", what, err)
 	}
-	if f := allocationV2Field(a); f != "" && a.APIVersion == AllocationAPIVersionV1 {
-		return nil, fmt.Errorf("decoding %s: %s is not part of %s (it needs %s)", what, f, AllocationAPIVersionV1, AllocationAPIVersion)
+	if need, f := allocationNeeds(a); newer(allocationVersions, need, a.APIVersion) {
+		return nil, fmt.Errorf("decoding %s: %s is not part of %s (it needs %s)", what, f, a.APIVersion, need)
 	}
 	if len(a.Containers) == 0 {
 		a.Containers = nil
@@ -176,12 +171,20 @@ func checkHeader(what, gotVersion string, versions []string, gotKind, kind strin
 		known = known || gotVersion == v
 	}
 	if !known {
-		return fmt.Errorf("%s version %q is not supported (this build reads %s)", what, gotVersion, strings.Join(versions, " and "))
+		return fmt.Errorf("%s version %q is not supported (this build reads %s)", what, gotVersion, joinVersions(versions))
 	}
 	if gotKind != kind {
 		return fmt.Errorf("%s kind %q is not %q", what, gotKind, kind)
 	}
 	return nil
+}
+
+// joinVersions lists versions as "a", "a and b" or "a, b and c".
+func joinVersions(v []string) string {
+	if len(v) < 2 {
+		return strings.Join(v, "")
+	}
+	return strings.Join(v[:len(v)-1], ", ") + " and " + v[len(v)-1]
 }
 
 // decodeJSON decodes exactly one JSON value from data into v.
@@ -212,6 +215,61 @@ func marshalBounded(what string, v any) ([]byte, error) {
 		return nil, fmt.Errorf("encoded %s is %d bytes, more than the limit of %d", what, len(data), MaxAnnotationBytes)
 	}
 	return data, nil
+}
+
+// newer reports whether version a comes after version b in versions
+// (oldest first; both are known).
+func newer(versions []string, a, b string) bool {
+	return slices.Index(versions, a) > slices.Index(versions, b)
+}
+
+// inventoryNeeds returns the lowest version that expresses inv and the
+// first field that needs it ("" for tessera.io/v1). A field added by a
+// later version goes into that version's function; a version bump adds a
+// function and a case here.
+func inventoryNeeds(inv *NodeInventory) (version, field string) {
+	if f := inventoryV3Field(inv); f != "" {
+		return InventoryAPIVersion, f
+	}
+	if f := inventoryV2Field(inv); f != "" {
+		return InventoryAPIVersionV2, f
+	}
+	return InventoryAPIVersionV1, ""
+}
+
+// allocationNeeds is inventoryNeeds for allocation records.
+func allocationNeeds(a *PodAllocation) (version, field string) {
+	if f := allocationV3Field(a); f != "" {
+		return AllocationAPIVersion, f
+	}
+	if f := allocationV2Field(a); f != "" {
+		return AllocationAPIVersionV2, f
+	}
+	return AllocationAPIVersionV1, ""
+}
+
+// inventoryV3Field names the first field of inv that tessera.io/v2 cannot
+// express, or returns "".
+func inventoryV3Field(inv *NodeInventory) string {
+	for i := range inv.GPUs {
+		if inv.GPUs[i].DriverMemoryLimits {
+			return fmt.Sprintf("gpus[%d].driverMemoryLimits", i)
+		}
+	}
+	return ""
+}
+
+// allocationV3Field names the first field of a that tessera.io/v2 cannot
+// express, or returns "".
+func allocationV3Field(a *PodAllocation) string {
+	for i := range a.Containers {
+		for k, d := range a.Containers[i].Devices {
+			if d.CeilingMiB != 0 {
+				return fmt.Sprintf("containers[%d].devices[%d].ceilingMiB", i, k)
+			}
+		}
+	}
+	return ""
 }
 
 // inventoryV2Field names the first field of inv that tessera.io/v1 cannot

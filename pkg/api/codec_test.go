@@ -133,9 +133,9 @@ func TestDecodeErrors(t *testing.T) {
 	}{
 		{"empty", ``, `decoding GPU inventory: empty input`},
 		{"not json", `hello`, `decoding GPU inventory: invalid character 'h' looking for beginning of value`},
-		{"no version", `{}`, `GPU inventory version "" is not supported (this build reads tessera.io/v1 and tessera.io/v2)`},
+		{"no version", `{}`, `GPU inventory version "" is not supported (this build reads tessera.io/v1, tessera.io/v2 and tessera.io/v3)`},
 		{"unknown version", `{"apiVersion":"tessera.io/v9","kind":"NodeGPUInventory","future":1}`,
-			`GPU inventory version "tessera.io/v9" is not supported (this build reads tessera.io/v1 and tessera.io/v2)`},
+			`GPU inventory version "tessera.io/v9" is not supported (this build reads tessera.io/v1, tessera.io/v2 and tessera.io/v3)`},
 		{"wrong kind", `{"apiVersion":"tessera.io/v1","kind":"PodGPUAllocation"}`,
 			`GPU inventory kind "PodGPUAllocation" is not "NodeGPUInventory"`},
 		{"unknown field", `{` + header + `,"memoryOvercommit":1,"gpus":[],"extra":true}`,
@@ -168,8 +168,8 @@ func TestDecodeAllocationErrors(t *testing.T) {
 	tests := []struct {
 		name, input, want string
 	}{
-		{"unknown version", `{"apiVersion":"tessera.io/v3","kind":"PodGPUAllocation"}`,
-			`GPU allocation version "tessera.io/v3" is not supported (this build reads tessera.io/v1 and tessera.io/v2)`},
+		{"unknown version", `{"apiVersion":"tessera.io/v4","kind":"PodGPUAllocation"}`,
+			`GPU allocation version "tessera.io/v4" is not supported (this build reads tessera.io/v1, tessera.io/v2 and tessera.io/v3)`},
 		{"wrong kind", `{"apiVersion":"tessera.io/v1","kind":"NodeGPUInventory"}`,
 			`GPU allocation kind "NodeGPUInventory" is not "PodGPUAllocation"`},
 		{"unknown field", `{"apiVersion":"tessera.io/v1","kind":"PodGPUAllocation","node":"n","containers":[{"name":"c","devices":[{"uuid":"GPU-a","memoryMiB":1,"cores":0,"vgpu":true}]}]}`,
@@ -204,7 +204,7 @@ func TestEncodeRejects(t *testing.T) {
 	}
 	inv = goldenInventory()
 	inv.APIVersion = "tessera.io/v0"
-	if _, err := EncodeInventory(inv); err == nil || err.Error() != `encoding GPU inventory version "tessera.io/v0" is not supported (this build reads tessera.io/v1 and tessera.io/v2)` {
+	if _, err := EncodeInventory(inv); err == nil || err.Error() != `encoding GPU inventory version "tessera.io/v0" is not supported (this build reads tessera.io/v1, tessera.io/v2 and tessera.io/v3)` {
 		t.Errorf("got %v", err)
 	}
 	if _, err := EncodeInventory(nil); err == nil {
@@ -417,10 +417,7 @@ func assertInventoryRoundTrip(t testing.TB, inv *NodeInventory) {
 	// The encoder writes the lowest version that expresses the value, so
 	// only the version may differ, and only towards that one.
 	want := *inv
-	want.APIVersion = InventoryAPIVersionV1
-	if inventoryV2Field(inv) != "" {
-		want.APIVersion = InventoryAPIVersion
-	}
+	want.APIVersion, _ = inventoryNeeds(inv)
 	if !reflect.DeepEqual(got, &want) {
 		t.Fatalf("round trip changed the inventory\n got %#v\nwant %#v", got, &want)
 	}
@@ -441,10 +438,7 @@ func assertAllocationRoundTrip(t testing.TB, a *PodAllocation) {
 		t.Fatalf("decoding %s: %v", data, err)
 	}
 	want := *a
-	want.APIVersion = AllocationAPIVersionV1
-	if allocationV2Field(a) != "" {
-		want.APIVersion = AllocationAPIVersion
-	}
+	want.APIVersion, _ = allocationNeeds(a)
 	if !reflect.DeepEqual(got, &want) {
 		t.Fatalf("round trip changed the allocation\n got %#v\nwant %#v", got, &want)
 	}
@@ -455,7 +449,7 @@ func assertAllocationRoundTrip(t testing.TB, a *PodAllocation) {
 }
 
 func TestGoldenFilesExist(t *testing.T) {
-	for _, p := range []string{inventoryGolden, allocationGolden, inventoryV2Golden, allocationV2Golden} {
+	for _, p := range []string{inventoryGolden, allocationGolden, inventoryV2Golden, allocationV2Golden, inventoryV3Golden, allocationV3Golden} {
 		if _, err := os.Stat(filepath.FromSlash(p)); err != nil && !*update {
 			t.Error(err)
 		}

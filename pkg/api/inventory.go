@@ -1,13 +1,15 @@
 package api
 
-// Wire versions of NodeInventory. This build reads both and writes the
-// lowest one that expresses the inventory: tessera.io/v1 unless a field
-// added in v2 is used (node mode, MIG strategy and devices, the mps and mig
-// sharing modes). Decoders reject every other version with an error that
-// names the versions they read. See docs/upgrading.md for the order in
-// which to upgrade components across a version bump.
+// Wire versions of NodeInventory. This build reads all three and writes
+// the lowest one that expresses the inventory: tessera.io/v1 unless a field
+// added in v2 (node mode, MIG strategy and devices, the mps and mig sharing
+// modes) or in v3 (driver-enforced memory limits) is used. Decoders reject
+// every other version with an error that names the versions they read. See
+// docs/upgrading.md for the order in which to upgrade components across a
+// version bump.
 const (
-	InventoryAPIVersion   = "tessera.io/v2"
+	InventoryAPIVersion   = "tessera.io/v3"
+	InventoryAPIVersionV2 = "tessera.io/v2"
 	InventoryAPIVersionV1 = "tessera.io/v1"
 )
 
@@ -84,6 +86,13 @@ type GPU struct {
 	MaxShares int `json:"maxShares"`
 	// Links are this GPU's connections to the node's other GPUs.
 	Links []Link `json:"links,omitempty"`
+	// DriverMemoryLimits (v3) says the GPU's driver partitions its memory
+	// per cgroup (NVIDIA r615 and later, cgroup v2, MIG off) and the node
+	// agent has it enforce the containers' memory limits (soft limit =
+	// guarantee, hard limit = ceiling). False: the limiter enforces them,
+	// as it does on every node of this release (its agent leaves it
+	// false).
+	DriverMemoryLimits bool `json:"driverMemoryLimits,omitempty"`
 }
 
 // MIG is the GPU's Multi-Instance GPU state.

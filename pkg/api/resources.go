@@ -14,6 +14,7 @@ const (
 	resourceGPU              = "gpu"
 	resourceMemory           = "gpumem"
 	resourceMemoryPercentage = "gpumem-percentage"
+	resourceMemoryCeiling    = "gpumem-ceiling"
 	resourceCores            = "gpucores"
 )
 
@@ -33,6 +34,12 @@ type ResourceNames struct {
 	// Cores is the compute per GPU in percent of its SMs; 100 means
 	// exclusive compute (prefix/gpucores).
 	Cores string
+	// MemoryCeiling is the most memory per GPU in MiB a container may use
+	// above its guarantee (Memory) while no other container's guarantee
+	// needs it (prefix/gpumem-ceiling). Kubernetes requires an extended
+	// resource's request to equal its limit, so the ceiling is a resource
+	// of its own rather than a limit of Memory.
+	MemoryCeiling string
 }
 
 // DefaultResourceNames are the names under DefaultResourcePrefix.
@@ -50,6 +57,7 @@ func NewResourceNames(prefix string) (ResourceNames, error) {
 		Memory:           prefix + "/" + resourceMemory,
 		MemoryPercentage: prefix + "/" + resourceMemoryPercentage,
 		Cores:            prefix + "/" + resourceCores,
+		MemoryCeiling:    prefix + "/" + resourceMemoryCeiling,
 	}, nil
 }
 
@@ -66,7 +74,7 @@ func MustResourceNames(prefix string) ResourceNames {
 
 // All returns every resource name, the GPU count first.
 func (n ResourceNames) All() []string {
-	return []string{n.GPU, n.Memory, n.MemoryPercentage, n.Cores}
+	return []string{n.GPU, n.Memory, n.MemoryPercentage, n.Cores, n.MemoryCeiling}
 }
 
 // sharedSuffix is what NVIDIA's renameByDefault appends to a shared
@@ -77,7 +85,7 @@ const sharedSuffix = ".shared"
 // under renameByDefault: name + ".shared" (nvidia.com/gpu.shared).
 func (n ResourceNames) Shared(name string) string { return name + sharedSuffix }
 
-// IsGPUResource reports whether name is one of n's resource names: the four
+// IsGPUResource reports whether name is one of n's resource names: those
 // of All, the renamed shared GPU resource (Shared(GPU)) and the MIG device
 // resources of the mixed strategy (MIG).
 func (n ResourceNames) IsGPUResource(name string) bool {
@@ -104,11 +112,11 @@ func (n ResourceNames) IsCountResource(name string) bool {
 }
 
 // PseudoResources returns the names no kubelet advertises (memory, memory
-// percentage, cores): they only qualify the GPU count, so the scheduler
-// accounts for them itself and the webhook may need to hide them from the
-// kubelet's admission.
+// percentage, cores, memory ceiling): they only qualify the GPU count, so
+// the scheduler accounts for them itself and the webhook may need to hide
+// them from the kubelet's admission.
 func (n ResourceNames) PseudoResources() []string {
-	return []string{n.Memory, n.MemoryPercentage, n.Cores}
+	return []string{n.Memory, n.MemoryPercentage, n.Cores, n.MemoryCeiling}
 }
 
 // Limits of a DNS-1123 subdomain.

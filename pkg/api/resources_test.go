@@ -13,14 +13,15 @@ func TestDefaultResourceNames(t *testing.T) {
 		Memory:           "nvidia.com/gpumem",
 		MemoryPercentage: "nvidia.com/gpumem-percentage",
 		Cores:            "nvidia.com/gpucores",
+		MemoryCeiling:    "nvidia.com/gpumem-ceiling",
 	}
 	if DefaultResourceNames != want {
 		t.Errorf("got %+v, want %+v", DefaultResourceNames, want)
 	}
-	if got := DefaultResourceNames.All(); !reflect.DeepEqual(got, []string{want.GPU, want.Memory, want.MemoryPercentage, want.Cores}) {
+	if got := DefaultResourceNames.All(); !reflect.DeepEqual(got, []string{want.GPU, want.Memory, want.MemoryPercentage, want.Cores, want.MemoryCeiling}) {
 		t.Errorf("All() = %v", got)
 	}
-	if got := DefaultResourceNames.PseudoResources(); !reflect.DeepEqual(got, []string{want.Memory, want.MemoryPercentage, want.Cores}) {
+	if got := DefaultResourceNames.PseudoResources(); !reflect.DeepEqual(got, []string{want.Memory, want.MemoryPercentage, want.Cores, want.MemoryCeiling}) {
 		t.Errorf("PseudoResources() = %v", got)
 	}
 }
@@ -30,7 +31,7 @@ func TestCustomPrefix(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n.GPU != "tessera.io/gpu" || n.Memory != "tessera.io/gpumem" || n.MemoryPercentage != "tessera.io/gpumem-percentage" || n.Cores != "tessera.io/gpucores" {
+	if n.GPU != "tessera.io/gpu" || n.Memory != "tessera.io/gpumem" || n.MemoryPercentage != "tessera.io/gpumem-percentage" || n.Cores != "tessera.io/gpucores" || n.MemoryCeiling != "tessera.io/gpumem-ceiling" {
 		t.Errorf("got %+v", n)
 	}
 	for _, r := range n.All() {

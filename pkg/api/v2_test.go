@@ -17,7 +17,7 @@ const (
 // layout on GPU 0, dynamic MIG on GPU 1 (one instance held), MPS on GPU 2.
 func goldenInventoryV2() *NodeInventory {
 	inv := &NodeInventory{
-		APIVersion: InventoryAPIVersion, Kind: InventoryKind, MemoryOvercommit: 1,
+		APIVersion: InventoryAPIVersionV2, Kind: InventoryKind, MemoryOvercommit: 1,
 		Mode: ModeDevicePlugin, MIGStrategy: MIGStrategyMixed,
 	}
 	for i := range 3 {
@@ -45,7 +45,7 @@ func goldenInventoryV2() *NodeInventory {
 // and a dynamic MIG instance.
 func goldenAllocationV2() *PodAllocation {
 	return &PodAllocation{
-		APIVersion: AllocationAPIVersion, Kind: AllocationKind, Node: "gpu-node-01",
+		APIVersion: AllocationAPIVersionV2, Kind: AllocationKind, Node: "gpu-node-01",
 		PodUID: "6f1d0c2e-3b7a-4c55-9a0e-2f8b1d7c9e01",
 		Containers: []ContainerAllocation{
 			{Name: "server", Devices: []DeviceGrant{

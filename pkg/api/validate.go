@@ -190,6 +190,9 @@ func validateGPU(g *GPU) error {
 	if (g.Sharing == SharingMIG || g.Sharing == SharingMIGDynamic) && !g.MIG.Enabled {
 		return fmt.Errorf("sharing %q on a GPU whose MIG mode is not enabled", g.Sharing)
 	}
+	if g.DriverMemoryLimits && g.MIG.Enabled {
+		return fmt.Errorf("driverMemoryLimits set on a GPU in MIG mode (the driver does not partition a MIG GPU's memory)")
+	}
 	return validateMIG(g)
 }
 
@@ -283,6 +286,23 @@ func isMajorMinor(s string) bool {
 	return dot >= 1 && dot <= 3 && len(s)-dot-1 >= 1 && len(s)-dot-1 <= 3
 }
 
+// checkCeiling checks a grant's memory ceiling (v3): above the guarantee,
+// within the bound of any GPU's memory, and only on a share (a whole GPU
+// or a MIG device has nothing to borrow).
+func checkCeiling(d DeviceGrant) error {
+	switch c := d.CeilingMiB; {
+	case c == 0:
+		return nil
+	case c <= d.MemoryMiB || c > MaxGPUMemoryMiB:
+		return fmt.Errorf("ceilingMiB %d outside [%d, %d] (above memoryMiB, the guarantee)", c, d.MemoryMiB+1, MaxGPUMemoryMiB)
+	case d.Exclusive:
+		return fmt.Errorf("ceilingMiB %d on an exclusive grant (a whole GPU has nothing to borrow)", c)
+	case d.MIG != nil:
+		return fmt.Errorf("ceilingMiB %d on a MIG grant (a MIG device's memory is its own)", c)
+	}
+	return nil
+}
+
 // ValidateAllocation checks a pod allocation record. A record holds at
 // least one container: pods without GPU containers get no record.
 func ValidateAllocation(a *PodAllocation) error {
@@ -356,6 +376,9 @@ func ValidateAllocation(a *PodAllocation) error {
 			}
 			if d.Exclusive && d.Cores != MaxCores {
 				return fmt.Errorf("%s: exclusive grant with cores %d (must be %d)", dref, d.Cores, MaxCores)
+			}
+			if err := checkCeiling(d); err != nil {
+				return fmt.Errorf("%s: %w", dref, err)
 			}
 			if g := d.MIG; g != nil {
 				if d.Exclusive {

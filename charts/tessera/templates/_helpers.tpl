@@ -21,7 +21,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 Volcano's vGPU resources included (internal/webhook.gpuUses). */}}
 {{- define "tessera.gpuUses" -}}
 {{- $p := .Values.resourcePrefix -}}
-{{- $m := printf "r in ['%s/gpu', '%s/gpumem', '%s/gpumem-percentage', '%s/gpucores', '%s/gpu.shared', 'volcano.sh/vgpu-number', 'volcano.sh/vgpu-memory', 'volcano.sh/vgpu-memory-percentage', 'volcano.sh/vgpu-cores'] || r.startsWith('%s/mig-')" $p $p $p $p $p $p -}}
+{{- $m := printf "r in ['%s/gpu', '%s/gpumem', '%s/gpumem-percentage', '%s/gpucores', '%s/gpumem-ceiling', '%s/gpu.shared', 'volcano.sh/vgpu-number', 'volcano.sh/vgpu-memory', 'volcano.sh/vgpu-memory-percentage', 'volcano.sh/vgpu-cores'] || r.startsWith('%s/mig-')" $p $p $p $p $p $p $p -}}
 {{- printf "(has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, %s)) || (has(c.resources.requests) && c.resources.requests.exists(r, %s))))" $m $m -}}
 {{- end -}}
 

@@ -68,6 +68,7 @@ func nodeAgentOptions(f *NodeFlags, exe string) nodeagent.Options {
 	paths.LimiterHost = f.Dir.Limiter()
 	paths.PreloadHost = f.Dir.Preload()
 	paths.StateRoot = f.Dir.LimiterState()
+	paths.BudgetHost = f.Dir.Budgets()
 	cmNS, cmName, _ := strings.Cut(f.ConfigMap, "/")
 	o := nodeagent.Options{
 		NodeName: f.Node, Resource: api.DefaultResourceNames.GPU,

@@ -13,6 +13,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-gpu/tessera/internal/cgroup2"
 	"github.com/tessera-gpu/tessera/internal/hollowkubelet"
 	"github.com/tessera-gpu/tessera/internal/lab/fakegpu"
 	"github.com/tessera-gpu/tessera/internal/lab/standin"
@@ -111,12 +112,13 @@ func runRuntime(ctx context.Context, args []string) error {
 // node's Cgroup directory), under a directory of this lab and node, so
 // two labs on one machine keep apart.
 func containerCgroups(f *NodeFlags) (*hollowkubelet.Cgroups, error) {
-	info, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
+	var mnt string
+	switch m, err := cgroup2.FindMount("/proc/self/mountinfo"); {
+	case err == nil && m.Root == "/":
+		mnt = m.Point
+	case err != nil && !errors.Is(err, cgroup2.ErrNoMount):
 		return nil, err
-	}
-	mnt := hollowkubelet.CgroupV2Mount(string(info))
-	if mnt == "" {
+	default: // none, or only a sub-tree of the hierarchy
 		mnt = f.Dir.Cgroup()
 		if err := os.MkdirAll(mnt, 0o755); err != nil {
 			return nil, err

@@ -3,11 +3,13 @@
 // fake CUDA driver and NVML of fakegpu/, mounted into the containers) and
 // read by the node's agent (its mock NVML) and by `tessera-lab status`.
 //
-// The layout is fakegpu/src/fake_common.h's struct fake_state, version 1:
-// a 256-byte header (magic "TGPU", version, sizes, the GPU's UUID, model
-// and memory) and 256 slots of 64 bytes, one per process: its host pid,
-// the device memory it holds, the GPU time of the work it enqueued and when
-// that work ends. A slot belongs to a live process exactly while an OFD
+// The layout is fakegpu/src/fake_common.h's struct fake_state, version 2:
+// a 256-byte header (magic "TGPU", version, sizes, the GPU's UUID, model,
+// memory and whether its driver partitions memory per cgroup), 256 slots
+// of 64 bytes, one per process (its host pid, its cgroup's hash, the
+// device memory it holds, the GPU time of the work it enqueued and when
+// that work ends), and the driver's table of memory limits per cgroup
+// (limits.go). A slot belongs to a live process exactly while an OFD
 // write lock is held on its bytes (the process holds it from its first
 // context on the GPU until it dies), so liveness holds across PID
 // namespaces and needs no cleanup. Processes write their own slot; the lab
@@ -28,12 +30,15 @@ import (
 
 // The layout (fake_common.h).
 const (
-	Version    = 1
+	Version    = 2
 	Magic      = 0x55504754 // "TGPU" little-endian
 	HeaderSize = 256
 	SlotSize   = 64
 	Slots      = 256
-	FileSize   = HeaderSize + Slots*SlotSize
+	LimitSize  = 512
+	Limits     = 64
+	limitsOff  = HeaderSize + Slots*SlotSize
+	FileSize   = limitsOff + Limits*LimitSize
 
 	offVersion  = 4
 	offHdrSize  = 8
@@ -41,10 +46,15 @@ const (
 	offSlots    = 16
 	offMemory   = 24
 	offSMs      = 32
+	offFlags    = 36
 	offUUID     = 40
 	lenUUID     = 48
 	offName     = 88
 	lenName     = 96
+	offLimSize  = 184
+	offLimits   = 188
+
+	flagPartition = 1 // FAKE_FLAG_PARTITION
 
 	slotHostPID = 0
 	slotNSPID   = 4
@@ -53,6 +63,7 @@ const (
 	slotTail    = 32
 	slotStart   = 40
 	slotRate    = 48
+	slotCgroup  = 56
 )
 
 // GPU is what a state file says about its GPU.
@@ -61,6 +72,9 @@ type GPU struct {
 	Name        string
 	MemoryBytes uint64
 	SMs         uint32
+	// Partitioning: the GPU's driver partitions its memory per cgroup
+	// (nvmlDeviceSetMemoryLimits_v1; limits.go), as NVIDIA's r615 does.
+	Partitioning bool
 }
 
 // Process is a live process on a GPU.
@@ -73,6 +87,9 @@ type Process struct {
 	// per nanosecond of its last work, in millionths.
 	BusyNs, TailNs, StartNs uint64
 	RatePPM                 uint32
+	// Cgroup is the hash of the process's cgroup v2 path (CgroupHash), 0
+	// when it has none.
+	Cgroup uint64
 }
 
 // Done is the GPU time of the process's work done by nowNs: its queued
@@ -114,6 +131,11 @@ func Create(path string, g GPU) error {
 	le.PutUint32(hdr[offSlots:], Slots)
 	le.PutUint64(hdr[offMemory:], g.MemoryBytes)
 	le.PutUint32(hdr[offSMs:], g.SMs)
+	if g.Partitioning {
+		le.PutUint32(hdr[offFlags:], flagPartition)
+	}
+	le.PutUint32(hdr[offLimSize:], LimitSize)
+	le.PutUint32(hdr[offLimits:], Limits)
 	copy(hdr[offUUID:offUUID+lenUUID], g.UUID)
 	copy(hdr[offName:offName+lenName], g.Name)
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
@@ -164,11 +186,15 @@ func parseHeader(path string, hdr []byte) (GPU, error) {
 	if hs, ss, n := le.Uint32(hdr[offHdrSize:]), le.Uint32(hdr[offSlotSize:]), le.Uint32(hdr[offSlots:]); hs != HeaderSize || ss != SlotSize || n != Slots {
 		return GPU{}, fmt.Errorf("%s: header %d, slots %d x %d bytes; want %d, %d x %d", path, hs, n, ss, HeaderSize, Slots, SlotSize)
 	}
+	if ls, n := le.Uint32(hdr[offLimSize:]), le.Uint32(hdr[offLimits:]); ls != LimitSize || n != Limits {
+		return GPU{}, fmt.Errorf("%s: limits %d x %d bytes; want %d x %d", path, n, ls, Limits, LimitSize)
+	}
 	return GPU{
-		UUID:        cstring(hdr[offUUID : offUUID+lenUUID]),
-		Name:        cstring(hdr[offName : offName+lenName]),
-		MemoryBytes: le.Uint64(hdr[offMemory:]),
-		SMs:         le.Uint32(hdr[offSMs:]),
+		UUID:         cstring(hdr[offUUID : offUUID+lenUUID]),
+		Name:         cstring(hdr[offName : offName+lenName]),
+		MemoryBytes:  le.Uint64(hdr[offMemory:]),
+		SMs:          le.Uint32(hdr[offSMs:]),
+		Partitioning: le.Uint32(hdr[offFlags:])&flagPartition != 0,
 	}, nil
 }
 
@@ -211,7 +237,7 @@ func Read(path string) (GPU, []Process, error) {
 		procs = append(procs, Process{
 			Slot: i, HostPID: le.Uint32(s[slotHostPID:]), UsedBytes: le.Uint64(s[slotUsed:]),
 			BusyNs: le.Uint64(s[slotBusy:]), TailNs: le.Uint64(s[slotTail:]), StartNs: le.Uint64(s[slotStart:]),
-			RatePPM: le.Uint32(s[slotRate:]),
+			RatePPM: le.Uint32(s[slotRate:]), Cgroup: le.Uint64(s[slotCgroup:]),
 		})
 	}
 	return g, procs, nil

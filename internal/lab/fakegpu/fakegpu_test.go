@@ -63,15 +63,7 @@ func TestSharedWithTheCDriver(t *testing.T) {
 		return cmd
 	}
 	holder := fill("--step", "1024", "--max", "5120", "--hold", "forever")
-	stdout, err := holder.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := holder.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Process.Kill()
-	sc := bufio.NewScanner(stdout)
+	sc := startHolder(t, holder)
 	var log []string
 	for sc.Scan() {
 		log = append(log, sc.Text())
@@ -145,7 +137,7 @@ func TestCreateKeepsAndReplaces(t *testing.T) {
 	if err := os.WriteFile(path, make([]byte, FileSize), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := Read(path); err == nil || !strings.Contains(err.Error(), "not a GPU state file of layout version 1") {
+	if _, _, err := Read(path); err == nil || !strings.Contains(err.Error(), "not a GPU state file of layout version 2") {
 		t.Errorf("Read of a zeroed file: %v", err)
 	}
 	if err := Create(filepath.Join(t.TempDir(), "x"), GPU{UUID: strings.Repeat("u", 48)}); err == nil {
@@ -177,4 +169,19 @@ func TestUtilization(t *testing.T) {
 	if len(s.seen) != 0 {
 		t.Errorf("sampler keeps %d gone processes", len(s.seen))
 	}
+}
+
+// startHolder starts a gpu-fill that holds its memory, killed when the
+// test ends; its output is read from the scanner.
+func startHolder(t *testing.T, holder *exec.Cmd) *bufio.Scanner {
+	t.Helper()
+	stdout, err := holder.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = holder.Process.Kill(); _ = holder.Wait() })
+	return bufio.NewScanner(stdout)
 }

@@ -132,6 +132,10 @@ func (n NodeDir) Preload() string { return n.path("limiter", "ld.so.preload") }
 // LimiterState holds one limiter state directory per container.
 func (n NodeDir) LimiterState() string { return n.path("limiter-state") }
 
+// Budgets holds the node agent's GPU budget files (memory no container
+// is guaranteed, and who borrows it).
+func (n NodeDir) Budgets() string { return n.path("burst") }
+
 // MPS holds the MPS control daemons' directories.
 func (n NodeDir) MPS() string { return n.path("mps") }
 

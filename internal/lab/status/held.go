@@ -45,6 +45,8 @@ type grant struct {
 type grantDev struct {
 	mib   int64
 	whole bool
+	// ceiling: a grant that may burst holds up to it (0: up to mib)
+	ceiling int64
 	// group is the DRA claim request whose grant the container shares
 	// with every other container using it ("" for its own).
 	group string
@@ -130,6 +132,9 @@ func grantsOn(pods []*corev1.Pod, claims []claimuse.Claim) map[string]*grant {
 			for _, d := range c.Devices {
 				if d.MIG == nil { // a MIG device's processes are its own device's
 					g.devs[d.UUID] = grantDev{mib: d.MemoryMiB, whole: d.Exclusive}
+					if d.Bursts() {
+						g.devs[d.UUID] = grantDev{mib: d.MemoryMiB, ceiling: d.CeilingMiB}
+					}
 				}
 			}
 		}
@@ -163,10 +168,12 @@ func (h holding) ungranted(gpuMiB int64) string {
 	switch {
 	case h.none != "":
 		return fmt.Sprintf("%s holds %d MiB in processes %v and %s", h.who, h.mib, h.pids, h.none)
-	case h.grant.whole && h.mib <= gpuMiB, !h.grant.whole && h.mib <= h.grant.mib:
+	case h.grant.whole && h.mib <= gpuMiB, !h.grant.whole && h.mib <= max(h.grant.mib, h.grant.ceiling):
 		return ""
 	case h.grant.whole:
 		return fmt.Sprintf("%s holds %d MiB in processes %v, more than the GPU's %d MiB", h.who, h.mib, h.pids, gpuMiB)
+	case h.grant.ceiling > 0:
+		return fmt.Sprintf("%s holds %d MiB in processes %v, more than its ceiling of %d MiB", h.who, h.mib, h.pids, h.grant.ceiling)
 	}
 	return fmt.Sprintf("%s holds %d MiB in processes %v, more than its grant of %d MiB", h.who, h.mib, h.pids, h.grant.mib)
 }

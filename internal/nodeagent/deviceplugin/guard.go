@@ -46,6 +46,11 @@ type Guard struct {
 	// Refused, if set, is told of every refusal (the agent's Warning
 	// event on the pod).
 	Refused func(pod *v1.Pod, reason string)
+	// Admitted, if set, is called once a shared grant is served (its
+	// ledger entry written), before the container starts: the host-side
+	// reconciler makes room for its guarantee where others borrowed it
+	// (reconcile.Reconciler.Admitted).
+	Admitted func()
 
 	mu   sync.Mutex
 	gone map[types.UID]bool // pods found deleted, so their grants are free

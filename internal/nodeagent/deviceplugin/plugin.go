@@ -352,6 +352,9 @@ func (p *Plugin) allocate(ctx context.Context, n int) (*pluginapi.ContainerAlloc
 	if err != nil {
 		return nil, fmt.Errorf("pod %s container %s: %w", ref, t.Container, err)
 	}
+	if g := p.opts.Guard; g != nil && g.Admitted != nil && mode == api.SharingShared {
+		g.Admitted()
+	}
 	p.logger.Info("Allocated", "pod", klog.KObj(t.Pod), "container", t.Container, "devices", t.Grant.Devices)
 	r := buildResponse(t.Grant, limited, files, p.opts.Paths, p.opts.DeviceList)
 	if err := p.after(r, t, mode); err != nil {
@@ -381,9 +384,15 @@ func (p *Plugin) prepare(t *Target, limited bool, mode api.SharingMode) (contain
 	}
 	files := containerFiles{StateDir: st.StateDir(t.Pod.UID, t.Container)}
 	if limited {
-		b, err := limitsFile(t.Grant, p.opts.Paths, mode)
+		b, err := limitsFile(t.Grant, p.opts.Paths, mode, statedir.Borrower(t.Pod.UID, t.Container))
 		if err != nil {
 			return containerFiles{}, err
+		}
+		if Bursts(t.Grant, mode) {
+			if err := os.MkdirAll(p.opts.Paths.BudgetHost, 0o755); err != nil {
+				return containerFiles{}, fmt.Errorf("creating the GPU budget directory: %w", err)
+			}
+			files.Budgets = true
 		}
 		if err := st.WriteLimits(t.Pod.UID, t.Container, b); err != nil {
 			return containerFiles{}, fmt.Errorf("writing the limits file: %w", err)

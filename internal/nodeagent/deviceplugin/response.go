@@ -3,6 +3,7 @@ package deviceplugin
 import (
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 
@@ -29,6 +30,10 @@ type Paths struct {
 	// state directory in each is mounted at StateContainer.
 	StateRoot      string
 	StateContainer string
+	// BudgetHost holds the budget file of each GPU (one per UUID), which
+	// the host-side reconciler writes; a container with a memory ceiling
+	// gets the directory read-only at limiterconf.BudgetDir.
+	BudgetHost string
 }
 
 // DefaultPaths are the paths of the DaemonSet in deploy/node-agent. The
@@ -41,6 +46,7 @@ func DefaultPaths() Paths {
 		PreloadHost:      "/usr/local/tessera/ld.so.preload",
 		StateRoot:        "/var/lib/tessera/containers",
 		StateContainer:   api.ContainerStateDir,
+		BudgetHost:       "/var/lib/tessera/burst",
 	}
 }
 
@@ -93,26 +99,51 @@ func DeviceListStrategies() []DeviceListStrategy { return api.DeviceListStrategi
 // list (otherwise the node's shared one, Paths.PreloadHost).
 type containerFiles struct {
 	StateDir, LimitsFile, PreloadFile string
+	// Budgets: the container has a ceiling; Paths.BudgetHost is mounted.
+	Budgets bool
 }
 
 // limitsFile is the limiter's read-only limits file for a grant: the
 // limits the limiter enforces whatever the container's environment says.
 // Under MPS the daemon partitions the SMs, so the limiter keeps only its
-// memory accounting (no compute share in the file).
-func limitsFile(c api.ContainerAllocation, p Paths, mode api.SharingMode) ([]byte, error) {
+// memory accounting (no compute share in the file). A grant with a
+// memory ceiling on a node in shared mode gets it with its GPU's budget
+// file (bursts: docs/isolation.md), under the container's borrower name;
+// elsewhere the container is held to its guarantee.
+func limitsFile(c api.ContainerAllocation, p Paths, mode api.SharingMode, borrower string) ([]byte, error) {
 	cfg := limiterconf.Config{StatePath: filepath.Join(p.StateContainer, statedir.LimiterStateFile)}
 	for _, d := range c.Devices {
-		mem := uint64(d.MemoryMiB)
+		dev := limiterconf.Device{UUID: d.UUID, MemoryMiB: uint64(d.MemoryMiB), SMPercent: d.Cores}
 		if d.Exclusive {
-			mem = 0 // a whole GPU: no memory limit on it
+			dev.MemoryMiB = 0 // a whole GPU: no memory limit on it
 		}
-		sm := d.Cores
 		if mode == api.SharingMPS {
-			sm = 0
+			dev.SMPercent = 0
 		}
-		cfg.Devices = append(cfg.Devices, limiterconf.Device{UUID: d.UUID, MemoryMiB: mem, SMPercent: sm})
+		if bursts(d, mode) {
+			dev.CeilingMiB, dev.BudgetPath = uint64(d.CeilingMiB), path.Join(limiterconf.BudgetDir, d.UUID)
+			cfg.Borrower = borrower
+		}
+		cfg.Devices = append(cfg.Devices, dev)
 	}
 	return limiterconf.Encode(cfg)
+}
+
+// bursts reports whether a grant may allocate past its guarantee: it has
+// a ceiling, shares the GPU, and the node is in shared mode (under MPS
+// the server's pinned-memory limit is the guarantee).
+func bursts(d api.DeviceGrant, mode api.SharingMode) bool {
+	return d.Bursts() && mode == api.SharingShared
+}
+
+// Bursts reports whether any of a container's grants may burst.
+func Bursts(c api.ContainerAllocation, mode api.SharingMode) bool {
+	for _, d := range c.Devices {
+		if bursts(d, mode) {
+			return true
+		}
+	}
+	return false
 }
 
 // buildResponse is the kubelet's answer for one container's grant.
@@ -176,6 +207,9 @@ func buildResponse(c api.ContainerAllocation, limited bool, f containerFiles, p 
 	)
 	if f.LimitsFile != "" {
 		r.Mounts = append(r.Mounts, &pluginapi.Mount{ContainerPath: limiterconf.Path, HostPath: f.LimitsFile, ReadOnly: true})
+	}
+	if f.Budgets {
+		r.Mounts = append(r.Mounts, &pluginapi.Mount{ContainerPath: limiterconf.BudgetDir, HostPath: p.BudgetHost, ReadOnly: true})
 	}
 	return r
 }

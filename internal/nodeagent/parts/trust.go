@@ -56,6 +56,10 @@ type Trust struct {
 	refused  prometheus.Counter
 	breaches *prometheus.CounterVec
 	held     *prometheus.GaugeVec
+	reclaims *prometheus.CounterVec
+
+	recMu sync.Mutex
+	rec   *reconcile.Reconciler // once started
 }
 
 // NewTrust returns the trust part.
@@ -74,11 +78,16 @@ func NewTrust(opts TrustOptions) *Trust {
 			Name: "tessera_node_agent_container_gpu_memory_mib",
 			Help: "GPU memory NVML reports held by each container's processes, per GPU, at the last reconciler pass.",
 		}, []string{"namespace", "pod", "container", "gpu"}),
+		reclaims: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tessera_node_agent_gpu_memory_reclaims_total",
+			Help: "Containers stopped because they held GPU memory past their guarantee (bursting toward their ceiling) that a guarantee on the same GPU needed (TesseraGPUMemoryReclaimed), per GPU.",
+		}, []string{"gpu"}),
 	}
 	t.guard = &deviceplugin.Guard{
 		Names:          opts.Names,
 		AcceptUnsigned: opts.AcceptUnsigned,
 		NodePods:       t.nodePods,
+		Admitted:       t.admitted,
 		Refused: func(pod *v1.Pod, reason string) {
 			t.refused.Inc()
 			t.recorder.Event(pod, v1.EventTypeWarning, deviceplugin.ReasonRefused, reason)
@@ -96,7 +105,17 @@ func (t *Trust) Guard() *deviceplugin.Guard { return t.guard }
 
 // Collectors are the trust checks' metrics.
 func (t *Trust) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{t.refused, t.breaches, t.held}
+	return []prometheus.Collector{t.refused, t.breaches, t.held, t.reclaims}
+}
+
+// admitted runs the reconciler's budget part for a container just served.
+func (t *Trust) admitted() {
+	t.recMu.Lock()
+	r := t.rec
+	t.recMu.Unlock()
+	if r != nil {
+		r.Admitted()
+	}
 }
 
 // Start implements Part: it watches the scheduler's public keys and runs
@@ -116,6 +135,9 @@ func (t *Trust) Start(ctx context.Context, c Cluster) error {
 	}
 	if t.opts.Reconcile.Interval > 0 {
 		r := t.reconciler()
+		t.recMu.Lock()
+		t.rec = r
+		t.recMu.Unlock()
 		t.wg.Add(1)
 		go func() {
 			defer t.wg.Done()
@@ -155,6 +177,14 @@ func (t *Trust) reconciler() *reconcile.Reconciler {
 			msg += fmt.Sprintf("; killed its processes %v", b.Killed)
 		}
 		t.recorder.Event(b.Pod, v1.EventTypeWarning, b.Reason(), msg)
+	}
+	r.Reclaimed = func(c reconcile.Reclaim) {
+		t.reclaims.WithLabelValues(c.GPU).Inc()
+		msg := c.String()
+		if len(c.Killed) > 0 {
+			msg += fmt.Sprintf("; killed its processes %v", c.Killed)
+		}
+		t.recorder.Event(c.Pod, v1.EventTypeWarning, reconcile.ReasonReclaimed, msg)
 	}
 	r.Observe = func(pod *v1.Pod, container, gpu string, usedMiB int64) {
 		t.held.WithLabelValues(pod.Namespace, pod.Name, container, gpu).Set(float64(usedMiB))

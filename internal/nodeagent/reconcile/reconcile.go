@@ -96,6 +96,10 @@ type Options struct {
 	// has not read yet would be taken for one holding memory it was not
 	// granted, and killed. Nil: always known.
 	Known func() bool
+	// BudgetDir, if set, is where each pass writes the budget file of
+	// every GPU that holds a grant with a memory ceiling (burst.go); the
+	// device plugin mounts it read-only into those containers.
+	BudgetDir string
 }
 
 // DefaultExemptNamespaces are the namespaces whose pods may use GPUs
@@ -152,6 +156,7 @@ type Reconciler struct {
 	// kill sends a signal (tests replace it).
 	kill func(pid int) error
 
+	pass     sync.Mutex // one pass at a time (Run's, Admitted's)
 	mu       sync.Mutex
 	breached map[string]bool // pod UID/container/GPU breaching in the last pass
 	// unregistered are the processes seen without a limiter registration
@@ -161,6 +166,12 @@ type Reconciler struct {
 	unregistered map[int]types.UID
 	badState     map[string]bool // containers whose state was unreadable, logged once
 	waitLogged   bool            // a pass skipped while grants were unknown was logged
+	// Reclaimed, if set, is told of every container stopped to give a
+	// guarantee its memory back (the agent's event and metric).
+	Reclaimed func(Reclaim)
+	// stopping are the processes of containers stopped for a reclaim, until
+	// NVML no longer lists them (with pass held).
+	stopping map[int]bool
 }
 
 // New returns a reconciler of the GPUs against the grants in state; pods
@@ -177,7 +188,7 @@ func New(opts Options, gpus []GPU, state statedir.Dirs, pods func() []*v1.Pod, l
 	}
 	return &Reconciler{opts: opts, gpus: gpus, state: state, pods: pods, logger: logger,
 		kill: func(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }, breached: map[string]bool{},
-		unregistered: map[int]types.UID{}, badState: map[string]bool{}}
+		unregistered: map[int]types.UID{}, badState: map[string]bool{}, stopping: map[int]bool{}}
 }
 
 // Run reconciles every Interval until ctx ends.
@@ -207,8 +218,49 @@ type key struct {
 }
 
 // Once runs one pass and returns the breaches it found: none while the
-// agent does not know every grant (Options.Known).
+// agent does not know every grant (Options.Known). With BudgetDir set it
+// also refreshes the GPUs' budget files and reclaims borrowed memory a
+// guarantee needs (burst.go).
 func (r *Reconciler) Once() []Breach {
+	r.pass.Lock()
+	defer r.pass.Unlock()
+	o, ok := r.observe()
+	if !ok {
+		return nil
+	}
+	out := r.check(o)
+	r.burst(o)
+	return out
+}
+
+// Admitted runs the budget part of a pass at once, for a container just
+// served (its Allocate): a guarantee it brings to a GPU whose unguaranteed
+// memory others borrowed is made good before the container starts.
+// On a node where no grant may burst it reads nothing from the GPUs.
+func (r *Reconciler) Admitted() {
+	if r.opts.BudgetDir == "" || (r.opts.Shared != nil && !r.opts.Shared()) {
+		return
+	}
+	r.pass.Lock()
+	defer r.pass.Unlock()
+	if !bursting(r.grants(r.pods())) {
+		return
+	}
+	if o, ok := r.observe(); ok {
+		r.burst(o)
+	}
+}
+
+// observation is what one pass saw: the node's pods, the grants, and what
+// each container holds per GPU.
+type observation struct {
+	pods   map[types.UID]*v1.Pod
+	grants map[key]map[string]limit
+	used   map[key]int64
+	pids   map[key][]int
+}
+
+func (r *Reconciler) observe() (observation, bool) {
 	if r.opts.Known != nil && !r.opts.Known() {
 		r.mu.Lock()
 		logged := r.waitLogged
@@ -217,7 +269,7 @@ func (r *Reconciler) Once() []Breach {
 		if !logged {
 			r.logger.Info("Not checking what containers hold until the agent knows every grant (the DRA claims it prepared)")
 		}
-		return nil
+		return observation{}, false
 	}
 	podsByUID := map[types.UID]*v1.Pod{}
 	byID := map[string]string{} // container ID → name
@@ -232,24 +284,28 @@ func (r *Reconciler) Once() []Breach {
 			}
 		}
 	}
-	grants := r.grants(pods)
-	used := map[key]int64{}
-	pids := map[key][]int{}
+	o := observation{pods: podsByUID, grants: r.grants(pods), used: map[key]int64{}, pids: map[key][]int{}}
 	for _, g := range r.gpus {
 		for _, pr := range processes(g.Handle) {
-			o, ok := r.ownerOf(int(pr.Pid))
+			ow, ok := r.ownerOf(int(pr.Pid))
 			if !ok {
 				continue // not a container's process (the host, the agent)
 			}
-			name, ok := byID[o.container]
-			if !ok || podsByUID[o.pod] == nil {
+			name, ok := byID[ow.container]
+			if !ok || podsByUID[ow.pod] == nil {
 				continue // a pod this node's cache does not know yet
 			}
-			k := key{o.pod, name, g.UUID}
-			used[k] += int64(pr.UsedGpuMemory >> 20)
-			pids[k] = append(pids[k], int(pr.Pid))
+			k := key{ow.pod, name, g.UUID}
+			o.used[k] += int64(pr.UsedGpuMemory >> 20)
+			o.pids[k] = append(o.pids[k], int(pr.Pid))
 		}
 	}
+	return o, true
+}
+
+// check finds the breaches of one pass.
+func (r *Reconciler) check(o observation) []Breach {
+	podsByUID, grants, used, pids := o.pods, o.grants, o.used, o.pids
 	shared := r.opts.Shared == nil || r.opts.Shared()
 	var out []Breach
 	breached := map[string]bool{}
@@ -283,7 +339,7 @@ func (r *Reconciler) Once() []Breach {
 		if onGPU && limit.group != "" {
 			held = together[limit.group+"|"+k.gpu]
 		}
-		allowed := int64(float64(limit.mib)*(1+r.opts.TolerancePercent/100)) + r.opts.ToleranceMiB
+		allowed := int64(float64(limit.most())*(1+r.opts.TolerancePercent/100)) + r.opts.ToleranceMiB
 		if onGPU && held <= allowed {
 			continue
 		}
@@ -457,7 +513,10 @@ func nsPID(procRoot string, pid int) (int, uint64, bool) {
 }
 
 type limit struct {
-	mib       int64
+	mib int64
+	// ceiling, above mib, is the most a container that may burst holds
+	// (burst.go); 0 otherwise.
+	ceiling   int64
 	exclusive bool
 	// limited: the container was given the limiter (it has a limits
 	// file), so its processes register with it, in stateFile.
@@ -468,10 +527,15 @@ type limit struct {
 	group string
 }
 
+// most is what the grant lets the container hold: its ceiling, if it may
+// burst, else its guarantee.
+func (l limit) most() int64 { return max(l.mib, l.ceiling) }
+
 // grants reads the ledger and the DRA claims the pods use: per pod and
 // container (gpu ""), the limit on each GPU it was granted.
 func (r *Reconciler) grants(pods []*v1.Pod) map[key]map[string]limit {
 	out := map[key]map[string]limit{}
+	shared := r.opts.Shared == nil || r.opts.Shared()
 	entries, err := r.state.Entries()
 	if err != nil {
 		r.logger.Error(err, "Reading the grants this node served")
@@ -484,7 +548,11 @@ func (r *Reconciler) grants(pods []*v1.Pod) map[key]map[string]limit {
 		_, err := os.Stat(r.state.LimitsFile(e.PodUID, e.Container))
 		state := filepath.Join(r.state.StateDir(e.PodUID, e.Container), statedir.LimiterStateFile)
 		for _, d := range e.Grant.Devices {
-			m[d.UUID] = limit{mib: d.MemoryMiB, exclusive: d.Exclusive, limited: err == nil, stateFile: state}
+			l := limit{mib: d.MemoryMiB, exclusive: d.Exclusive, limited: err == nil, stateFile: state}
+			if d.Bursts() && shared {
+				l.ceiling = d.CeilingMiB
+			}
+			m[d.UUID] = l
 		}
 		out[key{e.PodUID, e.Container, ""}] = m
 	}

@@ -33,6 +33,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/internal/atomicfile"
+	"github.com/tessera-gpu/tessera/internal/limiterconf"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -75,6 +76,12 @@ func (s Dirs) PreloadFile(uid types.UID, container string) string {
 // all).
 func (s Dirs) WritePreload(uid types.UID, container string, b []byte) error {
 	return atomicfile.Write(s.PreloadFile(uid, container), b, 0o444)
+}
+
+// Borrower is the container's name in the GPU budget files (the
+// limiter's borrower=): opaque to the other tenants who read them.
+func Borrower(uid types.UID, container string) string {
+	return limiterconf.BorrowerName(string(uid) + "/" + container)
 }
 
 // Served reports whether the container was answered before.

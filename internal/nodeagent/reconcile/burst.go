@@ -1,0 +1,227 @@
+package reconcile
+
+// Guaranteed plus burst without the driver's per-cgroup limits. A grant
+// with a memory ceiling is guaranteed its memory (MemoryMiB: what the
+// scheduler charged the GPU) and may hold up to its ceiling by borrowing
+// the GPU's unguaranteed memory: the GPU's memory minus the guarantees of
+// every grant on it. Each pass
+//
+//   - writes, per GPU that holds such a grant, the budget file its
+//     containers read (read-only) through their limiter: the unguaranteed
+//     memory and what each borrower held past its guarantee, as NVML
+//     reported it this pass (limiterconf.Budget);
+//   - when the borrowers hold more than the unguaranteed memory (a new
+//     guarantee came to the GPU, or two borrowers grew between passes
+//     from the same budget), stops the container furthest above its
+//     guarantee, then the next, until the rest fit: SIGKILL of its
+//     processes, a Warning event (ReasonReclaimed) and a metric. A
+//     container within its guarantee is never stopped for it.
+//
+// A container served by the device plugin also runs this part at once
+// (Admitted), so a guarantee is made good before its container starts.
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/internal/atomicfile"
+	"github.com/tessera-gpu/tessera/internal/limiterconf"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
+)
+
+// ReasonReclaimed is the reason of the Warning event on a pod whose
+// container was stopped to give a guarantee its memory back.
+const ReasonReclaimed = "TesseraGPUMemoryReclaimed"
+
+// Reclaim is one container stopped because the memory it borrowed past
+// its guarantee was needed by a guarantee on its GPU.
+type Reclaim struct {
+	Pod       *v1.Pod
+	Container string
+	GPU       string
+	// GuaranteeMiB, CeilingMiB and UsedMiB are the container's on the GPU.
+	GuaranteeMiB, CeilingMiB, UsedMiB int64
+	// UnguaranteedMiB is the GPU's memory no grant is guaranteed, and
+	// BorrowedMiB what the borrowers held past their guarantees when the
+	// container was chosen.
+	UnguaranteedMiB, BorrowedMiB int64
+	Killed                       []int
+}
+
+func (c Reclaim) String() string {
+	return fmt.Sprintf("container %s was stopped: it held %d MiB on GPU %s, %d MiB past its guarantee of %d MiB (ceiling %d MiB), "+
+		"and the guarantees on the GPU need that memory back (the containers bursting there held %d MiB past their guarantees, "+
+		"%d MiB of the GPU is guaranteed to no one); a container within its guarantee is never stopped for it",
+		c.Container, c.UsedMiB, c.GPU, c.UsedMiB-c.GuaranteeMiB, c.GuaranteeMiB, c.CeilingMiB, c.BorrowedMiB, c.UnguaranteedMiB)
+}
+
+// Borrower is a container that may hold memory past its guarantee on a
+// GPU, with what it holds.
+type Borrower struct {
+	GuaranteeMiB, UsedMiB int64
+}
+
+// Borrowed is what the borrower holds past its guarantee (0 within it).
+func (b Borrower) Borrowed() int64 { return max(0, b.UsedMiB-b.GuaranteeMiB) }
+
+// ChooseReclaims returns the indices of the borrowers to stop, furthest
+// above its guarantee first, so that what the others borrow fits in the
+// unguaranteed memory (plus slackMiB, NVML's granularity); none when it
+// already fits. Borrowers within their guarantee are never chosen; ties
+// go to the lower index.
+func ChooseReclaims(unguaranteedMiB, slackMiB int64, bs []Borrower) []int {
+	var total int64
+	order := make([]int, 0, len(bs))
+	for i, b := range bs {
+		if b.Borrowed() > 0 {
+			total += b.Borrowed()
+			order = append(order, i)
+		}
+	}
+	sort.SliceStable(order, func(a, b int) bool { return bs[order[a]].Borrowed() > bs[order[b]].Borrowed() })
+	var out []int
+	for _, i := range order {
+		if total <= unguaranteedMiB+slackMiB {
+			break
+		}
+		out = append(out, i)
+		total -= bs[i].Borrowed()
+	}
+	return out
+}
+
+// burst writes the budget files and reclaims, from one pass's observation.
+func (r *Reconciler) burst(o observation) {
+	if r.opts.BudgetDir == "" || (r.opts.Shared != nil && !r.opts.Shared()) {
+		return
+	}
+	// The guarantees on each GPU: every grant the node served to a pod
+	// that has not ended (one per DRA claim request, which its
+	// containers share), and the grants that may burst.
+	guaranteed := map[string]int64{}
+	groups := map[string]bool{}
+	type burster struct {
+		k key
+		l limit
+	}
+	bursting := map[string][]burster{}
+	keys := make([]key, 0, len(o.grants))
+	for k := range o.grants {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return fmt.Sprint(keys[i]) < fmt.Sprint(keys[j]) })
+	for _, k := range keys {
+		if p := o.pods[k.pod]; p != nil && (p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed) {
+			continue
+		}
+		for gpu, l := range o.grants[k] {
+			if l.group != "" {
+				if groups[l.group+"|"+gpu] {
+					continue
+				}
+				groups[l.group+"|"+gpu] = true
+			}
+			guaranteed[gpu] += l.mib
+			if l.ceiling > 0 {
+				bursting[gpu] = append(bursting[gpu], burster{key{k.pod, k.container, gpu}, l})
+			}
+		}
+	}
+	for _, g := range r.gpus {
+		bs := bursting[g.UUID]
+		if len(bs) == 0 {
+			continue
+		}
+		unguaranteed := max(0, g.MemoryMiB-guaranteed[g.UUID])
+		budget := limiterconf.Budget{UnguaranteedMiB: uint64(unguaranteed), Borrowed: map[string]uint64{}}
+		var candidates []Borrower
+		var who []burster
+		var stoppingMiB int64
+		for _, b := range bs {
+			held := Borrower{GuaranteeMiB: b.l.mib, UsedMiB: o.used[b.k]}
+			if held.Borrowed() > 0 {
+				budget.Borrowed[statedir.Borrower(b.k.pod, b.k.container)] = uint64(held.Borrowed())
+			}
+			if r.isStopping(o.pids[b.k]) {
+				stoppingMiB += held.Borrowed()
+				continue
+			}
+			candidates = append(candidates, held)
+			who = append(who, b)
+		}
+		r.writeBudget(g.UUID, budget)
+		var borrowed int64
+		for _, c := range candidates {
+			borrowed += c.Borrowed()
+		}
+		// the stopped containers' memory is on its way back: the others
+		// must fit in the unguaranteed memory without it
+		for _, i := range ChooseReclaims(unguaranteed, r.opts.ToleranceMiB, candidates) {
+			b := who[i]
+			pod := o.pods[b.k.pod]
+			rc := Reclaim{Pod: pod, Container: b.k.container, GPU: g.UUID, GuaranteeMiB: b.l.mib, CeilingMiB: b.l.ceiling,
+				UsedMiB: candidates[i].UsedMiB, UnguaranteedMiB: unguaranteed, BorrowedMiB: borrowed + stoppingMiB}
+			rc.Killed = r.killContainer(b.k.pod, o.pids[b.k])
+			for _, pid := range o.pids[b.k] {
+				r.stopping[pid] = true
+			}
+			r.logger.Info("Stopped a container bursting past its GPU memory guarantee: a guarantee on its GPU needs the memory", "pod", klog.KObj(pod), "container", b.k.container, "gpu", g.UUID,
+				"usedMiB", rc.UsedMiB, "guaranteeMiB", rc.GuaranteeMiB, "ceilingMiB", rc.CeilingMiB, "unguaranteedMiB", unguaranteed, "borrowedMiB", rc.BorrowedMiB, "killed", rc.Killed)
+			if r.Reclaimed != nil {
+				r.Reclaimed(rc)
+			}
+		}
+	}
+	// forget stopped processes NVML no longer lists
+	listed := map[int]bool{}
+	for _, ps := range o.pids {
+		for _, pid := range ps {
+			listed[pid] = true
+		}
+	}
+	for pid := range r.stopping {
+		if !listed[pid] {
+			delete(r.stopping, pid)
+		}
+	}
+}
+
+// bursting reports whether any grant may burst.
+func bursting(grants map[key]map[string]limit) bool {
+	for _, g := range grants {
+		for _, l := range g {
+			if l.ceiling > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// isStopping: some of the processes were stopped by an earlier reclaim.
+func (r *Reconciler) isStopping(pids []int) bool {
+	for _, pid := range pids {
+		if r.stopping[pid] {
+			return true
+		}
+	}
+	return false
+}
+
+// writeBudget replaces a GPU's budget file (read-only for all).
+func (r *Reconciler) writeBudget(gpu string, b limiterconf.Budget) {
+	enc, err := limiterconf.EncodeBudget(b)
+	if err == nil {
+		if err = os.MkdirAll(r.opts.BudgetDir, 0o755); err == nil {
+			err = atomicfile.Write(filepath.Join(r.opts.BudgetDir, gpu), enc, 0o444)
+		}
+	}
+	if err != nil {
+		r.logger.Error(err, "Writing a GPU's budget file: its containers lend nothing past their guarantees until it is written", "gpu", gpu)
+	}
+}
