@@ -180,8 +180,11 @@ func (e *env) badInput(t *testing.T, install string) {
 	// post-install Job) fails, naming the cause, and helm rolls back.
 	// Its own timeout is below helm's.
 	// helm's --timeout applies to each wait: the Deployments' first, then
-	// the hook's; the check's own timeout ends it well before.
-	const check = " --timeout 120s --set readinessCheck.timeout=30s"
+	// the hook's; the check's own timeout ends it well before. The
+	// Deployments' wait gets room for a loaded machine (in one CI run they
+	// took longer than 120 s to be ready, and helm failed before the hook
+	// ran); the check's failure still ends the install at once.
+	const check = " --timeout 300s --set readinessCheck.timeout=30s"
 	if err := os.Rename(driverRoot, driverRoot+".away"); err != nil {
 		t.Fatal(err)
 	}

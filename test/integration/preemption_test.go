@@ -327,7 +327,9 @@ func TestPreemption(t *testing.T) {
 	t.Run("pdb", func(t *testing.T) {
 		e := e.in(t)
 		if len(evicted) != 2 {
-			t.Skip("needs the shares case's victims")
+			// The shares case failed (and said why): this case has no
+			// victims to protect, which is a failure, not a skip.
+			t.Fatalf("the shares case evicted %v, want two victims to protect with a PDB", evicted)
 		}
 		// The budget covers the pods of the shares case's victims'
 		// indices (the same pods, labelled by index): it allows no
