@@ -23,6 +23,7 @@ func runInstallLimiter(_ context.Context, args []string, stdout, stderr io.Write
 	fs.SetOutput(stderr)
 	from := fs.String("from", LimiterImagePath, "the limiter library to install")
 	to := fs.String("to", "", "where to install it (a host path mounted into the container); its directory must exist")
+	tesseraTo := fs.String("tessera-to", "", "where to install this tessera binary too (a host path): the node agent's --memory-limits-hook, which the container runtime runs on the host; empty: not installed")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: tessera install-limiter --to PATH [flags]\n\nCopies the limiter library to PATH atomically: a new file beside it, renamed over it, so that containers running with the old library keep theirs.\n\nFlags:\n")
 		fs.PrintDefaults()
@@ -37,6 +38,16 @@ func runInstallLimiter(_ context.Context, args []string, stdout, stderr io.Write
 		return err
 	}
 	fmt.Fprintf(stdout, "installed %s at %s\n", *from, *to)
+	if *tesseraTo != "" {
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		if err := installFile(self, *tesseraTo, 0o755); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "installed %s at %s\n", self, *tesseraTo)
+	}
 	return nil
 }
 

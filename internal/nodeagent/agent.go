@@ -85,6 +85,12 @@ type Options struct {
 	AcceptUnsigned bool
 	// DeviceList is how GPUs are handed to the container runtime.
 	DeviceList deviceplugin.DeviceListStrategy
+	// DriverLimits, if set (its Hook and CDIDir; Partitions is the
+	// agent's), has the driver hold the memory limits of limited
+	// containers on GPUs whose driver partitions memory per cgroup: the
+	// device plugin's answers run the memory-limits hook, and the agent
+	// clears the limits of stopped containers.
+	DriverLimits *deviceplugin.DriverLimits
 	// PluginSocketDir, if set, is where the device plugins serve, one
 	// socket per resource (kubeletshim.AgentSocketName), for the
 	// kubelet-facing shim, which registers with the kubelet in their

@@ -242,6 +242,7 @@ func HookCommand(args []string, open func(path string) (nvml.Interface, error), 
 	confirm := fs.String("confirm", "", "the container's confirmation file on the host (the agent creates it empty and mounts it read-only at "+ConfirmPath+")")
 	proc := fs.String("proc", "/proc", "the host's /proc")
 	lib := fs.String("nvml", "", "the NVML library (empty: libnvidia-ml.so.1 from the loader's search path)")
+	release := fs.Bool("release", false, "the poststop hook: clear the limits the confirmation file names (soft limit zeroed first) and empty it")
 	var grants []Grant
 	fs.Func("gpu", "UUID=SOFT_MIB:HARD_MIB, once per GPU: the guarantee (soft) and the ceiling (hard)", func(s string) error {
 		g, err := ParseGrant(s)
@@ -255,8 +256,8 @@ func HookCommand(args []string, open func(path string) (nvml.Interface, error), 
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
 	}
-	if *confirm == "" || len(grants) == 0 || fs.NArg() > 0 {
-		return fmt.Errorf("%w: memory-limits needs --confirm and at least one --gpu, and no arguments", cli.ErrUsage)
+	if *confirm == "" || (len(grants) == 0) != *release || fs.NArg() > 0 {
+		return fmt.Errorf("%w: memory-limits needs --confirm, and --release or at least one --gpu, and no arguments", cli.ErrUsage)
 	}
 	err := func() error {
 		m, err := cgroup2.FindMount(filepath.Join(*proc, "self", "mountinfo"))
@@ -268,12 +269,86 @@ func HookCommand(args []string, open func(path string) (nvml.Interface, error), 
 			return err
 		}
 		defer l.Shutdown()
+		if *release {
+			return ReleaseConfirmed(l, *confirm)
+		}
 		_, err = Hook(l, stdin, *proc, m, *confirm, grants)
 		return err
 	}()
+	if err != nil && *release {
+		fmt.Fprintf(stderr, "tessera memory-limits --release: %v\n", err)
+		return nil
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "tessera memory-limits: %v; the limiter enforces the container's memory\n", err)
 		_ = os.WriteFile(*confirm, []byte("# not set: "+strings.ReplaceAll(err.Error(), "\n", "; ")+"\n"), 0o444)
 	}
 	return nil
+}
+
+// ReleaseConfirmed clears the limits a confirmation file names and
+// empties it (the limiter of a process started later enforces memory
+// again). An empty file is nothing to do.
+func ReleaseConfirmed(lib nvml.Interface, confirm string) error {
+	c, err := ReadConfirmation(confirm)
+	if err != nil || c.Cgroup == "" {
+		return err
+	}
+	if err := Release(lib, c.Cgroup, c.Grants); err != nil {
+		return err
+	}
+	return WriteConfirmation(confirm, Confirmation{})
+}
+
+// GroupState is whether a cgroup v2 group exists and has processes (its
+// cgroup.events "populated" key).
+func GroupState(dir string) (exists, populated bool) {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.events"))
+	if err != nil {
+		return false, false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "populated "); ok {
+			return true, v == "1"
+		}
+	}
+	return true, false
+}
+
+// Outcome is what Reconcile did with one confirmation.
+type Outcome int
+
+// Reconcile's outcomes.
+const (
+	Untouched Outcome = iota // nothing confirmed, or a running container's limits left as they are
+	Reapplied                // a running container's limits set again (after the agent's restart)
+	Released                 // the container's processes are gone: its limits cleared, before the group goes
+	Lost                     // the group went before its limits were cleared: what the driver keeps is logged
+)
+
+// Reconcile brings the driver's table in line with one container's
+// confirmation file: a running container's limits are set again when
+// reapply (the agent's first pass after a start: a driver reloaded since
+// keeps nothing), a container whose processes are gone has its limits
+// cleared and its confirmation emptied.
+func Reconcile(lib nvml.Interface, confirm string, reapply bool) (Outcome, Confirmation, error) {
+	c, err := ReadConfirmation(confirm)
+	if err != nil || c.Cgroup == "" {
+		return Untouched, c, err
+	}
+	exists, populated := GroupState(c.Cgroup)
+	switch {
+	case populated && reapply:
+		return Reapplied, c, Set(lib, c.Cgroup, c.Grants)
+	case populated:
+		return Untouched, c, nil
+	case exists:
+		if err := Release(lib, c.Cgroup, c.Grants); err != nil {
+			return Released, c, err
+		}
+		return Released, c, WriteConfirmation(confirm, Confirmation{})
+	default:
+		err := Release(lib, c.Cgroup, c.Grants)
+		return Lost, c, errors.Join(err, WriteConfirmation(confirm, Confirmation{}))
+	}
 }
