@@ -86,12 +86,17 @@ func (d *DriverLimits) writeSpec(uid types.UID, container, confirm string, grant
 	for _, g := range grants {
 		args = append(args, "--gpu", g.String())
 	}
+	release := append(append([]string{filepath.Base(d.Hook[0])}, d.Hook[1:]...), "--release", "--confirm", confirm)
 	timeout := HookTimeout
 	spec := &cdispec.Spec{Kind: api.CDIKindMemoryLimits, Devices: []cdispec.Device{{
 		Name: cdiDeviceName(uid, container),
-		ContainerEdits: cdispec.ContainerEdits{Hooks: []*cdispec.Hook{{
-			HookName: "createContainer", Path: d.Hook[0], Args: args, Env: d.HookEnv, Timeout: &timeout,
-		}}},
+		ContainerEdits: cdispec.ContainerEdits{Hooks: []*cdispec.Hook{
+			{HookName: "createContainer", Path: d.Hook[0], Args: args, Env: d.HookEnv, Timeout: &timeout},
+			// A runtime that runs it before it removes the container's
+			// group (runc removes it first: there the agent's
+			// reconciler clears the limits when the group empties).
+			{HookName: "poststop", Path: d.Hook[0], Args: release, Env: d.HookEnv, Timeout: &timeout},
+		}},
 	}}}
 	v, err := cdispec.MinimumRequiredVersion(spec)
 	if err != nil {
