@@ -32,7 +32,6 @@ var commands = map[string]command{
 	"node-agent":      {"discover GPUs, publish the node inventory, serve the GPU device plugin", runNodeAgent},
 	"kubelet-shim":    {"hold the kubelet's device-plugin connection and forward it to the node agent", runKubeletShim},
 	"install-limiter": {"copy the limiter library onto the host (the node agent's init container)", runInstallLimiter},
-	"memory-limits":   {"set a GPU container's memory limits in the driver (the createContainer hook the node agent injects)", runMemoryLimits},
 	"wait-ready":      {"wait until the release's DaemonSets are ready on every node (the chart's post-install hook)", runWaitReady},
 }
 

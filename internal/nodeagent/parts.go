@@ -6,7 +6,6 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/dra"
-	"github.com/tessera-gpu/tessera/internal/nodeagent/memlimits"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/metrics"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/parts"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
@@ -67,7 +66,7 @@ func (a *Agent) newParts(lib nvml.Interface) []parts.Part {
 		collectors, claims = trust.Collectors(), draPart.Claims
 	}
 	list = append(list, mps)
-	collectors = append(collectors, memlimits.Gauge(o.NodeName, a.partitioning))
+	collectors = append(collectors, metrics.Partitioning(o.NodeName, a.partitioning))
 	if o.MetricsAddress != "" {
 		list = append(list, parts.NewMetrics(parts.MetricsOptions{
 			Address: o.MetricsAddress, NodeName: o.NodeName, Devices: a.devices, Health: a.monitor.Snapshot,

@@ -112,4 +112,3 @@ func (d *DriverLimits) removeSpecs() {
 		}
 	}
 }
-
