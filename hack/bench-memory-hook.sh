@@ -23,7 +23,7 @@ tmp=$(mktemp -d)
 leaf=$cg2/tessera-bench-hook-$$
 holder=
 cleanup() {
-    [ -n "$holder" ] && kill "$holder" 2>/dev/null && wait "$holder" 2>/dev/null
+    if [ -n "$holder" ]; then kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null || true; fi
     rmdir "$leaf" 2>/dev/null || true
     rm -rf "$tmp"
 }

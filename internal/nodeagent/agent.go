@@ -192,6 +192,20 @@ func detectPartitioning(lib nvml.Interface, version string, devs []discovery.Dev
 	return support
 }
 
+// markDriverLimits sets DriverMemoryLimits on the inventory's GPUs whose
+// containers' memory the driver holds: shared GPUs of a device-plugin
+// node whose driver partitions memory, where the agent runs the
+// memory-limits hook.
+func (a *Agent) markDriverLimits(inv *api.NodeInventory, cfg api.NodeConfig) {
+	if inv == nil || a.opts.DriverLimits == nil || len(a.opts.DriverLimits.Hook) == 0 || cfg.Mode != "" && cfg.Mode != api.ModeDevicePlugin {
+		return
+	}
+	for i := range inv.GPUs {
+		g := &inv.GPUs[i]
+		g.DriverMemoryLimits = g.Sharing == api.SharingShared && a.partitioning[g.UUID].OK
+	}
+}
+
 // Devices returns the discovered GPUs.
 func (a *Agent) Devices() []discovery.Device { return a.devices.List() }
 
@@ -333,6 +347,7 @@ func (a *Agent) reconcile(ctx context.Context) {
 	a.devices.With(func(devs []discovery.Device) {
 		n.Inventory, n.Offer = BuildInventory(devs, a.monitor.Snapshot(), cfg.NodeConfig, a.names)
 	})
+	a.markDriverLimits(n.Inventory, cfg.NodeConfig)
 	for _, p := range a.parts {
 		p.Reconcile(ctx, n)
 	}
