@@ -184,7 +184,7 @@ func detectPartitioning(lib nvml.Interface, version string, devs []discovery.Dev
 	support := memlimits.Detect(version, lib, handles, mig, mount, err)
 	for _, d := range devs {
 		if s := support[d.GPU.UUID]; s.OK {
-			logger.Info("The driver can partition this GPU's memory per cgroup; the limiter enforces the containers' memory", "gpu", d.GPU.UUID, "cgroup2", mount.Point)
+			logger.Info("The driver can partition this GPU's memory per cgroup", "gpu", d.GPU.UUID, "cgroup2", mount.Point)
 		} else {
 			logger.V(2).Info("The driver cannot partition this GPU's memory per cgroup", "gpu", d.GPU.UUID, "reason", s.Reason)
 		}

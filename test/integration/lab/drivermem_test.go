@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -18,9 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
-	"github.com/tessera-gpu/tessera/internal/lab"
 	"github.com/tessera-gpu/tessera/internal/lab/fakegpu"
-	"github.com/tessera-gpu/tessera/internal/lab/supervisor"
 	"github.com/tessera-gpu/tessera/internal/testenv"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -132,23 +129,11 @@ func TestDriverMemoryLimits(t *testing.T) {
 		if l := driverTable(t, partitioningNode, gpu); len(l) != 0 {
 			t.Fatalf("the entry was not cleared: %+v", l)
 		}
-		st, err := lab.ReadState(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		victim := "node-agent/" + partitioningNode
-		old := st.Components[victim].PID
-		if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
-			t.Fatalf("killing %s (pid %d): %v", victim, old, err)
-		}
+		restartComponent(t, "node-agent/"+partitioningNode)
 		testenv.WaitFor(t, "the limits set again by the restarted agent", 2*time.Minute, func() bool {
 			l := driverTable(t, partitioningNode, gpu)
 			return len(l) == 1 && l[0].Soft == 4096<<20 && l[0].Hard == 6144<<20 && l[0].Path == table[0].Path
 		})
-		now, err := lab.ReadState(dir)
-		if err != nil || now.Components[victim].PID == old || !supervisor.ProcessAlive(now.Components[victim].PID) {
-			t.Errorf("%s not restarted: %+v, %v", victim, now.Components[victim], err)
-		}
 	})
 
 	t.Run("old driver", func(t *testing.T) {
