@@ -76,7 +76,7 @@ func ResolveCDI(dirs []string, devices []string) (CDIEdits, error) {
 		out.Mounts = append(out.Mounts, Mount{HostPath: d.Path, ContainerPath: d.Path})
 	}
 	if h := spec.Hooks; h != nil {
-		//nolint:staticcheck // Prestart is deprecated, and refused here too
+		//lint:ignore SA1019 a spec that still has prestart hooks is refused, not ignored
 		if len(h.Prestart)+len(h.CreateRuntime)+len(h.StartContainer)+len(h.Poststart) > 0 {
 			return out, fmt.Errorf("CDI devices %s: the lab's runtime runs only %s and %s hooks", strings.Join(devices, ", "), StageCreateContainer, StagePoststop)
 		}
