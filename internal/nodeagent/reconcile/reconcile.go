@@ -484,7 +484,9 @@ func (r *Reconciler) grants(pods []*v1.Pod) map[key]map[string]limit {
 		_, err := os.Stat(r.state.LimitsFile(e.PodUID, e.Container))
 		state := filepath.Join(r.state.StateDir(e.PodUID, e.Container), statedir.LimiterStateFile)
 		for _, d := range e.Grant.Devices {
-			m[d.UUID] = limit{mib: d.MemoryMiB, exclusive: d.Exclusive, limited: err == nil, stateFile: state}
+			// A container may hold memory up to its ceiling (the
+			// driver holds it there where it partitions the GPU).
+			m[d.UUID] = limit{mib: max(d.MemoryMiB, d.CeilingMiB), exclusive: d.Exclusive, limited: err == nil, stateFile: state}
 		}
 		out[key{e.PodUID, e.Container, ""}] = m
 	}

@@ -116,7 +116,7 @@ func TestDriverMemoryLimits(t *testing.T) {
 	}
 	table := driverTable(t, partitioningNode, gpu)
 	if len(table) != 1 || table[0].Soft != 4096<<20 || table[0].Hard != 6144<<20 || !strings.HasSuffix(table[0].Path, c.ID) || table[0].Crossings == 0 {
-		t.Errorf("the driver's table: %+v; want one entry, soft 4096 MiB, hard 6144 MiB, on the container's own group (…/%s), its soft limit crossed", table, c.ID)
+		t.Fatalf("the driver's table: %+v; want one entry, soft 4096 MiB, hard 6144 MiB, on the container's own group (…/%s), its soft limit crossed", table, c.ID)
 	}
 
 	t.Run("agent restarted", func(t *testing.T) {
