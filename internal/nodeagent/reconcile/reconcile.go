@@ -46,6 +46,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/limiterstate"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/claimuse"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/memlimits"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 )
 
@@ -483,10 +484,18 @@ func (r *Reconciler) grants(pods []*v1.Pod) map[key]map[string]limit {
 		m := map[string]limit{}
 		_, err := os.Stat(r.state.LimitsFile(e.PodUID, e.Container))
 		state := filepath.Join(r.state.StateDir(e.PodUID, e.Container), statedir.LimiterStateFile)
+		// GPUs whose memory the driver holds for the container: its
+		// processes do not register with the limiter for them.
+		driver := map[string]bool{}
+		if c, cerr := memlimits.ReadConfirmation(r.state.ConfirmFile(e.PodUID, e.Container)); cerr == nil {
+			for _, g := range c.Grants {
+				driver[g.UUID] = true
+			}
+		}
 		for _, d := range e.Grant.Devices {
 			// A container may hold memory up to its ceiling (the
 			// driver holds it there where it partitions the GPU).
-			m[d.UUID] = limit{mib: max(d.MemoryMiB, d.CeilingMiB), exclusive: d.Exclusive, limited: err == nil, stateFile: state}
+			m[d.UUID] = limit{mib: max(d.MemoryMiB, d.CeilingMiB), exclusive: d.Exclusive, limited: err == nil && !driver[d.UUID], stateFile: state}
 		}
 		out[key{e.PodUID, e.Container, ""}] = m
 	}
