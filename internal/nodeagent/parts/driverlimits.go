@@ -8,6 +8,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
@@ -51,16 +52,7 @@ func (d *DriverLimits) Start(ctx context.Context, _ Cluster) error {
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
-		t := time.NewTicker(d.opts.Interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				d.Pass(false)
-			}
-		}
+		wait.UntilWithContext(ctx, func(context.Context) { d.Pass(false) }, d.opts.Interval)
 	}()
 	return nil
 }
