@@ -64,7 +64,7 @@ const (
 // container starts a process in a cgroup v2 leaf of its own (as a
 // runtime's container) and returns the leaf and the OCI state a runtime
 // gives the container's hooks.
-func container(t *testing.T, name string) (dir string, state []byte) {
+func container(t *testing.T, name string) (dir string, state []byte, proc *exec.Cmd) {
 	t.Helper()
 	m, err := cgroup2.FindMount("/proc/self/mountinfo")
 	if err != nil {
@@ -88,7 +88,7 @@ func container(t *testing.T, name string) (dir string, state []byte) {
 		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", cmd.Process.Pid))
 		return strings.Contains(string(b), filepath.Base(dir))
 	})
-	return dir, fmt.Appendf(nil, `{"ociVersion":"1.2.0","id":"c1","status":"created","pid":%d,"bundle":"/b"}`, cmd.Process.Pid)
+	return dir, fmt.Appendf(nil, `{"ociVersion":"1.2.0","id":"c1","status":"created","pid":%d,"bundle":"/b"}`, cmd.Process.Pid), cmd
 }
 
 // openNVML loads the fake driver's NVML in this process, as the hook does
@@ -124,7 +124,7 @@ func TestHook(t *testing.T) {
 }
 
 func testHookSets(t *testing.T, build, file string, env []string, open func(string) (nvml.Interface, error)) {
-	dir, state := container(t, "sets")
+	dir, state, proc := container(t, "sets")
 	confirm := filepath.Join(t.TempDir(), "driver-memory")
 	if err := os.WriteFile(confirm, nil, 0o444); err != nil {
 		t.Fatal(err)
@@ -154,16 +154,43 @@ func testHookSets(t *testing.T, build, file string, env []string, open func(stri
 		t.Fatal(err)
 	}
 	defer lib.Shutdown()
+	// The agent's reconciliation: a running container's limits left as
+	// they are, set again after its restart (here: after the driver lost
+	// them), cleared once its processes are gone, before its group goes.
+	if out, _, err := Reconcile(lib, confirm, false); out != Untouched || err != nil {
+		t.Errorf("running container: %v, %v; want it untouched", out, err)
+	}
 	if err := Release(lib, dir, c.Grants); err != nil {
 		t.Fatal(err)
 	}
 	if lims, err := fakegpu.ReadLimits(file); err != nil || len(lims) != 0 {
 		t.Errorf("after release: %+v, %v; want an empty table", lims, err)
 	}
+	if out, _, err := Reconcile(lib, confirm, true); out != Reapplied || err != nil {
+		t.Errorf("after the agent's restart: %v, %v; want the limits set again", out, err)
+	}
+	if lims, err := fakegpu.ReadLimits(file); err != nil || len(lims) != 1 || lims[0].Hard != 3<<30 {
+		t.Errorf("re-applied: %+v, %v", lims, err)
+	}
+	_ = proc.Process.Kill()
+	_ = proc.Wait()
+	poll.Until(t, "the container's group empty", 10*time.Second, func() bool { _, populated := GroupState(dir); return !populated })
+	if out, _, err := Reconcile(lib, confirm, false); out != Released || err != nil {
+		t.Errorf("stopped container: %v, %v; want its limits released", out, err)
+	}
+	if err := os.Remove(dir); err != nil {
+		t.Fatal(err)
+	}
+	if lims, err := fakegpu.ReadLimits(file); err != nil || len(lims) != 0 {
+		t.Errorf("after the container's group went: %+v, %v; want an empty table (nothing leaked)", lims, err)
+	}
+	if c, err := ReadConfirmation(confirm); err != nil || c.Cgroup != "" {
+		t.Errorf("confirmation after release: %+v, %v; want it emptied", c, err)
+	}
 }
 
 func testHookRefused(t *testing.T, files map[string]string, open func(string) (nvml.Interface, error)) {
-	_, state := container(t, "refused")
+	_, state, _ := container(t, "refused")
 	confirm := filepath.Join(t.TempDir(), "driver-memory")
 	if err := os.WriteFile(confirm, nil, 0o444); err != nil {
 		t.Fatal(err)
