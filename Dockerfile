@@ -30,6 +30,8 @@ RUN case "$TARGETARCH" in amd64) cc=x86_64-linux-gnu-gcc ;; arm64) cc=aarch64-li
         -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean \
         -X github.com/tessera-gpu/tessera/internal/version.Version=v$VERSION" \
       -o /out/usr/local/bin/tessera ./cmd/tessera && \
+    CGO_ENABLED=1 GOOS=linux GOARCH=$TARGETARCH CC=$cc go build -trimpath -buildvcs=false -ldflags "-s -w" \
+      -o /out/usr/local/lib/tessera/tessera-hook ./cmd/tessera-hook && \
     make -C limiter B=/tmp/limiter CC=$cc EXTRA_CFLAGS=-ffile-prefix-map=/src=. && \
     install -D -m 644 /tmp/limiter/libtessera-limiter.so /out/usr/local/lib/tessera/libtessera-limiter.so && \
     mkdir -p /out/etc /out/tmp /out/home/nonroot && chmod 1777 /out/tmp && chown 65532:65532 /out/home/nonroot && \

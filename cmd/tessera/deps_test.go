@@ -147,6 +147,12 @@ var binaries = map[string]linkRules{
 		why:  "the lab containers' init process",
 		only: []string{module + "/cmd/tessera-lab/init", module + "/internal/hollowkubelet/cinit", "golang.org/x/sys"},
 	},
+	"tessera-hook": {
+		why: "the OCI hook the node agent injects into GPU containers: the runtime runs it on every start of one, so it starts in milliseconds",
+		// NVML and the module's hook code; no Kubernetes, no metrics.
+		only: []string{module + "/cmd/tessera-hook", module + "/internal/nodeagent/memlimits", module + "/internal/nodeagent/discovery",
+			module + "/internal/cgroup2", module + "/internal/cli", module + "/internal/mig", module + "/pkg/api", "github.com/NVIDIA/go-nvml", "github.com/opencontainers/runtime-spec", "golang.org/x/sys"},
+	},
 	"tessera-sim": {
 		why: "the research simulator: the placement core over a trace, no cluster",
 		// No Kubernetes, no NVML, nothing outside the module.

@@ -16,6 +16,11 @@ import (
 // this default).
 const LimiterImagePath = "/usr/local/lib/tessera/libtessera-limiter.so"
 
+// HookImagePath is where the image keeps tessera-hook, the OCI hook the
+// node agent injects into GPU containers where the driver holds their
+// memory limits (the container runtime runs it on the host).
+const HookImagePath = "/usr/local/lib/tessera/tessera-hook"
+
 // runInstallLimiter copies the limiter library onto the host: the node
 // agent's init container, in an image without a shell.
 func runInstallLimiter(_ context.Context, args []string, stdout, stderr io.Writer) error {
@@ -23,6 +28,8 @@ func runInstallLimiter(_ context.Context, args []string, stdout, stderr io.Write
 	fs.SetOutput(stderr)
 	from := fs.String("from", LimiterImagePath, "the limiter library to install")
 	to := fs.String("to", "", "where to install it (a host path mounted into the container); its directory must exist")
+	hookFrom := fs.String("hook-from", HookImagePath, "tessera-hook, the OCI hook the node agent injects into GPU containers")
+	hookTo := fs.String("hook-to", "", "where to install tessera-hook on the host (the node agent's --memory-limits-hook); empty: not installed")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: tessera install-limiter --to PATH [flags]\n\nCopies the limiter library to PATH atomically: a new file beside it, renamed over it, so that containers running with the old library keep theirs.\n\nFlags:\n")
 		fs.PrintDefaults()
@@ -37,6 +44,12 @@ func runInstallLimiter(_ context.Context, args []string, stdout, stderr io.Write
 		return err
 	}
 	fmt.Fprintf(stdout, "installed %s at %s\n", *from, *to)
+	if *hookTo != "" {
+		if err := installFile(*hookFrom, *hookTo, 0o755); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "installed %s at %s\n", *hookFrom, *hookTo)
+	}
 	return nil
 }
 

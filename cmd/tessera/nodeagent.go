@@ -66,6 +66,7 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	metricsAddr := fs.String("metrics-address", ":9402", `where Prometheus metrics are served ("host:port"; "" turns them off; docs/operations.md)`)
 	mpsRoot := fs.String("mps-root", mps.DefaultRoot, "host directory of the MPS daemons' pipe and log directories (a profile's flags.mpsRoot wins)")
 	driverRoot := fs.String("driver-root", "", `where the host's NVIDIA driver root is mounted: NVML is loaded from under it and the driver's programs (nvidia-cuda-mps-control) run from it ("/" on the host: a driver installed on the host; NVIDIA's driver container: its /run/nvidia/driver). Empty: NVML from the library search path, where NVIDIA's container runtime mounts it`)
+	memHook := fs.String("memory-limits-hook", "", "tessera-hook on the host (install-limiter --hook-to puts it there): where the driver partitions GPU memory per cgroup (NVIDIA r615 or later, cgroup v2, MIG off), limited containers get a createContainer hook that runs its memory-limits command, and the driver holds their memory (soft = guarantee, hard = ceiling); empty: the limiter holds it everywhere (docs/isolation.md)")
 	cdiDirs := fs.String("cdi-spec-dirs", strings.Join(preflight.DefaultCDISpecDirs, ","), "with --device-list-strategy=cdi-cri: the directories the container runtime reads CDI specs from; the agent checks at start that they describe every GPU")
 	draOpts := dra.DefaultOptions()
 	fs.StringVar(&draOpts.ClaimRoot, "dra-claim-root", draOpts.ClaimRoot, "mode dra: host directory of the per-claim limiter files and the driver's checkpoint")
@@ -160,6 +161,7 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		RecordKeys:         keys,
 		AcceptUnsigned:     *acceptUnsigned,
 		DeviceList:         strategy,
+		DriverLimits:       driverLimits(*memHook, splitList(*cdiDirs)),
 		PluginSocketDir:    *pluginSockets,
 		Reconcile: reconcile.Options{
 			Interval: *reconcileEvery, ProcRoot: *procRoot, Kill: *killOnBreach,
@@ -229,4 +231,15 @@ func joinXIDs(x []uint64) string {
 		s[i] = fmt.Sprint(v)
 	}
 	return strings.Join(s, ",")
+}
+
+// driverLimits is the agent's DriverLimits from its flags: the hook runs
+// `tessera-hook memory-limits` from the host path hook (none when empty; it
+// loads NVML from the host's library search path) and its CDI specs go to
+// the first CDI directory.
+func driverLimits(hook string, cdiDirs []string) *deviceplugin.DriverLimits {
+	if hook == "" || len(cdiDirs) == 0 {
+		return nil
+	}
+	return &deviceplugin.DriverLimits{Hook: []string{hook, "memory-limits"}, CDIDir: cdiDirs[0]}
 }

@@ -20,7 +20,30 @@ type CDIEdits struct {
 	// Mounts are bind mounts; device nodes are mounts of the device
 	// file (the lab's runtime does not create device nodes).
 	Mounts []Mount
+	// Hooks are the OCI hooks of the stages the runtime runs
+	// (StageCreateContainer, StagePoststop); hooks of other stages are
+	// refused.
+	Hooks []Hook
 }
+
+// Hook is an OCI hook of a container.
+type Hook struct {
+	Stage   string   `json:"stage"`
+	Path    string   `json:"path"`
+	Args    []string `json:"args,omitempty"`
+	Env     []string `json:"env,omitempty"`
+	Timeout int      `json:"timeout,omitempty"` // seconds; 0: none
+}
+
+// The OCI hook stages the runtime runs. createContainer hooks run once
+// the container's first process is in its cgroup, before its command
+// runs (a failing one fails the container, as with runc); poststop hooks
+// once its processes are gone, before its cgroup is removed (runc runs
+// them after removing it).
+const (
+	StageCreateContainer = "createContainer"
+	StagePoststop        = "poststop"
+)
 
 // ResolveCDI resolves the fully-qualified CDI device names
 // ("vendor/class=name") against the specs in dirs, as a container runtime
@@ -51,6 +74,24 @@ func ResolveCDI(dirs []string, devices []string) (CDIEdits, error) {
 	}
 	for _, d := range spec.Linux.Devices {
 		out.Mounts = append(out.Mounts, Mount{HostPath: d.Path, ContainerPath: d.Path})
+	}
+	if h := spec.Hooks; h != nil {
+		//lint:ignore SA1019 a spec that still has prestart hooks is refused, not ignored
+		if len(h.Prestart)+len(h.CreateRuntime)+len(h.StartContainer)+len(h.Poststart) > 0 {
+			return out, fmt.Errorf("CDI devices %s: the lab's runtime runs only %s and %s hooks", strings.Join(devices, ", "), StageCreateContainer, StagePoststop)
+		}
+		for _, st := range []struct {
+			stage string
+			hooks []oci.Hook
+		}{{StageCreateContainer, h.CreateContainer}, {StagePoststop, h.Poststop}} {
+			for _, x := range st.hooks {
+				hk := Hook{Stage: st.stage, Path: x.Path, Args: x.Args, Env: x.Env}
+				if x.Timeout != nil {
+					hk.Timeout = *x.Timeout
+				}
+				out.Hooks = append(out.Hooks, hk)
+			}
+		}
 	}
 	return out, nil
 }

@@ -1,6 +1,8 @@
 package hollowkubelet
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -126,13 +128,16 @@ func (r *Runtime) start(c *container) error {
 		return fmt.Errorf("container log: %w", err)
 	}
 	p, err := r.launch(&spec, log, func(pid int) error {
-		if r.opts.Cgroups == nil {
-			return nil
+		if r.opts.Cgroups != nil {
+			if err := r.opts.Cgroups.Place(rec.PodUID, rec.ID, pid); err != nil {
+				return err
+			}
 		}
-		return r.opts.Cgroups.Place(rec.PodUID, rec.ID, pid)
+		return runHooks(rec, StageCreateContainer, pid, spec.Scratch)
 	})
 	if err != nil {
 		_ = os.RemoveAll(spec.Scratch)
+		r.poststop(rec, spec.Scratch)
 		r.removeCgroup(rec)
 		return err
 	}
@@ -149,6 +154,7 @@ func (r *Runtime) start(c *container) error {
 	go func() {
 		defer r.procs.Done()
 		<-p.done
+		r.poststop(rec, spec.Scratch)
 		r.removeCgroup(rec)
 		code := exitCode(p.cmd.ProcessState)
 		end := time.Now()
@@ -161,6 +167,58 @@ func (r *Runtime) start(c *container) error {
 		})
 		r.updated(c, func(rc *Container) { rc.ExitCode, rc.Finished = &code, end })
 	}()
+	return nil
+}
+
+// poststop runs the container's poststop hooks once it has exited; their
+// failures are logged (as runc does, they do not stop the removal).
+func (r *Runtime) poststop(rec Container, bundle string) {
+	if err := runHooks(rec, StagePoststop, 0, bundle); err != nil {
+		r.logger().Error(err, "Container's poststop hook", "pod", rec.Namespace+"/"+rec.Pod, "container", rec.Name)
+	}
+}
+
+// ociState is the OCI runtime state a hook reads on its standard input.
+type ociState struct {
+	OCIVersion string `json:"ociVersion"`
+	ID         string `json:"id"`
+	Status     string `json:"status"`
+	PID        int    `json:"pid,omitempty"`
+	Bundle     string `json:"bundle"`
+}
+
+// runHooks runs the container's hooks of a stage in order, with the OCI
+// state on their standard input (pid 0: the container has stopped); the
+// first that fails, or runs past its timeout, is the error.
+func runHooks(rec Container, stage string, pid int, bundle string) error {
+	status := "created"
+	if pid == 0 {
+		status = "stopped"
+	}
+	state, err := json.Marshal(ociState{OCIVersion: "1.2.0", ID: rec.ID, Status: status, PID: pid, Bundle: bundle})
+	if err != nil {
+		return err
+	}
+	for _, h := range rec.Hooks {
+		if h.Stage != stage {
+			continue
+		}
+		ctx, cancel := context.Background(), context.CancelFunc(func() {})
+		if h.Timeout > 0 {
+			ctx, cancel = context.WithTimeout(ctx, time.Duration(h.Timeout)*time.Second)
+		}
+		cmd := exec.CommandContext(ctx, h.Path)
+		if len(h.Args) > 0 {
+			cmd.Args = h.Args
+		}
+		cmd.Env = h.Env
+		cmd.Stdin = bytes.NewReader(state)
+		out, err := cmd.CombinedOutput()
+		cancel()
+		if err != nil {
+			return fmt.Errorf("%s hook %s: %v: %s", stage, h.Path, err, strings.TrimSpace(string(out)))
+		}
+	}
 	return nil
 }
 

@@ -58,6 +58,8 @@ type Container struct {
 	// CDIDevices are the CDI devices the kubelet asked for (a DRA
 	// driver's); their environment and mounts are in Env and Mounts.
 	CDIDevices []string `json:"cdiDevices,omitempty"`
+	// Hooks are the OCI hooks of its CDI devices.
+	Hooks []Hook `json:"hooks,omitempty"`
 	// GPUs are the GPUs the runtime exposed to the container (Prepare).
 	GPUs []GPU `json:"gpus,omitempty"`
 	// LogPath is the container's log file (CRI format).
@@ -342,6 +344,7 @@ func (r *Runtime) applyCDI(c *Container, cfg *runtimeapi.ContainerConfig) error 
 	}
 	maps.Copy(c.Env, edits.Env)
 	c.Mounts = append(c.Mounts, edits.Mounts...)
+	c.Hooks = append(c.Hooks, edits.Hooks...)
 	return nil
 }
 

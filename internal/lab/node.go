@@ -28,12 +28,13 @@ func startNode(sup *supervisor.Supervisor, d labdir.Dir, t tools.Dir, n modes.No
 	if err := t.InstallLimiter(dir.Limiter()); err != nil {
 		return fmt.Errorf("installing the limiter: %w", err)
 	}
-	if err := component.CreateGPUs(dir, n.Name, n.Model, n.GPUs); err != nil {
+	if err := component.CreateGPUs(dir, n.Name, n.Model, n.GPUs, n.Partitioning); err != nil {
 		return err
 	}
 	f := component.NodeFlags{
 		Kubeconfig: d.Kubeconfig(), Node: n.Name, Mode: n.Mode, Dir: dir, Lab: d, Model: n.Model, GPUs: n.GPUs,
 		Labels: n.Labels, Taints: n.Taints, ConfigMap: install.Namespace + "/" + modes.NodeConfigMap,
+		Partitioning: n.Partitioning,
 	}
 	runtime := f
 	runtime.Tools = t

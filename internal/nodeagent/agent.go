@@ -85,6 +85,12 @@ type Options struct {
 	AcceptUnsigned bool
 	// DeviceList is how GPUs are handed to the container runtime.
 	DeviceList deviceplugin.DeviceListStrategy
+	// DriverLimits, if set (its Hook and CDIDir; Partitions is the
+	// agent's), has the driver hold the memory limits of limited
+	// containers on GPUs whose driver partitions memory per cgroup: the
+	// device plugin's answers run the memory-limits hook, and the agent
+	// clears the limits of stopped containers.
+	DriverLimits *deviceplugin.DriverLimits
 	// PluginSocketDir, if set, is where the device plugins serve, one
 	// socket per resource (kubeletshim.AgentSocketName), for the
 	// kubelet-facing shim, which registers with the kubelet in their
@@ -178,12 +184,26 @@ func detectPartitioning(lib nvml.Interface, version string, devs []discovery.Dev
 	support := memlimits.Detect(version, lib, handles, mig, mount, err)
 	for _, d := range devs {
 		if s := support[d.GPU.UUID]; s.OK {
-			logger.Info("The driver can partition this GPU's memory per cgroup; the limiter enforces the containers' memory", "gpu", d.GPU.UUID, "cgroup2", mount.Point)
+			logger.Info("The driver can partition this GPU's memory per cgroup", "gpu", d.GPU.UUID, "cgroup2", mount.Point)
 		} else {
 			logger.V(2).Info("The driver cannot partition this GPU's memory per cgroup", "gpu", d.GPU.UUID, "reason", s.Reason)
 		}
 	}
 	return support
+}
+
+// markDriverLimits sets DriverMemoryLimits on the inventory's GPUs whose
+// containers' memory the driver holds: shared GPUs of a device-plugin
+// node whose driver partitions memory, where the agent runs the
+// memory-limits hook.
+func (a *Agent) markDriverLimits(inv *api.NodeInventory, cfg api.NodeConfig) {
+	if inv == nil || a.opts.DriverLimits == nil || len(a.opts.DriverLimits.Hook) == 0 || cfg.Mode != "" && cfg.Mode != api.ModeDevicePlugin {
+		return
+	}
+	for i := range inv.GPUs {
+		g := &inv.GPUs[i]
+		g.DriverMemoryLimits = g.Sharing == api.SharingShared && a.partitioning[g.UUID].OK
+	}
 }
 
 // Devices returns the discovered GPUs.
@@ -327,6 +347,7 @@ func (a *Agent) reconcile(ctx context.Context) {
 	a.devices.With(func(devs []discovery.Device) {
 		n.Inventory, n.Offer = BuildInventory(devs, a.monitor.Snapshot(), cfg.NodeConfig, a.names)
 	})
+	a.markDriverLimits(n.Inventory, cfg.NodeConfig)
 	for _, p := range a.parts {
 		p.Reconcile(ctx, n)
 	}

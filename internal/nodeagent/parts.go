@@ -6,7 +6,6 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/dra"
-	"github.com/tessera-gpu/tessera/internal/nodeagent/memlimits"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/metrics"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/parts"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
@@ -51,19 +50,26 @@ func (a *Agent) newParts(lib nvml.Interface) []parts.Part {
 			Names: a.names, RecordKeys: o.RecordKeys, AcceptUnsigned: o.AcceptUnsigned, Client: a.client,
 			Reconcile: rec, Devices: a.devices, State: state, Logger: logger,
 		})
+		limits := a.driverLimits()
 		volcano := parts.NewVolcano(parts.VolcanoOptions{NodeName: o.NodeName, Client: a.client, State: state, Logger: logger.WithName("volcano")})
 		plugins := parts.NewPlugins(parts.PluginsOptions{
 			NodeName: o.NodeName, Names: a.names, Paths: o.Paths,
 			PluginDir: o.PluginDir, PodResourcesSocket: o.PodResourcesSocket, DeviceList: o.DeviceList, SocketDir: o.PluginSocketDir,
 			Guard: trust.Guard(), MIG: mig, MPSPipeDir: mps.PipeDir,
-			Protocols: map[string]deviceplugin.Protocol{api.VolcanoVGPUNumber: volcano},
-			Client:    a.client, StateAge: 2 * o.Resync, Logger: logger,
+			Protocols:    map[string]deviceplugin.Protocol{api.VolcanoVGPUNumber: volcano},
+			DriverLimits: limits,
+			Client:       a.client, StateAge: 2 * o.Resync, Logger: logger,
 		})
 		list = append(list, trust, plugins, volcano, draPart)
+		if limits != nil {
+			list = append(list, parts.NewDriverLimits(parts.DriverLimitsOptions{
+				Lib: lib, State: state, Limits: limits, Logger: logger.WithName("driver-limits"),
+			}))
+		}
 		collectors, claims = trust.Collectors(), draPart.Claims
 	}
 	list = append(list, mps)
-	collectors = append(collectors, memlimits.Gauge(o.NodeName, a.partitioning))
+	collectors = append(collectors, metrics.Partitioning(o.NodeName, a.partitioning))
 	if o.MetricsAddress != "" {
 		list = append(list, parts.NewMetrics(parts.MetricsOptions{
 			Address: o.MetricsAddress, NodeName: o.NodeName, Devices: a.devices, Health: a.monitor.Snapshot,
@@ -126,4 +132,24 @@ func (a *Agent) MetricsAddr() string {
 		return p.Addr()
 	}
 	return ""
+}
+
+// driverLimits is the device plugins' DriverLimits: the agent's options
+// with the GPUs whose driver partitions memory (found at start); nil when
+// the options set none or no GPU's driver partitions.
+func (a *Agent) driverLimits() *deviceplugin.DriverLimits {
+	o := a.opts.DriverLimits
+	if o == nil || len(o.Hook) == 0 {
+		return nil
+	}
+	any := false
+	for _, s := range a.partitioning {
+		any = any || s.OK
+	}
+	if !any {
+		return nil
+	}
+	l := *o
+	l.Partitions = func(uuid string) bool { return a.partitioning[uuid].OK }
+	return &l
 }

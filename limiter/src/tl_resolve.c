@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "tl_clock.h"
+#include "tl_driver.h"
 #include "tl_internal.h"
 #include "tl_procaddr.h"
 
@@ -82,6 +83,7 @@ static void after_fork_child(void)
 __attribute__((constructor)) static void tl_load(void)
 {
     tl_config_load(&cfg, TL_CONF_PATH, environ);
+    tl_driver_apply(&cfg, TL_DRIVER_PATH);
 }
 
 static void core_init(void)

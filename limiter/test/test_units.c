@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "../src/tl_config.h"
+#include "../src/tl_driver.h"
 #include "../src/tl_hostpid.h"
 #include "tl_procaddr.h"
 #include "../src/tl_size.h"
@@ -311,6 +312,36 @@ static void test_burst(void)
                   a == 0 && strstr(err, badb[i][1]),
               name);
     }
+}
+
+/* the driver's confirmation (tl_driver.h): the named GPUs' memory limits
+ * dropped, the others kept; anything unreadable changes nothing */
+static void test_driver_confirm(void)
+{
+    const char *conf = "version=1\nstate=/s\ndevice.0.uuid=" U0 "\ndevice.0.memory=4096m\ndevice.0.sm=30\n"
+                       "device.1.uuid=" U1 "\ndevice.1.memory=2048m\ndevice.1.sm=0\n";
+    tl_config c;
+    const char *one = "# written by tessera memory-limits\ncgroup=/sys/fs/cgroup/k/p\n"
+                      "device=GPU-6A1F2B3C-0D4E-5F60-7182-93A4B5C6D7E8 soft=4096m hard=8192m\n";
+    CHECK(file(&c, conf) == 0 && tl_driver_apply_text(&c, one, strlen(one)) == 1 && c.mem_limit[0] == 0 &&
+              c.sm_limit[0] == 30 && c.mem_limit[1] == 2048ull << 20 && c.mem_active,
+          "driver confirmation: its GPU's memory limit dropped, compute share and the other GPU kept");
+    const char *both = "cgroup=/x\ndevice=" U0 " soft=1m hard=1m\ndevice=" U1 " soft=1m hard=1m\n";
+    CHECK(file(&c, conf) == 0 && tl_driver_apply_text(&c, both, strlen(both)) == 2 && !c.mem_active,
+          "driver confirmation of every GPU: no memory limit left");
+    const char *keep[] = {"", "# not set: the driver refused\n", "cgroup=/x\ndevice=GPU-1 soft=1m\n",
+                          "device=" U0 " soft=1m hard=1m\nbogus\n"};
+    for (size_t i = 0; i < sizeof(keep) / sizeof(keep[0]); i++)
+        CHECK(file(&c, conf) == 0 && tl_driver_apply_text(&c, keep[i], strlen(keep[i])) <= 0 &&
+                  c.mem_limit[0] == 4096ull << 20 && c.mem_limit[1] == 2048ull << 20,
+              "driver confirmation empty, a note or malformed: the limits kept");
+    char *env[] = {"CUDA_DEVICE_MEMORY_LIMIT=2g", NULL};
+    CHECK(tl_config_parse(&c, env) == 0 && tl_driver_apply_text(&c, one, strlen(one)) == 0 &&
+              c.mem_limit[0] == 2ull << 30,
+          "driver confirmation ignored without a limits file");
+    CHECK(file(&c, conf) == 0 && tl_driver_apply(&c, "/nonexistent/driver-memory") == 0 &&
+              c.mem_limit[0] == 4096ull << 20,
+          "no confirmation file: the limits kept");
 }
 
 static void test_uuid(void)
@@ -761,6 +792,7 @@ int main(int argc, char **argv)
     test_config_diag();
     test_config_file();
     test_burst();
+    test_driver_confirm();
     test_uuid();
     test_procaddr();
     test_size();

@@ -30,11 +30,17 @@ const (
 	// limiter (read-only).
 	ContainerPreload = "/etc/ld.so.preload"
 	// ContainerConfigDir holds the limiter's read-only limits file
-	// (limiter.conf).
+	// (limiter.conf) and, where the driver holds the container's GPU
+	// memory limits, their confirmation (driver-memory).
 	ContainerConfigDir = "/etc/tessera"
 	// ContainerStateDir is the container's writable limiter state.
 	ContainerStateDir = "/tessera/state"
 )
+
+// CDIKindMemoryLimits is the CDI kind ("vendor/class") of the devices
+// the node agent writes per container whose GPU memory limits the driver
+// holds: their edits run the memory-limits hook.
+const CDIKindMemoryLimits = "tessera.io/memory-limits"
 
 // ContainerReservedPaths are the container paths above.
 func ContainerReservedPaths() []string {

@@ -89,9 +89,9 @@ type GPU struct {
 	// DriverMemoryLimits (v3) says the GPU's driver partitions its memory
 	// per cgroup (NVIDIA r615 and later, cgroup v2, MIG off) and the node
 	// agent has it enforce the containers' memory limits (soft limit =
-	// guarantee, hard limit = ceiling). False: the limiter enforces them,
-	// as it does on every node of this release (its agent leaves it
-	// false).
+	// guarantee, hard limit = ceiling; set where the agent runs the
+	// memory-limits hook, docs/isolation.md). False: the limiter
+	// enforces them.
 	DriverMemoryLimits bool `json:"driverMemoryLimits,omitempty"`
 }
 

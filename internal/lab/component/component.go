@@ -47,6 +47,10 @@ const (
 	// (mpsfake), run as `tessera-lab component mps-control [-d|-f]`; the
 	// node agents whose profile is MPS start it.
 	MPSControl = "mps-control"
+	// MemoryLimits is the lab's `tessera memory-limits` (the
+	// createContainer hook the node agents of nodes whose driver
+	// partitions memory inject), over the node's emulated NVML.
+	MemoryLimits = "memory-limits"
 )
 
 // Args is the command line (after the binary) that runs a component with
@@ -88,6 +92,8 @@ func Run(ctx context.Context, name string, args []string) error {
 		return runKubeletShim(ctx, args)
 	case MPSControl:
 		return runMPSControl(args)
+	case MemoryLimits:
+		return runMemoryLimits(args)
 	case InCluster:
 		return runInCluster(args)
 	}

@@ -37,6 +37,9 @@ type NodeFlags struct {
 	Taints []corev1.Taint
 	// ConfigMap holds the node agent's profiles, namespace/name.
 	ConfigMap string
+	// Partitioning: the node's emulated driver partitions GPU memory per
+	// cgroup (modes.NodeSpec.Partitioning).
+	Partitioning bool
 }
 
 // Args is the command line that runs the component for the node.
@@ -68,6 +71,7 @@ func (f NodeFlags) Args(component string) []string {
 	add("--port", fmt.Sprint(f.Port))
 	add("--shim", fmt.Sprint(f.Shim))
 	add("--config-map", f.ConfigMap)
+	add("--partitioning", fmt.Sprint(f.Partitioning))
 	return Args(component, args...)
 }
 
@@ -89,6 +93,7 @@ func parseNodeFlags(name string, args []string) (*NodeFlags, error) {
 	fs.StringVar(&labels, "labels", "", "node labels k=v,…")
 	fs.StringVar(&taints, "taints", "", "node taints k=v:Effect,…")
 	fs.StringVar(&f.ConfigMap, "config-map", "", "the node agent's profiles, namespace/name")
+	fs.BoolVar(&f.Partitioning, "partitioning", false, "the node's driver partitions GPU memory per cgroup (r615)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}

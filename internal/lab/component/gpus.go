@@ -48,14 +48,15 @@ type visibleGPU struct {
 
 // CreateGPUs creates the state file of each GPU of the node in its
 // directory, before the node's agent reads them (its runtime does too).
-func CreateGPUs(dir labdir.NodeDir, node, model string, count int) error {
-	_, err := newGPUs(dir, node, model, count)
+func CreateGPUs(dir labdir.NodeDir, node, model string, count int, partitioning bool) error {
+	_, err := newGPUs(dir, node, model, count, partitioning)
 	return err
 }
 
 // newGPUs creates the state file of each GPU of the node in its directory
-// (kept when it is already there for that GPU).
-func newGPUs(dir labdir.NodeDir, node, model string, count int) (*nodeGPUs, error) {
+// (kept when it is already there for that GPU); partitioning: their
+// driver partitions memory per cgroup.
+func newGPUs(dir labdir.NodeDir, node, model string, count int, partitioning bool) (*nodeGPUs, error) {
 	lib, err := nvmlemu.NewModel(model, count, node)
 	if err != nil {
 		return nil, err
@@ -65,7 +66,7 @@ func newGPUs(dir labdir.NodeDir, node, model string, count int) (*nodeGPUs, erro
 		d := lib.Device(i)
 		name, _ := d.GetName()
 		name = strings.TrimPrefix(name, "Mock ") // go-nvml's A100-SXM4-40GB is named so
-		g := fakegpu.GPU{UUID: d.UUID, Name: name, MemoryBytes: d.MemoryInfo.Total}
+		g := fakegpu.GPU{UUID: d.UUID, Name: name, MemoryBytes: d.MemoryInfo.Total, Partitioning: partitioning}
 		if err := fakegpu.Create(n.files.File(g.UUID), g); err != nil {
 			return nil, fmt.Errorf("GPU %d of %s: %w", i, node, err)
 		}

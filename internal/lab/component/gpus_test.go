@@ -13,7 +13,7 @@ import (
 // reads it, a MIG device being a GPU of its own (its own state file, of
 // its memory) whose index is its parent's.
 func TestVisible(t *testing.T) {
-	n, err := newGPUs(labdir.NodeDir(t.TempDir()), "n1", "A100-40GB", 2)
+	n, err := newGPUs(labdir.NodeDir(t.TempDir()), "n1", "A100-40GB", 2, false)
 	if err != nil {
 		t.Fatal(err)
 	}

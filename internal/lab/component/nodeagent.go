@@ -2,6 +2,7 @@ package component
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -39,6 +40,9 @@ func runNodeAgent(ctx context.Context, args []string) error {
 	// The node's NVML sees what the containers' processes do on its GPUs
 	// (their state files, which the node's runtime creates).
 	lib.UseUsage(&fakegpu.Node{Dir: f.Dir.GPUs()})
+	if f.Partitioning {
+		lib.UsePartitioning(&fakegpu.Node{Dir: f.Dir.GPUs()}, fakegpu.NVMLCodes)
+	}
 	client, err := Client(f.Kubeconfig)
 	if err != nil {
 		return err
@@ -89,6 +93,12 @@ func nodeAgentOptions(f *NodeFlags, exe string) nodeagent.Options {
 		Exempt: func(ns string) bool { return slices.Contains(exempt, ns) }}
 	if f.Shim {
 		o.PluginSocketDir = f.Dir.AgentSockets()
+	}
+	if f.Partitioning {
+		// The node's runtime runs the hook on the host, as the
+		// agent's memory-limits command over the node's NVML.
+		o.DriverLimits = &deviceplugin.DriverLimits{CDIDir: f.Dir.CDI(), Hook: append([]string{exe}, Args(MemoryLimits,
+			"--model="+f.Model, "--gpus="+fmt.Sprint(f.GPUs), "--node="+f.Node, "--gpu-dir="+f.Dir.GPUs(), "--")...)}
 	}
 	return o
 }

@@ -51,7 +51,7 @@ func runRuntime(ctx context.Context, args []string) error {
 	if err := os.RemoveAll(f.Dir.Run()); err != nil {
 		return err
 	}
-	gpus, err := newGPUs(f.Dir, f.Node, f.Model, f.GPUs)
+	gpus, err := newGPUs(f.Dir, f.Node, f.Model, f.GPUs, f.Partitioning)
 	if err != nil {
 		return err
 	}

@@ -133,3 +133,20 @@ func answerPID(c *net.UnixConn) {
 	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
 	_, _ = fmt.Fprintf(c, "%d\n", cred.Pid)
 }
+
+// SetLimits is SetLimits on the GPU's state file (nvmlemu.Limits).
+func (n *Node) SetLimits(uuid, dir string, soft, hard uint64) error {
+	return SetLimits(n.File(uuid), dir, soft, hard)
+}
+
+// GetLimits is GetLimits on the GPU's state file (nvmlemu.Limits).
+func (n *Node) GetLimits(uuid, dir string) (soft, hard, used uint64, err error) {
+	return GetLimits(n.File(uuid), dir)
+}
+
+// NVMLCodes are NVML's return codes of SetLimits' and GetLimits' errors.
+var NVMLCodes = map[error]nvml.Return{
+	ErrNotSupported: nvml.ERROR_NOT_SUPPORTED, ErrInvalid: nvml.ERROR_INVALID_ARGUMENT,
+	ErrNoPermission: nvml.ERROR_NO_PERMISSION, ErrCgroup: nvml.ERROR_OPERATING_SYSTEM,
+	ErrNotFound: nvml.ERROR_NOT_FOUND, ErrTableFull: nvml.ERROR_UNKNOWN,
+}

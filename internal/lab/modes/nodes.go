@@ -26,6 +26,10 @@ type NodeSpec struct {
 	Labels map[string]string `json:"labels,omitempty"`
 	// Taints are the Node's taints.
 	Taints []corev1.Taint `json:"taints,omitempty"`
+	// Partitioning: the node's emulated driver partitions GPU memory per
+	// cgroup, as NVIDIA's r615 does (nvmlemu.PartitioningDriverVersion);
+	// otherwise it is an older driver that does not.
+	Partitioning bool `json:"partitioning,omitempty"`
 }
 
 // Spec is a node of the mode.
@@ -48,11 +52,12 @@ func Uniform(n, gpus int, model string) ([]NodeSpec, error) {
 	return out, validate(out)
 }
 
-var groupRE = regexp.MustCompile(`^(\d+)x([A-Za-z0-9-]+):(\d+)(?:@([a-z0-9-]+))?$`)
+var groupRE = regexp.MustCompile(`^(\d+)x([A-Za-z0-9-]+):(\d+)(?:@([a-z0-9-]+))?(\+partitioning)?$`)
 
 // ParseNodes reads a heterogeneous node list such as
 // "2xA100-40GB:8,1xH100-80GB:4@time-slicing" (count x model : GPUs per
-// node, and the nodes' mode when not the default). Nodes of the default
+// node, and the nodes' mode when not the default; "+partitioning" at the
+// end: the nodes' driver partitions GPU memory per cgroup). Nodes of the default
 // mode are named lab-gpu-01…, the others lab-<mode>-01….
 func ParseNodes(s string) ([]NodeSpec, error) {
 	var out []NodeSpec
@@ -61,7 +66,7 @@ func ParseNodes(s string) ([]NodeSpec, error) {
 		part = strings.TrimSpace(part)
 		m := groupRE.FindStringSubmatch(part)
 		if m == nil {
-			return nil, fmt.Errorf("--node-groups entry %q: want COUNTxMODEL:GPUS[@MODE], e.g. 2xA100-40GB:8 or 1xA100-40GB:1@time-slicing", part)
+			return nil, fmt.Errorf("--node-groups entry %q: want COUNTxMODEL:GPUS[@MODE][+partitioning], e.g. 2xA100-40GB:8 or 1xA100-40GB:1@time-slicing", part)
 		}
 		count, _ := strconv.Atoi(m[1])
 		gpus, _ := strconv.Atoi(m[3])
@@ -78,7 +83,9 @@ func ParseNodes(s string) ([]NodeSpec, error) {
 		}
 		for range count {
 			perMode[mode.Name]++
-			out = append(out, mode.Spec(fmt.Sprintf("%s-%02d", prefix, perMode[mode.Name]), m[2], gpus))
+			n := mode.Spec(fmt.Sprintf("%s-%02d", prefix, perMode[mode.Name]), m[2], gpus)
+			n.Partitioning = m[5] != ""
+			out = append(out, n)
 		}
 	}
 	if len(out) == 0 || len(out) > 64 {

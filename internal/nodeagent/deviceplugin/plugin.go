@@ -68,6 +68,9 @@ type Options struct {
 	// DeviceList is how a container's GPUs are handed to the container
 	// runtime (response.go); "" is DeviceListEnvvar.
 	DeviceList DeviceListStrategy
+	// DriverLimits, if set, has the driver hold the memory limits of
+	// limited containers on GPUs it partitions (driverlimits.go).
+	DriverLimits *DriverLimits
 	// Socket, if set, is the path the plugin serves on, and it does not
 	// register with the kubelet itself: a kubelet-facing shim (package
 	// kubeletshim) holds the kubelet's connection and forwards to it.
@@ -357,6 +360,9 @@ func (p *Plugin) allocate(ctx context.Context, n int) (*pluginapi.ContainerAlloc
 	}
 	p.logger.Info("Allocated", "pod", klog.KObj(t.Pod), "container", t.Container, "devices", t.Grant.Devices)
 	r := buildResponse(t.Grant, limited, files, p.opts.Paths, p.opts.DeviceList)
+	if limited && mode == api.SharingShared {
+		p.driverLimits(r, t)
+	}
 	if err := p.after(r, t, mode); err != nil {
 		return nil, err
 	}

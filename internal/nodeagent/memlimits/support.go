@@ -14,7 +14,6 @@ import (
 	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tessera-gpu/tessera/internal/cgroup2"
 )
@@ -88,23 +87,4 @@ func Detect(version string, lib nvml.Interface, devices map[string]nvml.Device, 
 		}
 	}
 	return out
-}
-
-// Gauge is the metric that publishes what Detect found on node:
-// tessera_node_agent_gpu_driver_memory_partitioning{UUID, Hostname} (the
-// labels of the agent's GPU metrics that name the GPU and the node), 1
-// where the driver can partition the GPU's memory per cgroup, else 0.
-func Gauge(node string, support map[string]Support) prometheus.Collector {
-	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "tessera_node_agent_gpu_driver_memory_partitioning",
-		Help: "1 when the GPU's driver can partition its memory per cgroup (NVIDIA r615 or later, cgroup v2, MIG off; found at the agent's start), 0 otherwise. The limiter enforces the containers' GPU memory either way.",
-	}, []string{"UUID", "Hostname"})
-	for uuid, s := range support {
-		v := 0.0
-		if s.OK {
-			v = 1
-		}
-		g.WithLabelValues(uuid, node).Set(v)
-	}
-	return g
 }

@@ -7,7 +7,6 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/tessera-gpu/tessera/internal/cgroup2"
 )
@@ -74,18 +73,5 @@ func TestDetect(t *testing.T) {
 				t.Errorf("%s: %s: %+v, want %q", name, uuid, s, tc.want)
 			}
 		}
-	}
-}
-
-func TestGauge(t *testing.T) {
-	g := Gauge("node-1", map[string]Support{"GPU-a": {OK: true}, "GPU-b": {Reason: "driver 580 is older than r615"}})
-	want := `
-# HELP tessera_node_agent_gpu_driver_memory_partitioning 1 when the GPU's driver can partition its memory per cgroup (NVIDIA r615 or later, cgroup v2, MIG off; found at the agent's start), 0 otherwise. The limiter enforces the containers' GPU memory either way.
-# TYPE tessera_node_agent_gpu_driver_memory_partitioning gauge
-tessera_node_agent_gpu_driver_memory_partitioning{Hostname="node-1",UUID="GPU-a"} 1
-tessera_node_agent_gpu_driver_memory_partitioning{Hostname="node-1",UUID="GPU-b"} 0
-`
-	if err := testutil.CollectAndCompare(g, strings.NewReader(want)); err != nil {
-		t.Error(err)
 	}
 }

@@ -32,6 +32,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/limiterstate"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/claimuse"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/memlimits"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -423,4 +424,23 @@ func claimTargets(pods []*v1.Pod, claims []Claim, gpus map[string]*api.GPU) []ta
 		out = append(out, t)
 	}
 	return out
+}
+
+// Partitioning is the metric that publishes what memlimits.Detect found on node:
+// tessera_node_agent_gpu_driver_memory_partitioning{UUID, Hostname} (the
+// labels of the agent's GPU metrics that name the GPU and the node), 1
+// where the driver can partition the GPU's memory per cgroup, else 0.
+func Partitioning(node string, support map[string]memlimits.Support) prometheus.Collector {
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tessera_node_agent_gpu_driver_memory_partitioning",
+		Help: "1 when the GPU's driver can partition its memory per cgroup (NVIDIA r615 or later, cgroup v2, MIG off; found at the agent's start), 0 otherwise. Where it can and the node agent runs the memory-limits hook, the driver holds the containers' GPU memory (docs/isolation.md).",
+	}, []string{"UUID", "Hostname"})
+	for uuid, s := range support {
+		v := 0.0
+		if s.OK {
+			v = 1
+		}
+		g.WithLabelValues(uuid, node).Set(v)
+	}
+	return g
 }

@@ -51,6 +51,9 @@ type PluginsOptions struct {
 	// plugin serves (volcano.sh/vgpu-number: the volcano part); a
 	// resource without one serves Tessera's records.
 	Protocols map[string]deviceplugin.Protocol
+	// DriverLimits, if set, has the driver hold limited containers'
+	// memory limits where it partitions their GPUs.
+	DriverLimits *deviceplugin.DriverLimits
 	// Client reads a pod the agent's cache does not show yet.
 	Client kubernetes.Interface
 	// StateAge is how old the state directory of a pod no longer on the
@@ -280,12 +283,13 @@ func (p *Plugins) newPluginLocked(res string) *pluginRun {
 		socket = filepath.Join(p.opts.SocketDir, kubeletshim.AgentSocketName(res))
 	}
 	plugin := deviceplugin.New(deviceplugin.Options{
-		Resource:   res,
-		PluginDir:  p.opts.PluginDir,
-		Paths:      p.opts.Paths,
-		Guard:      p.opts.Guard,
-		DeviceList: p.opts.DeviceList,
-		Socket:     socket,
+		Resource:     res,
+		PluginDir:    p.opts.PluginDir,
+		Paths:        p.opts.Paths,
+		Guard:        p.opts.Guard,
+		DeviceList:   p.opts.DeviceList,
+		DriverLimits: p.opts.DriverLimits,
+		Socket:       socket,
 		Matcher: &deviceplugin.Matcher{
 			Node: p.opts.NodeName, Resource: res,
 			Kubelet:  pr,

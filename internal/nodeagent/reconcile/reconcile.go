@@ -46,6 +46,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/limiterstate"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/claimuse"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/memlimits"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 )
 
@@ -547,8 +548,19 @@ func (r *Reconciler) grants(pods []*v1.Pod) map[key]map[string]limit {
 		m := map[string]limit{}
 		_, err := os.Stat(r.state.LimitsFile(e.PodUID, e.Container))
 		state := filepath.Join(r.state.StateDir(e.PodUID, e.Container), statedir.LimiterStateFile)
+		// GPUs whose memory the driver holds for the container: its
+		// processes do not register with the limiter for them.
+		driver := map[string]bool{}
+		if c, cerr := memlimits.ReadConfirmation(r.state.ConfirmFile(e.PodUID, e.Container)); cerr == nil {
+			for _, g := range c.Grants {
+				driver[g.UUID] = true
+			}
+		}
 		for _, d := range e.Grant.Devices {
-			l := limit{mib: d.MemoryMiB, exclusive: d.Exclusive, limited: err == nil, stateFile: state}
+			// A container that may burst holds up to its ceiling (the
+			// driver holds it there where it partitions the GPU; else the
+			// limiter, from the GPU's budget).
+			l := limit{mib: d.MemoryMiB, exclusive: d.Exclusive, limited: err == nil && !driver[d.UUID], stateFile: state}
 			if d.Bursts() && shared {
 				l.ceiling = d.CeilingMiB
 			}

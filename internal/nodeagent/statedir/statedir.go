@@ -16,6 +16,10 @@
 //	              api.ContainerPreload in place of the node's shared one
 //	grant.json    what the container was served: the agent's ledger of
 //	              the node's GPUs, out of the container's reach
+//	driver-memory where the driver holds the container's GPU memory
+//	              limits: their confirmation, written by the memory-limits
+//	              hook (memlimits), mounted read-only at
+//	              memlimits.ConfirmPath; empty until confirmed
 //
 // A directory written by an agent before this layout (mode 0777, mounted
 // whole, holding the limiter's "cache" file) is a legacy directory: the
@@ -43,6 +47,7 @@ const (
 	limitsName  = "limiter.conf"
 	preloadName = "ld.so.preload"
 	grantName   = "grant.json"
+	confirmName = "driver-memory"
 )
 
 // LimiterStateFile is the name of the limiter's shared-state file
@@ -65,6 +70,19 @@ func (s Dirs) StateDir(uid types.UID, container string) string {
 // LimitsFile is the container's limits file on the host.
 func (s Dirs) LimitsFile(uid types.UID, container string) string {
 	return filepath.Join(s.Path(uid, container), limitsName)
+}
+
+// ConfirmFile is the container's confirmation of driver-held memory
+// limits on the host.
+func (s Dirs) ConfirmFile(uid types.UID, container string) string {
+	return filepath.Join(s.Path(uid, container), confirmName)
+}
+
+// CreateConfirm creates the container's confirmation file empty (nothing
+// confirmed; read-only for all but root, which the hook runs as).
+func (s Dirs) CreateConfirm(uid types.UID, container string) (string, error) {
+	p := s.ConfirmFile(uid, container)
+	return p, os.WriteFile(p, nil, 0o444)
 }
 
 // PreloadFile is the container's own preload list on the host.

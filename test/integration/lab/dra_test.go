@@ -465,19 +465,7 @@ spec:
 		c, _ := draContainer(t, ns, p, "main")
 		before[p] = c.PID
 	}
-	st, err := lab.ReadState(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	victim := "node-agent/" + draNode
-	old := st.Components[victim].PID
-	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
-		t.Fatalf("killing %s (pid %d): %v", victim, old, err)
-	}
-	testenv.WaitFor(t, victim+" restarted", time.Minute, func() bool {
-		now, err := lab.ReadState(dir)
-		return err == nil && now.Components[victim].PID != old && supervisor.ProcessAlive(now.Components[victim].PID)
-	})
+	restartComponent(t, "node-agent/"+draNode)
 	apply(t, pod("r2"))
 	waitRunning(t, ns, "r2")
 	for _, p := range []string{"r0", "r1"} {
@@ -497,6 +485,24 @@ spec:
 	if l := leftovers(nd); len(l) > 0 {
 		t.Errorf("left behind: %v", l)
 	}
+}
+
+// restartComponent kills one of the lab's components (SIGKILL) and waits
+// until its supervisor has started it again.
+func restartComponent(t *testing.T, name string) {
+	t.Helper()
+	st, err := lab.ReadState(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := st.Components[name].PID
+	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
+		t.Fatalf("killing %s (pid %d): %v", name, old, err)
+	}
+	testenv.WaitFor(t, name+" restarted", time.Minute, func() bool {
+		now, err := lab.ReadState(dir)
+		return err == nil && now.Components[name].PID != old && supervisor.ProcessAlive(now.Components[name].PID)
+	})
 }
 
 // leftovers lists the CDI specs and claim directories on the node.

@@ -6,7 +6,9 @@
 // kubeconfig, what the nodes' runtimes record and the GPUs' shared state.
 // One lab (4 fractional nodes x 8 A100-40GB, lab-gpu-01 to 04, and one of
 // 8 H100-80GB, lab-gpu-05, for the GPU guides' 8-GPU pod of the corpus;
-// one node of each other mode; the profiles of nodeConfig) serves every
+// one of 2 A100-40GB whose driver partitions GPU memory per cgroup,
+// lab-gpu-06, tainted for the tests of driver-held limits; one node of
+// each other mode; the profiles of nodeConfig) serves every
 // test of the package; each
 // test works in its own namespace and leaves no pods behind, so any test
 // passes alone (go test -run TestFaults) or after the others.
@@ -88,6 +90,10 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	if err := taintPartitioningNode(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	code := m.Run()
 	if code != 0 {
 		fmt.Fprintf(os.Stderr, "lab output:\n%s\n", labRun.Output())
@@ -97,7 +103,7 @@ func run(m *testing.M) int {
 }
 
 // labNodeGroups are the lab's fractional nodes (--node-groups).
-const labNodeGroups = "4xA100-40GB:8,1xH100-80GB:8"
+const labNodeGroups = "4xA100-40GB:8,1xH100-80GB:8,1xA100-40GB:2+partitioning"
 
 // nodeConfigYAML is the lab's --node-config: a profile a test switches a
 // node to.

@@ -1,0 +1,175 @@
+//go:build integration
+
+package lab_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tessera-gpu/tessera/internal/kubeobj"
+	"github.com/tessera-gpu/tessera/internal/lab/fakegpu"
+	"github.com/tessera-gpu/tessera/internal/testenv"
+	"github.com/tessera-gpu/tessera/pkg/api"
+)
+
+// partitioningNode is the lab's node whose driver partitions GPU memory
+// per cgroup (labNodeGroups), tainted so that only the tests of
+// driver-held limits place pods there.
+const (
+	partitioningNode = "lab-gpu-06"
+	partitioningKey  = "tessera.io/test-driver-memory"
+)
+
+func taintPartitioningNode() error {
+	ctx := context.Background()
+	n, err := client.CoreV1().Nodes().Get(ctx, partitioningNode, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("the partitioning node: %w", err)
+	}
+	n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: partitioningKey, Effect: corev1.TaintEffectNoSchedule})
+	_, err = client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+	return err
+}
+
+// ceilingPod is a pod guaranteed 4096 MiB with a ceiling of 6144 on one
+// GPU of node, filling in 512 MiB steps and holding what it got.
+func ceilingPod(ns, name, node string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: %s, namespace: %s}
+spec:
+  terminationGracePeriodSeconds: 1
+  nodeSelector: {kubernetes.io/hostname: %s}
+  tolerations: [{key: %s, operator: Exists}]
+  containers:
+  - name: main
+    image: tessera-lab/cuda
+    command: [sh, -c, 'echo "confirmation: $(cat /etc/tessera/driver-memory 2>&1 | grep -c ^device=)"; exec gpu-fill --step 512 --hold forever']
+    resources:
+      limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: 4096, nvidia.com/gpumem-ceiling: 6144}
+`, name, ns, node, partitioningKey)
+}
+
+// driverTable is the driver's table of limits of the pod's GPU on node
+// (none where the driver does not partition memory).
+func driverTable(t *testing.T, node, gpu string) []fakegpu.Limit {
+	t.Helper()
+	l, err := fakegpu.ReadLimits(filepath.Join(dir.Node(node).GPUs(), gpu))
+	if err != nil && !errors.Is(err, fakegpu.ErrNotSupported) {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// podGPU is the GPU the pod's record grants its container.
+func podGPU(t *testing.T, ns, name string) string {
+	t.Helper()
+	pod, err := client.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := kubeobj.Record(pod)
+	if err != nil || rec == nil || len(rec.Containers) != 1 || len(rec.Containers[0].Devices) != 1 {
+		t.Fatalf("record %+v, %v", rec, err)
+	}
+	return rec.Containers[0].Devices[0].UUID
+}
+
+// TestDriverMemoryLimits: on a node whose driver partitions GPU memory,
+// a container guaranteed 4096 MiB with a ceiling of 6144 gets soft 4096
+// and hard 6144 on its own cgroup from the hook the agent injects; the
+// limiter, told by the confirmation, leaves its memory to the driver: the
+// container bursts past its guarantee to the ceiling while the GPU's
+// memory is free, sees the ceiling as its total, and is refused there.
+// The agent, restarted mid-run, sets the limits again (here: after the
+// driver lost them), and once the pods are deleted nothing is left in
+// the driver's table. On a node whose driver does not partition memory,
+// the same pod is held by the limiter to its guarantee and the driver's
+// table stays empty.
+func TestDriverMemoryLimits(t *testing.T) {
+	const ns = "driver-memory"
+	useNamespace(t, ns)
+	apply(t, ceilingPod(ns, "burst", partitioningNode))
+	out := logsContain(t, ns, "burst", "holding")
+	t.Logf("kubectl logs burst:\n%s", out)
+	if !strings.Contains(out, "confirmation: 1") || !strings.Contains(out, "cuMemGetInfo: total 6144 MiB") ||
+		!strings.Contains(out, "refused at 6144 MiB") || lastInTotal(out) != 6144 {
+		t.Errorf("the driver-limited container: want its confirmation, the ceiling (6144 MiB) as its total, and the whole ceiling before it is refused there (the limiter's 4096 MiB limit off)")
+	}
+	gpu := podGPU(t, ns, "burst")
+	c, err := dir.Node(partitioningNode).Container(ns, "burst", "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(c.CDIDevices, func(d string) bool { return strings.HasPrefix(d, api.CDIKindMemoryLimits+"=") }) {
+		t.Errorf("the container's CDI devices %v: want one of %s", c.CDIDevices, api.CDIKindMemoryLimits)
+	}
+	table := driverTable(t, partitioningNode, gpu)
+	if len(table) != 1 || table[0].Soft != 4096<<20 || table[0].Hard != 6144<<20 || !strings.HasSuffix(table[0].Path, c.ID) || table[0].Crossings == 0 {
+		t.Fatalf("the driver's table: %+v; want one entry, soft 4096 MiB, hard 6144 MiB, on the container's own group (…/%s), its soft limit crossed", table, c.ID)
+	}
+
+	t.Run("agent restarted", func(t *testing.T) {
+		// The driver loses the limits (a driver reload), then the agent
+		// restarts: its first pass sets them again on the running
+		// container.
+		if err := fakegpu.SetLimits(filepath.Join(dir.Node(partitioningNode).GPUs(), gpu), table[0].Path, 0, fakegpu.NoLimit); err != nil {
+			t.Fatal(err)
+		}
+		if l := driverTable(t, partitioningNode, gpu); len(l) != 0 {
+			t.Fatalf("the entry was not cleared: %+v", l)
+		}
+		restartComponent(t, "node-agent/"+partitioningNode)
+		testenv.WaitFor(t, "the limits set again by the restarted agent", 2*time.Minute, func() bool {
+			l := driverTable(t, partitioningNode, gpu)
+			return len(l) == 1 && l[0].Soft == 4096<<20 && l[0].Hard == 6144<<20 && l[0].Path == table[0].Path
+		})
+	})
+
+	t.Run("old driver", func(t *testing.T) {
+		node := "lab-gpu-01"
+		apply(t, ceilingPod(ns, "limiter", node))
+		out := logsContain(t, ns, "limiter", "holding")
+		if !strings.Contains(out, "confirmation: 0") || !strings.Contains(out, "cuMemGetInfo: total 4096 MiB") || lastInTotal(out) > 4096 {
+			t.Errorf("a container on a node whose driver does not partition memory: want no confirmation and the limiter's 4096 MiB:\n%s", out)
+		}
+		c, err := dir.Node(node).Container(ns, "limiter", "main")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(c.Hooks) != 0 || len(c.CDIDevices) != 0 {
+			t.Errorf("the container on the old driver got hooks %+v, CDI devices %v; want none", c.Hooks, c.CDIDevices)
+		}
+		if l := driverTable(t, node, podGPU(t, ns, "limiter")); len(l) != 0 {
+			t.Errorf("the old driver's table: %+v", l)
+		}
+	})
+
+	zero := int64(0)
+	if err := client.CoreV1().Pods(ns).DeleteCollection(context.Background(), metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, "the pods deleted", 2*time.Minute, func() bool {
+		l, err := client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{})
+		return err == nil && len(l.Items) == 0
+	})
+	// The pods' objects go at once (grace 0); their containers a moment
+	// later, and with them their groups.
+	testenv.WaitFor(t, "the container's group removed", time.Minute, func() bool {
+		_, err := os.Stat(table[0].Path)
+		return os.IsNotExist(err)
+	})
+	if l := driverTable(t, partitioningNode, gpu); len(l) != 0 {
+		t.Errorf("after deletion the driver's table holds %+v; want nothing (no leaked soft limit)", l)
+	}
+}
