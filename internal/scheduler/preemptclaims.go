@@ -355,7 +355,7 @@ func (m *draModel) describe(a *resourceapi.AllocationResult, on []string) string
 		if r.ShareID != nil {
 			var qs []string
 			for _, k := range []resourceapi.QualifiedName{api.CapacityMemory, api.CapacityCores} {
-				if q, ok := r.ConsumedCapacity[k]; ok {
+				if q, ok := r.ConsumedCapacity[k]; ok && !q.IsZero() {
 					qs = append(qs, q.String()+" "+string(k))
 				}
 			}

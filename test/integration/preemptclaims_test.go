@@ -218,6 +218,21 @@ func (e *preemptEnv) checkClaimCapacities() {
 	}
 }
 
+// logEvents logs the pod's events when the test has failed.
+func (e *preemptEnv) logEvents(pod string) {
+	if !e.t.Failed() {
+		return
+	}
+	evs, err := e.cp.Client.CoreV1().Events(gpuNS).List(e.ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod})
+	if err != nil {
+		e.t.Logf("events of %s: %v", pod, err)
+		return
+	}
+	for _, ev := range evs.Items {
+		e.t.Logf("event of %s: %s %s: %s", pod, ev.Type, ev.Reason, ev.Message)
+	}
+}
+
 // victimNotes waits until `kubectl tessera why` shows n victims of pod
 // and returns their notes.
 func (e *preemptEnv) victimNotes(pod, node string, n int) []string {
@@ -285,6 +300,7 @@ func TestPreemptClaims(t *testing.T) {
 	t.Run("two", func(t *testing.T) {
 		e := e.in(t)
 		low := e.fillClaims("dra-two", "two", 8, 2, nil)
+		defer e.logEvents("two-high")
 		e.preemptor("two-high", "high", "40Gi", "dra-two")
 		victims := e.terminating(low, 2)
 		dev := low[victims[0]]
@@ -322,6 +338,7 @@ func TestPreemptClaims(t *testing.T) {
 			t.Fatal(err)
 		}
 		low := e.fillClaims("dra-pdb", "pdb", 8, 2, func(i int) map[string]string { return map[string]string{"claim-index": fmt.Sprint(i)} })
+		defer e.logEvents("pdb-high")
 		e.preemptor("pdb-high", "high", "40Gi", "dra-pdb")
 		victims := e.terminating(low, 2)
 		for _, v := range victims {
@@ -349,6 +366,7 @@ func TestPreemptClaims(t *testing.T) {
 		e.allocated("dra-few", "few-a", 0, "40Gi", holder{name: "few-a", class: "low"})
 		e.allocated("dra-few", "few-b", 1, "20Gi", holder{name: "few-b", class: "low"})
 		e.allocated("dra-few", "few-c", 1, "20Gi", holder{name: "few-c", class: "low"})
+		defer e.logEvents("few-high")
 		e.preemptor("few-high", "high", "40Gi", "dra-few")
 		low := map[string]string{"few-a": "gpu-0", "few-b": "gpu-1", "few-c": "gpu-1", "few-keep-0": "gpu-0", "few-keep-1": "gpu-1"}
 		if victims := e.terminating(low, 1); victims[0] != "few-a" {
@@ -369,6 +387,7 @@ func TestPreemptClaims(t *testing.T) {
 		e.allocated("dra-shared", "shared", 0, "40Gi", holder{name: "shared-high", class: "high"}, holder{name: "shared-z", class: "low"})
 		e.allocated("dra-shared", "shared-a", 0, "20Gi", holder{name: "shared-a", class: "low"})
 		e.allocated("dra-shared", "shared-b", 0, "20Gi", holder{name: "shared-b", class: "low"})
+		defer e.logEvents("shared-new")
 		e.preemptor("shared-new", "high", "40Gi", "dra-shared")
 		all := map[string]string{"shared-a": "", "shared-b": "", "shared-z": "", "shared-high": ""}
 		victims := e.terminating(all, 2)
@@ -396,6 +415,7 @@ func TestPreemptClaims(t *testing.T) {
 	t.Run("kept", func(t *testing.T) {
 		e := e.in(t)
 		low := e.fillClaims("dra-kept", "kept", 4, 1, nil)
+		defer e.logEvents("kept-high")
 		e.preemptor("kept-high", "high", "40Gi", "dra-kept")
 		victims := e.terminating(low, 2)
 		testenv.WaitFor(t, "kept-high nominated", 30*time.Second, func() bool {

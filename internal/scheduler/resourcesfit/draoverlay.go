@@ -22,6 +22,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
@@ -236,7 +237,36 @@ func (d *dynamicResources) Filter(ctx context.Context, cs fwk.CycleState, pod *c
 			}
 		}
 	}
-	return d.DynamicResources.Filter(ctx, cs, pod, ni)
+	st := d.DynamicResources.Filter(ctx, cs, pod, ni)
+	if st.Code() == fwk.UnschedulableAndUnresolvable && d.preemptionMightHelp(ctx, cs, pod, ni) {
+		// DynamicResources calls every allocation failure unresolvable,
+		// which keeps the node from preemption's candidates.
+		return fwk.NewStatus(fwk.Unschedulable, st.Reasons()...)
+	}
+	return st
+}
+
+// preemptionMightHelp reports whether the pod's claims, which do not fit
+// the node, would with the claims of every pod of lower priority on it
+// freed (the first step of a preemption dry run). Only a pod that may
+// preempt, on a node with such pods using claims, is checked.
+func (d *dynamicResources) preemptionMightHelp(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, ni fwk.NodeInfo) bool {
+	o := readOverlay(cs)
+	if o == nil || d.fh == nil || ptr.Deref(pod.Spec.PreemptionPolicy, corev1.PreemptLowerPriority) == corev1.PreemptNever {
+		return false
+	}
+	prio := corev1helpers.PodPriority(pod)
+	n := &nodeOverlay{removed: map[types.UID]*corev1.Pod{}}
+	for _, pi := range ni.GetPods() {
+		if p := pi.GetPod(); len(p.Spec.ResourceClaims) > 0 && corev1helpers.PodPriority(p) < prio {
+			n.removed[p.UID] = p
+		}
+	}
+	if len(n.removed) == 0 {
+		return false
+	}
+	st, done := d.filterOverlay(ctx, o, n, pod, ni)
+	return done && st.IsSuccess()
 }
 
 // filterOverlay allocates the pod's claims on the node with the claims
