@@ -100,18 +100,10 @@ func (c *claimVictimChoice) cheaper(o *claimVictimChoice, cands []fwk.PodInfo) b
 func (pl *Preemption) selectClaimVictims(ctx context.Context, cs fwk.CycleState, p *Plugin, pod *corev1.Pod, ni fwk.NodeInfo, pdbs []*policyv1.PodDisruptionBudget) ([]*corev1.Pod, int, *fwk.Status) {
 	logger := klog.FromContext(ctx)
 	node := ni.Node().Name
-	prio := corev1helpers.PodPriority(pod)
-	var cands []fwk.PodInfo
-	for _, pi := range ni.GetPods() {
-		if corev1helpers.PodPriority(pi.GetPod()) < prio && pl.IsEligiblePod(ni, pi, pod) {
-			cands = append(cands, pi)
-		}
+	cands, protected, st := pl.candidates(ni, pod, pdbs)
+	if st != nil {
+		return nil, 0, st
 	}
-	if len(cands) == 0 {
-		return nil, 0, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, "No preemption victims found for incoming pod")
-	}
-	sort.SliceStable(cands, func(i, j int) bool { return moreImportant(cands[i].GetPod(), cands[j].GetPod()) })
-	protected := pdbProtected(cands, pdbs)
 	remove := func(i int) error {
 		if err := ni.RemovePod(logger, cands[i].GetPod()); err != nil {
 			return err

@@ -231,18 +231,10 @@ func (pl *Preemption) SelectVictimsOnNode(ctx context.Context, cs fwk.CycleState
 	}
 	p := s.plugin
 	logger := klog.FromContext(ctx)
-	prio := corev1helpers.PodPriority(pod)
-	var cands []fwk.PodInfo
-	for _, pi := range ni.GetPods() {
-		if corev1helpers.PodPriority(pi.GetPod()) < prio && pl.IsEligiblePod(ni, pi, pod) {
-			cands = append(cands, pi)
-		}
+	cands, protected, st := pl.candidates(ni, pod, pdbs)
+	if st != nil {
+		return nil, 0, st
 	}
-	if len(cands) == 0 {
-		return nil, 0, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, "No preemption victims found for incoming pod")
-	}
-	sort.SliceStable(cands, func(i, j int) bool { return moreImportant(cands[i].GetPod(), cands[j].GetPod()) })
-	protected := pdbProtected(cands, pdbs)
 	p.syncView(cs, ni)
 	remove := func(pi fwk.PodInfo) error {
 		if err := ni.RemovePod(logger, pi.GetPod()); err != nil {
@@ -331,6 +323,24 @@ func (pl *Preemption) SelectVictimsOnNode(ctx context.Context, cs fwk.CycleState
 		p.try(pod.UID, plan)
 	}
 	return out, violating, fwk.NewStatus(fwk.Success)
+}
+
+// candidates are the pods of lower priority than pod on the node that
+// DefaultPreemption may evict, most important first, and which of them a
+// PodDisruptionBudget protects; a status when there are none.
+func (pl *Preemption) candidates(ni fwk.NodeInfo, pod *corev1.Pod, pdbs []*policyv1.PodDisruptionBudget) ([]fwk.PodInfo, []bool, *fwk.Status) {
+	prio := corev1helpers.PodPriority(pod)
+	var cands []fwk.PodInfo
+	for _, pi := range ni.GetPods() {
+		if corev1helpers.PodPriority(pi.GetPod()) < prio && pl.IsEligiblePod(ni, pi, pod) {
+			cands = append(cands, pi)
+		}
+	}
+	if len(cands) == 0 {
+		return nil, nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, "No preemption victims found for incoming pod")
+	}
+	sort.SliceStable(cands, func(i, j int) bool { return moreImportant(cands[i].GetPod(), cands[j].GetPod()) })
+	return cands, pdbProtected(cands, pdbs), nil
 }
 
 // syncView makes the state's view of the node charge no pod that

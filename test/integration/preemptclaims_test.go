@@ -10,12 +10,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/utils/ptr"
 
@@ -329,14 +327,7 @@ func TestPreemptClaims(t *testing.T) {
 		if len(evicted) != 2 {
 			t.Fatalf("the first case evicted %v, want two victims to protect with a PDB", evicted)
 		}
-		pdb := &policyv1.PodDisruptionBudget{
-			ObjectMeta: metav1.ObjectMeta{Namespace: gpuNS, Name: "keep-claims"},
-			Spec: policyv1.PodDisruptionBudgetSpec{MaxUnavailable: ptr.To(intstr.FromInt32(0)), Selector: &metav1.LabelSelector{
-				MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "claim-index", Operator: metav1.LabelSelectorOpIn, Values: evicted}}}},
-		}
-		if _, err := e.cp.Client.PolicyV1().PodDisruptionBudgets(gpuNS).Create(e.ctx, pdb, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		e.noDisruption("keep-claims", "claim-index", evicted)
 		low := e.fillClaims("dra-pdb", "pdb", 8, 2, func(i int) map[string]string { return map[string]string{"claim-index": fmt.Sprint(i)} })
 		defer e.logEvents("pdb-high")
 		e.preemptor("pdb-high", "high", "40Gi", "dra-pdb")
@@ -432,17 +423,7 @@ func TestPreemptClaims(t *testing.T) {
 		e.finishClaims(victims...)
 		// An attempt that starts once the scheduler has seen the room
 		// freed.
-		tried := e.hold.Started(gpuNS + "/kept-low")
-		if err := e.hold.Kick(gpuNS + "/kept-low"); err != nil {
-			t.Fatal(err)
-		}
-		node, err := e.hold.WaitAttempt(e.ctx, gpuNS+"/kept-low", tried, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if node != "" {
-			t.Fatalf("kept-low (priority 10) took the room freed for kept-high (priority 1000) on %s", node)
-		}
+		e.keptFrom("kept-low", "kept-high")
 		e.hold.Release(gpuNS + "/kept-high")
 		if got := e.device("kept-high"); got != "gpu-0" {
 			t.Errorf("kept-high's claim on %s", got)

@@ -310,17 +310,7 @@ func (d *dynamicResources) filterOverlay(ctx context.Context, o *draOverlay, n *
 	}
 	state := cloneState(&nb.state)
 	for _, c := range freedClaims(m, n.removed) {
-		forEachDevice(c.Status.Allocation, func(r *resourceapi.DeviceRequestAllocationResult) {
-			id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)
-			if r.ShareID != nil {
-				state.AllocatedSharedDeviceIDs.Delete(structured.MakeSharedDeviceID(id, r.ShareID))
-				if r.ConsumedCapacity != nil {
-					state.AggregatedCapacity.Remove(structured.NewDeviceConsumedCapacity(id, r.ConsumedCapacity))
-				}
-				return
-			}
-			state.AllocatedDevices.Delete(id)
-		})
+		charge(state, c.Status.Allocation, false)
 	}
 	allocate := func(cs []*resourceapi.ResourceClaim) ([]resourceapi.AllocationResult, error) {
 		a, err := structured.NewAllocator(ctx, d.features, *state, m.DeviceClasses(), nb.slices, d.celCache)
@@ -350,7 +340,7 @@ func (d *dynamicResources) filterOverlay(ctx context.Context, o *draOverlay, n *
 			continue
 		}
 		for i := range res {
-			charge(state, &res[i])
+			charge(state, &res[i], true)
 		}
 	}
 	res, err := allocate(toAllocate)
@@ -443,18 +433,26 @@ func forEachDevice(a *resourceapi.AllocationResult, f func(r *resourceapi.Device
 	}
 }
 
-// charge adds an allocation to the state.
-func charge(state *structured.AllocatedState, a *resourceapi.AllocationResult) {
+// charge adds an allocation's devices to the state (add), or frees them.
+func charge(state *structured.AllocatedState, a *resourceapi.AllocationResult, add bool) {
 	forEachDevice(a, func(r *resourceapi.DeviceRequestAllocationResult) {
 		id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)
-		if r.ShareID != nil {
+		switch {
+		case r.ShareID == nil && add:
+			state.AllocatedDevices.Insert(id)
+		case r.ShareID == nil:
+			state.AllocatedDevices.Delete(id)
+		case add:
 			state.AllocatedSharedDeviceIDs.Insert(structured.MakeSharedDeviceID(id, r.ShareID))
 			if r.ConsumedCapacity != nil {
 				state.AggregatedCapacity.Insert(structured.NewDeviceConsumedCapacity(id, r.ConsumedCapacity))
 			}
-			return
+		default:
+			state.AllocatedSharedDeviceIDs.Delete(structured.MakeSharedDeviceID(id, r.ShareID))
+			if r.ConsumedCapacity != nil {
+				state.AggregatedCapacity.Remove(structured.NewDeviceConsumedCapacity(id, r.ConsumedCapacity))
+			}
 		}
-		state.AllocatedDevices.Insert(id)
 	})
 }
 
