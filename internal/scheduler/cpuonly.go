@@ -30,6 +30,7 @@ func (p *Plugin) preFilterCPUOnly(ctx context.Context, cs fwk.CycleState, pod *c
 	// which its CPU alone does not tell: its claims place it
 	// (draclaims.go).
 	if len(pod.Spec.ResourceClaims) > 0 {
+		cs.Write(refKey, pluginRef{p}) // for preemption (preemptclaims.go)
 		return p.preFilterClaims(ctx, cs, pod, nodes)
 	}
 	if p.wide(pod.UID) {

@@ -130,7 +130,7 @@ func (p *Plugin) putNominated(v *placement.NodeView, pod *corev1.Pod) {
 	key := kubeobj.Key(pod)
 	node := v.Node.Name
 	cpu, mem := podrequest.EffectiveCPUMemory(pod)
-	if plan := p.planFor(pod.UID, node); plan != nil && v.Put(key, cpu, mem, plan.rec) == nil {
+	if plan := p.planFor(pod.UID, node); plan != nil && plan.rec != nil && v.Put(key, cpu, mem, plan.rec) == nil {
 		return
 	}
 	none := &api.PodAllocation{Node: node}

@@ -11,7 +11,8 @@
 // record; metrics.go publishes the state; nominated.go keeps the nodes
 // kube-scheduler adds pods to and removes pods from within a cycle
 // (PreFilterExtensions) and charges nominated pods; preemption.go is the
-// profile's preemption plugin, TesseraPreemption. What a node that does not
+// profile's preemption plugin, TesseraPreemption, and preemptclaims.go its
+// victims for pods with ResourceClaims. What a node that does not
 // fit says comes from the placement core's table (placement.ReasonKind.Text).
 // The profile's NodeResourcesFit is package resourcesfit.
 package scheduler

@@ -100,14 +100,14 @@ func (pl *Preemption) Name() string { return PreemptionName }
 // for the pod (its plan, nominated.go).
 func (pl *Preemption) PostFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, m fwk.NodeToStatusReader) (*fwk.PostFilterResult, *fwk.Status) {
 	s := readState(cs)
-	if s != nil && s.plugin != nil {
-		pl.tessera.Store(s.plugin)
+	p := pluginOf(cs)
+	if p != nil {
+		pl.tessera.Store(p)
 	}
 	res, st := pl.DefaultPreemption.PostFilter(ctx, cs, pod, m)
-	if s == nil || s.plugin == nil {
+	if p == nil {
 		return res, st
 	}
-	p := s.plugin
 	node := ""
 	if st.IsSuccess() && res != nil && res.NominatingInfo != nil {
 		node = res.NominatedNodeName
@@ -121,6 +121,11 @@ func (pl *Preemption) PostFilter(ctx context.Context, cs fwk.CycleState, pod *co
 	if plan != nil {
 		msg += ": " + plan.String()
 		klog.FromContext(ctx).V(2).Info("Preempting pods for a GPU pod", "pod", klog.KObj(pod), "node", node, "gpus", plan.gpus, "victims", plan.victimKeys())
+	}
+	if s == nil {
+		// A pod with claims: DynamicResources' histogram says why no
+		// node fit; the note says what the victims free.
+		return res, fwk.NewStatus(fwk.Success, statusText(msg))
 	}
 	s.mu.Lock()
 	reasons := append([]placement.Reason(nil), s.reasons...)
@@ -172,6 +177,7 @@ func (pl *Preemption) PodEligibleToPreemptOthers(ctx context.Context, pod *corev
 		held = append(held, key)
 	}
 	p.st.mu.RUnlock()
+	held = append(held, p.claimsHeldStill(plan)...)
 	if len(held) > 0 {
 		return false, fmt.Sprintf("not eligible: pods it preempted on node %s still hold their GPUs (%s).", plan.node, strings.Join(held, ", "))
 	}
@@ -217,23 +223,18 @@ func (p *Plugin) instanceListed(node string, victim *corev1.Pod) bool {
 func (pl *Preemption) SelectVictimsOnNode(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, ni fwk.NodeInfo, pdbs []*policyv1.PodDisruptionBudget) ([]*corev1.Pod, int, *fwk.Status) {
 	s := readState(cs)
 	node := ni.Node().Name
+	if p := pluginOf(cs); servesClaims(p, s, pod) {
+		return pl.selectClaimVictims(ctx, cs, p, pod, ni, pdbs)
+	}
 	if s == nil || s.cpuOnly || s.plugin == nil || s.plugin.onDRA(node) {
 		return pl.DefaultPreemption.SelectVictimsOnNode(ctx, cs, pod, ni, pdbs)
 	}
 	p := s.plugin
 	logger := klog.FromContext(ctx)
-	prio := corev1helpers.PodPriority(pod)
-	var cands []fwk.PodInfo
-	for _, pi := range ni.GetPods() {
-		if corev1helpers.PodPriority(pi.GetPod()) < prio && pl.IsEligiblePod(ni, pi, pod) {
-			cands = append(cands, pi)
-		}
+	cands, protected, st := pl.candidates(ni, pod, pdbs)
+	if st != nil {
+		return nil, 0, st
 	}
-	if len(cands) == 0 {
-		return nil, 0, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, "No preemption victims found for incoming pod")
-	}
-	sort.SliceStable(cands, func(i, j int) bool { return moreImportant(cands[i].GetPod(), cands[j].GetPod()) })
-	protected := pdbProtected(cands, pdbs)
 	p.syncView(cs, ni)
 	remove := func(pi fwk.PodInfo) error {
 		if err := ni.RemovePod(logger, pi.GetPod()); err != nil {
@@ -330,6 +331,24 @@ func (pl *Preemption) SelectVictimsOnNode(ctx context.Context, cs fwk.CycleState
 		p.try(pod.UID, plan)
 	}
 	return out, violating, fwk.NewStatus(fwk.Success)
+}
+
+// candidates are the pods of lower priority than pod on the node that
+// DefaultPreemption may evict, most important first, and which of them a
+// PodDisruptionBudget protects; a status when there are none.
+func (pl *Preemption) candidates(ni fwk.NodeInfo, pod *corev1.Pod, pdbs []*policyv1.PodDisruptionBudget) ([]fwk.PodInfo, []bool, *fwk.Status) {
+	prio := corev1helpers.PodPriority(pod)
+	var cands []fwk.PodInfo
+	for _, pi := range ni.GetPods() {
+		if corev1helpers.PodPriority(pi.GetPod()) < prio && pl.IsEligiblePod(ni, pi, pod) {
+			cands = append(cands, pi)
+		}
+	}
+	if len(cands) == 0 {
+		return nil, nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, "No preemption victims found for incoming pod")
+	}
+	sort.SliceStable(cands, func(i, j int) bool { return moreImportant(cands[i].GetPod(), cands[j].GetPod()) })
+	return cands, pdbProtected(cands, pdbs), nil
 }
 
 // syncView makes the state's view of the node charge no pod that
@@ -500,6 +519,11 @@ type preemptionPlan struct {
 	rec     *api.PodAllocation
 	gpus    []string
 	victims []*corev1.Pod
+	// For a pod with claims (preemptclaims.go; rec is nil): what each
+	// victim's claims free, and the claims freed, which the pod waits
+	// for before it may preempt again.
+	freed  map[types.UID]string
+	claims []claimRef
 }
 
 func (pp *preemptionPlan) victimKeys() []string {
@@ -525,8 +549,12 @@ func (pp *preemptionPlan) String() string {
 		ps = append(ps, fmt.Sprint(pr))
 	}
 	sort.Strings(ps)
-	return fmt.Sprintf("evicting %d pod(s) of priority %s (%s) makes room on %s %s", len(pp.victims), strings.Join(ps, ", "),
-		strings.Join(pp.victimKeys(), ", "), gpu, strings.Join(pp.gpus, ", "))
+	where := gpu + " " + strings.Join(pp.gpus, ", ")
+	if len(pp.gpus) == 0 {
+		where = "node " + pp.node
+	}
+	return fmt.Sprintf("evicting %d pod(s) of priority %s (%s) makes room on %s", len(pp.victims), strings.Join(ps, ", "),
+		strings.Join(pp.victimKeys(), ", "), where)
 }
 
 // try keeps the plan of one node of a dry run (concurrent: one per node).
@@ -645,6 +673,9 @@ func (r gpuRecorder) Eventf(regarding runtime.Object, related runtime.Object, ev
 
 // used is what the victim's record holds on the plan's GPUs.
 func (pp *preemptionPlan) used(victim *corev1.Pod) string {
+	if f, ok := pp.freed[victim.UID]; ok {
+		return f
+	}
 	rec, err := kubeobj.Record(victim)
 	if err != nil {
 		return "no GPU allocation record"

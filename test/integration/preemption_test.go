@@ -213,6 +213,38 @@ func (e *preemptEnv) failedScheduling(name, want string) string {
 	return msg
 }
 
+// noDisruption creates a PodDisruptionBudget that allows no disruption
+// of the pods whose label key has one of the values (no controller
+// updates its status here, so DisruptionsAllowed stays 0).
+func (e *preemptEnv) noDisruption(name, key string, values []string) {
+	e.t.Helper()
+	pdb := &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: gpuNS, Name: name},
+		Spec: policyv1.PodDisruptionBudgetSpec{MaxUnavailable: ptr.To(intstr.FromInt32(0)), Selector: &metav1.LabelSelector{
+			MatchExpressions: []metav1.LabelSelectorRequirement{{Key: key, Operator: metav1.LabelSelectorOpIn, Values: values}}}},
+	}
+	if _, err := e.cp.Client.PolicyV1().PodDisruptionBudgets(gpuNS).Create(e.ctx, pdb, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// keptFrom starts a new attempt of the pod low and fails the test if
+// it is placed: the room is the nominated pod high's.
+func (e *preemptEnv) keptFrom(low, high string) {
+	e.t.Helper()
+	tried := e.hold.Started(gpuNS + "/" + low)
+	if err := e.hold.Kick(gpuNS + "/" + low); err != nil {
+		e.t.Fatal(err)
+	}
+	node, err := e.hold.WaitAttempt(e.ctx, gpuNS+"/"+low, tried, time.Minute)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if node != "" {
+		e.t.Fatalf("%s (lower priority) took the room freed for %s on %s", low, high, node)
+	}
+}
+
 // allocatedShares is the in-process scheduler's gauge
 // tessera_scheduler_gpu_allocated_shares summed over the node's GPUs.
 func allocatedShares(t *testing.T, node string) float64 {
@@ -336,14 +368,7 @@ func TestPreemption(t *testing.T) {
 		// disruption (no controller updates its status here, so
 		// DisruptionsAllowed stays 0). Made before the pods, so the
 		// scheduler's informer has it by the time they are bound.
-		pdb := &policyv1.PodDisruptionBudget{
-			ObjectMeta: metav1.ObjectMeta{Namespace: gpuNS, Name: "keep"},
-			Spec: policyv1.PodDisruptionBudgetSpec{MaxUnavailable: ptr.To(intstr.FromInt32(0)), Selector: &metav1.LabelSelector{
-				MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "index", Operator: metav1.LabelSelectorOpIn, Values: evicted}}}},
-		}
-		if _, err := e.cp.Client.PolicyV1().PodDisruptionBudgets(gpuNS).Create(e.ctx, pdb, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		e.noDisruption("keep", "index", evicted)
 		low := e.fill("pdb", "pdb", 8, quarterGPU, func(i int) map[string]string { return map[string]string{"index": fmt.Sprint(i)} })
 		e.run(fixtures.MakePod().Name("pdb-high").PriorityClassName("high").Container("main", halfGPU), host, "pdb")
 		victims := e.terminating(low, 2)
@@ -406,17 +431,7 @@ func TestPreemption(t *testing.T) {
 		if node := e.hold.Placed(gpuNS + "/kept-low"); node != "" {
 			t.Fatalf("kept-low (priority 10) took the room freed for kept-high (priority 1000) on %s", node)
 		}
-		tried := e.hold.Started(gpuNS + "/kept-low")
-		if err := e.hold.Kick(gpuNS + "/kept-low"); err != nil {
-			t.Fatal(err)
-		}
-		node, err := e.hold.WaitAttempt(e.ctx, gpuNS+"/kept-low", tried, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if node != "" {
-			t.Fatalf("kept-low (priority 10) took the room freed for kept-high (priority 1000) on %s", node)
-		}
+		e.keptFrom("kept-low", "kept-high")
 		e.hold.Release(gpuNS + "/kept-high")
 		if p, _ := e.waitBound("kept-high"); p.Spec.NodeName != "kept" {
 			t.Errorf("kept-high on %s", p.Spec.NodeName)

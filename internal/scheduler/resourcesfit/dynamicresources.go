@@ -8,6 +8,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/dynamic-resource-allocation/structured"
 	configv1 "k8s.io/kube-scheduler/config/v1"
 	fwk "k8s.io/kube-scheduler/framework"
 	schedconfig "k8s.io/kubernetes/pkg/scheduler/apis/config"
@@ -48,6 +50,11 @@ func (a *DRAArgs) DeepCopyObject() runtime.Object {
 type dynamicResources struct {
 	*dynamicresources.DynamicResources
 	stripper
+	// What Filter builds its allocator with where pods were taken off
+	// or put on a node (draoverlay.go); fh is nil when DRA is off.
+	fh       fwk.Handle
+	features structured.Features
+	celCache *cel.Cache
 }
 
 // NewDRA is the plugin factory.
@@ -64,7 +71,8 @@ func NewDRA(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, 
 	if err := scheme.Scheme.Convert(&v1args, &args, nil); err != nil {
 		return nil, fmt.Errorf("%s plugin arguments: %w", DRAName, err)
 	}
-	inner, err := dynamicresources.New(ctx, &args, h, plfeature.NewSchedulerFeaturesFromGates(utilfeature.DefaultFeatureGate))
+	fts := plfeature.NewSchedulerFeaturesFromGates(utilfeature.DefaultFeatureGate)
+	inner, err := dynamicresources.New(ctx, &args, h, fts)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", DRAName, err)
 	}
@@ -72,12 +80,23 @@ func NewDRA(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, 
 	if !ok {
 		return nil, fmt.Errorf("%s: DynamicResources is a %T", DRAName, inner)
 	}
-	return &dynamicResources{DynamicResources: d, stripper: newStripper(a.IgnoredResources, nil)}, nil
+	out := &dynamicResources{DynamicResources: d, stripper: newStripper(a.IgnoredResources, nil)}
+	if fts.EnableDynamicResourceAllocation && h.SharedDRAManager() != nil {
+		out.fh = h
+		out.features, out.celCache = newOverlayParts(fts)
+	}
+	return out, nil
 }
 
 func (d *dynamicResources) Name() string { return DRAName }
 
 // PreFilter hands DynamicResources the pod without the ignored resources.
+// For a pod with claims it also starts the cycle's overlay
+// (draoverlay.go), so that the copies of the state a preemption's dry
+// runs take read the allocated devices once, not once per node.
 func (d *dynamicResources) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodes []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+	if d.fh != nil && len(pod.Spec.ResourceClaims) > 0 {
+		cs.Write(overlayKey, &draOverlay{base: &draBase{}, nodes: map[string]*nodeOverlay{}})
+	}
 	return d.DynamicResources.PreFilter(ctx, cs, d.withoutIgnored(pod), nodes)
 }

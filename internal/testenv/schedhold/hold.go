@@ -168,6 +168,15 @@ func (h *Hold) Gated(pod string) bool {
 	return ok
 }
 
+// Handle is the scheduler framework's handle of the profile (nil before
+// the scheduler has built it): a test reads the scheduler's own caches
+// through it (its claim tracker).
+func (h *Hold) Handle() fwk.Handle {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.handle
+}
+
 // Placed is the node the pod was placed on ("" if none).
 func (h *Hold) Placed(pod string) string {
 	h.mu.Lock()
