@@ -78,11 +78,7 @@ func newVEnv(t *testing.T) *vEnv {
 			}
 			return out
 		},
-		Refused: func(p *v1.Pod, reason string) {
-			e.mu.Lock()
-			defer e.mu.Unlock()
-			e.refused[p.Name] = reason
-		},
+		Refused: e.noteRefused,
 	}
 	e.plugin = deviceplugin.New(deviceplugin.Options{
 		Resource: api.VolcanoVGPUNumber, Paths: paths, PluginDir: root, Guard: guard,
@@ -155,6 +151,13 @@ func (e *vEnv) admit(p *v1.Pod) (map[string]*pluginapi.ContainerAllocateResponse
 		out[c.Name] = resp.ContainerResponses[0]
 	}
 	return out, nil
+}
+
+// noteRefused is the guard's Refused: the agent's event on the pod.
+func (e *vEnv) noteRefused(p *v1.Pod, reason string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.refused[p.Name] = reason
 }
 
 func (e *vEnv) bindPhase(name string) string {

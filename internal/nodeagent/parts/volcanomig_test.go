@@ -88,11 +88,7 @@ func newVMIGEnv(t *testing.T) *vMIGEnv {
 	guard := &deviceplugin.Guard{
 		Names:    api.DefaultResourceNames,
 		NodePods: func() []*v1.Pod { l, _ := e.cluster.Pods.List(labels.Everything()); return l },
-		Refused: func(p *v1.Pod, reason string) {
-			e.mu.Lock()
-			defer e.mu.Unlock()
-			e.refused[p.Name] = reason
-		},
+		Refused:  e.noteRefused,
 	}
 	e.plugin = deviceplugin.New(deviceplugin.Options{
 		Resource: api.VolcanoVGPUNumber, Paths: paths, PluginDir: root, Guard: guard,

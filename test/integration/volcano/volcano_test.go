@@ -238,15 +238,22 @@ spec:
         volcano.sh/vgpu-number: 1
         volcano.sh/vgpu-memory: 3000
 `)
-	var log string
-	testenv.WaitFor(t, "gpu-fill's log", 2*time.Minute, func() bool {
-		out, err := kubectlErr("", "logs", "-n", ns, "fill")
-		log = out
-		return err == nil && strings.Contains(out, "1 MiB more")
-	})
+	log := podLog(t, ns, "fill", "1 MiB more")
 	if !strings.Contains(log, "cuMemGetInfo: total 3000 MiB") || !strings.Contains(log, "1 MiB more: CUDA_ERROR_OUT_OF_MEMORY") {
 		t.Errorf("gpu-fill under a 3000 MiB vGPU:\n%s", log)
 	}
+}
+
+// podLog waits until the log of pod ns/name says until, and returns it.
+func podLog(t *testing.T, ns, name, until string) string {
+	t.Helper()
+	var log string
+	testenv.WaitFor(t, name+"'s log", 2*time.Minute, func() bool {
+		out, err := kubectlErr("", "logs", "-n", ns, name)
+		log = out
+		return err == nil && strings.Contains(out, until)
+	})
+	return log
 }
 
 // job is a Volcano Job of n workers, each asking one vGPU of mib MiB,
@@ -630,12 +637,7 @@ spec:
         volcano.sh/vgpu-memory: 9000
 `)
 	running(t, ns, "", 1, 2*time.Minute)
-	var log string
-	testenv.WaitFor(t, "gpu-fill's log", 2*time.Minute, func() bool {
-		out, err := kubectlErr("", "logs", "-n", ns, "mig")
-		log = out
-		return err == nil && strings.Contains(out, "holding")
-	})
+	log := podLog(t, ns, "mig", "holding")
 	if !strings.Contains(log, "cuMemGetInfo: total 9856 MiB") || !strings.Contains(log, "1 MiB more: CUDA_ERROR_OUT_OF_MEMORY") {
 		t.Errorf("gpu-fill on a 2g.10gb instance:\n%s", log)
 	}
