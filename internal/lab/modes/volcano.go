@@ -40,8 +40,10 @@ func init() {
 // scheduler chose (docs/volcano.md, "MIG mode").
 const VolcanoMIGProfile = "mode: volcano\nsharing: mig-dynamic\nsharesPerGPU: 7\n"
 
-// VolcanoMIGMode is the mig mode's name.
-const VolcanoMIGMode = "volcano-mig"
+// VolcanoMIGMode is the mig mode's name, short like its nodes' names
+// (lab-vc-mig-01): the kubelet's device-plugin sockets live below the
+// node's directory, within a unix socket's 107 bytes.
+const VolcanoMIGMode = "vc-mig"
 
 // VolcanoModes are the lab's modes whose nodes Volcano's scheduler places.
 func VolcanoModes() []string { return []string{VolcanoMode, VolcanoMIGMode} }
@@ -49,10 +51,10 @@ func VolcanoModes() []string { return []string{VolcanoMode, VolcanoMIGMode} }
 func init() {
 	Register(&Mode{
 		Name:    VolcanoMIGMode,
-		Summary: "Volcano's mig mode: Volcano's scheduler picks a MIG geometry group and an instance of it for each vGPU container (volcano.sh/vgpu-memory), the agent makes that instance (with --volcano and --node-groups …@volcano-mig)",
+		Summary: "Volcano's mig mode: Volcano's scheduler picks a MIG geometry group and an instance of it for each vGPU container (volcano.sh/vgpu-memory), the agent makes that instance (with --volcano and --node-groups …@vc-mig)",
 		Order:   61,
-		Profile: VolcanoMIGMode, ProfileYAML: VolcanoMIGProfile, Sharing: api.SharingMIGDynamic,
-		Node: "lab-volcano-mig", Model: "A100-40GB", GPUs: 1,
+		Profile: "volcano-mig", ProfileYAML: VolcanoMIGProfile, Sharing: api.SharingMIGDynamic,
+		Node: "lab-vc-mig", Model: "A100-40GB", GPUs: 1,
 		// Volcano's hami-core pods would fit a GPU in MIG mode too.
 		Taints:    []corev1.Taint{{Key: SharingTaint, Value: VolcanoMIGMode, Effect: corev1.TaintEffectNoSchedule}},
 		Serving:   volcanoMIGServing,

@@ -70,7 +70,7 @@ func run(m *testing.M) int {
 	start := time.Now()
 	// A DRA node beside the volcano node (DRA claims under Volcano), and
 	// a node in Volcano's mig mode.
-	labRun, err := testenv.StartLab(labBin, string(dir), 4*time.Minute, "--node-groups", "1xA100-80GB:1@dra,1xA100-40GB:1@volcano-mig", "--sharing-nodes=false",
+	labRun, err := testenv.StartLab(labBin, string(dir), 4*time.Minute, "--node-groups", "1xA100-80GB:1@dra,1xA100-40GB:1@vc-mig", "--sharing-nodes=false",
 		"--tools", tools, "--volcano", "--volcano-dir", volcanoDir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -602,7 +602,7 @@ spec:
 	}
 }
 
-// TestVolcanoMIG: Volcano's mig mode. On lab-volcano-mig (an A100-40GB in
+// TestVolcanoMIG: Volcano's mig mode. On lab-vc-mig-01 (an A100-40GB in
 // MIG mode, registered in Volcano's mode "mig"), a vGPU pod asking 9000
 // MiB is given by Volcano's scheduler the first instance of the geometry
 // group whose smallest fitting profile is 2g.10gb (deploy/volcano's
@@ -611,7 +611,7 @@ spec:
 // instance's, no limiter: the hardware enforces it), and once the pod is
 // deleted the instance is destroyed.
 func TestVolcanoMIG(t *testing.T) {
-	const ns, node = "vmig", "lab-volcano-mig-01"
+	const ns, node = "vmig", "lab-vc-mig-01"
 	useNamespace(t, ns)
 	reg, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 	if err != nil {
@@ -626,7 +626,7 @@ metadata: {name: mig, namespace: vmig}
 spec:
   restartPolicy: Never
   schedulerName: volcano
-  tolerations: [{key: tessera.io/lab-sharing, value: volcano-mig, effect: NoSchedule}]
+  tolerations: [{key: tessera.io/lab-sharing, value: vc-mig, effect: NoSchedule}]
   containers:
   - name: main
     image: cuda
