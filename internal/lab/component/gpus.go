@@ -206,7 +206,7 @@ func migFromInventory(client kubernetes.Interface, node string, dir labdir.NodeD
 			inv, err := api.DecodeInventory([]byte(n.Annotations[api.AnnotationInventory]))
 			if err != nil {
 				lastErr = fmt.Errorf("node %s's inventory: %w", node, err)
-				return false, nil
+				inv = &api.NodeInventory{}
 			}
 			for _, g := range inv.GPUs {
 				for _, d := range g.MIG.Devices {
