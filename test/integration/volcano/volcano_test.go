@@ -622,7 +622,10 @@ func TestVolcanoMIG(t *testing.T) {
 	}
 	apply(t, `apiVersion: v1
 kind: Pod
-metadata: {name: mig, namespace: vmig}
+metadata:
+  name: mig
+  namespace: vmig
+  annotations: {volcano.sh/vgpu-mode: mig}   # Volcano places it on a GPU in mig mode only
 spec:
   restartPolicy: Never
   schedulerName: volcano
