@@ -2,6 +2,7 @@ package parts
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -38,7 +39,11 @@ type MIGOptions struct {
 	Health func() map[string]health.State
 	// Client asks the API server about a pod the cache does not show.
 	Client kubernetes.Interface
-	Logger klog.Logger
+	// Protocol reads the grants of pods placed by another scheduler
+	// (Volcano's mig mode: the volcano part), whose dynamic instances
+	// are kept like those of Tessera's records.
+	Protocol RecordReader
+	Logger   klog.Logger
 }
 
 // MIG brings the GPUs to the node's MIG configuration (docs/mig-mps.md):
@@ -148,7 +153,7 @@ func (m *MIG) wanted() map[string]map[mig.Instance]bool {
 	// A terminating pod no longer holds its instances: destroying one
 	// whose processes still run is refused by NVML (busy) and retried.
 	holds := func(p *v1.Pod) bool { return !gone(p) && p.Spec.NodeName == m.opts.NodeName }
-	for _, g := range nodeGrants(m.pods, m.opts.NodeName, holds) {
+	for _, g := range nodeGrants(m.pods, m.opts.NodeName, m.record, holds) {
 		if g.MIG == nil || g.MIG.Device != "" {
 			continue
 		}
@@ -158,6 +163,15 @@ func (m *MIG) wanted() map[string]map[mig.Instance]bool {
 		out[g.UUID][mig.Instance{Profile: g.MIG.Profile, Start: g.MIG.Start}] = true
 	}
 	return out
+}
+
+// record reads a pod's grants: Tessera's record, else the protocol's.
+func (m *MIG) record(p *v1.Pod) (*api.PodAllocation, error) {
+	rec, err := kubeobj.Record(p)
+	if errors.Is(err, kubeobj.ErrNoRecord) && m.opts.Protocol != nil {
+		return m.opts.Protocol(p)
+	}
+	return rec, err
 }
 
 // collectLocked destroys dynamic MIG instances no record holds (their
