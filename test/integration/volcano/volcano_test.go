@@ -3,6 +3,7 @@
 package volcano_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -663,18 +664,43 @@ spec:
 			t.Errorf("the limiter given to a MIG instance: %+v", m)
 		}
 	}
+	// The instance is there while its pod runs: the agent's list of MIG
+	// devices (what the node's runtime read to start the container) still
+	// has it, and its log says it was made for this pod.
+	if len(c.GPUs) == 1 {
+		devs := migDevices(t, node)
+		if d, ok := devs[c.GPUs[0].UUID]; !ok || d.Profile != "2g.10gb" || d.Start != 0 {
+			t.Errorf("the node's MIG devices %+v while the pod runs, want %s as 2g.10gb@0", devs, c.GPUs[0].UUID)
+		}
+	}
 	agentLog := dir.Log("node-agent/" + node)
 	made, err := os.ReadFile(agentLog)
-	if err != nil || !regexp.MustCompile(`Created a MIG instance pod="vmig/mig".*instance="2g.10gb@0"`).Match(made) {
-		t.Errorf("the agent's log does not show 2g.10gb@0 made for vmig/mig (%v)", err)
+	if err != nil || !labdir.LogLine("Created a MIG instance", "pod", ns+"/mig", "gpu", gpu, "instance", "2g.10gb@0").Match(made) {
+		t.Errorf("the agent's log does not show 2g.10gb@0 made for %s/mig (%v)", ns, err)
 	}
 	zero := int64(0)
 	if err := client.CoreV1().Pods(ns).Delete(ctx, "mig", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
 		t.Fatal(err)
 	}
-	destroyed := regexp.MustCompile(`Destroyed a MIG instance no pod holds" gpu="` + regexp.QuoteMeta(gpu) + `" instance="2g.10gb@0"`)
+	destroyed := labdir.LogLine("Destroyed a MIG instance no pod holds", "gpu", gpu, "instance", "2g.10gb@0")
 	testenv.WaitFor(t, "the instance destroyed once its pod is gone", 2*time.Minute, func() bool {
 		b, err := os.ReadFile(agentLog)
-		return err == nil && destroyed.Match(b)
+		return err == nil && destroyed.Match(b) && len(migDevices(t, node)) == 0
 	})
+}
+
+// migDevices are the MIG devices the node's agent sees, by UUID (the
+// list it keeps for the node's runtime: a volcano node publishes no
+// inventory).
+func migDevices(t *testing.T, node string) map[string]api.MIGDevice {
+	t.Helper()
+	b, err := os.ReadFile(dir.Node(node).MIGDevices())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var devs map[string]api.MIGDevice
+	if err := json.Unmarshal(b, &devs); err != nil {
+		t.Fatalf("%s: %v", dir.Node(node).MIGDevices(), err)
+	}
+	return devs
 }
