@@ -147,22 +147,29 @@ func (m *MIG) report(r migmgr.Report) {
 }
 
 // wanted are the dynamic MIG instances the records of the pods on the
-// node (not finished) hold, per GPU.
-func (m *MIG) wanted() map[string]map[mig.Instance]bool {
-	out := map[string]map[mig.Instance]bool{}
+// node (not finished) hold, per GPU, and the GPUs where a record holds an
+// instance the agent cannot tell (a Volcano position that does not
+// resolve now: its device configuration unreadable or changed, which the
+// volcano part reports on the Node): every instance of those is kept
+// rather than the one a running pod uses destroyed.
+func (m *MIG) wanted() (want map[string]map[mig.Instance]bool, unknown map[string]bool) {
+	want, unknown = map[string]map[mig.Instance]bool{}, map[string]bool{}
 	// A terminating pod no longer holds its instances: destroying one
 	// whose processes still run is refused by NVML (busy) and retried.
 	holds := func(p *v1.Pod) bool { return !gone(p) && p.Spec.NodeName == m.opts.NodeName }
 	for _, g := range nodeGrants(m.pods, m.opts.NodeName, m.record, holds) {
-		if g.MIG == nil || g.MIG.Device != "" {
-			continue
+		switch {
+		case g.MIG == nil || g.MIG.Device != "":
+		case g.MIG.Profile == "":
+			unknown[g.UUID] = true
+		default:
+			if want[g.UUID] == nil {
+				want[g.UUID] = map[mig.Instance]bool{}
+			}
+			want[g.UUID][mig.Instance{Profile: g.MIG.Profile, Start: g.MIG.Start}] = true
 		}
-		if out[g.UUID] == nil {
-			out[g.UUID] = map[mig.Instance]bool{}
-		}
-		out[g.UUID][mig.Instance{Profile: g.MIG.Profile, Start: g.MIG.Start}] = true
 	}
-	return out
+	return want, unknown
 }
 
 // record reads a pod's grants: Tessera's record, else the protocol's.
@@ -178,7 +185,7 @@ func (m *MIG) record(p *v1.Pod) (*api.PodAllocation, error) {
 // pods are gone), except those just created. An instance whose MIG device
 // still runs processes is kept and logged.
 func (m *MIG) collectLocked(devs []discovery.Device) {
-	want := m.wanted()
+	want, unknown := m.wanted()
 	for i := range devs {
 		d := &devs[i]
 		if !d.GPU.MIG.Enabled || d.MIG == nil {
@@ -191,7 +198,7 @@ func (m *MIG) collectLocked(devs []discovery.Device) {
 		}
 		for _, in := range insts {
 			key := d.GPU.UUID + "/" + in.String()
-			if want[d.GPU.UUID][in] || m.ownerLives(m.created[key]) {
+			if want[d.GPU.UUID][in] || unknown[d.GPU.UUID] || m.ownerLives(m.created[key]) {
 				continue
 			}
 			if err := migmgr.Destroy(d, in); err != nil {

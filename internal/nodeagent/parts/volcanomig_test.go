@@ -3,6 +3,7 @@ package parts
 import (
 	"context"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -203,25 +204,39 @@ func TestVolcanoMIGMode(t *testing.T) {
 	}
 	// An agent restart: a MIG part that did not create the instances
 	// keeps those Volcano's annotations hold for live pods.
-	e.mig = e.newMIG(t)
-	if err := e.mig.Start(e.ctx, e.cluster); err != nil {
-		t.Fatal(err)
-	}
-	e.mig.PrepareDevices(e.cfg)
+	e.restartMIG()
 	if got := e.nvml.MIGInstances(0); len(got) != 2 {
 		t.Fatalf("instances after a restart %v, want both kept", got)
 	}
 	if err := e.client.CoreV1().Pods("ns").Delete(e.ctx, "mig-a", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	e.collectUntil("mig-a is gone", "2g.10gb@2")
+}
+
+// restartMIG is an agent restart as the MIG part sees it: a part that
+// made none of the instances, which collects once.
+func (e *vMIGEnv) restartMIG() {
+	e.t.Helper()
+	e.mig = e.newMIG(e.t)
+	if err := e.mig.Start(e.ctx, e.cluster); err != nil {
+		e.t.Fatal(err)
+	}
+	e.mig.PrepareDevices(e.cfg)
+}
+
+// collectUntil runs the MIG part's collection until the GPU's instances
+// are want (the agent's pod cache may lag the API server).
+func (e *vMIGEnv) collectUntil(what string, want ...string) {
+	e.t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		e.mig.PrepareDevices(e.cfg)
-		if got := e.nvml.MIGInstances(0); len(got) == 1 && got[0] == "2g.10gb@2" {
-			break
+		if got := e.nvml.MIGInstances(0); slices.Equal(got, want) {
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("instances %v once mig-a is gone, want 2g.10gb@2 alone", e.nvml.MIGInstances(0))
+			e.t.Fatalf("instances %v once %s, want %v", e.nvml.MIGInstances(0), what, want)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -241,9 +256,7 @@ func TestVolcanoMIGConfigMissing(t *testing.T) {
 	if err := e.client.CoreV1().ConfigMaps(api.VolcanoDeviceConfigNamespace).Delete(e.ctx, api.VolcanoDeviceConfigName, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	e.volcano.mu.Lock()
-	e.volcano.cfgCache = deviceConfigCache{} // past its TTL
-	e.volcano.mu.Unlock()
+	e.expireDeviceConfig()
 	d := e.devices.List()[0]
 	inv := &api.NodeInventory{GPUs: []api.GPU{d.GPU}}
 	inv.GPUs[0].Sharing = api.SharingMIGDynamic
@@ -262,4 +275,56 @@ func TestVolcanoMIGConfigMissing(t *testing.T) {
 	if got := e.nvml.MIGInstances(0); len(got) != 0 {
 		t.Errorf("instances %v made for a refused pod", got)
 	}
+}
+
+// TestVolcanoMIGPositionUnknown: after an agent restart, while Volcano's
+// device configuration cannot be read, the agent cannot tell which
+// instance a live pod's position names: it keeps the GPU's instances
+// rather than destroy those the pods run on. Once the configuration is
+// back, the instance of a pod that is gone is destroyed and the live
+// pod's kept.
+func TestVolcanoMIGPositionUnknown(t *testing.T) {
+	e := newVMIGEnv(t)
+	for _, p := range []*v1.Pod{e.pod("mig-a", "9000", "[group2-0]"), e.pod("mig-b", "9000", "[group2-1]")} {
+		if _, err := e.admit(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.synced("mig-a", "mig-b")
+	if got := e.nvml.MIGInstances(0); len(got) != 2 {
+		t.Fatalf("instances %v, want two", got)
+	}
+	cms := e.client.CoreV1().ConfigMaps(api.VolcanoDeviceConfigNamespace)
+	cm, err := cms.Get(e.ctx, api.VolcanoDeviceConfigName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cms.Delete(e.ctx, cm.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.expireDeviceConfig()
+	// The restarted agent made neither instance and cannot resolve the
+	// pods' positions.
+	e.restartMIG()
+	if got := e.nvml.MIGInstances(0); len(got) != 2 {
+		t.Fatalf("instances %v while the pods' positions cannot be resolved, want both kept", got)
+	}
+
+	if err := e.client.CoreV1().Pods("ns").Delete(e.ctx, "mig-b", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cm.ResourceVersion = ""
+	if _, err := cms.Create(e.ctx, cm, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.expireDeviceConfig()
+	e.collectUntil("mig-b is gone and the configuration is back", "2g.10gb@0")
+}
+
+// expireDeviceConfig makes the volcano part read Volcano's device
+// configuration again (as once its cache's TTL passed).
+func (e *vMIGEnv) expireDeviceConfig() {
+	e.volcano.mu.Lock()
+	e.volcano.cfgCache = deviceConfigCache{}
+	e.volcano.mu.Unlock()
 }
