@@ -61,12 +61,15 @@ var (
 )
 
 // Volcano manifests (docs/volcano.md): the admission policy of Volcano's
-// vGPU annotations and the node agents' extra RBAC on volcano nodes.
+// vGPU annotations, the node agents' extra RBAC on volcano nodes, and
+// Volcano's device configuration with the MIG geometries of its mig mode.
 var (
 	//go:embed volcano/admission.yaml
 	VolcanoAdmission []byte
 	//go:embed volcano/node-agent-rbac.yaml
 	VolcanoNodeAgentRBAC []byte
+	//go:embed volcano/device-config.yaml
+	VolcanoDeviceConfig []byte
 )
 
 // VolcanoSchedulerConf is volcano/scheduler.conf: Volcano's scheduler

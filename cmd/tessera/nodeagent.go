@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -52,6 +53,7 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.StringVar(&def.StateRoot, "state-root", def.StateRoot, "host directory of the per-container limiter state")
 	fs.StringVar(&def.StateContainer, "state-container-path", def.StateContainer, "where containers see their state directory")
 	fs.StringVar(&def.BudgetHost, "budget-dir", def.BudgetHost, "host directory of the GPU budget files (memory no container is guaranteed, and who borrows it), mounted read-only into containers with a memory ceiling")
+	volcanoCM := fs.String("volcano-device-config", api.VolcanoDeviceConfigNamespace+"/"+api.VolcanoDeviceConfigName, `Volcano's device configuration ConfigMap "namespace/name", whose MIG geometries a node in Volcano's mig mode reads (docs/volcano.md)`)
 	recordKeys := fs.String("record-keys", recordsig.DefaultNamespace+"/"+recordsig.DefaultPublicKeys, `ConfigMap "namespace/name" with the scheduler's public keys; every record's signature is checked against them ("" : not checked, records rest on the admission policy alone)`)
 	acceptUnsigned := fs.Bool("accept-unsigned-records", false, "serve records without a signature (only while upgrading from a release whose scheduler did not sign; docs/upgrading.md)")
 	deviceList := fs.String("device-list-strategy", string(deviceplugin.DeviceListEnvvar), "how GPUs reach the container runtime: envvar (NVIDIA_VISIBLE_DEVICES), cdi-cri (CDI devices nvidia.com/gpu=<UUID>) or volume-mounts (docs/security.md)")
@@ -113,6 +115,10 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	for _, ns := range splitList(*exempt) {
 		exemptNS[ns] = true
 	}
+	vcNS, vcName, ok := strings.Cut(*volcanoCM, "/")
+	if !ok || vcNS == "" || vcName == "" {
+		return fmt.Errorf("%w: --volcano-device-config %q: want \"namespace/name\"", errUsage, *volcanoCM)
+	}
 	var cmNS, cmName string
 	if *cm != "" {
 		var ok bool
@@ -168,10 +174,11 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			TolerancePercent: *tolerance, ToleranceMiB: *toleranceMiB,
 			Exempt: func(ns string) bool { return exemptNS[ns] },
 		},
-		MPSControl:     []string{*mpsControl},
-		MPSRoot:        *mpsRoot,
-		DRA:            draOpts,
-		MetricsAddress: *metricsAddr,
+		MPSControl:          []string{*mpsControl},
+		MPSRoot:             *mpsRoot,
+		DRA:                 draOpts,
+		VolcanoDeviceConfig: types.NamespacedName{Namespace: vcNS, Name: vcName},
+		MetricsAddress:      *metricsAddr,
 	}, logger)
 	if err != nil {
 		return err

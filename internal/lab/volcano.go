@@ -15,6 +15,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -25,6 +26,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/internal/install"
@@ -77,9 +79,19 @@ func (v VolcanoBinaries) Check() error {
 }
 
 // volcanoNodeSelectors are the nodes Volcano's scheduler sees: those whose
-// profile is Tessera's volcano mode, and the DRA nodes (DRA claims under
-// Volcano).
-var volcanoNodeSelectors = []string{api.LabelNodeConfig + ":volcano", api.LabelNodeConfig + ":dra"}
+// profile is one of Tessera's volcano modes, and the DRA nodes (DRA claims
+// under Volcano).
+func volcanoNodeSelectors() []string {
+	var out []string
+	for _, m := range append(modes.VolcanoModes(), "dra") {
+		mode, err := modes.Named(m)
+		if err != nil {
+			panic(err) // the lab's own modes
+		}
+		out = append(out, api.LabelNodeConfig+":"+mode.Profile)
+	}
+	return out
+}
 
 // startVolcano installs Volcano's CRDs, its components' identities,
 // Tessera's deploy/volcano (the node agents' RBAC, the annotations'
@@ -101,6 +113,10 @@ func startVolcano(ctx context.Context, sup *supervisor.Supervisor, client kubern
 	}
 	if err := install.Volcano(ctx, client); err != nil {
 		return fmt.Errorf("deploy/volcano: %w", err)
+	}
+	// Volcano's scheduler reads its device configuration once, at start.
+	if err := ensureVolcanoDeviceConfig(ctx, client); err != nil {
+		return fmt.Errorf("deploy/volcano/device-config.yaml: %w", err)
 	}
 	kubeconfigs, tokens := map[string]string{}, map[string]string{}
 	for _, sa := range []string{VolcanoSchedulerAccount, VolcanoControllerAccount} {
@@ -152,7 +168,7 @@ func startVolcano(ctx context.Context, sup *supervisor.Supervisor, client kubern
 		// off by default, in the Kubernetes 1.34 code Volcano v1.14 links.
 		"--feature-gates=DRAConsumableCapacity=true",
 	}
-	for _, s := range volcanoNodeSelectors {
+	for _, s := range volcanoNodeSelectors() {
 		args = append(args, "--node-selector="+s)
 	}
 	if err := start(VolcanoScheduler, VolcanoSchedulerAccount, bins.Scheduler(), args); err != nil {
@@ -165,6 +181,25 @@ func startVolcano(ctx context.Context, sup *supervisor.Supervisor, client kubern
 		// others' CRDs are not installed).
 		"--controllers=job-controller,pg-controller,queue-controller,gc-controller",
 	})
+}
+
+// ensureVolcanoDeviceConfig creates (or replaces) Volcano's device
+// configuration, deploy/volcano/device-config.yaml.
+func ensureVolcanoDeviceConfig(ctx context.Context, client kubernetes.Interface) error {
+	var cm corev1.ConfigMap
+	if err := yaml.UnmarshalStrict(deploy.VolcanoDeviceConfig, &cm); err != nil {
+		return err
+	}
+	cms := client.CoreV1().ConfigMaps(cm.Namespace)
+	old, err := cms.Get(ctx, cm.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		_, err = cms.Create(ctx, &cm, metav1.CreateOptions{})
+	case err == nil:
+		old.Data = cm.Data
+		_, err = cms.Update(ctx, old, metav1.UpdateOptions{})
+	}
+	return err
 }
 
 // waitVolcanoSees waits until Volcano's scheduler has read the GPUs of
@@ -189,7 +224,7 @@ func waitVolcanoSees(ctx context.Context, client kubernetes.Interface, nodes []m
 		}
 		waiting = waiting[:0]
 		for _, n := range nodes {
-			if n.Mode != modes.VolcanoMode || seen[n.Name] {
+			if !slices.Contains(modes.VolcanoModes(), n.Mode) || seen[n.Name] {
 				continue
 			}
 			node, err := client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})

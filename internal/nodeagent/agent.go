@@ -69,6 +69,10 @@ type Options struct {
 	// arguments; default "nvidia-cuda-mps-control" from $PATH), for nodes
 	// in mps mode.
 	MPSControl []string
+	// VolcanoDeviceConfig is Volcano's device configuration ConfigMap,
+	// read on nodes in Volcano's mig mode (default
+	// kube-system/volcano-vgpu-device-config, Volcano's).
+	VolcanoDeviceConfig types.NamespacedName
 	// MPSRoot is the host directory of the MPS daemons' pipes and logs
 	// (default mps.DefaultRoot; a profile's flags.mpsRoot wins).
 	MPSRoot string

@@ -19,8 +19,10 @@ import (
 func (a *Agent) newParts(lib nvml.Interface) []parts.Part {
 	o, logger := a.opts, a.logger
 	state := statedir.Dirs{Root: o.Paths.StateRoot}
+	volcano := parts.NewVolcano(parts.VolcanoOptions{NodeName: o.NodeName, Client: a.client, State: state, Devices: a.devices,
+		DeviceConfig: o.VolcanoDeviceConfig, Logger: logger.WithName("volcano")})
 	mig := parts.NewMIG(parts.MIGOptions{
-		NodeName: o.NodeName, Devices: a.devices, Health: a.monitor.Snapshot, Client: a.client, Logger: logger,
+		NodeName: o.NodeName, Devices: a.devices, Health: a.monitor.Snapshot, Client: a.client, Protocol: volcano.Record, Logger: logger,
 	})
 	mps := parts.NewMPS(parts.MPSOptions{NodeName: o.NodeName, Control: o.MPSControl, Root: o.MPSRoot, Logger: logger})
 	list := []parts.Part{mig}
@@ -51,7 +53,6 @@ func (a *Agent) newParts(lib nvml.Interface) []parts.Part {
 			Reconcile: rec, Devices: a.devices, State: state, Logger: logger,
 		})
 		limits := a.driverLimits()
-		volcano := parts.NewVolcano(parts.VolcanoOptions{NodeName: o.NodeName, Client: a.client, State: state, Logger: logger.WithName("volcano")})
 		plugins := parts.NewPlugins(parts.PluginsOptions{
 			NodeName: o.NodeName, Names: a.names, Paths: o.Paths,
 			PluginDir: o.PluginDir, PodResourcesSocket: o.PodResourcesSocket, DeviceList: o.DeviceList, SocketDir: o.PluginSocketDir,

@@ -27,11 +27,26 @@ const MaxAnnotationBytes = 64 << 10
 
 // Device is one GPU of a container's grant, as the annotation writes it.
 type Device struct {
+	// UUID is the GPU's, without the MIG position.
 	UUID string
+	// MIG is the instance Volcano's mig mode chose on the GPU (nil: a
+	// share of the GPU, hami-core mode).
+	MIG *MIGPosition
 	// Type is the device type Volcano writes ("NVIDIA").
-	Type      string
+	Type string
+	// MemoryMiB is the memory asked of the GPU; in mig mode the
+	// instance's memory is at least that.
 	MemoryMiB int64
 	Cores     int
+}
+
+// ID is the device as Volcano writes it: the UUID, and the MIG position
+// after it.
+func (d Device) ID() string {
+	if d.MIG == nil {
+		return d.UUID
+	}
+	return d.UUID + d.MIG.String()
 }
 
 // DecodePodDevices parses AnnotationVolcanoIDs: per vGPU container (";"
@@ -66,7 +81,11 @@ func decodeDevice(s string) (Device, error) {
 	if len(f) != 4 {
 		return Device{}, fmt.Errorf("%d fields, want 4 (uuid,type,memory MiB,cores)", len(f))
 	}
-	if err := checkUUID(f[0]); err != nil {
+	uuid, pos, err := parseMIGID(f[0])
+	if err != nil {
+		return Device{}, err
+	}
+	if err := checkUUID(uuid); err != nil {
 		return Device{}, err
 	}
 	mem, err := strconv.ParseInt(f[2], 10, 64)
@@ -77,15 +96,11 @@ func decodeDevice(s string) (Device, error) {
 	if err != nil || cores < 0 || cores > api.MaxCores {
 		return Device{}, fmt.Errorf("cores %q is not a percentage in [0, %d]", f[3], api.MaxCores)
 	}
-	return Device{UUID: f[0], Type: f[1], MemoryMiB: mem, Cores: cores}, nil
+	return Device{UUID: uuid, MIG: pos, Type: f[1], MemoryMiB: mem, Cores: cores}, nil
 }
 
-// checkUUID accepts a GPU UUID; a MIG position ("GPU-…[group-3]", what
-// Volcano's mig mode writes) is refused by name.
+// checkUUID accepts a GPU UUID.
 func checkUUID(u string) error {
-	if strings.ContainsAny(u, "[]") {
-		return fmt.Errorf("%q names a MIG position of Volcano's mig mode; this node registers its GPUs in mode %s", u, api.VolcanoModeHAMiCore)
-	}
 	if !strings.HasPrefix(u, "GPU-") || len(u) > 128 {
 		return fmt.Errorf("%q is not a GPU UUID", u)
 	}
@@ -98,7 +113,7 @@ func EncodePodDevices(pd [][]Device) string {
 	for i, cd := range pd {
 		var b strings.Builder
 		for _, d := range cd {
-			fmt.Fprintf(&b, "%s,%s,%d,%d:", d.UUID, d.Type, d.MemoryMiB, d.Cores)
+			fmt.Fprintf(&b, "%s,%s,%d,%d:", d.ID(), d.Type, d.MemoryMiB, d.Cores)
 		}
 		parts[i] = b.String()
 	}
@@ -115,7 +130,8 @@ type RegisteredGPU struct {
 	// Model is NVML's name; the type is "NVIDIA-<model>".
 	Model   string
 	Healthy bool
-	// Mode is the GPU's sharing mode (api.VolcanoModeHAMiCore).
+	// Mode is the GPU's sharing mode (api.VolcanoModeHAMiCore or
+	// api.VolcanoModeMIG).
 	Mode string
 }
 
@@ -125,9 +141,8 @@ type RegisteredGPU struct {
 // replaced.
 func EncodeRegister(gpus []RegisteredGPU) string {
 	var b strings.Builder
-	clean := strings.NewReplacer(",", " ", ":", " ", ";", " ")
 	for _, g := range gpus {
-		fmt.Fprintf(&b, "%s,%d,%d,%s-%s,%t,%s:", g.UUID, g.Split, g.MemoryMiB, api.VolcanoDeviceType, clean.Replace(g.Model), g.Healthy, g.Mode)
+		fmt.Fprintf(&b, "%s,%d,%d,%s,%t,%s:", g.UUID, g.Split, g.MemoryMiB, RegisteredType(g.Model), g.Healthy, g.Mode)
 	}
 	return b.String()
 }
@@ -217,7 +232,10 @@ func RequestsVGPU(pod *corev1.Pod) bool {
 // shape of Tessera's allocation record (held in memory only: the node
 // agent's checks, its ledger and its answers to the kubelet work on it).
 // The node is the annotation's, not the pod's: the caller compares them.
-func Record(pod *corev1.Pod) (*api.PodAllocation, error) {
+// A device with a MIG position (Volcano's mig mode) becomes a MIG grant of
+// the instance instance names; an empty one where it cannot tell, which
+// Match then refuses saying why.
+func Record(pod *corev1.Pod, instance func(Device) api.MIGGrant) (*api.PodAllocation, error) {
 	node, ok := pod.Annotations[api.AnnotationVolcanoNode]
 	ids, ok2 := pod.Annotations[api.AnnotationVolcanoIDs]
 	if !ok || !ok2 {
@@ -238,19 +256,37 @@ func Record(pod *corev1.Pod) (*api.PodAllocation, error) {
 	for i, a := range asks {
 		c := api.ContainerAllocation{Name: a.Container}
 		for _, d := range pd[i] {
-			c.Devices = append(c.Devices, api.DeviceGrant{UUID: d.UUID, MemoryMiB: d.MemoryMiB, Cores: d.Cores})
+			g := api.DeviceGrant{UUID: d.UUID, MemoryMiB: d.MemoryMiB, Cores: d.Cores}
+			if d.MIG != nil {
+				var m api.MIGGrant
+				if instance != nil {
+					m = instance(d)
+				}
+				g.MIG = &m
+			}
+			c.Devices = append(c.Devices, g)
 		}
 		rec.Containers = append(rec.Containers, c)
 	}
 	return rec, nil
 }
 
+// GPUInfo is what Match needs to know of a GPU of the node.
+type GPUInfo struct {
+	// MemoryMiB is its registered memory.
+	MemoryMiB int64
+	// MIG: it is registered in mode mig.
+	MIG bool
+}
+
 // Match checks that the annotations grant the pod exactly what Volcano
 // gives its spec (Asks): per vGPU container as many distinct GPUs as it
 // asks, each of Volcano's type, with the memory Volcano computes from the
-// GPU's registered memory (gpuMiB) and the cores asked. It cannot tell
-// which GPUs Volcano chose; the node's ledger checks that they fit.
-func Match(pod *corev1.Pod, gpuMiB func(uuid string) (int64, bool)) error {
+// GPU's registered memory and the cores asked; a MIG position exactly on
+// the GPUs registered in mode mig, each checked by instance (nil: none
+// is accepted). It cannot tell which GPUs Volcano chose; the node's
+// ledger checks that they fit.
+func Match(pod *corev1.Pod, gpu func(uuid string) (GPUInfo, bool), instance func(Device) error) error {
 	pd, err := DecodePodDevices(pod.Annotations[api.AnnotationVolcanoIDs])
 	if err != nil {
 		return err
@@ -276,15 +312,29 @@ func Match(pod *corev1.Pod, gpuMiB func(uuid string) (int64, bool)) error {
 			if d.Type != api.VolcanoDeviceType {
 				return fmt.Errorf("container %q: GPU %s has device type %q, want %q", a.Container, d.UUID, d.Type, api.VolcanoDeviceType)
 			}
-			mem, ok := gpuMiB(d.UUID)
+			info, ok := gpu(d.UUID)
 			if !ok {
 				return fmt.Errorf("container %q: GPU %s is not a GPU of this node", a.Container, d.UUID)
 			}
-			if want := a.MemoryOn(mem); d.MemoryMiB != want {
+			switch {
+			case d.MIG != nil && !info.MIG:
+				return fmt.Errorf("container %q: %s names a MIG position of Volcano's mig mode; GPU %s is registered in mode %s", a.Container, d.ID(), d.UUID, api.VolcanoModeHAMiCore)
+			case d.MIG == nil && info.MIG:
+				return fmt.Errorf("container %q: GPU %s is granted as a share, but it is registered in mode %s: a share of a GPU in MIG mode cannot run (does Volcano's scheduler have a MIG geometry for it? docs/volcano.md, \"MIG mode\")", a.Container, d.UUID, api.VolcanoModeMIG)
+			}
+			if want := a.MemoryOn(info.MemoryMiB); d.MemoryMiB != want {
 				return fmt.Errorf("container %q: GPU %s is granted %d MiB, the container asks for %s", a.Container, d.UUID, d.MemoryMiB, a.describeMemory(want))
 			}
 			if d.Cores != a.Cores {
 				return fmt.Errorf("container %q: GPU %s is granted %d percent of the cores, the container asks for %d", a.Container, d.UUID, d.Cores, a.Cores)
+			}
+			if d.MIG != nil {
+				if instance == nil {
+					return fmt.Errorf("container %q: %s names a MIG position, and this node serves no MIG instances", a.Container, d.ID())
+				}
+				if err := instance(d); err != nil {
+					return fmt.Errorf("container %q: %s: %v", a.Container, d.ID(), err)
+				}
 			}
 		}
 	}

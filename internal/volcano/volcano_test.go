@@ -51,7 +51,11 @@ func TestDecodePodDevices(t *testing.T) {
 		{gpuA + ",NVIDIA,2000,101:", "cores \"101\""},
 		{gpuA + ",NVIDIA,99999999999999999999,0:", "memory"},
 		{"nvidia0,NVIDIA,2000,0:", "not a GPU UUID"},
-		{gpuA + "[group2-3],NVIDIA,20480,0:", "MIG position"},
+		{gpuA + "[group2],NVIDIA,20480,0:", "not a MIG position"},
+		{gpuA + "[group-2-3],NVIDIA,20480,0:", "not a MIG position"},
+		{gpuA + "[group2-3]x,NVIDIA,20480,0:", "not a MIG position"},
+		{gpuA + "]group2-3[,NVIDIA,20480,0:", "not a MIG position"},
+		{gpuA + "[group2--1],NVIDIA,20480,0:", "not a MIG position"},
 		{strings.Repeat(gpuA+",NVIDIA,1,0:", 2000), "more than"},
 	} {
 		if _, err := DecodePodDevices(bad.in); err == nil || !strings.Contains(err.Error(), bad.want) {
@@ -105,7 +109,7 @@ func TestAsks(t *testing.T) {
 // TestMatch: the annotations must grant each vGPU container exactly its
 // ask, on distinct GPUs of the node.
 func TestMatch(t *testing.T) {
-	mem := func(u string) (int64, bool) { return 40960, u == gpuA || u == gpuB }
+	mem := func(u string) (GPUInfo, bool) { return GPUInfo{MemoryMiB: 40960}, u == gpuA || u == gpuB }
 	ask := container("c", map[string]string{api.VolcanoVGPUNumber: "2", api.VolcanoVGPUMemoryPercentage: "50", api.VolcanoVGPUCores: "20"})
 	for _, tc := range []struct {
 		name, ids, want string
@@ -118,15 +122,16 @@ func TestMatch(t *testing.T) {
 		{"type", gpuA + ",MLU,20480,20:" + gpuB + ",NVIDIA,20480,20:", "device type \"MLU\""},
 		{"elsewhere", gpuA + ",NVIDIA,20480,20:GPU-ffffffff-0000-0000-0000-000000000000,NVIDIA,20480,20:", "not a GPU of this node"},
 		{"extra container", gpuA + ",NVIDIA,20480,20:" + gpuB + ",NVIDIA,20480,20:;" + gpuA + ",NVIDIA,1,0:", "2 container entries, the pod has 1"},
+		{"MIG on hami-core", gpuA + "[group1-0],NVIDIA,20480,20:" + gpuB + ",NVIDIA,20480,20:", "names a MIG position of Volcano's mig mode; GPU " + gpuA + " is registered in mode hami-core"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := podOf(map[string]string{api.AnnotationVolcanoNode: "n", api.AnnotationVolcanoIDs: tc.ids}, ask)
-			err := Match(p, mem)
+			err := Match(p, mem, nil)
 			if tc.want == "" {
 				if err != nil {
 					t.Fatal(err)
 				}
-				rec, err := Record(p)
+				rec, err := Record(p, nil)
 				if err != nil || rec.Node != "n" || rec.PodUID != "u" || len(rec.Containers) != 1 || rec.Containers[0].Devices[1] != (api.DeviceGrant{UUID: gpuB, MemoryMiB: 20480, Cores: 20}) {
 					t.Errorf("record %+v, %v", rec, err)
 				}

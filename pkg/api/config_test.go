@@ -108,7 +108,9 @@ func TestNodeConfigValidate(t *testing.T) {
 			`sharing "mig" with mode "dra": a DRA node shares GPUs by capacity ("shared") or gives them whole ("exclusive"); mig is served by the device plugin (mode "device-plugin")`},
 		{"dra overcommit", func(c *NodeConfig) { c.Mode, c.MemoryOvercommit = ModeDRA, 2 }, `memoryOvercommit 2 with mode "dra": DRA capacities are the GPUs' physical memory (must be 1)`},
 		{"volcano exclusive", func(c *NodeConfig) { c.Mode, c.Sharing, c.SharesPerGPU = ModeVolcano, SharingExclusive, 1 },
-			`sharing "exclusive" with mode "volcano": a volcano node shares its GPUs through the limiter ("shared")`},
+			`sharing "exclusive" with mode "volcano": a volcano node shares its GPUs through the limiter ("shared", Volcano's hami-core mode) or by MIG instances made for each pod ("mig-dynamic", Volcano's mig mode)`},
+		{"volcano static mig", func(c *NodeConfig) { c.Mode, c.Sharing, c.MIGStrategy = ModeVolcano, SharingMIG, MIGStrategyMixed },
+			`sharing "mig" with mode "volcano": a volcano node shares its GPUs through the limiter ("shared", Volcano's hami-core mode) or by MIG instances made for each pod ("mig-dynamic", Volcano's mig mode)`},
 		{"volcano overcommit", func(c *NodeConfig) { c.Mode, c.MemoryOvercommit = ModeVolcano, 2 },
 			`memoryOvercommit 2 with mode "volcano": the GPUs are registered with Volcano at their physical memory (must be 1)`},
 	}

@@ -90,6 +90,18 @@ const (
 	VolcanoModeMIG      = "mig"
 )
 
+// Volcano's device configuration: the ConfigMap its scheduler's
+// deviceshare plugin reads at start (deviceshare.KnownGeometriesCMName
+// and KnownGeometriesCMNamespace change it), whose key holds the vGPU
+// resource names and, for mig mode, the MIG geometries of each GPU model
+// (nvidia.knownMigGeometries). A node in Volcano's mig mode reads the
+// same geometries to find the instance Volcano chose.
+const (
+	VolcanoDeviceConfigNamespace = "kube-system"
+	VolcanoDeviceConfigName      = "volcano-vgpu-device-config"
+	VolcanoDeviceConfigKey       = "device-config.yaml"
+)
+
 // VolcanoDeviceType is the device type Volcano writes per allocated GPU;
 // a GPU's type in the registration starts with it ("NVIDIA-<model>").
 const VolcanoDeviceType = "NVIDIA"
@@ -104,12 +116,14 @@ const VolcanoSchedulerName = "volcano"
 const ModeVolcano NodeMode = "volcano"
 
 // validateVolcano checks what a volcano node supports: shares enforced by
-// the limiter (Volcano's hami-core mode), sharesPerGPU as Volcano's split
-// count, and memory as NVML reports it (Volcano's memory scaling is not
-// offered: the registration is the GPUs' physical memory).
+// the limiter (Volcano's hami-core mode) or MIG instances made for each
+// pod (Volcano's mig mode, sharing mig-dynamic), sharesPerGPU as Volcano's
+// split count, and memory as NVML reports it (Volcano's memory scaling is
+// not offered: the registration is the GPUs' physical memory).
 func (c *NodeConfig) validateVolcano() error {
-	if c.Sharing != SharingShared {
-		return fmt.Errorf("sharing %q with mode %q: a volcano node shares its GPUs through the limiter (%q)", c.Sharing, ModeVolcano, SharingShared)
+	if c.Sharing != SharingShared && c.Sharing != SharingMIGDynamic {
+		return fmt.Errorf("sharing %q with mode %q: a volcano node shares its GPUs through the limiter (%q, Volcano's %s mode) or by MIG instances made for each pod (%q, Volcano's %s mode)",
+			c.Sharing, ModeVolcano, SharingShared, VolcanoModeHAMiCore, SharingMIGDynamic, VolcanoModeMIG)
 	}
 	if c.MemoryOvercommit != 1 {
 		return fmt.Errorf("memoryOvercommit %v with mode %q: the GPUs are registered with Volcano at their physical memory (must be 1)", c.MemoryOvercommit, ModeVolcano)

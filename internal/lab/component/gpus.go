@@ -2,6 +2,7 @@ package component
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -186,10 +187,11 @@ func labContainer(t tools.Dir, gpus *nodeGPUs) func(*hollowkubelet.Container, *c
 	}
 }
 
-// migFromInventory finds a MIG device in the node's inventory (the node
-// agent publishes a dynamic instance just after making it, so a device
-// not there yet is waited for, up to wait).
-func migFromInventory(client kubernetes.Interface, node string, wait time.Duration) func(string) (string, fakegpu.GPU, error) {
+// migFromInventory finds a MIG device in the node's inventory, or in its
+// agent's list of MIG devices (dir; a volcano node publishes no
+// inventory). The node agent publishes a dynamic instance just after
+// making it, so a device not there yet is waited for, up to wait.
+func migFromInventory(client kubernetes.Interface, node string, dir labdir.NodeDir, wait time.Duration) func(string) (string, fakegpu.GPU, error) {
 	return func(uuid string) (string, fakegpu.GPU, error) {
 		var parent string
 		var dev fakegpu.GPU
@@ -205,13 +207,22 @@ func migFromInventory(client kubernetes.Interface, node string, wait time.Durati
 			inv, err := api.DecodeInventory([]byte(n.Annotations[api.AnnotationInventory]))
 			if err != nil {
 				lastErr = fmt.Errorf("node %s's inventory: %w", node, err)
-				return false, nil
+				inv = &api.NodeInventory{}
 			}
 			for _, g := range inv.GPUs {
 				for _, d := range g.MIG.Devices {
 					if strings.EqualFold(d.UUID, uuid) {
-						parent = g.UUID
-						dev = fakegpu.GPU{UUID: d.UUID, Name: strings.TrimPrefix(g.Model, "Mock ") + " MIG " + d.Profile, MemoryBytes: uint64(d.MemoryMiB) << 20, SMs: uint32(d.SMCount)}
+						parent, dev = g.UUID, migGPU(g.Model, d)
+						return true, nil
+					}
+				}
+			}
+			// A volcano node publishes no inventory: its agent's list.
+			var devs map[string]LabMIGDevice
+			if b, err := os.ReadFile(dir.MIGDevices()); err == nil && json.Unmarshal(b, &devs) == nil {
+				for u, d := range devs {
+					if strings.EqualFold(u, uuid) {
+						parent, dev = d.Parent, migGPU(d.Model, d.MIGDevice)
 						return true, nil
 					}
 				}
@@ -223,4 +234,9 @@ func migFromInventory(client kubernetes.Interface, node string, wait time.Durati
 		}
 		return parent, dev, nil
 	}
+}
+
+// migGPU is a MIG device of a GPU of the NVML model as a fake GPU.
+func migGPU(model string, d api.MIGDevice) fakegpu.GPU {
+	return fakegpu.GPU{UUID: d.UUID, Name: strings.TrimPrefix(model, "Mock ") + " MIG " + d.Profile, MemoryBytes: uint64(d.MemoryMiB) << 20, SMs: uint32(d.SMCount)}
 }

@@ -1,12 +1,20 @@
 package component
 
 import (
+	"encoding/json"
 	"errors"
+	"os"
 	"strings"
 	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/tessera-gpu/tessera/internal/lab/fakegpu"
 	"github.com/tessera-gpu/tessera/internal/lab/labdir"
+	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
 // TestVisible: NVIDIA_VISIBLE_DEVICES as the NVIDIA container runtime
@@ -62,5 +70,28 @@ func TestVisible(t *testing.T) {
 		if _, err := n.visible(in); err == nil || !strings.Contains(err.Error(), msg) {
 			t.Errorf("visible(%q) = %v, want an error containing %q", in, err, msg)
 		}
+	}
+}
+
+// TestMIGFromAgentList: on a node that publishes no inventory (a volcano
+// node), a MIG device is found in its agent's list, as a GPU of its
+// profile's memory and SMs; one in neither is waited for, then refused.
+func TestMIGFromAgentList(t *testing.T) {
+	dir := labdir.NodeDir(t.TempDir())
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	const migUUID = "MIG-25e5d32a-b45b-5265-9a3b-51f753203407"
+	list := map[string]LabMIGDevice{migUUID: {Parent: "GPU-p", Model: "Mock NVIDIA A100-SXM4-40GB",
+		MIGDevice: api.MIGDevice{UUID: migUUID, Profile: "2g.10gb", MemoryMiB: 9856, SMCount: 28}}}
+	b, _ := json.Marshal(list)
+	if err := os.WriteFile(dir.MIGDevices(), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	find := migFromInventory(client, "n1", dir, 200*time.Millisecond)
+	parent, g, err := find(migUUID)
+	if err != nil || parent != "GPU-p" || g.Name != "NVIDIA A100-SXM4-40GB MIG 2g.10gb" || g.MemoryBytes != 9856<<20 || g.SMs != 28 {
+		t.Errorf("%s: %q %+v %v", migUUID, parent, g, err)
+	}
+	if _, _, err := find("MIG-00000000-0000-0000-0000-000000000000"); err == nil {
+		t.Error("a MIG device in no list was found")
 	}
 }

@@ -1,7 +1,9 @@
 package component
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,6 +13,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-gpu/tessera/internal/atomicfile"
 	"github.com/tessera-gpu/tessera/internal/lab/fakegpu"
 	"github.com/tessera-gpu/tessera/internal/lab/labdir"
 	"github.com/tessera-gpu/tessera/internal/lab/nvmlemu"
@@ -56,6 +59,7 @@ func runNodeAgent(ctx context.Context, args []string) error {
 		return err
 	}
 	go publishMetricsAddress(ctx, a, f.Dir)
+	go publishMIGDevices(ctx, a, f.Dir)
 	return a.Run(ctx)
 }
 
@@ -118,6 +122,39 @@ func labDRA(n labdir.NodeDir) dra.Options {
 
 // publishMetricsAddress writes where the agent serves its metrics into
 // the node's directory (labdir.Dir.MetricsURL reads it) once it listens.
+// LabMIGDevice is a MIG device as the node's agent publishes it for its
+// runtime (labdir.NodeDir.MIGDevices).
+type LabMIGDevice struct {
+	Parent string `json:"parent"`
+	// Model is the parent's NVML name.
+	Model string `json:"model"`
+	api.MIGDevice
+}
+
+// publishMIGDevices writes the MIG devices the agent sees, by UUID,
+// whenever they change (the agent makes and destroys them).
+func publishMIGDevices(ctx context.Context, a *nodeagent.Agent, n labdir.NodeDir) {
+	var last []byte
+	for ctx.Err() == nil {
+		devs := map[string]LabMIGDevice{}
+		for _, d := range a.Devices() {
+			for _, m := range d.MIGDevices {
+				devs[m.UUID] = LabMIGDevice{Parent: d.GPU.UUID, Model: d.GPU.Model, MIGDevice: m.MIGDevice}
+			}
+		}
+		b, err := json.Marshal(devs)
+		if err == nil && !bytes.Equal(b, last) {
+			if err = atomicfile.Write(n.MIGDevices(), b, 0o644); err == nil {
+				last = b
+			}
+		}
+		if err != nil {
+			klog.Background().Error(err, "Publishing the MIG devices for the node's runtime")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 func publishMetricsAddress(ctx context.Context, a *nodeagent.Agent, n labdir.NodeDir) {
 	for ctx.Err() == nil {
 		if addr := a.MetricsAddr(); addr != "" {

@@ -59,7 +59,7 @@ func runRuntime(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	gpus.mig = migFromInventory(client, f.Node, 30*time.Second)
+	gpus.mig = migFromInventory(client, f.Node, f.Dir, 30*time.Second)
 	driver, err := gpus.files.ListenDriver()
 	if err != nil {
 		return err

@@ -146,6 +146,12 @@ func (n NodeDir) AgentSockets() string { return n.path("agent") }
 // MetricsAddress holds the address the node's agent serves metrics on.
 func (n NodeDir) MetricsAddress() string { return n.path("metrics-address") }
 
+// MIGDevices lists the MIG devices of the node's emulated GPUs as its
+// agent last read them (JSON, by MIG device UUID): how the node's runtime
+// finds a MIG device on a node that publishes no inventory (a volcano
+// node).
+func (n NodeDir) MIGDevices() string { return n.path("mig-devices.json") }
+
 // CDI is where the node's DRA driver writes CDI specs and its runtime
 // reads them (/var/run/cdi on a node).
 func (n NodeDir) CDI() string { return n.path("cdi") }

@@ -8,6 +8,7 @@ package modes
 
 import (
 	"context"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
@@ -32,6 +33,40 @@ func init() {
 		Serving:   volcanoServing,
 		OnRequest: true,
 	})
+}
+
+// VolcanoMIGProfile is the profile of a volcano node in Volcano's mig
+// mode: a MIG instance made for each pod, of the geometry group Volcano's
+// scheduler chose (docs/volcano.md, "MIG mode").
+const VolcanoMIGProfile = "mode: volcano\nsharing: mig-dynamic\nsharesPerGPU: 7\n"
+
+// VolcanoMIGMode is the mig mode's name, short like its nodes' names
+// (lab-vc-mig-01): the kubelet's device-plugin sockets live below the
+// node's directory, within a unix socket's 107 bytes.
+const VolcanoMIGMode = "vc-mig"
+
+// VolcanoModes are the lab's modes whose nodes Volcano's scheduler places.
+func VolcanoModes() []string { return []string{VolcanoMode, VolcanoMIGMode} }
+
+func init() {
+	Register(&Mode{
+		Name:    VolcanoMIGMode,
+		Summary: "Volcano's mig mode: Volcano's scheduler picks a MIG geometry group and an instance of it for each vGPU container (volcano.sh/vgpu-memory), the agent makes that instance (with --volcano and --node-groups …@vc-mig)",
+		Order:   61,
+		Profile: "volcano-mig", ProfileYAML: VolcanoMIGProfile, Sharing: api.SharingMIGDynamic,
+		Node: "lab-vc-mig", Model: "A100-40GB", GPUs: 1,
+		// Volcano's hami-core pods would fit a GPU in MIG mode too.
+		Taints:    []corev1.Taint{{Key: SharingTaint, Value: VolcanoMIGMode, Effect: corev1.TaintEffectNoSchedule}},
+		Serving:   volcanoMIGServing,
+		OnRequest: true,
+	})
+}
+
+// volcanoMIGServing: as volcanoServing, and the GPUs are registered in
+// Volcano's mig mode (MIG mode is on).
+func volcanoMIGServing(ctx context.Context, c kubernetes.Interface, node *corev1.Node) bool {
+	reg := node.Annotations[api.AnnotationVolcanoRegister]
+	return volcanoServing(ctx, c, node) && strings.Count(reg, ","+api.VolcanoModeMIG+":") == strings.Count(reg, ":")
 }
 
 // volcanoServing is the volcano mode's Serving: the node's GPUs are

@@ -99,6 +99,9 @@ func (p *Plugin) before(ctx context.Context, t *Target, n int) (r *pluginapi.Con
 		return nil, true, fmt.Errorf("pod %s container %s: %w", ref, t.Container, err)
 	}
 	p.logger.Info("Allocated MIG devices", "pod", klog.KObj(t.Pod), "container", t.Container, "devices", uuids)
+	if pr := p.opts.Matcher.Protocol; pr != nil {
+		pr.Served(ctx, t)
+	}
 	return &pluginapi.ContainerAllocateResponse{Envs: map[string]string{api.EnvVisibleDevices: strings.Join(uuids, ",")}}, true, nil
 }
 

@@ -2,6 +2,7 @@ package parts
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -38,7 +39,11 @@ type MIGOptions struct {
 	Health func() map[string]health.State
 	// Client asks the API server about a pod the cache does not show.
 	Client kubernetes.Interface
-	Logger klog.Logger
+	// Protocol reads the grants of pods placed by another scheduler
+	// (Volcano's mig mode: the volcano part), whose dynamic instances
+	// are kept like those of Tessera's records.
+	Protocol RecordReader
+	Logger   klog.Logger
 }
 
 // MIG brings the GPUs to the node's MIG configuration (docs/mig-mps.md):
@@ -142,29 +147,45 @@ func (m *MIG) report(r migmgr.Report) {
 }
 
 // wanted are the dynamic MIG instances the records of the pods on the
-// node (not finished) hold, per GPU.
-func (m *MIG) wanted() map[string]map[mig.Instance]bool {
-	out := map[string]map[mig.Instance]bool{}
+// node (not finished) hold, per GPU, and the GPUs where a record holds an
+// instance the agent cannot tell (a Volcano position that does not
+// resolve now: its device configuration unreadable or changed, which the
+// volcano part reports on the Node): every instance of those is kept
+// rather than the one a running pod uses destroyed.
+func (m *MIG) wanted() (want map[string]map[mig.Instance]bool, unknown map[string]bool) {
+	want, unknown = map[string]map[mig.Instance]bool{}, map[string]bool{}
 	// A terminating pod no longer holds its instances: destroying one
 	// whose processes still run is refused by NVML (busy) and retried.
 	holds := func(p *v1.Pod) bool { return !gone(p) && p.Spec.NodeName == m.opts.NodeName }
-	for _, g := range nodeGrants(m.pods, m.opts.NodeName, holds) {
-		if g.MIG == nil || g.MIG.Device != "" {
-			continue
+	for _, g := range nodeGrants(m.pods, m.opts.NodeName, m.record, holds) {
+		switch {
+		case g.MIG == nil || g.MIG.Device != "":
+		case g.MIG.Profile == "":
+			unknown[g.UUID] = true
+		default:
+			if want[g.UUID] == nil {
+				want[g.UUID] = map[mig.Instance]bool{}
+			}
+			want[g.UUID][mig.Instance{Profile: g.MIG.Profile, Start: g.MIG.Start}] = true
 		}
-		if out[g.UUID] == nil {
-			out[g.UUID] = map[mig.Instance]bool{}
-		}
-		out[g.UUID][mig.Instance{Profile: g.MIG.Profile, Start: g.MIG.Start}] = true
 	}
-	return out
+	return want, unknown
+}
+
+// record reads a pod's grants: Tessera's record, else the protocol's.
+func (m *MIG) record(p *v1.Pod) (*api.PodAllocation, error) {
+	rec, err := kubeobj.Record(p)
+	if errors.Is(err, kubeobj.ErrNoRecord) && m.opts.Protocol != nil {
+		return m.opts.Protocol(p)
+	}
+	return rec, err
 }
 
 // collectLocked destroys dynamic MIG instances no record holds (their
 // pods are gone), except those just created. An instance whose MIG device
 // still runs processes is kept and logged.
 func (m *MIG) collectLocked(devs []discovery.Device) {
-	want := m.wanted()
+	want, unknown := m.wanted()
 	for i := range devs {
 		d := &devs[i]
 		if !d.GPU.MIG.Enabled || d.MIG == nil {
@@ -177,7 +198,7 @@ func (m *MIG) collectLocked(devs []discovery.Device) {
 		}
 		for _, in := range insts {
 			key := d.GPU.UUID + "/" + in.String()
-			if want[d.GPU.UUID][in] || m.ownerLives(m.created[key]) {
+			if want[d.GPU.UUID][in] || unknown[d.GPU.UUID] || m.ownerLives(m.created[key]) {
 				continue
 			}
 			if err := migmgr.Destroy(d, in); err != nil {

@@ -100,7 +100,7 @@ func (m *MPS) Reconcile(ctx context.Context, n *Node) {
 	var gpus []mps.GPU
 	if cfg.Sharing == api.SharingMPS {
 		most := map[string]mps.Limits{}
-		for _, g := range nodeGrants(m.pods, m.opts.NodeName, func(p *v1.Pod) bool { return !finished(p) }) {
+		for _, g := range nodeGrants(m.pods, m.opts.NodeName, nil, func(p *v1.Pod) bool { return !finished(p) }) {
 			l := most[g.UUID]
 			l.ThreadPercent = max(l.ThreadPercent, deviceplugin.MPSThreadPercent(g.Cores, 100/max(cfg.SharesPerGPU, 1)))
 			l.PinnedMiB = max(l.PinnedMiB, g.MemoryMiB)

@@ -160,9 +160,12 @@ func (g PodGetter) GetPod(ctx context.Context, ns, name string) (*v1.Pod, error)
 	return g.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 }
 
+// RecordReader reads a pod's grants as an allocation record.
+type RecordReader func(*v1.Pod) (*api.PodAllocation, error)
+
 // nodeGrants are the device grants of the records, for node, of the
-// cached pods keep accepts.
-func nodeGrants(pods corelisters.PodLister, node string, keep func(*v1.Pod) bool) []api.DeviceGrant {
+// cached pods keep accepts, read by read (nil: Tessera's records).
+func nodeGrants(pods corelisters.PodLister, node string, read RecordReader, keep func(*v1.Pod) bool) []api.DeviceGrant {
 	if pods == nil {
 		return nil
 	}
@@ -175,7 +178,10 @@ func nodeGrants(pods corelisters.PodLister, node string, keep func(*v1.Pod) bool
 		if !keep(p) {
 			continue
 		}
-		rec, err := kubeobj.Record(p)
+		if read == nil {
+			read = kubeobj.Record
+		}
+		rec, err := read(p)
 		if err != nil || rec.Node != node {
 			continue
 		}

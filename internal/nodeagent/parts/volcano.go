@@ -34,6 +34,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
@@ -49,8 +50,16 @@ type VolcanoOptions struct {
 	NodeName string
 	Client   kubernetes.Interface
 	// State are the containers' state directories: which containers of a
-	// pod were served (for the pod's bind phase).
+	// pod were served (for the pod's bind phase, and the MIG instances
+	// pods hold).
 	State statedir.Dirs
+	// Devices are the node's GPUs: their MIG geometry, in Volcano's mig
+	// mode.
+	Devices *Devices
+	// DeviceConfig is Volcano's device configuration ConfigMap
+	// (default: api.VolcanoDeviceConfigNamespace/Name), read in mig
+	// mode for the MIG geometries Volcano's scheduler chooses from.
+	DeviceConfig types.NamespacedName
 	// Handshake is how often the handshake annotation is refreshed
 	// (default 20s; Volcano's deadline is 60s).
 	Handshake time.Duration
@@ -62,9 +71,15 @@ type Volcano struct {
 	opts VolcanoOptions
 	wg   sync.WaitGroup
 
-	mu     sync.Mutex
-	nodes  corelisters.NodeLister
-	active bool // the node's mode is volcano
+	mu       sync.Mutex
+	nodes    corelisters.NodeLister
+	pods     corelisters.PodLister
+	recorder record.EventRecorder
+	active   bool            // the node's mode is volcano
+	migGPUs  map[string]bool // the GPUs registered in mode mig
+	problem  string          // the last registration problem reported
+	cfgCache deviceConfigCache
+	gpus     map[string]migGPU // fixed at construction
 }
 
 // NewVolcano returns the volcano part.
@@ -72,13 +87,16 @@ func NewVolcano(opts VolcanoOptions) *Volcano {
 	if opts.Handshake <= 0 {
 		opts.Handshake = 20 * time.Second
 	}
-	return &Volcano{opts: opts}
+	if opts.DeviceConfig.Name == "" {
+		opts.DeviceConfig = types.NamespacedName{Namespace: api.VolcanoDeviceConfigNamespace, Name: api.VolcanoDeviceConfigName}
+	}
+	return &Volcano{opts: opts, gpus: migGPUsOf(opts.Devices)}
 }
 
 // Start implements Part: the handshake timer.
 func (v *Volcano) Start(ctx context.Context, c Cluster) error {
 	v.mu.Lock()
-	v.nodes = c.Nodes
+	v.nodes, v.pods, v.recorder = c.Nodes, c.Pods, c.Recorder
 	v.mu.Unlock()
 	v.wg.Add(1)
 	go func() {
@@ -118,18 +136,28 @@ func (v *Volcano) Reconcile(ctx context.Context, n *Node) {
 
 // Registration is what the node registers with Volcano for an offer: each
 // GPU of volcano.sh/vgpu-number, and the healthy GPUs' total memory and
-// cores.
+// cores. A GPU the inventory shows in dynamic MIG (MIG mode on, its
+// geometry known) is registered in Volcano's mig mode, the others in
+// hami-core mode.
 func Registration(n *Node) (gpus []volcano.RegisteredGPU, memoryMiB, cores int64) {
-	models := map[string]string{}
+	models, modes := map[string]string{}, map[string]string{}
 	if n.Inventory != nil {
 		for _, g := range n.Inventory.GPUs {
 			models[g.UUID] = g.Model
+			modes[g.UUID] = api.VolcanoModeHAMiCore
+			if g.Sharing == api.SharingMIGDynamic {
+				modes[g.UUID] = api.VolcanoModeMIG
+			}
 		}
 	}
 	for _, g := range n.Offer[api.VolcanoVGPUNumber] {
+		mode := modes[g.UUID]
+		if mode == "" {
+			mode = api.VolcanoModeHAMiCore
+		}
 		gpus = append(gpus, volcano.RegisteredGPU{
 			UUID: g.UUID, Split: g.Slots, MemoryMiB: g.MemoryMiB, Model: models[g.UUID],
-			Healthy: g.Healthy, Mode: api.VolcanoModeHAMiCore,
+			Healthy: g.Healthy, Mode: mode,
 		})
 		if g.Healthy {
 			memoryMiB += g.MemoryMiB
@@ -155,6 +183,16 @@ func (v *Volcano) node() *v1.Node {
 
 func (v *Volcano) publish(ctx context.Context, n *Node) {
 	gpus, mem, cores := Registration(n)
+	mig := map[string]bool{}
+	for _, g := range gpus {
+		if g.Mode == api.VolcanoModeMIG {
+			mig[g.UUID] = true
+		}
+	}
+	v.mu.Lock()
+	v.migGPUs = mig
+	v.mu.Unlock()
+	v.checkGeometries(ctx, gpus)
 	reg := volcano.EncodeRegister(gpus)
 	node := v.node()
 	if node == nil || node.Annotations[api.AnnotationVolcanoRegister] != reg {
@@ -250,18 +288,31 @@ func (v *Volcano) patch(ctx context.Context, body map[string]any, sub string) er
 }
 
 // Record implements deviceplugin.Protocol: the pod's grants from
-// Volcano's annotations.
+// Volcano's annotations; a MIG position becomes a grant of the instance
+// it names (empty when it names none: Check says why).
 func (v *Volcano) Record(pod *v1.Pod) (*api.PodAllocation, error) {
-	return volcano.Record(pod)
+	return volcano.Record(pod, func(d volcano.Device) api.MIGGrant {
+		in, _, _, err := v.instance(context.Background(), d)
+		if err != nil {
+			return api.MIGGrant{}
+		}
+		return api.MIGGrant{Profile: in.Profile, Start: in.Start}
+	})
 }
 
 // Check implements deviceplugin.Protocol: the annotations grant exactly
-// what Volcano gives the pod's spec, on GPUs of this node.
+// what Volcano gives the pod's spec, on GPUs of this node; a MIG
+// position names an instance of Volcano's geometries for the GPU with at
+// least the memory asked, which no other pod this node serves holds or
+// overlaps.
 func (v *Volcano) Check(pod *v1.Pod, _ *api.PodAllocation, gpu recordcheck.Lookup) error {
-	err := volcano.Match(pod, func(uuid string) (int64, bool) {
+	v.mu.Lock()
+	mig := v.migGPUs
+	v.mu.Unlock()
+	err := volcano.Match(pod, func(uuid string) (volcano.GPUInfo, bool) {
 		g, ok := gpu(uuid)
-		return g.MemoryMiB, ok
-	})
+		return volcano.GPUInfo{MemoryMiB: g.MemoryMiB, MIG: mig[uuid]}, ok
+	}, func(d volcano.Device) error { return v.checkInstance(pod, d) })
 	if err != nil {
 		return fmt.Errorf("the Volcano annotations do not match the pod's request: %v", err)
 	}

@@ -53,6 +53,9 @@ type vEnv struct {
 	plugin  *deviceplugin.Plugin
 	kubelet *vKubelet
 	state   statedir.Dirs
+	// gpus are the node's GPU UUIDs, in the order a container's devices
+	// are allocated.
+	gpus    []string
 	mu      sync.Mutex
 	refused map[string]string
 }
@@ -75,11 +78,7 @@ func newVEnv(t *testing.T) *vEnv {
 			}
 			return out
 		},
-		Refused: func(p *v1.Pod, reason string) {
-			e.mu.Lock()
-			defer e.mu.Unlock()
-			e.refused[p.Name] = reason
-		},
+		Refused: e.noteRefused,
 	}
 	e.plugin = deviceplugin.New(deviceplugin.Options{
 		Resource: api.VolcanoVGPUNumber, Paths: paths, PluginDir: root, Guard: guard,
@@ -88,6 +87,7 @@ func newVEnv(t *testing.T) *vEnv {
 	var gpus []deviceplugin.GPU
 	for i := range 2 {
 		gpus = append(gpus, deviceplugin.GPU{UUID: vUUID(i), Healthy: true, Slots: 10, MemoryMiB: vGPUMiB, MemoryCapMiB: vGPUMiB})
+		e.gpus = append(e.gpus, vUUID(i))
 	}
 	e.plugin.SetGPUs(gpus, api.SharingShared)
 	return e
@@ -135,7 +135,7 @@ func (e *vEnv) admit(p *v1.Pod) (map[string]*pluginapi.ContainerAllocateResponse
 		}
 		var ids []string
 		for k := range int(q.Value()) {
-			ids = append(ids, deviceplugin.SlotID(vUUID(k), 9))
+			ids = append(ids, deviceplugin.SlotID(e.gpus[k], 9))
 		}
 		resp, err := e.plugin.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: ids}}})
 		if err != nil {
@@ -151,6 +151,13 @@ func (e *vEnv) admit(p *v1.Pod) (map[string]*pluginapi.ContainerAllocateResponse
 		out[c.Name] = resp.ContainerResponses[0]
 	}
 	return out, nil
+}
+
+// noteRefused is the guard's Refused: the agent's event on the pod.
+func (e *vEnv) noteRefused(p *v1.Pod, reason string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.refused[p.Name] = reason
 }
 
 func (e *vEnv) bindPhase(name string) string {

@@ -3,8 +3,8 @@
 // Package volcano_test runs Tessera's node layer under Volcano's real
 // scheduler (docs/volcano.md): Volcano's scheduler and controller manager
 // are built from the release pinned in hack/volcano, `tessera-lab up
-// --volcano` runs them beside a node in mode volcano (8 × A100-40GB) and a
-// DRA node, and the tests drive Volcano's pods, Jobs and Queues with
+// --volcano` runs them beside a node in mode volcano (8 × A100-40GB), one
+// in Volcano's mig mode (an A100-40GB) and a DRA node, and the tests drive Volcano's pods, Jobs and Queues with
 // client-go and check what the node agent gave each container. Each test
 // works in its own namespace and leaves nothing behind.
 package volcano_test
@@ -68,8 +68,9 @@ func run(m *testing.M) int {
 
 	dir = labdir.Dir(filepath.Join(tmp, "lab"))
 	start := time.Now()
-	// A DRA node beside the volcano node: DRA claims under Volcano.
-	labRun, err := testenv.StartLab(labBin, string(dir), 4*time.Minute, "--node-groups", "1xA100-80GB:1@dra", "--sharing-nodes=false",
+	// A DRA node beside the volcano node (DRA claims under Volcano), and
+	// a node in Volcano's mig mode.
+	labRun, err := testenv.StartLab(labBin, string(dir), 4*time.Minute, "--node-groups", "1xA100-80GB:1@dra,1xA100-40GB:1@vc-mig", "--sharing-nodes=false",
 		"--tools", tools, "--volcano", "--volcano-dir", volcanoDir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -3,6 +3,7 @@
 package volcano_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -238,15 +239,22 @@ spec:
         volcano.sh/vgpu-number: 1
         volcano.sh/vgpu-memory: 3000
 `)
-	var log string
-	testenv.WaitFor(t, "gpu-fill's log", 2*time.Minute, func() bool {
-		out, err := kubectlErr("", "logs", "-n", ns, "fill")
-		log = out
-		return err == nil && strings.Contains(out, "1 MiB more")
-	})
+	log := podLog(t, ns, "fill", "1 MiB more")
 	if !strings.Contains(log, "cuMemGetInfo: total 3000 MiB") || !strings.Contains(log, "1 MiB more: CUDA_ERROR_OUT_OF_MEMORY") {
 		t.Errorf("gpu-fill under a 3000 MiB vGPU:\n%s", log)
 	}
+}
+
+// podLog waits until the log of pod ns/name says until, and returns it.
+func podLog(t *testing.T, ns, name, until string) string {
+	t.Helper()
+	var log string
+	testenv.WaitFor(t, name+"'s log", 2*time.Minute, func() bool {
+		out, err := kubectlErr("", "logs", "-n", ns, name)
+		log = out
+		return err == nil && strings.Contains(out, until)
+	})
+	return log
 }
 
 // job is a Volcano Job of n workers, each asking one vGPU of mib MiB,
@@ -593,4 +601,106 @@ spec:
 	if !found || pods[0].Spec.NodeName != "lab-dra-01" {
 		t.Errorf("pod on %s, limits file mounted %v (mounts %+v)", pods[0].Spec.NodeName, found, c.Mounts)
 	}
+}
+
+// TestVolcanoMIG: Volcano's mig mode. On lab-vc-mig-01 (an A100-40GB in
+// MIG mode, registered in Volcano's mode "mig"), a vGPU pod asking 9000
+// MiB is given by Volcano's scheduler the first instance of the geometry
+// group whose smallest fitting profile is 2g.10gb (deploy/volcano's
+// device configuration: group2, position 0); the agent makes that
+// instance, the container sees it alone, with its own memory (the MIG
+// instance's, no limiter: the hardware enforces it), and once the pod is
+// deleted the instance is destroyed.
+func TestVolcanoMIG(t *testing.T) {
+	const ns, node = "vmig", "lab-vc-mig-01"
+	useNamespace(t, ns)
+	reg, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := reg.Annotations[api.AnnotationVolcanoRegister]; !strings.HasSuffix(r, ",true,"+api.VolcanoModeMIG+":") {
+		t.Fatalf("%s registers %q, want its GPU in mode %s", node, r, api.VolcanoModeMIG)
+	}
+	apply(t, `apiVersion: v1
+kind: Pod
+metadata:
+  name: mig
+  namespace: vmig
+  annotations: {volcano.sh/vgpu-mode: mig}   # Volcano places it on a GPU in mig mode only
+spec:
+  restartPolicy: Never
+  schedulerName: volcano
+  tolerations: [{key: tessera.io/lab-sharing, value: vc-mig, effect: NoSchedule}]
+  containers:
+  - name: main
+    image: cuda
+    command: ["gpu-fill", "--hold", "forever"]
+    resources:
+      limits:
+        volcano.sh/vgpu-number: 1
+        volcano.sh/vgpu-memory: 9000
+`)
+	running(t, ns, "", 1, 2*time.Minute)
+	log := podLog(t, ns, "mig", "holding")
+	if !strings.Contains(log, "cuMemGetInfo: total 9856 MiB") || !strings.Contains(log, "1 MiB more: CUDA_ERROR_OUT_OF_MEMORY") {
+		t.Errorf("gpu-fill on a 2g.10gb instance:\n%s", log)
+	}
+	p, err := client.CoreV1().Pods(ns).Get(ctx, "mig", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpu := strings.TrimSuffix(reg.Annotations[api.AnnotationVolcanoRegister], ",true,mig:")
+	gpu = gpu[:strings.IndexByte(gpu, ',')]
+	if p.Spec.NodeName != node || p.Annotations[api.AnnotationVolcanoIDs] != gpu+"[group2-0],NVIDIA,9000,0:" ||
+		p.Annotations[api.AnnotationVolcanoBindPhase] != api.VolcanoBindSuccess {
+		t.Errorf("pod on %q, annotations %v; want group2's position 0 of %s on %s, served", p.Spec.NodeName, p.Annotations, gpu, node)
+	}
+	c := record(t, ns, "mig", "main")
+	if len(c.GPUs) != 1 || !strings.HasPrefix(c.GPUs[0].UUID, "MIG-") || c.Env[api.EnvVisibleDevices] != c.GPUs[0].UUID {
+		t.Errorf("the container's GPUs %+v (%s=%q), want one MIG device", c.GPUs, api.EnvVisibleDevices, c.Env[api.EnvVisibleDevices])
+	}
+	for _, m := range c.Mounts {
+		if m.ContainerPath == limiterconf.Path || m.ContainerPath == api.ContainerPreload {
+			t.Errorf("the limiter given to a MIG instance: %+v", m)
+		}
+	}
+	// The instance is there while its pod runs: the agent's list of MIG
+	// devices (what the node's runtime read to start the container) still
+	// has it, and its log says it was made for this pod.
+	if len(c.GPUs) == 1 {
+		devs := migDevices(t, node)
+		if d, ok := devs[c.GPUs[0].UUID]; !ok || d.Profile != "2g.10gb" || d.Start != 0 {
+			t.Errorf("the node's MIG devices %+v while the pod runs, want %s as 2g.10gb@0", devs, c.GPUs[0].UUID)
+		}
+	}
+	agentLog := dir.Log("node-agent/" + node)
+	made, err := os.ReadFile(agentLog)
+	if err != nil || !labdir.LogLine("Created a MIG instance", "pod", ns+"/mig", "gpu", gpu, "instance", "2g.10gb@0").Match(made) {
+		t.Errorf("the agent's log does not show 2g.10gb@0 made for %s/mig (%v)", ns, err)
+	}
+	zero := int64(0)
+	if err := client.CoreV1().Pods(ns).Delete(ctx, "mig", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	destroyed := labdir.LogLine("Destroyed a MIG instance no pod holds", "gpu", gpu, "instance", "2g.10gb@0")
+	testenv.WaitFor(t, "the instance destroyed once its pod is gone", 2*time.Minute, func() bool {
+		b, err := os.ReadFile(agentLog)
+		return err == nil && destroyed.Match(b) && len(migDevices(t, node)) == 0
+	})
+}
+
+// migDevices are the MIG devices the node's agent sees, by UUID (the
+// list it keeps for the node's runtime: a volcano node publishes no
+// inventory).
+func migDevices(t *testing.T, node string) map[string]api.MIGDevice {
+	t.Helper()
+	b, err := os.ReadFile(dir.Node(node).MIGDevices())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var devs map[string]api.MIGDevice
+	if err := json.Unmarshal(b, &devs); err != nil {
+		t.Fatalf("%s: %v", dir.Node(node).MIGDevices(), err)
+	}
+	return devs
 }
