@@ -61,26 +61,31 @@ func goldenAllocationV2() *PodAllocation {
 }
 
 func TestGoldenV2(t *testing.T) {
-	inv := goldenInventoryV2()
+	checkGoldenVersion(t, "v2", goldenInventoryV2(), inventoryV2Golden, goldenAllocationV2(), allocationV2Golden)
+}
+
+// checkGoldenVersion checks one wire version's golden inventory and
+// record: each encodes to its golden file, round-trips, and decodes back
+// to what was encoded.
+func checkGoldenVersion(t *testing.T, version string, inv *NodeInventory, invPath string, a *PodAllocation, allocPath string) {
+	t.Helper()
 	data, err := EncodeInventory(inv)
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkGolden(t, inventoryV2Golden, data)
+	checkGolden(t, invPath, data)
 	assertInventoryRoundTrip(t, inv)
 	if got, err := DecodeInventory(data); err != nil || !reflect.DeepEqual(got, inv) {
-		t.Errorf("decoded v2 golden inventory differs (%v):\n got %+v\nwant %+v", err, got, inv)
+		t.Errorf("decoded %s golden inventory differs (%v):\n got %+v\nwant %+v", version, err, got, inv)
 	}
-
-	a := goldenAllocationV2()
 	data, err = EncodeAllocation(a)
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkGolden(t, allocationV2Golden, data)
+	checkGolden(t, allocPath, data)
 	assertAllocationRoundTrip(t, a)
 	if got, err := DecodeAllocation(data); err != nil || !reflect.DeepEqual(got, a) {
-		t.Errorf("decoded v2 golden allocation differs (%v):\n got %+v\nwant %+v", err, got, a)
+		t.Errorf("decoded %s golden allocation differs (%v):\n got %+v\nwant %+v", version, err, got, a)
 	}
 }
 

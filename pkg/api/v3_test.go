@@ -3,7 +3,6 @@ package api
 import (
 	"bytes"
 	"os"
-	"reflect"
 	"strings"
 	"testing"
 )
@@ -32,26 +31,7 @@ func goldenAllocationV3() *PodAllocation {
 }
 
 func TestGoldenV3(t *testing.T) {
-	inv := goldenInventoryV3()
-	data, err := EncodeInventory(inv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	checkGolden(t, inventoryV3Golden, data)
-	assertInventoryRoundTrip(t, inv)
-	if got, err := DecodeInventory(data); err != nil || !reflect.DeepEqual(got, inv) {
-		t.Errorf("decoded v3 golden inventory differs (%v):\n got %+v\nwant %+v", err, got, inv)
-	}
-	a := goldenAllocationV3()
-	data, err = EncodeAllocation(a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	checkGolden(t, allocationV3Golden, data)
-	assertAllocationRoundTrip(t, a)
-	if got, err := DecodeAllocation(data); err != nil || !reflect.DeepEqual(got, a) {
-		t.Errorf("decoded v3 golden allocation differs (%v):\n got %+v\nwant %+v", err, got, a)
-	}
+	checkGoldenVersion(t, "v3", goldenInventoryV3(), inventoryV3Golden, goldenAllocationV3(), allocationV3Golden)
 }
 
 // TestEncoderWritesLowestVersionV3: only a v3 field makes a document v3;
