@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -141,6 +142,8 @@ func TestChartSchemaRejects(t *testing.T) {
 		{"nodeAgent.deviceListStrategy=auto", "deviceListStrategy"},
 		{"readinessCheck.timeout=4 minutes", "timeout"},
 		{"readinessCheck.enabled=yes", "enabled"},
+		{"nodeAgent.driverMemoryLimits=off", "driverMemoryLimits"},
+		{"nodeAgent.driverMemoryLimits=true", "driverMemoryLimits"},
 	} {
 		out, err := helm(t, "template", "tessera", "./tessera", "--set", tc.set)
 		if err == nil {
@@ -583,6 +586,95 @@ func TestChartNodeWithoutNVIDIARuntime(t *testing.T) {
 	}
 	if got["/var/run/cdi"] == nil {
 		t.Error("/var/run/cdi not mounted")
+	}
+}
+
+// TestChartDriverMemoryLimits: with nodeAgent.driverMemoryLimits auto
+// (the default) the init container installs tessera-hook beside the
+// limiter on the host, the agent runs it (--memory-limits-hook, that host
+// path, mounted at the same path) and writes its CDI specs to the host's
+// /var/run/cdi, mounted writable; disabled renders neither flag; under
+// cdi-cri the runtime must read /var/run/cdi, else the render fails
+// naming the values.
+func TestChartDriverMemoryLimits(t *testing.T) {
+	type pod struct {
+		init, agent []string
+		mounts      map[string]map[string]map[string]any // container → mountPath → mount
+		vols        map[string]map[string]any
+	}
+	agentPod := func(values string, extra ...string) pod {
+		ds := objects(t, render(t, values, extra...))["DaemonSet/tessera-node-agent"]
+		cs := containers(t, ds)
+		p := pod{mounts: map[string]map[string]map[string]any{}, vols: map[string]map[string]any{}}
+		p.init, _, _ = unstructured.NestedStringSlice(cs["install-limiter"], "args")
+		p.agent, _, _ = unstructured.NestedStringSlice(cs["node-agent"], "args")
+		for name, c := range cs {
+			ms, _, _ := unstructured.NestedSlice(c, "volumeMounts")
+			p.mounts[name] = map[string]map[string]any{}
+			for _, m := range ms {
+				p.mounts[name][m.(map[string]any)["mountPath"].(string)] = m.(map[string]any)
+			}
+		}
+		vols, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "volumes")
+		for _, v := range vols {
+			p.vols[v.(map[string]any)["name"].(string)] = v.(map[string]any)
+		}
+		return p
+	}
+	hostPath := func(p pod, container, mountPath string) string {
+		m := p.mounts[container][mountPath]
+		if m == nil {
+			return ""
+		}
+		if m["readOnly"] == true {
+			return "read-only " + fmt.Sprint(m["name"])
+		}
+		path, _, _ := unstructured.NestedString(p.vols[m["name"].(string)], "hostPath", "path")
+		return path
+	}
+	for _, tc := range []struct {
+		name, values string
+		extra        []string
+		limiter      string // hostPaths.limiter
+	}{
+		{"default", "", nil, "/usr/local/tessera"},
+		{"custom", "testdata/values-custom.yaml", nil, "/opt/tessera"},
+		{"explicit auto", "", []string{"--set", "nodeAgent.driverMemoryLimits=auto"}, "/usr/local/tessera"},
+	} {
+		p := agentPod(tc.values, tc.extra...)
+		if !slices.Contains(p.init, "--hook-to=/host/usr/local/tessera/tessera-hook") {
+			t.Errorf("%s: install-limiter args %q lack --hook-to", tc.name, p.init)
+		}
+		if got := hostPath(p, "install-limiter", "/host/usr/local/tessera"); got != tc.limiter {
+			t.Errorf("%s: install-limiter's /host/usr/local/tessera is host %q, want %s", tc.name, got, tc.limiter)
+		}
+		if want := "--memory-limits-hook=" + tc.limiter + "/tessera-hook"; !slices.Contains(p.agent, want) {
+			t.Errorf("%s: node-agent args %q lack %s", tc.name, p.agent, want)
+		}
+		if got := hostPath(p, "node-agent", tc.limiter); got != tc.limiter {
+			t.Errorf("%s: the agent's %s is host %q, want the same path", tc.name, tc.limiter, got)
+		}
+		if got := hostPath(p, "node-agent", "/var/run/cdi"); got != "/var/run/cdi" {
+			t.Errorf("%s: the agent's /var/run/cdi is %q, want the host's, writable", tc.name, got)
+		}
+		for _, a := range p.agent {
+			if strings.HasPrefix(a, "--cdi-dir=") && a != "--cdi-dir=/var/run/cdi" {
+				t.Errorf("%s: %s, want the default /var/run/cdi (mounted)", tc.name, a)
+			}
+		}
+	}
+	p := agentPod("", "--set", "nodeAgent.driverMemoryLimits=disabled")
+	for _, a := range append(p.init, p.agent...) {
+		if strings.Contains(a, "hook") {
+			t.Errorf("disabled: %s", a)
+		}
+	}
+	out, err := helm(t, "template", "tessera", "./tessera", "--set", "nodeAgent.deviceListStrategy=cdi-cri", "--set", "nodeAgent.cdiSpecDirs={/etc/cdi}")
+	if err == nil || !strings.Contains(out, "nodeAgent.driverMemoryLimits=auto") || !strings.Contains(out, "nodeAgent.cdiSpecDirs [/etc/cdi]") || !strings.Contains(out, "/var/run/cdi") {
+		t.Errorf("cdi-cri without /var/run/cdi: %v\n%s", err, out)
+	}
+	if _, err := helm(t, "template", "tessera", "./tessera", "--set", "nodeAgent.deviceListStrategy=cdi-cri", "--set", "nodeAgent.cdiSpecDirs={/etc/cdi}", "--set", "nodeAgent.driverMemoryLimits=disabled"); err != nil {
+		t.Errorf("cdi-cri without /var/run/cdi, driver limits disabled: %v", err)
 	}
 }
 

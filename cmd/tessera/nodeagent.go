@@ -72,7 +72,7 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	cdiDirs := fs.String("cdi-spec-dirs", strings.Join(preflight.DefaultCDISpecDirs, ","), "with --device-list-strategy=cdi-cri: the directories the container runtime reads CDI specs from; the agent checks at start that they describe every GPU")
 	draOpts := dra.DefaultOptions()
 	fs.StringVar(&draOpts.ClaimRoot, "dra-claim-root", draOpts.ClaimRoot, "mode dra: host directory of the per-claim limiter files and the driver's checkpoint")
-	fs.StringVar(&draOpts.CDIDir, "cdi-dir", draOpts.CDIDir, "mode dra: directory the container runtime reads CDI specs from")
+	fs.StringVar(&draOpts.CDIDir, "cdi-dir", draOpts.CDIDir, "directory the agent writes CDI specs to, which the container runtime must read: mode dra's claims, and with --memory-limits-hook the devices that run the hook")
 	fs.StringVar(&draOpts.PluginDataDir, "dra-plugin-dir", draOpts.PluginDataDir, "mode dra: the kubelet plugin's directory (dra.sock)")
 	fs.StringVar(&draOpts.RegistrarDir, "plugin-registry-dir", draOpts.RegistrarDir, "mode dra: the kubelet's plugin registration directory")
 	fs.Usage = func() {
@@ -167,7 +167,7 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		RecordKeys:         keys,
 		AcceptUnsigned:     *acceptUnsigned,
 		DeviceList:         strategy,
-		DriverLimits:       driverLimits(*memHook, splitList(*cdiDirs)),
+		DriverLimits:       driverLimits(*memHook, draOpts.CDIDir),
 		PluginSocketDir:    *pluginSockets,
 		Reconcile: reconcile.Options{
 			Interval: *reconcileEvery, ProcRoot: *procRoot, Kill: *killOnBreach,
@@ -243,10 +243,11 @@ func joinXIDs(x []uint64) string {
 // driverLimits is the agent's DriverLimits from its flags: the hook runs
 // `tessera-hook memory-limits` from the host path hook (none when empty; it
 // loads NVML from the host's library search path) and its CDI specs go to
-// the first CDI directory.
-func driverLimits(hook string, cdiDirs []string) *deviceplugin.DriverLimits {
-	if hook == "" || len(cdiDirs) == 0 {
+// cdiDir (--cdi-dir: the runtime's directory of generated specs, which the
+// agent writes, not --cdi-spec-dirs, which it only reads).
+func driverLimits(hook, cdiDir string) *deviceplugin.DriverLimits {
+	if hook == "" || cdiDir == "" {
 		return nil
 	}
-	return &deviceplugin.DriverLimits{Hook: []string{hook, "memory-limits"}, CDIDir: cdiDirs[0]}
+	return &deviceplugin.DriverLimits{Hook: []string{hook, "memory-limits"}, CDIDir: cdiDir}
 }

@@ -58,6 +58,11 @@ for a in $platforms; do
   CGO_ENABLED=1 GOOS=linux GOARCH=$a CC=$cc go build -trimpath -buildvcs=false -tags netgo,osusergo \
     -ldflags "-s -w ${K8S_LDFLAGS:-} -X github.com/tessera-gpu/tessera/internal/version.Version=v$version" \
     -o "$dir/tessera" ./cmd/tessera
+  # The OCI hook the container runtime runs on the host where the driver
+  # holds memory limits (cgo: go-nvml loads the host's NVML; glibc 2.34+).
+  echo "images: linux/$a: tessera-hook (cgo, $cc)"
+  CGO_ENABLED=1 GOOS=linux GOARCH=$a CC=$cc go build -trimpath -buildvcs=false -tags netgo,osusergo \
+    -ldflags "-s -w" -o "$dir/tessera-hook" ./cmd/tessera-hook
   echo "images: linux/$a: libtessera-limiter.so ($cc)"
   make -s -C limiter B="$dir/limiter" CC="$cc" EXTRA_CFLAGS="-ffile-prefix-map=$root=." >/dev/null
   install -m 644 "$dir/limiter/libtessera-limiter.so" "$dir/libtessera-limiter.so"

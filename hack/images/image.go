@@ -24,10 +24,14 @@ import (
 )
 
 // Paths inside the image. The chart runs /usr/local/bin/tessera and its
-// init container `tessera install-limiter` copies LimiterPath to the host.
+// init container `tessera install-limiter` copies limiterPath (and, where
+// the driver may hold memory limits, hookPath) to the host.
 const (
 	binaryPath  = "/usr/local/bin/tessera"
 	limiterPath = "/usr/local/lib/tessera/libtessera-limiter.so"
+	// hookPath is tessera-hook, the OCI hook the container runtime runs
+	// on the host (cmd/tessera's HookImagePath).
+	hookPath = "/usr/local/lib/tessera/tessera-hook"
 	// nonroot is the image's default user; the node agent's pods run as
 	// root (the chart says so).
 	nonrootID = 65532
@@ -141,8 +145,10 @@ func platformImage(p platformInput, created time.Time, labels map[string]string)
 	if err := checkELF(binary, p.arch.machine); err != nil {
 		return nil, err
 	}
-	if err := checkELF(filepath.Join(p.dir, "libtessera-limiter.so"), p.arch.machine); err != nil {
-		return nil, err
+	for _, f := range []string{"libtessera-limiter.so", "tessera-hook"} {
+		if err := checkELF(filepath.Join(p.dir, f), p.arch.machine); err != nil {
+			return nil, err
+		}
 	}
 	base, pkgVersion, err := baseFiles(p, binary)
 	if err != nil {
@@ -155,6 +161,9 @@ func platformImage(p platformInput, created time.Time, labels map[string]string)
 	if err := app.addFile(limiterPath, filepath.Join(p.dir, "libtessera-limiter.so"), 0o644); err != nil {
 		return nil, err
 	}
+	if err := app.addFile(hookPath, filepath.Join(p.dir, "tessera-hook"), 0o755); err != nil {
+		return nil, err
+	}
 	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
 	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
 	for _, l := range []struct {
@@ -162,7 +171,7 @@ func platformImage(p platformInput, created time.Time, labels map[string]string)
 		why string
 	}{
 		{base, "glibc " + pkgVersion + " (Debian libc6: the binary's library closure), /etc/passwd, /etc/group, /tmp"},
-		{app, "tessera and libtessera-limiter.so"},
+		{app, "tessera, libtessera-limiter.so and tessera-hook"},
 	} {
 		b, err := l.t.tar(created)
 		if err != nil {

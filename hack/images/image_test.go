@@ -53,6 +53,7 @@ func inputs(t *testing.T) (string, string) {
 		t.Fatalf("%s: want a dynamically linked program to stand in for tessera: %v", prog, err)
 	}
 	copyFile(t, prog, filepath.Join(dir, "tessera"), 0o700)
+	copyFile(t, prog, filepath.Join(dir, "tessera-hook"), 0o700)
 	libdir := "/lib/" + a.triplet
 	copyFile(t, filepath.Join(libdir, "libm.so.6"), filepath.Join(dir, "libtessera-limiter.so"), 0o600)
 	root := filepath.Join(dir, "libc6")
@@ -171,7 +172,7 @@ func TestLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	for p, want := range map[string]fs.FileMode{
-		binaryPath: 0o755, limiterPath: 0o644, "/etc/passwd": 0o644, "/etc/group": 0o644,
+		binaryPath: 0o755, limiterPath: 0o644, hookPath: 0o755, "/etc/passwd": 0o644, "/etc/group": 0o644,
 		"/var/lib/dpkg/status.d/libc6": 0o644, "/usr/share/doc/libc6/copyright": 0o644, "/tmp": 0o777, "/home/nonroot": 0o700,
 	} {
 		fi, err := os.Stat(filepath.Join(root, p))
@@ -274,7 +275,7 @@ func TestLayout(t *testing.T) {
 			t.Errorf("%s: uid %d, mtime %v", h.Name, h.Uid, h.ModTime)
 		}
 	}
-	if strings.Join(files, " ") != "usr/local/bin/tessera usr/local/lib/tessera/libtessera-limiter.so" {
+	if strings.Join(files, " ") != "usr/local/bin/tessera usr/local/lib/tessera/libtessera-limiter.so usr/local/lib/tessera/tessera-hook" {
 		t.Errorf("the tessera layer holds %q", files)
 	}
 }

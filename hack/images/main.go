@@ -15,7 +15,7 @@
 // platform: the containers of make e2e's real node (hack/e2e/images.sh).
 //
 // Each platform directory holds what build.sh put there: tessera (the
-// binary), libtessera-limiter.so, libc6/ (Debian's libc6 package of that
+// binary), libtessera-limiter.so, tessera-hook, libc6/ (Debian's libc6 package of that
 // architecture, unpacked with dpkg-deb -x) and libc6.control (its control
 // fields, dpkg-deb -f). The image is two layers:
 //
@@ -23,8 +23,11 @@
 //     NVIDIA's driver programs load) taken from libc6, libc6's copyright
 //     file and dpkg status entry (so image scanners see the package), an
 //     /etc/passwd and /etc/group with root and nonroot (65532), /tmp;
-//   - tessera: /usr/local/bin/tessera and
-//     /usr/local/lib/tessera/libtessera-limiter.so.
+//   - tessera: /usr/local/bin/tessera,
+//     /usr/local/lib/tessera/libtessera-limiter.so and
+//     /usr/local/lib/tessera/tessera-hook (the OCI hook the chart's init
+//     container copies to the host where the driver holds memory limits;
+//     it runs there with the host's glibc, 2.34 or later).
 //
 // Every file gets a fixed owner (0:0 unless named), mode and mtime (the
 // --created time, SOURCE_DATE_EPOCH), so the same inputs give the same

@@ -4,7 +4,8 @@
 # nothing but the image's files: chroot for the build machine's
 # architecture (root), qemu-user with the image as its root (-L) for the
 # other. Checks: `tessera version`, the init container's
-# `tessera install-limiter` (no shell), the node agent's refusal of a
+# `tessera install-limiter` (no shell; with --hook-to it copies
+# tessera-hook too, executable), tessera-hook's usage, the node agent's refusal of a
 # missing driver root, and that the image has no shell.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -38,11 +39,17 @@ for a in $platforms; do
   run /usr/local/bin/tessera install-limiter --to "$tmp/host/libtessera-limiter.so" >/dev/null
   cmp -s "$r/tmp/host/libtessera-limiter.so" "$r/usr/local/lib/tessera/libtessera-limiter.so" ||
     fail "install-limiter did not copy the library"
+  run /usr/local/bin/tessera install-limiter --to "$tmp/host/libtessera-limiter.so" --hook-to "$tmp/host/tessera-hook" >/dev/null
+  cmp -s "$r/tmp/host/tessera-hook" "$r/usr/local/lib/tessera/tessera-hook" && [ -x "$r/tmp/host/tessera-hook" ] ||
+    fail "install-limiter --hook-to did not copy tessera-hook, executable"
+  # The hook runs (its usage, exit 2) with nothing but the image's glibc.
+  if err=$(run /usr/local/lib/tessera/tessera-hook 2>&1); then fail "tessera-hook without a command succeeded"; fi
+  case $err in "Usage: tessera-hook memory-limits"*) ;; *) fail "tessera-hook printed '$err'" ;; esac
   # A driver root without a driver (the image's /etc): the node agent
   # stops, naming the root and the library it looked for.
   if err=$(run /usr/local/bin/tessera node-agent --discover-only --driver-root /etc 2>&1); then
     fail "node-agent with no driver under its driver root succeeded"
   fi
   case $err in *"driver root /etc: libnvidia-ml.so.1 is in none of"*) ;; *) fail "node-agent's error does not name the driver root and NVML: $err" ;; esac
-  echo "images smoke: linux/$a ($how): $got; install-limiter copied the limiter; node-agent refused a driver root without a driver; no shell; $(du -sh "$r" | cut -f1) unpacked"
+  echo "images smoke: linux/$a ($how): $got; install-limiter copied the limiter and tessera-hook; tessera-hook runs; node-agent refused a driver root without a driver; no shell; $(du -sh "$r" | cut -f1) unpacked"
 done

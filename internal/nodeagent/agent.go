@@ -206,8 +206,26 @@ func (a *Agent) markDriverLimits(inv *api.NodeInventory, cfg api.NodeConfig) {
 	}
 	for i := range inv.GPUs {
 		g := &inv.GPUs[i]
-		g.DriverMemoryLimits = g.Sharing == api.SharingShared && a.partitioning[g.UUID].OK
+		g.DriverMemoryLimits = g.Sharing == api.SharingShared && !g.MIG.Enabled && a.partitioning[g.UUID].OK
 	}
+}
+
+// partitionsNow answers per GPU whether its driver partitions its memory
+// per cgroup now: found so at the agent's start (a.partitioning) and not
+// in MIG mode since. The MIG part may turn MIG mode on after the start (a
+// mig-dynamic or mig-parted profile on a GPU that was not in MIG mode),
+// and the driver does not partition a MIG GPU's memory; a GPU whose MIG
+// mode goes off again is found partitioned at the agent's next start.
+func (a *Agent) partitionsNow() map[string]bool {
+	out := make(map[string]bool, len(a.partitioning))
+	a.devices.With(func(list []discovery.Device) {
+		for _, d := range list {
+			if s, ok := a.partitioning[d.GPU.UUID]; ok {
+				out[d.GPU.UUID] = s.OK && !d.GPU.MIG.Enabled
+			}
+		}
+	})
+	return out
 }
 
 // Devices returns the discovered GPUs.

@@ -70,7 +70,7 @@ func (a *Agent) newParts(lib nvml.Interface) []parts.Part {
 		collectors, claims = trust.Collectors(), draPart.Claims
 	}
 	list = append(list, mps)
-	collectors = append(collectors, metrics.Partitioning(o.NodeName, a.partitioning))
+	collectors = append(collectors, metrics.Partitioning(o.NodeName, a.partitionsNow))
 	if o.MetricsAddress != "" {
 		list = append(list, parts.NewMetrics(parts.MetricsOptions{
 			Address: o.MetricsAddress, NodeName: o.NodeName, Devices: a.devices, Health: a.monitor.Snapshot,
@@ -151,6 +151,6 @@ func (a *Agent) driverLimits() *deviceplugin.DriverLimits {
 		return nil
 	}
 	l := *o
-	l.Partitions = func(uuid string) bool { return a.partitioning[uuid].OK }
+	l.Partitions = func(uuid string) bool { return a.partitionsNow()[uuid] }
 	return &l
 }

@@ -136,7 +136,8 @@ type migChoice struct {
 // GPU g, and which; why not is for migReason.
 func (cr *Compiled) migFit(g *GPU, c Container, pend *migPending) (migChoice, bool) {
 	m := g.MIG
-	if m == nil {
+	if m == nil || c.CeilingMiB > 0 {
+		// A MIG instance's memory is fixed: nothing to burst into.
 		return migChoice{}, false
 	}
 	if m.Dynamic {
@@ -236,6 +237,8 @@ func (cr *Compiled) migReason(n *Node, c Container, s *Scratch) Reason {
 		switch {
 		case m == nil:
 			add(fmt.Sprintf("GPU %s is not in a MIG mode (%s)", shortUUID(g.UUID), g.Sharing))
+		case c.CeilingMiB > 0:
+			add(fmt.Sprintf("GPU %s is in MIG mode, whose instances' memory is fixed: a memory ceiling (%d MiB) cannot be granted there; drop the ceiling or use a GPU that is not in MIG mode", shortUUID(g.UUID), c.CeilingMiB))
 		case m.Dynamic && m.Model == nil:
 			add(fmt.Sprintf("GPU %s: no MIG geometry for %s", shortUUID(g.UUID), g.Model))
 		case m.Dynamic:

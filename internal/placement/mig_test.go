@@ -87,6 +87,29 @@ func TestStaticMIGSingle(t *testing.T) {
 	checkInvariants(t, c)
 }
 
+// TestMIGRefusesCeiling: a share with a memory ceiling gets no MIG
+// instance or device (their memory is fixed), on a dynamic or a static
+// (single) MIG GPU, with a reason naming the ceiling; without the ceiling
+// the same share fits.
+func TestMIGRefusesCeiling(t *testing.T) {
+	for _, inv := range []*api.NodeInventory{
+		migInventory(1, api.SharingMIGDynamic, api.MIGStrategyNone),
+		migInventory(1, api.SharingMIG, api.MIGStrategySingle, "1g.5gb@0", "2g.10gb@2", "3g.20gb@4"),
+	} {
+		c := NewCluster()
+		c.UpsertNode(mustNode(t, "n", inv))
+		ceil := share("c", 4000, 10)
+		ceil.CeilingMiB = 6000
+		r := fitOn(t, c, c.Node("n"), pod("ceiling", ceil))
+		if r.Kind != ReasonMIG || !strings.Contains(r.String(), "memory ceiling (6000 MiB) cannot be granted") {
+			t.Errorf("%s: a ceiling on a MIG GPU: %v", inv.GPUs[0].Sharing, r)
+		}
+		if r := fitOn(t, c, c.Node("n"), pod("plain", share("c", 4000, 10))); !r.OK() {
+			t.Errorf("%s: without the ceiling: %v", inv.GPUs[0].Sharing, r)
+		}
+	}
+}
+
 // TestDynamicMIG is the acceptance sequence in the core: seven 1g pods
 // fill an A100's seven slices, a 3g pod then does not fit with a reason
 // naming the blocking instances, releasing four frees slices 0-3 and the

@@ -32,7 +32,6 @@ import (
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/limiterstate"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/claimuse"
-	"github.com/tessera-gpu/tessera/internal/nodeagent/memlimits"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -426,21 +425,32 @@ func claimTargets(pods []*v1.Pod, claims []Claim, gpus map[string]*api.GPU) []ta
 	return out
 }
 
-// Partitioning is the metric that publishes what memlimits.Detect found on node:
+// Partitioning is the metric that publishes, at each scrape, whether
+// the driver partitions each GPU's memory per cgroup on node:
 // tessera_node_agent_gpu_driver_memory_partitioning{UUID, Hostname} (the
 // labels of the agent's GPU metrics that name the GPU and the node), 1
-// where the driver can partition the GPU's memory per cgroup, else 0.
-func Partitioning(node string, support map[string]memlimits.Support) prometheus.Collector {
-	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "tessera_node_agent_gpu_driver_memory_partitioning",
-		Help: "1 when the GPU's driver can partition its memory per cgroup (NVIDIA r615 or later, cgroup v2, MIG off; found at the agent's start), 0 otherwise. Where it can and the node agent runs the memory-limits hook, the driver holds the containers' GPU memory (docs/isolation.md).",
-	}, []string{"UUID", "Hostname"})
-	for uuid, s := range support {
+// where it does, else 0. now answers per GPU UUID (memlimits.Detect's
+// finding at the agent's start, less GPUs put in MIG mode since).
+func Partitioning(node string, now func() map[string]bool) prometheus.Collector {
+	return &partitioning{node: node, now: now, desc: prometheus.NewDesc("tessera_node_agent_gpu_driver_memory_partitioning",
+		"1 when the GPU's driver can partition its memory per cgroup (NVIDIA r615 or later, cgroup v2, MIG off; found at the agent's start, 0 once the GPU is in MIG mode), 0 otherwise. Where it can and the node agent runs the memory-limits hook, the driver holds the containers' GPU memory (docs/isolation.md).",
+		[]string{"UUID", "Hostname"}, nil)}
+}
+
+type partitioning struct {
+	node string
+	now  func() map[string]bool
+	desc *prometheus.Desc
+}
+
+func (p *partitioning) Describe(ch chan<- *prometheus.Desc) { ch <- p.desc }
+
+func (p *partitioning) Collect(ch chan<- prometheus.Metric) {
+	for uuid, ok := range p.now() {
 		v := 0.0
-		if s.OK {
+		if ok {
 			v = 1
 		}
-		g.WithLabelValues(uuid, node).Set(v)
+		ch <- prometheus.MustNewConstMetric(p.desc, prometheus.GaugeValue, v, uuid, p.node)
 	}
-	return g
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
 	"github.com/tessera-gpu/tessera/internal/lab/fakegpu"
+	"github.com/tessera-gpu/tessera/internal/lab/modes"
 	"github.com/tessera-gpu/tessera/internal/testenv"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -32,32 +33,45 @@ const (
 
 func taintPartitioningNode() error {
 	ctx := context.Background()
-	n, err := client.CoreV1().Nodes().Get(ctx, partitioningNode, metav1.GetOptions{})
-	if err != nil {
-		return fmt.Errorf("the partitioning node: %w", err)
+	for _, name := range []string{partitioningNode, partitioningMIGNode} {
+		n, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("the partitioning node: %w", err)
+		}
+		n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: partitioningKey, Effect: corev1.TaintEffectNoSchedule})
+		if _, err := client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("tainting %s: %w", name, err)
+		}
 	}
-	n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: partitioningKey, Effect: corev1.TaintEffectNoSchedule})
-	_, err = client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
-	return err
+	return nil
 }
 
 // ceilingPod is a pod guaranteed 4096 MiB with a ceiling of 6144 on one
-// GPU of node, filling in 512 MiB steps and holding what it got.
+// GPU of node (fillPod).
 func ceilingPod(ns, name, node string) string {
+	return fillPod(ns, name, node, "nvidia.com/gpu: 1, nvidia.com/gpumem: 4096, nvidia.com/gpumem-ceiling: 6144")
+}
+
+// fillPod is a pod on node with the GPU limits given (YAML flow-map
+// entries), tolerating partitioningKey and the lab's sharing taint: it
+// prints how many GPUs' limits the driver confirmed holding
+// ("confirmation: N"), then fills its GPU in 512 MiB steps and holds what
+// it got.
+func fillPod(ns, name, node, limits string) string {
 	return fmt.Sprintf(`apiVersion: v1
 kind: Pod
 metadata: {name: %s, namespace: %s}
 spec:
   terminationGracePeriodSeconds: 1
   nodeSelector: {kubernetes.io/hostname: %s}
-  tolerations: [{key: %s, operator: Exists}]
+  tolerations: [{key: %s, operator: Exists}, {key: %s, operator: Exists}]
   containers:
   - name: main
     image: tessera-lab/cuda
     command: [sh, -c, 'echo "confirmation: $(cat /etc/tessera/driver-memory 2>&1 | grep -c ^device=)"; exec gpu-fill --step 512 --hold forever']
     resources:
-      limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: 4096, nvidia.com/gpumem-ceiling: 6144}
-`, name, ns, node, partitioningKey)
+      limits: {%s}
+`, name, ns, node, partitioningKey, modes.SharingTaint, limits)
 }
 
 // driverTable is the driver's table of limits of the pod's GPU on node
@@ -69,6 +83,23 @@ func driverTable(t *testing.T, node, gpu string) []fakegpu.Limit {
 		t.Fatal(err)
 	}
 	return l
+}
+
+// noDriverLimits checks that the pod's container "main" on node got no
+// memory-limits hook (no hooks, no CDI devices) and that the driver's
+// table of its GPU gpu is empty.
+func noDriverLimits(t *testing.T, node, ns, pod, gpu string) {
+	t.Helper()
+	c, err := dir.Node(node).Container(ns, pod, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Hooks) != 0 || len(c.CDIDevices) != 0 {
+		t.Errorf("%s on %s got hooks %+v, CDI devices %v; want none", pod, node, c.Hooks, c.CDIDevices)
+	}
+	if l := driverTable(t, node, gpu); len(l) != 0 {
+		t.Errorf("the driver's table of %s's GPU %s on %s: %+v; want it empty", pod, gpu, node, l)
+	}
 }
 
 // podGPU is the GPU the pod's record grants its container.
@@ -146,16 +177,7 @@ func TestDriverMemoryLimits(t *testing.T) {
 		if !strings.Contains(out, "confirmation: 0") || !strings.Contains(out, "cuMemGetInfo: total 6144 MiB") || lastInTotal(out) > 6144 {
 			t.Errorf("a container on a node whose driver does not partition memory: want no confirmation and the limiter holding it at its 6144 MiB ceiling:\n%s", out)
 		}
-		c, err := dir.Node(node).Container(ns, "limiter", "main")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(c.Hooks) != 0 || len(c.CDIDevices) != 0 {
-			t.Errorf("the container on the old driver got hooks %+v, CDI devices %v; want none", c.Hooks, c.CDIDevices)
-		}
-		if l := driverTable(t, node, podGPU(t, ns, "limiter")); len(l) != 0 {
-			t.Errorf("the old driver's table: %+v", l)
-		}
+		noDriverLimits(t, node, ns, "limiter", podGPU(t, ns, "limiter"))
 	})
 
 	zero := int64(0)
@@ -175,4 +197,95 @@ func TestDriverMemoryLimits(t *testing.T) {
 	if l := driverTable(t, partitioningNode, gpu); len(l) != 0 {
 		t.Errorf("after deletion the driver's table holds %+v; want nothing (no leaked soft limit)", l)
 	}
+}
+
+// partitioningMIGNode is the lab's dynamic-MIG node whose driver
+// partitions GPU memory per cgroup (labNodeGroups), tainted like
+// partitioningNode so that the other MIG tests' pods stay on lab-mig-dynamic.
+const partitioningMIGNode = "lab-mig-dynamic-01"
+
+// TestDriverMemoryLimitsMIG: on a node whose driver partitions GPU
+// memory, a GPU in MIG mode is not one whose memory the driver holds (the
+// driver does not partition a MIG GPU's memory): the agent reports it not
+// partitioned (metric 0, the inventory's driverMemoryLimits unset), a pod
+// given a MIG instance for its memory limit gets no memory-limits hook and
+// no entry in the driver's table, and its memory is held as on any driver:
+// the instance's size is its total and it is refused past it (no limiter
+// on a MIG instance: docs/isolation.md, "Which layer enforces what"). A
+// ceiling is refused on MIG by the scheduler, naming why. The GPU was not
+// in MIG mode when the agent started (the agent turns it on), so this
+// also checks that the agent stops counting it as partitioned then.
+func TestDriverMemoryLimitsMIG(t *testing.T) {
+	const ns = "driver-memory-mig"
+	useNamespace(t, ns)
+	ctx := context.Background()
+	apply(t, fillPod(ns, "mig", partitioningMIGNode, "nvidia.com/gpu: 1, nvidia.com/gpumem: 4000"))
+	out := logsContain(t, ns, "mig", "holding")
+	t.Logf("kubectl logs mig:\n%s", out)
+	pod, err := client.CoreV1().Pods(ns).Get(ctx, "mig", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := kubeobj.Record(pod)
+	if err != nil || rec == nil || len(rec.Containers) != 1 || len(rec.Containers[0].Devices) != 1 || rec.Containers[0].Devices[0].MIG == nil {
+		t.Fatalf("record %+v, %v; want one MIG instance", rec, err)
+	}
+	g := rec.Containers[0].Devices[0]
+	// A 1g.5gb instance of the mock A100-40GB: 4864 MiB.
+	const instanceMiB = 4864
+	if g.MIG.Profile != "1g.5gb" {
+		t.Fatalf("grant %+v %+v; want a 1g.5gb instance for 4000 MiB", g, g.MIG)
+	}
+	if !strings.Contains(out, "confirmation: 0") || !strings.Contains(out, fmt.Sprintf("cuMemGetInfo: total %d MiB", instanceMiB)) ||
+		!strings.Contains(out, "1 MiB more: CUDA_ERROR_OUT_OF_MEMORY") || lastInTotal(out) != instanceMiB {
+		t.Errorf("the MIG container: want no confirmation, the instance's %d MiB as its total, all of it and not 1 MiB more", instanceMiB)
+	}
+	noDriverLimits(t, partitioningMIGNode, ns, "mig", g.UUID)
+	// The driver does partition memory on this node (the fake driver's
+	// table answers, it is not ErrNotSupported): only MIG rules it out.
+	if _, err := fakegpu.ReadLimits(filepath.Join(dir.Node(partitioningMIGNode).GPUs(), g.UUID)); err != nil {
+		t.Errorf("the fake driver of %s: %v; want one that partitions memory (+partitioning)", partitioningMIGNode, err)
+	}
+	node, err := client.CoreV1().Nodes().Get(ctx, partitioningMIGNode, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := kubeobj.Inventory(node)
+	if err != nil || inv == nil {
+		t.Fatalf("inventory of %s: %v", partitioningMIGNode, err)
+	}
+	for _, gpu := range inv.GPUs {
+		if gpu.UUID == g.UUID && (gpu.DriverMemoryLimits || !gpu.MIG.Enabled) {
+			t.Errorf("inventory GPU %s: driverMemoryLimits %v, MIG enabled %v; want not driver-held, in MIG mode", gpu.UUID, gpu.DriverMemoryLimits, gpu.MIG.Enabled)
+		}
+	}
+	url, err := dir.MetricsURL(partitioningMIGNode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := findSeries(scrapeMetrics(t, url), "tessera_node_agent_gpu_driver_memory_partitioning", map[string]string{"UUID": g.UUID})
+	if m == nil || m.GetGauge().GetValue() != 0 {
+		t.Errorf("tessera_node_agent_gpu_driver_memory_partitioning of the MIG GPU %s: %v; want 0", g.UUID, m)
+	}
+
+	// A ceiling: a MIG instance's memory is fixed, so the scheduler
+	// refuses it there, naming the ceiling (not silently dropped).
+	apply(t, fillPod(ns, "ceiling", partitioningMIGNode, "nvidia.com/gpu: 1, nvidia.com/gpumem: 4000, nvidia.com/gpumem-ceiling: 6000"))
+	var msg string
+	testenv.WaitFor(t, "the ceiling pod's scheduling failure naming the ceiling", time.Minute, func() bool {
+		p, err := client.CoreV1().Pods(ns).Get(ctx, "ceiling", metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		if p.Spec.NodeName != "" {
+			t.Fatalf("the ceiling pod was bound to %s; want it refused on the MIG GPU", p.Spec.NodeName)
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
+				msg = c.Message
+			}
+		}
+		return strings.Contains(msg, "memory ceiling (6000 MiB) cannot be granted")
+	})
+	t.Logf("the ceiling pod: %s", msg)
 }
