@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
@@ -29,17 +28,6 @@ const (
 	partitioningNode = "lab-gpu-06"
 	partitioningKey  = "tessera.io/test-driver-memory"
 )
-
-func taintPartitioningNode() error {
-	ctx := context.Background()
-	n, err := client.CoreV1().Nodes().Get(ctx, partitioningNode, metav1.GetOptions{})
-	if err != nil {
-		return fmt.Errorf("the partitioning node: %w", err)
-	}
-	n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: partitioningKey, Effect: corev1.TaintEffectNoSchedule})
-	_, err = client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
-	return err
-}
 
 // ceilingPod is a pod guaranteed 4096 MiB with a ceiling of 6144 on one
 // GPU of node, filling in 512 MiB steps and holding what it got.
