@@ -150,11 +150,7 @@ func createNodesOf(tCtx ktesting.TContext, path string, count int) ([]corev1.Nod
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	made := make([]corev1.Node, count)
-	var (
-		mu       sync.Mutex
-		firstErr error
-	)
-	workqueue.ParallelizeUntil(tCtx, 30, count, func(i int) {
+	err = inParallel(tCtx, count, func(i int) error {
 		n := template.DeepCopy()
 		n.Name = fmt.Sprintf("%s%05d", template.GenerateName, i)
 		n.GenerateName = ""
@@ -164,19 +160,34 @@ func createNodesOf(tCtx ktesting.TContext, path string, count int) ([]corev1.Nod
 		n.Labels[corev1.LabelHostname] = n.Name
 		created, err := tCtx.Client().CoreV1().Nodes().Create(tCtx, n, metav1.CreateOptions{})
 		if err != nil {
-			mu.Lock()
-			if firstErr == nil {
-				firstErr = fmt.Errorf("creating node %s: %w", n.Name, err)
-			}
-			mu.Unlock()
-			return
+			return fmt.Errorf("creating node %s: %w", n.Name, err)
 		}
 		made[i] = *created
+		return nil
 	})
-	if firstErr != nil {
-		return nil, firstErr
+	if err != nil {
+		return nil, err
 	}
 	return made, nil
+}
+
+// inParallel runs f for 0..n-1 from 30 goroutines and returns the first
+// error.
+func inParallel(tCtx ktesting.TContext, n int, f func(i int) error) error {
+	var (
+		mu       sync.Mutex
+		firstErr error
+	)
+	workqueue.ParallelizeUntil(tCtx, 30, n, func(i int) {
+		if err := f(i); err != nil {
+			mu.Lock()
+			defer mu.Unlock()
+			if firstErr == nil {
+				firstErr = err
+			}
+		}
+	})
+	return firstErr
 }
 
 // publishSlices publishes the ResourceSlice of every node in mode dra
@@ -222,21 +233,14 @@ func publishSlices(tCtx ktesting.TContext, sched *k8sscheduler.Scheduler, w *per
 	if err := dra.ApplyManifests(tCtx, tCtx.Client(), deploy.DRADeviceClasses, deploy.DRACompatDeviceClasses, deploy.DRAAdmission); err != nil {
 		return err
 	}
-	var (
-		mu       sync.Mutex
-		firstErr error
-	)
-	workqueue.ParallelizeUntil(tCtx, 30, len(slices), func(i int) {
+	err = inParallel(tCtx, len(slices), func(i int) error {
 		if _, err := tCtx.Client().ResourceV1().ResourceSlices().Create(tCtx, slices[i], metav1.CreateOptions{}); err != nil {
-			mu.Lock()
-			if firstErr == nil {
-				firstErr = fmt.Errorf("node %s: creating its ResourceSlice: %w", *slices[i].Spec.NodeName, err)
-			}
-			mu.Unlock()
+			return fmt.Errorf("node %s: creating its ResourceSlice: %w", *slices[i].Spec.NodeName, err)
 		}
+		return nil
 	})
-	if firstErr != nil {
-		return firstErr
+	if err != nil {
+		return err
 	}
 	want := len(slices) + len(have)
 	fw, ok := sched.Profiles[api.SchedulerName]
