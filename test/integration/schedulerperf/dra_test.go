@@ -46,7 +46,7 @@ func draOptions() []perf.SchedulerPerfOption {
 
 // prepareDRA arranges for the allocations to be checked after the
 // workload, and for the workload's report (report_test.go): where its
-// time went and the API writes per scheduled pod.
+// time went.
 func prepareDRA(tCtx ktesting.TContext) error {
 	w := startWorkload()
 	// Runs after the workload, before the API server stops.
@@ -59,14 +59,6 @@ func prepareDRA(tCtx ktesting.TContext) error {
 		}
 		if summary != "" {
 			tCtx.Log(summary)
-		}
-		writes, err := w.writesPerPod(tCtx)
-		if err != nil {
-			tCtx.Error(err)
-			return
-		}
-		if writes != "" {
-			tCtx.Log(writes)
 		}
 		tCtx.Log(w.timing())
 	})
@@ -205,7 +197,6 @@ func publishSlices(tCtx ktesting.TContext, sched *k8sscheduler.Scheduler, w *per
 	}
 	nodes.Items = append(nodes.Items, made...)
 	current.nodesCreated(len(nodes.Items))
-	// The API writes from here on are the pods' (report_test.go).
 	defer current.nodesReady()
 	existing, err := tCtx.Client().ResourceV1().ResourceSlices().List(tCtx, metav1.ListOptions{})
 	if err != nil {

@@ -3,29 +3,17 @@
 package schedulerperf
 
 // The report of each workload (dra_test.go logs it after the workload):
-// where its time went, and the API writes the scheduling of its pods
-// cost, counted by the in-process API server (apiserver_request_total,
-// scheduler_perf runs kube-apiserver in the test's process), by verb and
-// resource, from the moment the nodes (and ResourceSlices) stand to the
-// end of the workload. Every component shares one client in
-// scheduler_perf, so the writes are told apart by what makes them: the
-// harness creates the pods (POST pods), the resourceclaim controller the
-// claims of templates (POST resourceclaims) and the pods' claim statuses
-// (server-side apply of pods/status, verb APPLY); every other write is
-// the scheduler's: the binding, claim allocations (resourceclaims/status),
-// pod conditions (PATCH pods/status), events, and Tessera's own.
+// where its time went, and how long one read of the metrics registry
+// takes (scheduler_perf reads it once per label combination it collects
+// after the measured phase).
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	apimetrics "k8s.io/apiserver/pkg/endpoints/metrics"
 	"k8s.io/component-base/metrics/legacyregistry"
-	"k8s.io/kubernetes/test/utils/ktesting"
 )
 
 // workload is the report's state for the workload running now (the
@@ -34,11 +22,7 @@ type workload struct {
 	mu                                  sync.Mutex
 	start, nodesOp, created, ready, end time.Time
 	nodes                               int
-	writesAtReady                       map[writeKind]float64
 }
-
-// writeKind is one series of apiserver_request_total, less its code.
-type writeKind struct{ verb, resource, subresource string }
 
 var (
 	current = &workload{}
@@ -51,9 +35,6 @@ var (
 // startWorkload starts the report of a workload: the harness calls the
 // prepare hook right before it runs the workload's operations.
 func startWorkload() *workload {
-	// The API server's request metrics count only once registered (the
-	// test server serves no /metrics of its own to register them).
-	apimetrics.Register()
 	current = &workload{start: time.Now()}
 	return current
 }
@@ -73,13 +54,11 @@ func (w *workload) nodesCreated(n int) {
 	w.created, w.nodes = time.Now(), n
 }
 
-// nodesReady: the nodes and their slices stand; the writes are counted
-// from here.
+// nodesReady: the nodes and their slices stand.
 func (w *workload) nodesReady() {
-	writes := apiWrites()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.ready, w.writesAtReady = time.Now(), writes
+	w.ready = time.Now()
 }
 
 // finished: the workload's operations are done (its first cleanup).
@@ -106,100 +85,14 @@ func (w *workload) timing() string {
 	} else {
 		fmt.Fprintf(&b, "workload %s", sec(w.end.Sub(w.start)))
 	}
-	fmt.Fprintf(&b, ", checks %s; one read of the metrics registry %.0f ms", sec(now.Sub(w.end)), float64(gatherTime)/float64(time.Millisecond))
+	fmt.Fprintf(&b, ", checks %s; one read of the metrics registry %.0f ms", sec(now.Sub(w.end)), float64(registryRead())/float64(time.Millisecond))
 	lastEnd = now
 	return b.String()
 }
 
-// writesPerPod counts the API writes since the nodes stood and divides
-// them by the pods bound; "" when no pod was bound.
-func (w *workload) writesPerPod(tCtx ktesting.TContext) (string, error) {
-	now := apiWrites()
-	w.mu.Lock()
-	before := w.writesAtReady
-	w.mu.Unlock()
-	if before == nil {
-		return "", nil
-	}
-	pods, err := tCtx.Client().CoreV1().Pods(metav1.NamespaceAll).List(tCtx, metav1.ListOptions{})
-	if err != nil {
-		return "", err
-	}
-	bound := 0
-	for _, p := range pods.Items {
-		if p.Spec.NodeName != "" {
-			bound++
-		}
-	}
-	if bound == 0 {
-		return "", nil
-	}
-	var all, sched float64
-	var parts []string
-	for k, v := range now {
-		d := v - before[k]
-		if d <= 0 {
-			continue
-		}
-		all += d
-		if !notScheduler(k) {
-			sched += d
-		}
-		name := k.verb + " " + k.resource
-		if k.subresource != "" {
-			name += "/" + k.subresource
-		}
-		parts = append(parts, fmt.Sprintf("%s %.2f", name, d/float64(bound)))
-	}
-	slices.Sort(parts)
-	return fmt.Sprintf("API writes per scheduled pod (%d pods): %.2f by the scheduler, %.2f in all (%s)", bound, sched/float64(bound), all/float64(bound), strings.Join(parts, ", ")), nil
-}
-
-// notScheduler: writes the harness or the resourceclaim controller make.
-func notScheduler(k writeKind) bool {
-	switch {
-	case k.verb == "POST" && k.subresource == "" && (k.resource == "pods" || k.resource == "resourceclaims" || k.resource == "namespaces" || k.resource == "resourceclaimtemplates"):
-		return true
-	case k.verb == "APPLY" && k.resource == "pods" && k.subresource == "status":
-		return true
-	}
-	return false
-}
-
-// gatherTime is how long the last read of the metrics registry took:
-// scheduler_perf reads it once per label combination it collects after
-// each workload.
-var gatherTime time.Duration
-
-// apiWrites reads the in-process API server's write requests so far.
-func apiWrites() map[writeKind]float64 {
-	out := map[writeKind]float64{}
+// registryRead times one read of the process's metrics registry.
+func registryRead() time.Duration {
 	start := time.Now()
-	// An error (a collector of the test process that fails) comes with
-	// what the other collectors gave: use that.
-	families, _ := legacyregistry.DefaultGatherer.Gather()
-	gatherTime = time.Since(start)
-	for _, f := range families {
-		if f.GetName() != "apiserver_request_total" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			var k writeKind
-			for _, l := range m.GetLabel() {
-				switch l.GetName() {
-				case "verb":
-					k.verb = l.GetValue()
-				case "resource":
-					k.resource = l.GetValue()
-				case "subresource":
-					k.subresource = l.GetValue()
-				}
-			}
-			switch k.verb {
-			case "POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION":
-				out[k] += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return out
+	_, _ = legacyregistry.DefaultGatherer.Gather()
+	return time.Since(start)
 }
