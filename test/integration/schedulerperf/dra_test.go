@@ -109,9 +109,9 @@ var nodeParams = []struct{ param, template string }{
 // createNodesAtOnce makes the nodes the workload's nodeParams ask (none
 // if it has none of them) from 30 clients at once, as scheduler_perf's
 // createNodes would make them one at a time (named after the template's
-// generateName, labelled kubernetes.io/hostname): one create request
-// after the other, each waiting for the API server, took minutes at
-// 5,000 nodes on a loaded machine, before anything is measured.
+// generateName, labelled kubernetes.io/hostname), one create request
+// after the other, each waiting for the API server, before anything is
+// measured.
 func createNodesAtOnce(tCtx ktesting.TContext, w *perf.Workload) ([]corev1.Node, error) {
 	if w == nil {
 		return nil, nil
