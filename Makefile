@@ -140,8 +140,13 @@ bench-scheduler: ## scheduler_perf, 5,000 nodes x 8 GPUs, 10,000 pods per schedu
 bench-scheduler-preemption: ## scheduler_perf, the preemption cases: 500 nodes x 8 GPUs full of quarter shares, then 1,000 half shares of higher priority; the stock profile's own case beside it (see docs/benchmarks.md; recorded in bench-results/)
 	$(RECORD) bench-scheduler-preemption $(GO) test -tags integration -count=1 -run '^$$' -bench 'BenchmarkPerfScheduling/(Tessera|Stock)Preemption' -benchtime=1x -timeout=60m ./test/integration/schedulerperf/ -perf-scheduling-label-filter=preemption -data-items-dir=$(CURDIR)/bench-results/data
 
-bench-scheduler-dra: ## scheduler_perf, the DRA cases only: 5,000 nodes x 8 GPUs, share and whole-GPU claims, Tessera's and the stock profile (see docs/benchmarks.md; recorded)
-	$(RECORD) bench-scheduler-dra $(GO) test -tags integration -count=1 -run '^$$' -bench 'BenchmarkPerfScheduling/DRA' -benchtime=1x -timeout=60m ./test/integration/schedulerperf/ -perf-scheduling-label-filter=performance,dra -data-items-dir=$(CURDIR)/bench-results/data
+# bench-scheduler-dra's size: performance (5,000 nodes) or medium (1,000).
+DRA_BENCH_SIZE ?= performance
+# The lines of a scheduler_perf run its summary record keeps.
+PERF_SUMMARY    := ^(Benchmark|--- |ok|PASS|FAIL)|dra_test.go|^(load|duration|exit):
+
+bench-scheduler-dra: ## scheduler_perf, the DRA cases and Tessera's device-plugin case: 5,000 nodes x 8 GPUs (DRA_BENCH_SIZE=medium: 1,000), share and whole-GPU claims, Tessera's and the stock profile (see docs/benchmarks.md; recorded, with a summary)
+	SUMMARY='$(PERF_SUMMARY)' $(RECORD) bench-scheduler-dra$(if $(filter-out performance,$(DRA_BENCH_SIZE)),-$(DRA_BENCH_SIZE)) $(GO) test -tags integration -count=1 -v -run '^$$' -bench 'BenchmarkPerfScheduling/(DRA|TesseraFractional)' -benchtime=1x -timeout=60m ./test/integration/schedulerperf/ -perf-scheduling-label-filter=$(DRA_BENCH_SIZE),dra -data-items-dir=$(CURDIR)/bench-results/data
 
 demo: lab-tools ## start the emulated GPU cluster, run the demo workloads, show the enforcement, stop (no cluster, no GPU; root)
 	$(GO) build -ldflags "$(LAB_LDFLAGS)" -o bin/tessera-lab ./cmd/tessera-lab

@@ -19,6 +19,10 @@
 #   load      load averages (1, 5, 15 min) at the start and at the end
 #   command   the command, each argument shell-quoted, and the directory
 #   exit      COMMAND's exit status (at the end)
+#
+# With SUMMARY set (an extended regular expression), it also writes
+# ...-NAME-summary.txt: the header, then only the lines of the output
+# that match it, then the end lines (for outputs too large to commit).
 set -uo pipefail
 if [ $# -lt 2 ]; then
     echo "usage: $0 NAME COMMAND [ARG...]" >&2
@@ -82,4 +86,14 @@ rc=${PIPESTATUS[0]}
     echo "exit: $rc"
 } >>"$file"
 echo "record-result: ${file#"$root"/} (exit $rc)" >&2
+if [ -n "${SUMMARY:-}" ]; then
+    summary=${file%.txt}-summary.txt
+    {
+        sed '/^---$/q' "$file" | sed '$d'
+        echo "summary: only the lines matching '$SUMMARY' are kept"
+        echo "---"
+        sed '1,/^---$/d' "$file" | grep -E -- "$SUMMARY"
+    } >"$summary"
+    echo "record-result: ${summary#"$root"/}" >&2
+fi
 exit "$rc"

@@ -203,7 +203,7 @@ func TestDRAPodsChecked(t *testing.T) {
 	e := newEnv(t)
 	const ns = "team-d"
 	e.ensureNS(ns)
-	e.template(ns, "gpu", claimSpec(api.DeviceClassGPU, "4Gi"))
+	e.template(ns, "gpu", fixtures.ClaimSpec(api.DeviceClassGPU, "4Gi"))
 	for name, mutate := range map[string]func(p *corev1.Pod){
 		"env": func(p *corev1.Pod) {
 			p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}}

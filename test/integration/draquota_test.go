@@ -37,16 +37,6 @@ func draQuotaEnv(t *testing.T, ns, hard string) *env {
 	return e
 }
 
-// claimSpec asks one GPU of class with memory mem ("": none, the GPU
-// whole).
-func claimSpec(class, mem string) resourceapi.ResourceClaimSpec {
-	req := &resourceapi.ExactDeviceRequest{DeviceClassName: class, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}
-	if mem != "" {
-		req.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{api.CapacityMemory: resource.MustParse(mem)}}
-	}
-	return resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: req}}}}
-}
-
 func (e *env) template(ns, name string, spec resourceapi.ResourceClaimSpec) {
 	e.t.Helper()
 	tpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: resourceapi.ResourceClaimTemplateSpec{Spec: spec}}
@@ -100,7 +90,7 @@ func charged(p *corev1.Pod) []string {
 func TestDRAGPUMemoryQuota(t *testing.T) {
 	const ns = "dra-a"
 	e := draQuotaEnv(t, ns, "40Gi")
-	e.template(ns, "half", claimSpec(api.DeviceClassGPU, "20Gi"))
+	e.template(ns, "half", fixtures.ClaimSpec(api.DeviceClassGPU, "20Gi"))
 	one, err := e.create(draPod(ns, "one", "half", "", "a", "b"))
 	if err != nil {
 		t.Fatal(err)
@@ -131,7 +121,7 @@ func TestDRAGPUMemoryQuota(t *testing.T) {
 func TestDRAGPUMemoryQuotaConcurrent(t *testing.T) {
 	const ns = "dra-b"
 	e := draQuotaEnv(t, ns, "40Gi")
-	e.template(ns, "small", claimSpec(api.DeviceClassNVIDIA, "3Gi"))
+	e.template(ns, "small", fixtures.ClaimSpec(api.DeviceClassNVIDIA, "3Gi"))
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	admitted, refused := 0, 0
@@ -180,7 +170,7 @@ func TestDRAGPUMemoryQuotaDodges(t *testing.T) {
 
 	// A claim that asks no memory takes a GPU whole: charged the largest
 	// GPU (40 GiB), for each pod that names it.
-	if err := e.claim(ns, "whole", claimSpec(api.DeviceClassGPU, "")); err != nil {
+	if err := e.claim(ns, "whole", fixtures.ClaimSpec(api.DeviceClassGPU, "")); err != nil {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"whole-1", "whole-2"} {
@@ -194,7 +184,7 @@ func TestDRAGPUMemoryQuotaDodges(t *testing.T) {
 	}
 
 	// A charge the pod writes itself is replaced by Tessera's.
-	e.template(ns, "eight", claimSpec(api.DeviceClassGPU, "8Gi"))
+	e.template(ns, "eight", fixtures.ClaimSpec(api.DeviceClassGPU, "8Gi"))
 	p := draPod(ns, "self-charged", "eight", "", "main")
 	p.Spec.Containers[0].Resources.Requests = corev1.ResourceList{webhook.QuotaMemoryResource: resource.MustParse("0")}
 	p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{webhook.QuotaMemoryResource: resource.MustParse("0")}
@@ -215,7 +205,7 @@ func TestDRAGPUMemoryQuotaDodges(t *testing.T) {
 
 	// The template replaced after its pod was admitted: the claim the
 	// resourceclaim controller generates from it is refused.
-	e.template(ns, "swap", claimSpec(api.DeviceClassGPU, "8Gi"))
+	e.template(ns, "swap", fixtures.ClaimSpec(api.DeviceClassGPU, "8Gi"))
 	pod, err := e.create(draPod(ns, "swapper", "swap", "", "main"))
 	if err != nil {
 		t.Fatal(err)
@@ -223,7 +213,7 @@ func TestDRAGPUMemoryQuotaDodges(t *testing.T) {
 	if err := e.cp.Client.ResourceV1().ResourceClaimTemplates(ns).Delete(ctx, "swap", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	e.template(ns, "swap", claimSpec(api.DeviceClassGPU, "32Gi"))
+	e.template(ns, "swap", fixtures.ClaimSpec(api.DeviceClassGPU, "32Gi"))
 	generated := func(spec resourceapi.ResourceClaimSpec) error {
 		c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: "swapper-gpu-",
 			Annotations:     map[string]string{webhook.PodClaimNameAnnotation: "gpu"},
@@ -232,17 +222,17 @@ func TestDRAGPUMemoryQuotaDodges(t *testing.T) {
 		_, err := e.cp.Client.ResourceV1().ResourceClaims(ns).Create(ctx, c, metav1.CreateOptions{})
 		return err
 	}
-	err = generated(claimSpec(api.DeviceClassGPU, "32Gi"))
+	err = generated(fixtures.ClaimSpec(api.DeviceClassGPU, "32Gi"))
 	if err == nil || !strings.Contains(err.Error(), "32768 MiB") || !strings.Contains(err.Error(), "charged 8192 MiB") {
 		t.Errorf("claim generated from a template replaced after admission: %v, want a refusal naming 32768 and 8192 MiB", err)
 	}
-	if err := generated(claimSpec(api.DeviceClassGPU, "8Gi")); err != nil {
+	if err := generated(fixtures.ClaimSpec(api.DeviceClassGPU, "8Gi")); err != nil {
 		t.Errorf("the claim its pod was charged for was refused: %v", err)
 	}
 
 	// A named claim deleted and created again bigger after its pod was
 	// admitted: refused.
-	if err := e.claim(ns, "named", claimSpec(api.DeviceClassNVIDIAGPU, "8Gi")); err != nil {
+	if err := e.claim(ns, "named", fixtures.ClaimSpec(api.DeviceClassNVIDIAGPU, "8Gi")); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.create(draPod(ns, "namer", "", "named", "main")); err != nil {
@@ -251,12 +241,12 @@ func TestDRAGPUMemoryQuotaDodges(t *testing.T) {
 	if err := e.cp.Client.ResourceV1().ResourceClaims(ns).Delete(ctx, "named", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	err = e.claim(ns, "named", claimSpec(api.DeviceClassNVIDIAGPU, "40Gi"))
+	err = e.claim(ns, "named", fixtures.ClaimSpec(api.DeviceClassNVIDIAGPU, "40Gi"))
 	if err == nil || !strings.Contains(err.Error(), "charged 8192 MiB") {
 		t.Errorf("named claim recreated bigger: %v, want a refusal", err)
 	}
 	// A claim of another driver's class is none of Tessera's business.
-	if err := e.claim(ns, "other", claimSpec("other.example.com", "")); err != nil {
+	if err := e.claim(ns, "other", fixtures.ClaimSpec("other.example.com", "")); err != nil {
 		t.Errorf("claim of another class: %v", err)
 	}
 
@@ -264,7 +254,7 @@ func TestDRAGPUMemoryQuotaDodges(t *testing.T) {
 	// with a 40 GiB device-plugin GPU and a 1 GiB template is charged
 	// 41 GiB; its template replaced with a 40 GiB one, the generated
 	// claim is refused (it passed as covered by the 41 GiB).
-	e.template(ns, "mixed", claimSpec(api.DeviceClassGPU, "1Gi"))
+	e.template(ns, "mixed", fixtures.ClaimSpec(api.DeviceClassGPU, "1Gi"))
 	mp := draPod(ns, "mixed", "mixed", "", "main")
 	mp.Spec.Containers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceName(names.GPU): resource.MustParse("1"), corev1.ResourceName(names.Memory): resource.MustParse("40960")}
 	mixed, err := e.create(mp)
@@ -277,19 +267,19 @@ func TestDRAGPUMemoryQuotaDodges(t *testing.T) {
 	if err := e.cp.Client.ResourceV1().ResourceClaimTemplates(ns).Delete(ctx, "mixed", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	e.template(ns, "mixed", claimSpec(api.DeviceClassGPU, "40Gi"))
-	err = generatedFor(ctx, e, mixed, claimSpec(api.DeviceClassGPU, "40Gi"))
+	e.template(ns, "mixed", fixtures.ClaimSpec(api.DeviceClassGPU, "40Gi"))
+	err = generatedFor(ctx, e, mixed, fixtures.ClaimSpec(api.DeviceClassGPU, "40Gi"))
 	if err == nil || !strings.Contains(err.Error(), "charged 1024 MiB for its claims") || !strings.Contains(err.Error(), "less 40960 MiB for their device-plugin GPUs") {
 		t.Errorf("40Gi claim of a pod charged 40Gi for its device-plugin GPU and 1Gi for claims: %v, want a refusal", err)
 	}
-	if err := generatedFor(ctx, e, mixed, claimSpec(api.DeviceClassGPU, "1Gi")); err != nil {
+	if err := generatedFor(ctx, e, mixed, fixtures.ClaimSpec(api.DeviceClassGPU, "1Gi")); err != nil {
 		t.Errorf("the 1Gi claim the mixed pod was charged for was refused: %v", err)
 	}
 
 	// A memory request beyond any GPU (4 × 2^42+8 MiB, whose bytes
 	// wrapped to a 32 MiB charge), first in a prioritized list: refused
 	// naming the field, the value and the limit.
-	huge := claimSpec(api.DeviceClassGPU, "4611686018435776k")
+	huge := fixtures.ClaimSpec(api.DeviceClassGPU, "4611686018435776k")
 	alt := huge.Devices.Requests[0].Exactly
 	huge.Devices.Requests[0] = resourceapi.DeviceRequest{Name: "gpu", FirstAvailable: []resourceapi.DeviceSubRequest{
 		{Name: "huge", DeviceClassName: alt.DeviceClassName, AllocationMode: alt.AllocationMode, Count: 4, Capacity: alt.Capacity},
@@ -313,7 +303,7 @@ func TestDRAGPUMemoryQuotaDodges(t *testing.T) {
 		}
 		return q.Status.Used[corev1.ResourceName("requests."+webhook.QuotaMemoryResource)]
 	}
-	e.template(ns, "ten", claimSpec(api.DeviceClassGPU, "10Gi"))
+	e.template(ns, "ten", fixtures.ClaimSpec(api.DeviceClassGPU, "10Gi"))
 	ip := draPod(ns, "initgpu", "ten", "", "main")
 	ip.Spec.InitContainers = []corev1.Container{{Name: "init", Image: "cuda", Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}},
 		Limits: corev1.ResourceList{corev1.ResourceName(names.GPU): resource.MustParse("1"), corev1.ResourceName(names.Memory): resource.MustParse("40960")}}}}
@@ -335,8 +325,8 @@ func TestDRAGPUMemoryQuotaDodges(t *testing.T) {
 	if err != nil {
 		t.Fatalf("pod naming a missing template in a namespace without a quota: %v", err)
 	}
-	e.template(gpuNS, "later", claimSpec(api.DeviceClassGPU, "8Gi"))
-	if err := generatedFor(ctx, e, early, claimSpec(api.DeviceClassGPU, "8Gi")); err != nil {
+	e.template(gpuNS, "later", fixtures.ClaimSpec(api.DeviceClassGPU, "8Gi"))
+	if err := generatedFor(ctx, e, early, fixtures.ClaimSpec(api.DeviceClassGPU, "8Gi")); err != nil {
 		t.Errorf("claim of a pod admitted before its template, namespace without a quota: %v", err)
 	}
 }
@@ -381,7 +371,7 @@ func TestDRAChargedPodScheduled(t *testing.T) {
 	if _, err := c.ResourceV1().ResourceSlices().Create(ctx, slice, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.claim(ns, "gpu", claimSpec(api.DeviceClassGPU, "")); err != nil {
+	if err := e.claim(ns, "gpu", fixtures.ClaimSpec(api.DeviceClassGPU, "")); err != nil {
 		t.Fatal(err)
 	}
 	stop := e.startScheduler()

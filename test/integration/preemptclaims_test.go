@@ -51,13 +51,11 @@ func (e *preemptEnv) draNode(name string, gpus int) {
 // claimPod is a pod of the priority class using claim; bound to node when
 // bound, else pinned to it by nodeSelector.
 func claimPod(name, class, claim, node string, bound bool, labels map[string]string) *corev1.Pod {
-	w := fixtures.MakePod().Name(name).Namespace(gpuNS).PriorityClassName(class).SchedulerName(api.SchedulerName).Container("main", nil)
+	w := fixtures.MakePod().Name(name).Namespace(gpuNS).PriorityClassName(class).SchedulerName(api.SchedulerName).Container("main", nil).UsesClaim(claim)
 	for k, v := range labels {
 		w = w.Label(k, v)
 	}
 	p := w.Obj()
-	p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To(claim)}}
-	p.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}}
 	if bound {
 		p.Spec.NodeName = node
 	} else {
@@ -79,8 +77,7 @@ type holder struct {
 // directly so that each case starts from a known layout.
 func (e *preemptEnv) allocated(node, claim string, gpu int, mem string, pods ...holder) {
 	e.t.Helper()
-	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: gpuNS, Name: claim}, Spec: claimSpec(api.DeviceClassGPU, mem)}
-	c, err := e.cp.Client.ResourceV1().ResourceClaims(gpuNS).Create(e.ctx, c, metav1.CreateOptions{})
+	c, err := e.cp.Client.ResourceV1().ResourceClaims(gpuNS).Create(e.ctx, fixtures.Claim(gpuNS, claim, mem), metav1.CreateOptions{})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -128,7 +125,7 @@ func (e *preemptEnv) fillClaims(node, prefix string, count, gpus int, label func
 // to node.
 func (e *preemptEnv) preemptor(name, class, mem, node string) {
 	e.t.Helper()
-	if err := e.claim(gpuNS, name, claimSpec(api.DeviceClassGPU, mem)); err != nil {
+	if err := e.claim(gpuNS, name, fixtures.ClaimSpec(api.DeviceClassGPU, mem)); err != nil {
 		e.t.Fatal(err)
 	}
 	if _, err := e.create(claimPod(name, class, name, node, false, nil)); err != nil {

@@ -52,11 +52,17 @@ func draNamespace(t *testing.T, ns string) {
 	useNamespace(t, ns)
 }
 
-// draContainer is the container the node's runtime created, with the GPU
+// draContainer is the container lab-dra's runtime created, with the GPU
 // its CDI devices gave it.
 func draContainer(t *testing.T, ns, pod, name string) (*hollowkubelet.Container, string) {
 	t.Helper()
-	c, err := dir.Node(draNode).Container(ns, pod, name)
+	return draContainerOn(t, draNode, ns, pod, name)
+}
+
+// draContainerOn is draContainer on another node.
+func draContainerOn(t *testing.T, node, ns, pod, name string) (*hollowkubelet.Container, string) {
+	t.Helper()
+	c, err := dir.Node(node).Container(ns, pod, name)
 	if err != nil {
 		t.Fatalf("%s/%s: %v", pod, name, err)
 	}
@@ -298,15 +304,15 @@ spec:
 	if len(perGPU) != 2 || !(sizes[0] == 4 && sizes[1] == 1 || sizes[0] == 1 && sizes[1] == 4) {
 		t.Errorf("claims per GPU %v, want 4 on one and the fifth on another", perGPU)
 	}
-	checkCapacities(t)
+	checkCapacities(t, draNode)
 }
 
-// checkCapacities sums what every allocated claim consumes per device
-// and compares it with the device's capacity in the slice.
-func checkCapacities(t *testing.T) {
+// checkCapacities sums what every allocated claim consumes per device of
+// node and compares it with the device's capacity in the slice.
+func checkCapacities(t *testing.T, node string) {
 	t.Helper()
 	ctx := context.Background()
-	slices, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: resourceapi.ResourceSliceSelectorNodeName + "=" + draNode})
+	slices, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: resourceapi.ResourceSliceSelectorNodeName + "=" + node})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,7 +335,7 @@ func checkCapacities(t *testing.T) {
 			continue
 		}
 		for _, r := range c.Status.Allocation.Devices.Results {
-			if r.Driver != api.DRADriverName || r.Pool != draNode {
+			if r.Driver != api.DRADriverName || r.Pool != node {
 				continue
 			}
 			if used[r.Device] == nil {

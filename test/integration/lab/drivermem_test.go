@@ -31,21 +31,6 @@ const (
 	partitioningKey  = "tessera.io/test-driver-memory"
 )
 
-func taintPartitioningNode() error {
-	ctx := context.Background()
-	for _, name := range []string{partitioningNode, partitioningMIGNode} {
-		n, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return fmt.Errorf("the partitioning node: %w", err)
-		}
-		n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: partitioningKey, Effect: corev1.TaintEffectNoSchedule})
-		if _, err := client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
-			return fmt.Errorf("tainting %s: %w", name, err)
-		}
-	}
-	return nil
-}
-
 // ceilingPod is a pod guaranteed 4096 MiB with a ceiling of 6144 on one
 // GPU of node (fillPod).
 func ceilingPod(ns, name, node string) string {

@@ -8,7 +8,8 @@
 // 8 H100-80GB, lab-gpu-05, for the GPU guides' 8-GPU pod of the corpus;
 // one of 2 A100-40GB whose driver partitions GPU memory per cgroup,
 // lab-gpu-06, tainted for the tests of driver-held limits; one node of
-// each other mode; the profiles of nodeConfig) serves every
+// each other mode; lab-dra-01, a DRA node of one A100-80GB tainted for
+// the preemption of claims; the profiles of nodeConfig) serves every
 // test of the package; each
 // test works in its own namespace and leaves no pods behind, so any test
 // passes alone (go test -run TestFaults) or after the others.
@@ -24,6 +25,8 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -90,9 +93,11 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if err := taintPartitioningNode(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+	for node, key := range map[string]string{partitioningNode: partitioningKey, partitioningMIGNode: partitioningKey, claimNode: claimKey} {
+		if err := taintNode(node, key); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
 	}
 	code := m.Run()
 	if code != 0 {
@@ -102,8 +107,23 @@ func run(m *testing.M) int {
 	return code
 }
 
-// labNodeGroups are the lab's fractional nodes (--node-groups).
-const labNodeGroups = "4xA100-40GB:8,1xH100-80GB:8,1xA100-40GB:2+partitioning,1xA100-40GB:1@mig-dynamic+partitioning"
+// labNodeGroups are the lab's fractional nodes (--node-groups), a
+// dynamic-MIG node whose driver partitions memory, and lab-dra-01 (mode
+// dra, one A100-80GB) for the preemption of claims.
+const labNodeGroups = "4xA100-40GB:8,1xH100-80GB:8,1xA100-40GB:2+partitioning,1xA100-40GB:1@mig-dynamic+partitioning,1xA100-80GB:1@dra"
+
+// taintNode taints node with key (NoSchedule), so that only the tests
+// whose pods tolerate it place pods there.
+func taintNode(node, key string) error {
+	ctx := context.Background()
+	n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("node %s: %w", node, err)
+	}
+	n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: key, Effect: corev1.TaintEffectNoSchedule})
+	_, err = client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+	return err
+}
 
 // nodeConfigYAML is the lab's --node-config: a profile a test switches a
 // node to.

@@ -21,6 +21,27 @@ import (
 	"github.com/tessera-gpu/tessera/internal/testenv/fixtures"
 )
 
+// priorityClasses creates the preemption tests' PriorityClasses, deleted
+// when the test ends: lab-low (10), lab-middle (500), lab-high (1000)
+// and lab-high-never (1000, preemptionPolicy Never).
+func priorityClasses(t *testing.T) {
+	t.Helper()
+	never := corev1.PreemptNever
+	for _, pc := range []schedulingv1.PriorityClass{
+		{ObjectMeta: metav1.ObjectMeta{Name: "lab-low"}, Value: 10},
+		{ObjectMeta: metav1.ObjectMeta{Name: "lab-middle"}, Value: 500},
+		{ObjectMeta: metav1.ObjectMeta{Name: "lab-high"}, Value: 1000},
+		{ObjectMeta: metav1.ObjectMeta{Name: "lab-high-never"}, Value: 1000, PreemptionPolicy: &never},
+	} {
+		if _, err := client.SchedulingV1().PriorityClasses().Create(context.Background(), &pc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = client.SchedulingV1().PriorityClasses().Delete(context.Background(), pc.Name, metav1.DeleteOptions{})
+		})
+	}
+}
+
 // preemptPod is a pod of the priority class asking res on node, with a
 // short grace period: a victim's processes get SIGTERM and two seconds,
 // as kube-scheduler's preemption deletes pods (gracefully).
@@ -91,18 +112,7 @@ func TestPreemption(t *testing.T) {
 	const ns = "preempt"
 	useNamespace(t, ns)
 	ctx := context.Background()
-	for _, pc := range []schedulingv1.PriorityClass{
-		{ObjectMeta: metav1.ObjectMeta{Name: "lab-low"}, Value: 10},
-		{ObjectMeta: metav1.ObjectMeta{Name: "lab-middle"}, Value: 500},
-		{ObjectMeta: metav1.ObjectMeta{Name: "lab-high"}, Value: 1000},
-	} {
-		if _, err := client.SchedulingV1().PriorityClasses().Create(ctx, &pc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = client.SchedulingV1().PriorityClasses().Delete(context.Background(), pc.Name, metav1.DeleteOptions{})
-		})
-	}
+	priorityClasses(t)
 
 	t.Run("shares", func(t *testing.T) {
 		const node = "lab-gpu-04"

@@ -9,6 +9,7 @@ package schedulerperf
 
 import (
 	"fmt"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -24,6 +25,7 @@ import (
 	perf "k8s.io/kubernetes/test/integration/scheduler_perf"
 	"k8s.io/kubernetes/test/utils/ktesting"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/internal/kubeobj"
@@ -43,10 +45,13 @@ func draOptions() []perf.SchedulerPerfOption {
 }
 
 // prepareDRA arranges for the allocations to be checked after the
-// workload.
+// workload, and for the workload's report (report_test.go): where its
+// time went.
 func prepareDRA(tCtx ktesting.TContext) error {
+	w := startWorkload()
 	// Runs after the workload, before the API server stops.
 	tCtx.CleanupCtx(func(tCtx ktesting.TContext) {
+		w.finished()
 		summary, err := checkAllocations(tCtx)
 		if err != nil {
 			tCtx.Error(err)
@@ -55,6 +60,7 @@ func prepareDRA(tCtx ktesting.TContext) error {
 		if summary != "" {
 			tCtx.Log(summary)
 		}
+		tCtx.Log(w.timing())
 	})
 	return nil
 }
@@ -93,6 +99,89 @@ func nodeSlice(node *corev1.Node) (*resourceapi.ResourceSlice, error) {
 	}, nil
 }
 
+// nodeParams are the workload parameters that have the node hook make
+// that many nodes of a template (createNodesAtOnce).
+var nodeParams = []struct{ param, template string }{
+	{"draNodes", "templates/gpu-dra-node.yaml"},
+	{"gpuNodes", "templates/gpu-node.yaml"},
+}
+
+// createNodesAtOnce makes the nodes the workload's nodeParams ask (none
+// if it has none of them) from 30 clients at once, as scheduler_perf's
+// createNodes would make them one at a time (named after the template's
+// generateName, labelled kubernetes.io/hostname), one create request
+// after the other, each waiting for the API server, before anything is
+// measured.
+func createNodesAtOnce(tCtx ktesting.TContext, w *perf.Workload) ([]corev1.Node, error) {
+	if w == nil {
+		return nil, nil
+	}
+	var out []corev1.Node
+	for _, np := range nodeParams {
+		count, err := w.GetParam(np.param)
+		if err != nil || count == 0 {
+			continue // no such parameter
+		}
+		made, err := createNodesOf(tCtx, np.template, count)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, made...)
+	}
+	return out, nil
+}
+
+// createNodesOf makes count nodes of the template from 30 clients.
+func createNodesOf(tCtx ktesting.TContext, path string, count int) ([]corev1.Node, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var template corev1.Node
+	if err := yaml.UnmarshalStrict(data, &template); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	made := make([]corev1.Node, count)
+	err = inParallel(tCtx, count, func(i int) error {
+		n := template.DeepCopy()
+		n.Name = fmt.Sprintf("%s%05d", template.GenerateName, i)
+		n.GenerateName = ""
+		if n.Labels == nil {
+			n.Labels = map[string]string{}
+		}
+		n.Labels[corev1.LabelHostname] = n.Name
+		created, err := tCtx.Client().CoreV1().Nodes().Create(tCtx, n, metav1.CreateOptions{})
+		if err != nil {
+			return fmt.Errorf("creating node %s: %w", n.Name, err)
+		}
+		made[i] = *created
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return made, nil
+}
+
+// inParallel runs f for 0..n-1 from 30 goroutines and returns the first
+// error.
+func inParallel(tCtx ktesting.TContext, n int, f func(i int) error) error {
+	var (
+		mu       sync.Mutex
+		firstErr error
+	)
+	workqueue.ParallelizeUntil(tCtx, 30, n, func(i int) {
+		if err := f(i); err != nil {
+			mu.Lock()
+			defer mu.Unlock()
+			if firstErr == nil {
+				firstErr = err
+			}
+		}
+	})
+	return firstErr
+}
+
 // publishSlices publishes the ResourceSlice of every node in mode dra
 // that has none yet (createNodes ran), then waits until the scheduler's
 // DRA manager sees them all, as createResourceDriver does. With the first
@@ -100,7 +189,15 @@ func nodeSlice(node *corev1.Node) (*resourceapi.ResourceSlice, error) {
 // compatibility ones) and the claims' admission policy: only then, so
 // that the class mapping nvidia.com/gpu leaves the device-plugin test
 // cases as they were.
-func publishSlices(tCtx ktesting.TContext, sched *k8sscheduler.Scheduler, _ *perf.Workload, nodes *corev1.NodeList) error {
+func publishSlices(tCtx ktesting.TContext, sched *k8sscheduler.Scheduler, w *perf.Workload, nodes *corev1.NodeList) error {
+	current.nodesOpDone()
+	made, err := createNodesAtOnce(tCtx, w)
+	if err != nil {
+		return err
+	}
+	nodes.Items = append(nodes.Items, made...)
+	current.nodesCreated(len(nodes.Items))
+	defer current.nodesReady()
 	existing, err := tCtx.Client().ResourceV1().ResourceSlices().List(tCtx, metav1.ListOptions{})
 	if err != nil {
 		return err
@@ -127,21 +224,14 @@ func publishSlices(tCtx ktesting.TContext, sched *k8sscheduler.Scheduler, _ *per
 	if err := dra.ApplyManifests(tCtx, tCtx.Client(), deploy.DRADeviceClasses, deploy.DRACompatDeviceClasses, deploy.DRAAdmission); err != nil {
 		return err
 	}
-	var (
-		mu       sync.Mutex
-		firstErr error
-	)
-	workqueue.ParallelizeUntil(tCtx, 30, len(slices), func(i int) {
+	err = inParallel(tCtx, len(slices), func(i int) error {
 		if _, err := tCtx.Client().ResourceV1().ResourceSlices().Create(tCtx, slices[i], metav1.CreateOptions{}); err != nil {
-			mu.Lock()
-			if firstErr == nil {
-				firstErr = fmt.Errorf("node %s: creating its ResourceSlice: %w", *slices[i].Spec.NodeName, err)
-			}
-			mu.Unlock()
+			return fmt.Errorf("node %s: creating its ResourceSlice: %w", *slices[i].Spec.NodeName, err)
 		}
+		return nil
 	})
-	if firstErr != nil {
-		return firstErr
+	if err != nil {
+		return err
 	}
 	want := len(slices) + len(have)
 	fw, ok := sched.Profiles[api.SchedulerName]
@@ -210,6 +300,11 @@ func checkAllocations(tCtx ktesting.TContext) (string, error) {
 	consumed := map[deviceID]map[resourceapi.QualifiedName]resource.Quantity{}
 	claimsOn := map[deviceID]int{}
 	whole := map[deviceID]int{}
+	// What the shared claims consume in all and one GPU's capacity (the
+	// nodes' GPUs are alike), for the fewest GPUs that could hold them.
+	sharedTotal := map[resourceapi.QualifiedName]*resource.Quantity{}
+	perGPU := map[resourceapi.QualifiedName]resource.Quantity{}
+	wholeClaims := 0
 	for _, c := range claims.Items {
 		name := c.Namespace + "/" + c.Name
 		if c.Status.Allocation == nil {
@@ -236,6 +331,15 @@ func checkAllocations(tCtx ktesting.TContext) (string, error) {
 			claimsOn[id]++
 			if r.ShareID == nil {
 				whole[id]++
+				wholeClaims++
+			} else {
+				for cn, q := range r.ConsumedCapacity {
+					if sharedTotal[cn] == nil {
+						sharedTotal[cn] = resource.NewQuantity(0, q.Format)
+					}
+					sharedTotal[cn].Add(q)
+					perGPU[cn] = capacity[id][cn]
+				}
 			}
 			if consumed[id] == nil {
 				consumed[id] = map[resourceapi.QualifiedName]resource.Quantity{}
@@ -272,6 +376,23 @@ func checkAllocations(tCtx ktesting.TContext) (string, error) {
 	for id := range claimsOn {
 		nodes[id.pool] = true
 	}
-	return fmt.Sprintf("%d claims allocated on %d GPUs of %d nodes, at most %d claims on one GPU, none beyond its capacity",
-		len(claims.Items), len(claimsOn), len(nodes), most), nil
+	fewest := wholeClaims + fewestGPUs(sharedTotal, perGPU)
+	return fmt.Sprintf("%d claims allocated on %d GPUs of %d nodes, at most %d claims on one GPU, none beyond its capacity; packing: %d GPUs used, at least %d needed (%+.1f %%)",
+		len(claims.Items), len(claimsOn), len(nodes), most, len(claimsOn), fewest, 100*float64(len(claimsOn)-fewest)/float64(max(fewest, 1))), nil
+}
+
+// fewestGPUs is a lower bound on the GPUs of capacity perGPU that hold
+// total: for each capacity, the total over one GPU's, rounded up; the
+// largest of these.
+func fewestGPUs(total map[resourceapi.QualifiedName]*resource.Quantity, perGPU map[resourceapi.QualifiedName]resource.Quantity) int {
+	n := 0
+	for cn, q := range total {
+		c := perGPU[cn]
+		if c.IsZero() || q.IsZero() {
+			continue
+		}
+		qm, cm := q.MilliValue(), c.MilliValue()
+		n = max(n, int((qm+cm-1)/cm))
+	}
+	return n
 }
