@@ -109,7 +109,9 @@ type containerFiles struct {
 // memory accounting (no compute share in the file). A grant with a
 // memory ceiling on a node in shared mode gets it with its GPU's budget
 // file (bursts: docs/isolation.md), under the container's borrower name;
-// elsewhere the container is held to its guarantee.
+// elsewhere the container is held to its guarantee. In shared mode the
+// file names the need file, through which the limiter asks for borrowed
+// memory back when the driver refuses an allocation within the guarantee.
 func limitsFile(c api.ContainerAllocation, p Paths, mode api.SharingMode, borrower string) ([]byte, error) {
 	cfg := limiterconf.Config{StatePath: filepath.Join(p.StateContainer, statedir.LimiterStateFile)}
 	for _, d := range c.Devices {
@@ -125,6 +127,11 @@ func limitsFile(c api.ContainerAllocation, p Paths, mode api.SharingMode, borrow
 			cfg.Borrower = borrower
 		}
 		cfg.Devices = append(cfg.Devices, dev)
+	}
+	if mode == api.SharingShared {
+		// a refusal within the guarantee asks the reconciler to stop a
+		// container bursting on the GPU (docs/isolation.md)
+		cfg.ReclaimPath = path.Join(p.StateContainer, statedir.NeedFile)
 	}
 	return limiterconf.Encode(cfg)
 }
