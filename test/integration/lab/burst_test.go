@@ -3,7 +3,12 @@
 package lab_test
 
 import (
+	"bufio"
 	"context"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -90,8 +95,8 @@ func TestBurstAndReclaim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m := findSeries(scrapeMetrics(t, url), "tessera_node_agent_gpu_memory_reclaims_total", map[string]string{"gpu": gpu.UUID}); m == nil || m.GetCounter().GetValue() < 1 {
-		t.Errorf("tessera_node_agent_gpu_memory_reclaims_total{gpu=%q} = %v", gpu.UUID, m)
+	if m := findSeries(scrapeMetrics(t, url), "tessera_node_agent_gpu_memory_reclaims_total", map[string]string{"gpu": gpu.UUID, "trigger": reconcile.TriggerAdmission}); m == nil || m.GetCounter().GetValue() < 1 {
+		t.Errorf("tessera_node_agent_gpu_memory_reclaims_total{gpu=%q,trigger=%q} = %v", gpu.UUID, reconcile.TriggerAdmission, m)
 	}
 	// the guaranteed pod keeps running, and nothing on the GPU holds more
 	// than its grant (or its ceiling)
@@ -100,5 +105,108 @@ func TestBurstAndReclaim(t *testing.T) {
 	}
 	if err := checkPhysical(t).Err(); err != nil {
 		t.Errorf("physical invariant: %v", err)
+	}
+}
+
+// TestReclaimOnRefusal: a guarantee whose admission reclaimed nothing is
+// refused memory by the driver, and its first refused allocation makes
+// the agent stop the borrower. On a 40 GiB GPU a host process the ledger
+// does not know of (a monitoring tool, say) holds 10 GiB; a container
+// guaranteed 8 GiB with a 30 GiB ceiling fills the rest. A pod guaranteed
+// 8 GiB then comes: what the borrower holds past its guarantee (22 GiB)
+// fits in the memory no one is guaranteed (24 GiB), so its Allocate stops
+// no one, but the GPU is full and the driver refuses its first
+// allocation. Its limiter asks through its need file and retries; the
+// agent stops the borrower (TesseraGPUMemoryReclaimed naming the refusal,
+// the reclaim counter's trigger "refusal"), and the pod gets its whole
+// guarantee.
+func TestReclaimOnRefusal(t *testing.T) {
+	ctx := context.Background()
+	const ns = "reclaim-refusal"
+	useNamespace(t, ns)
+	gpu := nodeGPUs(t, victimNode)[3]
+	if gpu.MemoryMiB != 40960 {
+		t.Fatalf("GPU %s has %d MiB, want an A100-40GB", gpu.UUID, gpu.MemoryMiB)
+	}
+	// the host process: the fake driver on the node's state file of the GPU
+	devs := t.TempDir()
+	if err := os.Link(filepath.Join(dir.Node(victimNode).GPUs(), gpu.UUID), filepath.Join(devs, "0")); err != nil {
+		t.Fatal(err)
+	}
+	hog := exec.Command(filepath.Join(labTools, "bin", "gpu-fill"), "--step", "1024", "--max", "10240", "--hold", "forever")
+	hog.Env = append(os.Environ(), "LD_LIBRARY_PATH="+filepath.Join(labTools, "lib"), "FAKE_GPU_DEVICES="+devs)
+	out, err := hog.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := hog.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = hog.Process.Kill(); _ = hog.Wait() })
+	sc := bufio.NewScanner(out)
+	for sc.Scan() && !strings.Contains(sc.Text(), "stopped at --max") {
+	}
+	if !strings.Contains(sc.Text(), "10240 MiB") {
+		t.Fatalf("the host process holds no 10 GiB on %s: %q", gpu.UUID, sc.Text())
+	}
+	go func() { _, _ = io.Copy(io.Discard, out) }()
+
+	pod := func(name string, limits map[string]string) *corev1.Pod {
+		p := fixtures.MakePod().Namespace(ns).Name(name).ZeroTerminationGracePeriod().Annotation(api.AnnotationUseGPUUUID, gpu.UUID).
+			Container("c", limits).Obj()
+		p.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": victimNode}
+		p.Spec.RestartPolicy = corev1.RestartPolicyNever
+		p.Spec.Containers[0].Command = []string{"gpu-fill", "--step", "1024", "--hold", "forever"}
+		if _, err := client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("%s: %v", p.Name, err)
+		}
+		return p
+	}
+	pod("bursty", map[string]string{names.Memory: "8192", names.MemoryCeiling: "30720"})
+	log := logsContain(t, ns, "bursty", "refused at")
+	if got := lastInTotal(log); got < 30720-1024 {
+		t.Fatalf("bursty holds %d MiB; want the rest of the GPU, about 30720 MiB:\n%s", got, log)
+	}
+
+	pod("guaranteed", map[string]string{names.Memory: "8192"})
+	log = logsContain(t, ns, "guaranteed", "refused at")
+	t.Logf("guaranteed:\n%s", log)
+	if got := lastInTotal(log); got < 8192-1024 {
+		t.Errorf("guaranteed holds %d MiB; want its guarantee of 8192 MiB (less a step)", got)
+	}
+	got := waitPod(t, ns, "bursty", time.Minute, phase(corev1.PodFailed))
+	if s := got.Status.ContainerStatuses; len(s) != 1 || s[0].State.Terminated == nil || s[0].State.Terminated.ExitCode != 137 {
+		t.Errorf("bursty: %+v; want its processes killed (137)", s)
+	}
+	var events []string
+	testenv.WaitFor(t, "bursty's "+reconcile.ReasonReclaimed+" event", time.Minute, func() bool {
+		events = eventsOf(t, ns, "bursty")
+		return slices.ContainsFunc(events, func(e string) bool { return strings.HasPrefix(e, reconcile.ReasonReclaimed+": ") })
+	})
+	for _, e := range events {
+		if strings.HasPrefix(e, reconcile.ReasonReclaimed) {
+			t.Log(e)
+			for _, w := range []string{"GPU " + gpu.UUID, "guarantee of 8192 MiB", "ceiling 30720 MiB",
+				"the driver refused memory to a container within its guarantee", "killed its processes"} {
+				if !strings.Contains(e, w) {
+					t.Errorf("event %q does not name %q", e, w)
+				}
+			}
+		}
+	}
+	url, err := dir.MetricsURL(victimNode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fams := scrapeMetrics(t, url)
+	const reclaims = "tessera_node_agent_gpu_memory_reclaims_total"
+	if m := findSeries(fams, reclaims, map[string]string{"gpu": gpu.UUID, "trigger": reconcile.TriggerRefusal}); m == nil || m.GetCounter().GetValue() != 1 {
+		t.Errorf("%s{gpu=%q,trigger=%q} = %v, want 1", reclaims, gpu.UUID, reconcile.TriggerRefusal, m)
+	}
+	if m := findSeries(fams, reclaims, map[string]string{"gpu": gpu.UUID, "trigger": reconcile.TriggerAdmission}); m != nil {
+		t.Errorf("the guaranteed pod's admission reclaimed: %v", m)
+	}
+	if p := waitPod(t, ns, "guaranteed", time.Minute, phase(corev1.PodRunning)); p.Status.Phase != corev1.PodRunning {
+		t.Errorf("guaranteed: %s", p.Status.Phase)
 	}
 }
