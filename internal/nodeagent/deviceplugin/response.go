@@ -6,6 +6,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"time"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -34,6 +35,10 @@ type Paths struct {
 	// the host-side reconciler writes; a container with a memory ceiling
 	// gets the directory read-only at limiterconf.BudgetDir.
 	BudgetHost string
+	// ReclaimWait is how long a container's limiter retries an allocation
+	// within its guarantee that the driver refused, after asking the
+	// reconciler for the memory (its need file; shared mode).
+	ReclaimWait time.Duration
 }
 
 // DefaultPaths are the paths of the DaemonSet in deploy/node-agent. The
@@ -47,6 +52,7 @@ func DefaultPaths() Paths {
 		StateRoot:        "/var/lib/tessera/containers",
 		StateContainer:   api.ContainerStateDir,
 		BudgetHost:       "/var/lib/tessera/burst",
+		ReclaimWait:      2 * time.Second,
 	}
 }
 
@@ -132,6 +138,8 @@ func limitsFile(c api.ContainerAllocation, p Paths, mode api.SharingMode, borrow
 		// a refusal within the guarantee asks the reconciler to stop a
 		// container bursting on the GPU (docs/isolation.md)
 		cfg.ReclaimPath = path.Join(p.StateContainer, statedir.NeedFile)
+		ms := uint64(p.ReclaimWait.Milliseconds())
+		cfg.ReclaimWaitMs = &ms
 	}
 	return limiterconf.Encode(cfg)
 }
