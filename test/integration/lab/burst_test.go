@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -32,7 +33,6 @@ import (
 // TesseraGPUMemoryReclaimed event naming GPU, guarantee and usage; the
 // reclaim counter), and the newcomer gets all of its guarantee.
 func TestBurstAndReclaim(t *testing.T) {
-	ctx := context.Background()
 	const ns = "burst"
 	useNamespace(t, ns)
 	gpus := nodeGPUs(t, victimNode)
@@ -40,22 +40,7 @@ func TestBurstAndReclaim(t *testing.T) {
 	if gpu.MemoryMiB != 40960 {
 		t.Fatalf("GPU %s has %d MiB, want an A100-40GB", gpu.UUID, gpu.MemoryMiB)
 	}
-	pod := func(name string, limits map[string]string) *corev1.Pod {
-		p := fixtures.MakePod().Namespace(ns).Name(name).ZeroTerminationGracePeriod().Annotation(api.AnnotationUseGPUUUID, gpu.UUID).
-			Container("c", limits).Obj()
-		p.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": victimNode}
-		p.Spec.RestartPolicy = corev1.RestartPolicyNever
-		p.Spec.Containers[0].Command = []string{"gpu-fill", "--step", "1024", "--hold", "forever"}
-		return p
-	}
-	create := func(p *corev1.Pod) {
-		t.Helper()
-		if _, err := client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("%s: %v", p.Name, err)
-		}
-	}
-
-	create(pod("bursty", map[string]string{names.Memory: "8192", names.MemoryCeiling: "32768"}))
+	fillPod(t, ns, "bursty", gpu.UUID, map[string]string{names.Memory: "8192", names.MemoryCeiling: "32768"})
 	log := logsContain(t, ns, "bursty", "refused at")
 	t.Logf("bursty:\n%s", log)
 	if !strings.Contains(log, "cuMemGetInfo: total 32768 MiB") {
@@ -66,37 +51,15 @@ func TestBurstAndReclaim(t *testing.T) {
 		t.Errorf("bursty holds %d MiB; want its ceiling of 32768 MiB (less a step), past its guarantee of 8192", got)
 	}
 
-	create(pod("guaranteed", map[string]string{names.Memory: "32768"}))
+	fillPod(t, ns, "guaranteed", gpu.UUID, map[string]string{names.Memory: "32768"})
 	log = logsContain(t, ns, "guaranteed", "refused at")
 	t.Logf("guaranteed:\n%s", log)
 	if got := lastInTotal(log); got < 32768-1024 {
 		t.Errorf("guaranteed holds %d MiB; want its guarantee of 32768 MiB (less a step)", got)
 	}
-	got := waitPod(t, ns, "bursty", time.Minute, phase(corev1.PodFailed))
-	if s := got.Status.ContainerStatuses; len(s) != 1 || s[0].State.Terminated == nil || s[0].State.Terminated.ExitCode != 137 {
-		t.Errorf("bursty: %+v; want its processes killed (137)", s)
-	}
-	var events []string
-	testenv.WaitFor(t, "bursty's "+reconcile.ReasonReclaimed+" event", time.Minute, func() bool {
-		events = eventsOf(t, ns, "bursty")
-		return slices.ContainsFunc(events, func(e string) bool { return strings.HasPrefix(e, reconcile.ReasonReclaimed+": ") })
-	})
-	for _, e := range events {
-		if strings.HasPrefix(e, reconcile.ReasonReclaimed) {
-			t.Log(e)
-			for _, w := range []string{"GPU " + gpu.UUID, "guarantee of 8192 MiB", "ceiling 32768 MiB", "killed its processes"} {
-				if !strings.Contains(e, w) {
-					t.Errorf("event %q does not name %q", e, w)
-				}
-			}
-		}
-	}
-	url, err := dir.MetricsURL(victimNode)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if m := findSeries(scrapeMetrics(t, url), "tessera_node_agent_gpu_memory_reclaims_total", map[string]string{"gpu": gpu.UUID, "trigger": reconcile.TriggerAdmission}); m == nil || m.GetCounter().GetValue() < 1 {
-		t.Errorf("tessera_node_agent_gpu_memory_reclaims_total{gpu=%q,trigger=%q} = %v", gpu.UUID, reconcile.TriggerAdmission, m)
+	fams := reclaimed(t, ns, "bursty", "GPU "+gpu.UUID, "guarantee of 8192 MiB", "ceiling 32768 MiB", "killed its processes")
+	if m := findSeries(fams, reclaimsTotal, map[string]string{"gpu": gpu.UUID, "trigger": reconcile.TriggerAdmission}); m == nil || m.GetCounter().GetValue() < 1 {
+		t.Errorf("%s{gpu=%q,trigger=%q} = %v", reclaimsTotal, gpu.UUID, reconcile.TriggerAdmission, m)
 	}
 	// the guaranteed pod keeps running, and nothing on the GPU holds more
 	// than its grant (or its ceiling)
@@ -121,7 +84,6 @@ func TestBurstAndReclaim(t *testing.T) {
 // the reclaim counter's trigger "refusal"), and the pod gets its whole
 // guarantee.
 func TestReclaimOnRefusal(t *testing.T) {
-	ctx := context.Background()
 	const ns = "reclaim-refusal"
 	useNamespace(t, ns)
 	gpu := nodeGPUs(t, victimNode)[3]
@@ -151,43 +113,51 @@ func TestReclaimOnRefusal(t *testing.T) {
 	}
 	go func() { _, _ = io.Copy(io.Discard, out) }()
 
-	pod := func(name string, limits map[string]string) *corev1.Pod {
-		p := fixtures.MakePod().Namespace(ns).Name(name).ZeroTerminationGracePeriod().Annotation(api.AnnotationUseGPUUUID, gpu.UUID).
-			Container("c", limits).Obj()
-		p.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": victimNode}
-		p.Spec.RestartPolicy = corev1.RestartPolicyNever
-		p.Spec.Containers[0].Command = []string{"gpu-fill", "--step", "1024", "--hold", "forever"}
-		if _, err := client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("%s: %v", p.Name, err)
-		}
-		return p
-	}
-	pod("bursty", map[string]string{names.Memory: "8192", names.MemoryCeiling: "30720"})
+	fillPod(t, ns, "bursty", gpu.UUID, map[string]string{names.Memory: "8192", names.MemoryCeiling: "30720"})
 	log := logsContain(t, ns, "bursty", "refused at")
 	if got := lastInTotal(log); got < 30720-1024 {
 		t.Fatalf("bursty holds %d MiB; want the rest of the GPU, about 30720 MiB:\n%s", got, log)
 	}
 
-	pod("guaranteed", map[string]string{names.Memory: "8192"})
+	fillPod(t, ns, "guaranteed", gpu.UUID, map[string]string{names.Memory: "8192"})
 	log = logsContain(t, ns, "guaranteed", "refused at")
 	t.Logf("guaranteed:\n%s", log)
 	if got := lastInTotal(log); got < 8192-1024 {
 		t.Errorf("guaranteed holds %d MiB; want its guarantee of 8192 MiB (less a step)", got)
 	}
-	got := waitPod(t, ns, "bursty", time.Minute, phase(corev1.PodFailed))
+	fams := reclaimed(t, ns, "bursty", "GPU "+gpu.UUID, "guarantee of 8192 MiB", "ceiling 30720 MiB",
+		"the driver refused memory to a container within its guarantee", "killed its processes")
+	if m := findSeries(fams, reclaimsTotal, map[string]string{"gpu": gpu.UUID, "trigger": reconcile.TriggerRefusal}); m == nil || m.GetCounter().GetValue() != 1 {
+		t.Errorf("%s{gpu=%q,trigger=%q} = %v, want 1", reclaimsTotal, gpu.UUID, reconcile.TriggerRefusal, m)
+	}
+	if m := findSeries(fams, reclaimsTotal, map[string]string{"gpu": gpu.UUID, "trigger": reconcile.TriggerAdmission}); m != nil {
+		t.Errorf("the guaranteed pod's admission reclaimed: %v", m)
+	}
+	if p := waitPod(t, ns, "guaranteed", time.Minute, phase(corev1.PodRunning)); p.Status.Phase != corev1.PodRunning {
+		t.Errorf("guaranteed: %s", p.Status.Phase)
+	}
+}
+
+const reclaimsTotal = "tessera_node_agent_gpu_memory_reclaims_total"
+
+// reclaimed checks that the reconciler stopped pod: its processes killed
+// (137), a TesseraGPUMemoryReclaimed event naming each of want; it
+// returns the node's metrics after the event.
+func reclaimed(t *testing.T, ns, pod string, want ...string) map[string]*dto.MetricFamily {
+	t.Helper()
+	got := waitPod(t, ns, pod, time.Minute, phase(corev1.PodFailed))
 	if s := got.Status.ContainerStatuses; len(s) != 1 || s[0].State.Terminated == nil || s[0].State.Terminated.ExitCode != 137 {
-		t.Errorf("bursty: %+v; want its processes killed (137)", s)
+		t.Errorf("%s: %+v; want its processes killed (137)", pod, s)
 	}
 	var events []string
-	testenv.WaitFor(t, "bursty's "+reconcile.ReasonReclaimed+" event", time.Minute, func() bool {
-		events = eventsOf(t, ns, "bursty")
+	testenv.WaitFor(t, pod+"'s "+reconcile.ReasonReclaimed+" event", time.Minute, func() bool {
+		events = eventsOf(t, ns, pod)
 		return slices.ContainsFunc(events, func(e string) bool { return strings.HasPrefix(e, reconcile.ReasonReclaimed+": ") })
 	})
 	for _, e := range events {
 		if strings.HasPrefix(e, reconcile.ReasonReclaimed) {
 			t.Log(e)
-			for _, w := range []string{"GPU " + gpu.UUID, "guarantee of 8192 MiB", "ceiling 30720 MiB",
-				"the driver refused memory to a container within its guarantee", "killed its processes"} {
+			for _, w := range want {
 				if !strings.Contains(e, w) {
 					t.Errorf("event %q does not name %q", e, w)
 				}
@@ -198,15 +168,19 @@ func TestReclaimOnRefusal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fams := scrapeMetrics(t, url)
-	const reclaims = "tessera_node_agent_gpu_memory_reclaims_total"
-	if m := findSeries(fams, reclaims, map[string]string{"gpu": gpu.UUID, "trigger": reconcile.TriggerRefusal}); m == nil || m.GetCounter().GetValue() != 1 {
-		t.Errorf("%s{gpu=%q,trigger=%q} = %v, want 1", reclaims, gpu.UUID, reconcile.TriggerRefusal, m)
-	}
-	if m := findSeries(fams, reclaims, map[string]string{"gpu": gpu.UUID, "trigger": reconcile.TriggerAdmission}); m != nil {
-		t.Errorf("the guaranteed pod's admission reclaimed: %v", m)
-	}
-	if p := waitPod(t, ns, "guaranteed", time.Minute, phase(corev1.PodRunning)); p.Status.Phase != corev1.PodRunning {
-		t.Errorf("guaranteed: %s", p.Status.Phase)
+	return scrapeMetrics(t, url)
+}
+
+// fillPod creates a pod on the victim node's GPU gpu that runs gpu-fill
+// (1 GiB steps until refused, then holds what it got) under limits.
+func fillPod(t *testing.T, ns, name, gpu string, limits map[string]string) {
+	t.Helper()
+	p := fixtures.MakePod().Namespace(ns).Name(name).ZeroTerminationGracePeriod().Annotation(api.AnnotationUseGPUUUID, gpu).
+		Container("c", limits).Obj()
+	p.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": victimNode}
+	p.Spec.RestartPolicy = corev1.RestartPolicyNever
+	p.Spec.Containers[0].Command = []string{"gpu-fill", "--step", "1024", "--hold", "forever"}
+	if _, err := client.CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("%s: %v", name, err)
 	}
 }
