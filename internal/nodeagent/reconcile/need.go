@@ -228,14 +228,15 @@ func (r *Reconciler) refused(s needSource, n Need) {
 	if pod == nil || pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
 		return
 	}
-	logger := r.logger.WithValues("pod", klog.KObj(pod), "container", s.container, "gpu", n.GPU, "bytes", n.Bytes)
-	l, granted := o.grants[key{s.pod, s.container, ""}][n.GPU]
 	var gpu *GPU
 	for i := range r.gpus {
-		if r.gpus[i].UUID == n.GPU {
+		if strings.EqualFold(r.gpus[i].UUID, n.GPU) { // the limiter writes the hex digits in lower case
 			gpu = &r.gpus[i]
+			n.GPU = gpu.UUID
 		}
 	}
+	logger := r.logger.WithValues("pod", klog.KObj(pod), "container", s.container, "gpu", n.GPU, "bytes", n.Bytes)
+	l, granted := o.grants[key{s.pod, s.container, ""}][n.GPU]
 	if !granted || gpu == nil || l.exclusive || !l.limited || l.group != "" {
 		logger.V(2).Info("Ignoring a need file: the container has no limited grant of its own on the GPU")
 		return
