@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-gpu/tessera/internal/limiterconf"
 	"github.com/tessera-gpu/tessera/internal/nodeagent"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/config"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
@@ -52,6 +53,7 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.StringVar(&def.PreloadHost, "preload-host-path", def.PreloadHost, "ld.so.preload file the agent writes and containers get")
 	fs.StringVar(&def.StateRoot, "state-root", def.StateRoot, "host directory of the per-container limiter state")
 	fs.StringVar(&def.StateContainer, "state-container-path", def.StateContainer, "where containers see their state directory")
+	fs.DurationVar(&def.ReclaimWait, "reclaim-wait", def.ReclaimWait, "how long a container's limiter retries an allocation within its GPU memory guarantee that the driver refused, while the agent stops a container bursting past its own guarantee on the GPU (0 to 1m; docs/isolation.md)")
 	fs.StringVar(&def.BudgetHost, "budget-dir", def.BudgetHost, "host directory of the GPU budget files (memory no container is guaranteed, and who borrows it), mounted read-only into containers with a memory ceiling")
 	volcanoCM := fs.String("volcano-device-config", api.VolcanoDeviceConfigNamespace+"/"+api.VolcanoDeviceConfigName, `Volcano's device configuration ConfigMap "namespace/name", whose MIG geometries a node in Volcano's mig mode reads (docs/volcano.md)`)
 	recordKeys := fs.String("record-keys", recordsig.DefaultNamespace+"/"+recordsig.DefaultPublicKeys, `ConfigMap "namespace/name" with the scheduler's public keys; every record's signature is checked against them ("" : not checked, records rest on the admission policy alone)`)
@@ -107,6 +109,9 @@ func runNodeAgent(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			return fmt.Errorf("%w: --record-keys %q: want \"namespace/name\"", errUsage, *recordKeys)
 		}
 		keys = &recordsig.Store{Namespace: ns, PublicKeys: name}
+	}
+	if def.ReclaimWait < 0 || def.ReclaimWait > limiterconf.MaxReclaimWaitMs*time.Millisecond || def.ReclaimWait%time.Millisecond != 0 {
+		return fmt.Errorf("%w: --reclaim-wait %v: want whole milliseconds from 0 to %v", errUsage, def.ReclaimWait, limiterconf.MaxReclaimWaitMs*time.Millisecond)
 	}
 	if *reconcileEvery < 0 || *tolerance < 0 || *toleranceMiB < 0 {
 		return fmt.Errorf("%w: --reconcile-interval and the breach tolerances must not be negative", errUsage)

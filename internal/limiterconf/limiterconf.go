@@ -36,7 +36,13 @@
 // allocate past it, up to the ceiling, from what the budget file lends
 // (docs/isolation.md, "Guaranteed plus burst"); a file with a ceiling
 // names the container in the budget files (borrower, 16 lower-case hex
-// digits). Keys are unique;
+// digits). reclaim (an absolute path, in the container's writable state
+// directory) turns on reclaim on refusal: when the driver refuses an
+// allocation within the guarantee, the limiter writes what it needs there
+// (the node agent's need file, NeedFile) and retries for up to
+// reclaim_wait (milliseconds with the suffix ms, 0ms..60000ms, default
+// 2000ms) while the agent stops a container bursting on the GPU.
+// Keys are unique;
 // unknown keys, spaces, control characters and non-ASCII bytes outside
 // comments are errors; the file is at most 64 KiB. The C parser is
 // limiter/src/tl_config.c; TestParityWithC runs both on the same files.
@@ -72,8 +78,11 @@ const (
 	MaxMiB   = 1<<44 - 1
 	maxValue = 4095 // longest value the limiter reads
 	// maxBudgetPath is the longest budget path (the limiter's
-	// TL_BUDGET_PATH_MAX - 1).
+	// TL_BUDGET_PATH_MAX - 1) and reclaim path (TL_RECLAIM_PATH_MAX - 1).
 	maxBudgetPath = 255
+	// MaxReclaimWaitMs bounds reclaim_wait (the limiter's
+	// TL_RECLAIM_WAIT_MAX_MS).
+	MaxReclaimWaitMs = 60000
 )
 
 // Device is the limit on one GPU.
@@ -110,6 +119,14 @@ type Config struct {
 	// Borrower names the container in the budget files (BorrowerName);
 	// required when a device has a ceiling.
 	Borrower string
+	// ReclaimPath, when set, is the need file inside the container
+	// (writable): where the limiter asks the node agent to reclaim
+	// memory borrowed past other guarantees when the driver refuses an
+	// allocation within the container's guarantee.
+	ReclaimPath string
+	// ReclaimWaitMs, when set, is how long the limiter retries such an
+	// allocation (nil: the limiter's default, 2000 ms).
+	ReclaimWaitMs *uint64
 }
 
 // Validate reports the first problem, naming the field, the value and the
@@ -126,6 +143,17 @@ func (c Config) Validate() error {
 	}
 	if len(c.Devices) > MaxDevices {
 		return fmt.Errorf("devices: %d exceed the limit of %d", len(c.Devices), MaxDevices)
+	}
+	if c.ReclaimPath != "" {
+		if !strings.HasPrefix(c.ReclaimPath, "/") || len(c.ReclaimPath) > maxBudgetPath {
+			return fmt.Errorf("reclaimPath %q: want an absolute path of at most %d bytes", c.ReclaimPath, maxBudgetPath)
+		}
+		if err := checkPathBytes("reclaimPath", c.ReclaimPath); err != nil {
+			return err
+		}
+	}
+	if c.ReclaimWaitMs != nil && *c.ReclaimWaitMs > MaxReclaimWaitMs {
+		return fmt.Errorf("reclaimWaitMs %d exceeds %d", *c.ReclaimWaitMs, MaxReclaimWaitMs)
 	}
 	if c.Borrower != "" && !isBorrower(c.Borrower) {
 		return fmt.Errorf("borrower %q: want %d lower-case hex digits", c.Borrower, BorrowerLen)
@@ -205,6 +233,12 @@ func Encode(c Config) ([]byte, error) {
 	if c.Borrower != "" {
 		fmt.Fprintf(&b, "borrower=%s\n", c.Borrower)
 	}
+	if c.ReclaimPath != "" {
+		fmt.Fprintf(&b, "reclaim=%s\n", c.ReclaimPath)
+	}
+	if c.ReclaimWaitMs != nil {
+		fmt.Fprintf(&b, "reclaim_wait=%dms\n", *c.ReclaimWaitMs)
+	}
 	if c.Elastic {
 		b.WriteString("elastic=1\n")
 	}
@@ -249,6 +283,7 @@ func Parse(b []byte) (Config, error) {
 	}
 	var devs [MaxDevices]dev
 	seenVersion, seenState, seenElastic, seenReserve, seenBorrower := false, false, false, false, false
+	seenReclaim, seenReclaimWait := false, false
 	lines := bytes.Split(b, []byte("\n"))
 	if len(lines) > 0 && len(lines[len(lines)-1]) == 0 {
 		lines = lines[:len(lines)-1]
@@ -320,6 +355,26 @@ func Parse(b []byte) (Config, error) {
 				return fail(line, "borrower=%q: want %d lower-case hex digits", val, BorrowerLen)
 			}
 			c.Borrower = val
+		case key == "reclaim":
+			if seenReclaim {
+				return fail(line, "reclaim given twice")
+			}
+			seenReclaim = true
+			if !strings.HasPrefix(val, "/") || len(val) > maxBudgetPath {
+				return fail(line, "reclaim=%q: want an absolute path of at most %d bytes", val, maxBudgetPath)
+			}
+			c.ReclaimPath = val
+		case key == "reclaim_wait":
+			if seenReclaimWait {
+				return fail(line, "reclaim_wait given twice")
+			}
+			seenReclaimWait = true
+			num, ok := strings.CutSuffix(val, "ms")
+			ms, err := parseUint(num, MaxReclaimWaitMs)
+			if !ok || err != nil {
+				return fail(line, "reclaim_wait=%q: want milliseconds from 0ms to %dms, e.g. 2000ms", val, MaxReclaimWaitMs)
+			}
+			c.ReclaimWaitMs = &ms
 		case strings.HasPrefix(key, "device."):
 			idx, field, ok := strings.Cut(key[len("device."):], ".")
 			i, err := parseUint(idx, MaxDevices-1)

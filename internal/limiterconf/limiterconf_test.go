@@ -103,7 +103,16 @@ var files = []string{
 	"version=1\nstate=/s=x\nelastic=0\ncontext_reserve=0m\ndevice.0.uuid=" + uuid0 + "\ndevice.0.memory=0m\ndevice.0.sm=100\ndevice.1.uuid=MIG-" + uuid1[4:] + "\ndevice.1.memory=17592186044415m\ndevice.1.sm=99\n",
 	"# comment with spaces and\tcontrol \x01 bytes é\nversion=1\nstate=/s\ndevice.0.uuid=" + uuid0 + "\ndevice.0.memory=1m\ndevice.0.sm=0",
 	"version=1\nstate=/s\nborrower=0123456789abcdef\ndevice.0.uuid=" + uuid0 + "\ndevice.0.memory=1024m\ndevice.0.sm=0\ndevice.0.ceiling=4096m\ndevice.0.budget=/etc/tessera/burst/" + uuid0 + "\ndevice.1.uuid=" + uuid1 + "\ndevice.1.memory=1m\ndevice.1.sm=0\n",
+	"version=1\nstate=/s\nreclaim=/tessera/state/need\nreclaim_wait=1500ms\ndevice.0.uuid=" + uuid0 + "\ndevice.0.memory=1m\ndevice.0.sm=0\n",
 	// rejected
+	"version=1\nstate=/s\nreclaim=need\ndevice.0.uuid=" + uuid0 + "\ndevice.0.memory=1m\ndevice.0.sm=0\n",
+	"version=1\nstate=/s\nreclaim=/" + strings.Repeat("n", 255) + "\ndevice.0.uuid=" + uuid0 + "\ndevice.0.memory=1m\ndevice.0.sm=0\n",
+	"version=1\nstate=/s\nreclaim=/n\nreclaim=/n\ndevice.0.uuid=" + uuid0 + "\ndevice.0.memory=1m\ndevice.0.sm=0\n",
+	"version=1\nstate=/s\nreclaim_wait=2000\ndevice.0.uuid=" + uuid0 + "\ndevice.0.memory=1m\ndevice.0.sm=0\n",
+	"version=1\nstate=/s\nreclaim_wait=60001ms\ndevice.0.uuid=" + uuid0 + "\ndevice.0.memory=1m\ndevice.0.sm=0\n",
+	"version=1\nstate=/s\nreclaim_wait=02ms\ndevice.0.uuid=" + uuid0 + "\ndevice.0.memory=1m\ndevice.0.sm=0\n",
+	"version=1\nstate=/s\nreclaim_wait=ms\ndevice.0.uuid=" + uuid0 + "\ndevice.0.memory=1m\ndevice.0.sm=0\n",
+	"version=1\nstate=/s\nreclaim_wait=1ms\nreclaim_wait=1ms\ndevice.0.uuid=" + uuid0 + "\ndevice.0.memory=1m\ndevice.0.sm=0\n",
 	"version=1\nstate=/s\nborrower=0123456789abcdef\ndevice.0.uuid=" + uuid0 + "\ndevice.0.memory=1024m\ndevice.0.sm=0\ndevice.0.ceiling=1024m\ndevice.0.budget=/b\n",
 	"version=1\nstate=/s\nborrower=0123456789abcdef\ndevice.0.uuid=" + uuid0 + "\ndevice.0.memory=0m\ndevice.0.sm=0\ndevice.0.ceiling=1024m\ndevice.0.budget=/b\n",
 	"version=1\nstate=/s\nborrower=0123456789abcdef\ndevice.0.uuid=" + uuid0 + "\ndevice.0.memory=1m\ndevice.0.sm=0\ndevice.0.ceiling=2m\n",
@@ -171,6 +180,14 @@ func canonical(c Config, err error) string {
 	if c.Borrower != "" {
 		fmt.Fprintf(&b, "borrower=%s\n", c.Borrower)
 	}
+	if c.ReclaimPath != "" {
+		fmt.Fprintf(&b, "reclaim=%s\n", c.ReclaimPath)
+	}
+	wait := uint64(2000) // the limiter's default
+	if c.ReclaimWaitMs != nil {
+		wait = *c.ReclaimWaitMs
+	}
+	fmt.Fprintf(&b, "reclaim_wait=%d\n", wait)
 	return b.String()
 }
 
@@ -243,6 +260,9 @@ func TestParityWithC(t *testing.T) {
 		{StatePath: "/x", Borrower: BorrowerName("pod/c"), Devices: []Device{
 			{UUID: uuid0, MemoryMiB: 1024, CeilingMiB: 8192, BudgetPath: BudgetDir + "/" + uuid0, SMPercent: 30},
 			{UUID: uuid1, MemoryMiB: 1, SMPercent: 1}}},
+		{StatePath: "/x", ReclaimPath: "/tessera/state/need", Devices: []Device{{UUID: uuid0, MemoryMiB: 1024}}},
+		{StatePath: "/x", ReclaimPath: "/n", ReclaimWaitMs: u64(0), Devices: []Device{{UUID: uuid0, MemoryMiB: 1}}},
+		{StatePath: "/x", ReclaimPath: "/n", ReclaimWaitMs: u64(MaxReclaimWaitMs), Devices: []Device{{UUID: uuid0, MemoryMiB: 1}}},
 	} {
 		b, err := Encode(c)
 		if err != nil {

@@ -27,6 +27,18 @@
  * guarantee, at most every BUDGET_PERIOD_S, and at once when the charge
  * would not fit; a missing or malformed file lends nothing. Within its
  * guarantee a container never depends on the file.
+ *
+ * Reclaim on refusal. The budget is a snapshot, and memory no limiter
+ * counts takes room too, so the driver may refuse an allocation that is
+ * within the container's guarantee while others hold memory past theirs.
+ * Then (tl_reclaim_retry) the limiter writes what it needs to the need
+ * file the limits file names (reclaim=, in the container's writable state
+ * directory; the node agent watches it), and retries the allocation until
+ * it succeeds or reclaim_wait has passed, writing the file again every
+ * RECLAIM_RESIGNAL_S. The agent checks the request against what NVML says
+ * the container holds and stops the container furthest above its
+ * guarantee; the file only asks. Over the guarantee nothing is asked: the
+ * refusal is returned at once.
  */
 #include "tl_compat.h"
 
@@ -280,6 +292,62 @@ void tl_budget_refresh(int ld, uint64_t bytes)
     budget_read(ld, now);
 }
 
+#define RECLAIM_POLL_S 0.02
+#define RECLAIM_RESIGNAL_S 0.25
+static double reclaim_signalled_at; /* racy reads and writes are harmless: one write more or less */
+static int reclaim_told;
+
+/* The need file: replaced whole (rename), so the agent never reads half of it. */
+static void reclaim_signal(int ld, uint64_t bytes, uint64_t used)
+{
+    char tmp[TL_RECLAIM_PATH_MAX + 32], text[256];
+    snprintf(tmp, sizeof(tmp), "%s.%d.tmp", cfg.reclaim_path, (int)getpid());
+    int n = snprintf(text, sizeof(text), "version=1\ndevice=%s\nbytes=%llu\nused=%llu\n", cfg.uuid[ld],
+                     (unsigned long long)bytes, (unsigned long long)used);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0644);
+    int ok = fd >= 0 && write(fd, text, (size_t)n) == n;
+    if (fd >= 0)
+        close(fd);
+    ok = ok && rename(tmp, cfg.reclaim_path) == 0;
+    if (!ok) {
+        unlink(tmp);
+        if (cfg.debug || !__atomic_exchange_n(&reclaim_told, 1, __ATOMIC_RELAXED))
+            fprintf(stderr, "tessera-limiter: device %d: cannot ask the node agent to reclaim memory (%s: %s)\n", ld,
+                    cfg.reclaim_path, strerror(errno));
+    }
+    if (TL_TRACING)
+        tl_trace("reclaim dev %d bytes %llu used %llu ok %d", ld, (unsigned long long)bytes,
+                 (unsigned long long)used, ok);
+}
+
+int tl_reclaim_retry(int ld, uint64_t bytes, double *deadline)
+{
+    if (!cfg.reclaim_path[0] || ld < 0 || ld >= cfg.ndev || !tl_limit_of(ld))
+        return 0;
+    /* the charge includes this allocation: within the guarantee only */
+    uint64_t used = tl_shared_used(&sh, ld);
+    if (used > tl_limit_of(ld))
+        return 0;
+    double now = tl_clock_now();
+    if (*deadline == 0) {
+        *deadline = now + cfg.reclaim_wait_ms / 1000.0;
+        if (cfg.debug)
+            fprintf(stderr, "tessera-limiter: device %d: the driver refused %llu bytes within the guarantee; asking "
+                            "the node agent to reclaim memory borrowed past other guarantees (up to %u ms)\n",
+                    ld, (unsigned long long)bytes, cfg.reclaim_wait_ms);
+    } else if (now >= *deadline) {
+        return 0;
+    }
+    double last = reclaim_signalled_at;
+    if (last == 0 || now - last >= RECLAIM_RESIGNAL_S || now < last) {
+        reclaim_signalled_at = now;
+        reclaim_signal(ld, bytes, used);
+    }
+    double left = *deadline - now;
+    tl_clock_sleep(left < RECLAIM_POLL_S ? left : RECLAIM_POLL_S);
+    return 1;
+}
+
 /* ---- charging ---- */
 
 int tl_ensure_registered(void)
@@ -427,4 +495,5 @@ void tl_account_after_fork(void)
     registered = 0;
     memset(extra, 0, sizeof(extra));
     memset(last_reconcile, 0, sizeof(last_reconcile));
+    reclaim_signalled_at = 0;
 }

@@ -4,7 +4,8 @@
  * Every allocation path is check-and-reserve: under the shared lock the
  * request is added to the device's usage only if the total stays at or
  * below the limit; then the real allocator is called; if it fails the
- * reservation is rolled back. Over the limit the call returns
+ * reservation is rolled back (after, for a refusal within the guarantee,
+ * asking the node agent to reclaim and retrying: tl_reclaim_retry). Over the limit the call returns
  * CUDA_ERROR_OUT_OF_MEMORY without reaching the driver.
  *
  * Stream-ordered pools keep what they reserved after cuMemFreeAsync, up to
@@ -43,6 +44,9 @@
     if (charged_ < 0)                                                               \
         return CUDA_ERROR_OUT_OF_MEMORY;                                            \
     CUresult r_ = call;                                                             \
+    for (double until_ = 0; r_ == CUDA_ERROR_OUT_OF_MEMORY && charged_ > 0 &&       \
+                            tl_reclaim_retry(ld_, bytes_, &until_);)                \
+        r_ = call;                                                                  \
     if (charged_ > 0) {                                                             \
         if (r_ != CUDA_SUCCESS)                                                     \
             tl_release(ld_, bytes_);                                                \
@@ -111,6 +115,8 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widt
     if (charged < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = CALL_REAL(cuMemAllocPitch_v2, dptr, pitch, width, height, elem);
+    for (double until = 0; r == CUDA_ERROR_OUT_OF_MEMORY && charged > 0 && tl_reclaim_retry(ld, want, &until);)
+        r = CALL_REAL(cuMemAllocPitch_v2, dptr, pitch, width, height, elem);
     if (charged == 0)
         return r;
     if (r != CUDA_SUCCESS) {

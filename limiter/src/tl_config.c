@@ -389,7 +389,9 @@ static int parse_file(tl_config *c, const char *text, size_t len, const char *pa
             set_trace(c, *e + 22, &trace_too_long); /* diagnostics only: a bad one is ignored */
     trace_finish(c, trace_too_long);
     secure_note(c, diag_ignored);
-    int have[TL_MAX_DEVICES] = {0}, seen_version = 0, seen_state = 0, seen_elastic = 0, seen_borrower = 0;
+    int have[TL_MAX_DEVICES] = {0}, seen_version = 0, seen_state = 0, seen_elastic = 0, seen_borrower = 0,
+        seen_reclaim = 0, seen_reclaim_wait = 0;
+    c->reclaim_wait_ms = TL_RECLAIM_WAIT_MS;
     if (len > TL_CONF_MAX_BYTES) {
         bad(c, "tessera-limiter: %s: larger than %d bytes", path, TL_CONF_MAX_BYTES);
         return c->error;
@@ -455,6 +457,23 @@ static int parse_file(tl_config *c, const char *text, size_t len, const char *pa
                     val, TL_BORROWER_LEN);
             else
                 memcpy(c->borrower, val, vl + 1);
+        } else if (KEY("reclaim")) {
+            if (seen_reclaim++)
+                bad(c, "tessera-limiter: %s line %d: reclaim given twice", path, line);
+            else if (val[0] != '/' || vl >= TL_RECLAIM_PATH_MAX)
+                bad(c, "tessera-limiter: %s line %d: reclaim=\"%.200s\": want an absolute path of at most %d bytes",
+                    path, line, val, TL_RECLAIM_PATH_MAX - 1);
+            else
+                memcpy(c->reclaim_path, val, vl + 1);
+        } else if (KEY("reclaim_wait")) {
+            uint64_t ms;
+            if (seen_reclaim_wait++)
+                bad(c, "tessera-limiter: %s line %d: reclaim_wait given twice", path, line);
+            else if (vl < 3 || strcmp(val + vl - 2, "ms") || parse_uint(val, vl - 2, TL_RECLAIM_WAIT_MAX_MS, &ms) != 0)
+                bad(c, "tessera-limiter: %s line %d: reclaim_wait=\"%.40s\": want milliseconds from 0ms to %dms, e.g. "
+                       "2000ms", path, line, val, TL_RECLAIM_WAIT_MAX_MS);
+            else
+                c->reclaim_wait_ms = (uint32_t)ms;
         } else if (kl > 7 && !strncmp(l, "device.", 7)) {
             const char *ip = l + 7, *dot = memchr(ip, '.', kl - 7);
             uint64_t i;

@@ -37,6 +37,9 @@
 #define TL_BUDGET_PATH_MAX 256  /* device.<i>.budget: an absolute path, at most 255 bytes */
 #define TL_BORROWER_LEN 16      /* borrower=: 16 lower-case hex digits */
 #define TL_BUDGET_MAX_BYTES 16384
+#define TL_RECLAIM_PATH_MAX 256     /* reclaim=: an absolute path, at most 255 bytes */
+#define TL_RECLAIM_WAIT_MS 2000     /* reclaim_wait= when not given */
+#define TL_RECLAIM_WAIT_MAX_MS 60000
 
 typedef struct tl_config {
     int error;                          /* nonzero: fail closed */
@@ -64,6 +67,13 @@ typedef struct tl_config {
     char budget_path[TL_MAX_DEVICES][TL_BUDGET_PATH_MAX];
     char borrower[TL_BORROWER_LEN + 1]; /* this container's name in the budget files */
     int burst_active;                   /* any device with a ceiling */
+    /* Reclaim on refusal (file only): when the driver refuses an
+     * allocation within the guarantee, the limiter writes what it needs to
+     * reclaim_path (the node agent's "need" file, in the container's
+     * writable state directory) and retries for up to reclaim_wait_ms
+     * while the agent stops a container bursting on the GPU. "" = off. */
+    char reclaim_path[TL_RECLAIM_PATH_MAX];
+    uint32_t reclaim_wait_ms;
     uint64_t ctx_reserve;               /* bytes charged per context */
     int ctx_reserve_set;                /* given (else measured) */
     char state_path[4096];

@@ -253,6 +253,13 @@ uint64_t tl_total_of(int ld);
 /* At a call's entry (no lock held): re-read ld's budget file when a
  * charge of `bytes` (0: a report) goes past the guarantee. */
 void tl_budget_refresh(int ld, uint64_t bytes);
+/* The driver refused an allocation of `bytes` on ld that the limiter had
+ * charged (no lock held). Within the guarantee, with reclaim configured:
+ * asks the node agent to reclaim (the need file), waits a little and
+ * returns 1: retry the call. 0: give up (over the guarantee, not
+ * configured, or reclaim_wait has passed since the first refusal).
+ * *deadline starts at 0 for each call. */
+int tl_reclaim_retry(int ld, uint64_t bytes, double *deadline);
 int tl_ensure_registered(void);
 /* 1 charged, 0 not limited (nothing to track), -1 refused. */
 int tl_reserve(int ld, uint64_t bytes);

@@ -69,6 +69,14 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, c
         return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&vmm_mu);
     CUresult r = CALL_REAL(cuMemCreate, handle, size, prop, flags);
+    for (double until = 0; r == CUDA_ERROR_OUT_OF_MEMORY && c > 0;) {
+        pthread_mutex_unlock(&vmm_mu); /* tl_reclaim_retry waits: no lock held */
+        int again = tl_reclaim_retry(ld, size, &until);
+        pthread_mutex_lock(&vmm_mu);
+        if (!again)
+            break;
+        r = CALL_REAL(cuMemCreate, handle, size, prop, flags);
+    }
     if (c > 0) {
         if (r != CUDA_SUCCESS) {
             tl_release(ld, size);

@@ -257,11 +257,21 @@ static const path paths[] = {
 };
 #define NPATHS (sizeof(paths) / sizeof(paths[0]))
 
+/* CLIENT_PRIMARY_CONTEXT=1: device 0's primary context is made current
+ * first, so that the process takes its slot in the fake GPU's state file
+ * (FAKE_GPU_STATE_DIR) and its memory counts for the others. */
 void init_cuda(void)
 {
     CUresult r = api.cuInit(0);
     if (r != CUDA_SUCCESS) {
         printf("FAIL cuInit [%s]: %d\n", mode, r);
+        exit(1);
+    }
+    const char *pc = getenv("CLIENT_PRIMARY_CONTEXT");
+    CUcontext c;
+    if (pc && !strcmp(pc, "1") &&
+        ((r = api.cuDevicePrimaryCtxRetain(&c, 0)) != CUDA_SUCCESS || (r = api.cuCtxSetCurrent(c)) != CUDA_SUCCESS)) {
+        printf("FAIL primary context [%s]: %d\n", mode, r);
         exit(1);
     }
 }

@@ -601,7 +601,9 @@ static void t_gpacheck(const char *path)
 }
 
 /* ---- hole 10 and the rest: one allocation, with its time ---- */
-static void t_timed_try(unsigned long long bytes, const char *expect, double max_s, const char *name)
+/* An allocation that must answer within max_s seconds (and, with min_s,
+ * not before: the limiter waited for a reclaim that did not come). */
+static void t_timed_try(unsigned long long bytes, const char *expect, double max_s, const char *name, double min_s)
 {
     double t0 = now_s();
     init_cuda();
@@ -609,7 +611,8 @@ static void t_timed_try(unsigned long long bytes, const char *expect, double max
     CUresult r = api.cuMemAlloc_v2(&d, bytes);
     double dt = now_s() - t0;
     int want = !strcmp(expect, "ok") ? CUDA_SUCCESS : OOM;
-    check(r == want && dt <= max_s, name, "r=%d want %d after %.2fs (at most %.1fs)", r, want, dt, max_s);
+    check(r == want && dt <= max_s && dt >= min_s, name, "r=%d want %d after %.2fs (from %.1fs to %.1fs)", r, want, dt,
+          min_s, max_s);
 }
 
 /* An allocation on CUDA device `dev` (its own context). */
@@ -735,7 +738,7 @@ int holes_main(const char *t, int argc, char **argv)
     else if (!strcmp(t, "trydev") && argc > 5)
         t_trydev(atoi(argv[2]), strtoull(argv[3], NULL, 0), argv[4], argv[5]);
     else if (!strcmp(t, "timedtry") && argc > 5)
-        t_timed_try(a, argv[3], atof(argv[4]), argv[5]);
+        t_timed_try(a, argv[3], atof(argv[4]), argv[5], argc > 6 ? atof(argv[6]) : 0);
     else
         return 0;
     return 1;

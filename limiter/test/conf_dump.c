@@ -11,6 +11,8 @@
  *   device <i> <uuid> <memory bytes> <sm percent, 0 = no limit>
  *   [ceiling <i> <bytes> <budget file>]   a device with a ceiling
  *   [borrower=<name>]                       when the file names one
+ *   [reclaim=<need file>]                   when the file names one
+ *   reclaim_wait=<milliseconds>
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +47,9 @@ static void dump(const char *path)
     }
     if (c.borrower[0])
         printf("borrower=%s\n", c.borrower);
+    if (c.reclaim_path[0])
+        printf("reclaim=%s\n", c.reclaim_path);
+    printf("reclaim_wait=%u\n", c.reclaim_wait_ms);
 }
 
 /* conf_dump budget SELF FILE: what the limiter lends SELF from a budget file */

@@ -207,6 +207,64 @@ EOS
         run burst-no-budget-guarantee with_etc "$EB" "$B/client_sym" try $L ok guarantee-allowed-without-a-budget-file
         printf 'version=1\nunguaranteed=8m\nborrowed=x\n' >"$BU/$U0"
         run burst-bad-budget-file with_etc "$EB" "$B/client_sym" try $((L + 1)) oom burst-nothing-lent-from-a-malformed-budget
+        # reclaim on refusal: the GPU (one state file for every process,
+        # 16 GiB) is full but for 4 MiB, held by a process no limiter sees
+        # (a borrower of another container). An allocation within the
+        # guarantee that the driver refuses writes the need file
+        # (reclaim=) and is retried until the holder is stopped (here by
+        # this script, as the node agent would) or reclaim_wait passes;
+        # one past the guarantee is refused at once and asks nothing.
+        GS=$T/gpu.reclaim; mkdir -p "$GS"; NEED=$ST/need
+        reclaim_etc() { # DIR GUARANTEE CEILING WAIT
+            mketc "$1" "version=1
+state=$T/state.$(basename "$1")
+context_reserve=0m
+borrower=$ME
+reclaim=$NEED
+reclaim_wait=$4
+device.0.uuid=$U0
+device.0.memory=$2
+device.0.sm=0
+${3:+device.0.ceiling=$3
+device.0.budget=$BU/$U0
+}"
+        }
+        fill_gpu() { # READY: hold all of GPU 0 but 4 MiB, without the limiter
+            rm -f "$1"
+            env FAKE_GPU_STATE_DIR="$GS" CLIENT_PRIMARY_CONTEXT=1 "$B/client_sym" hold $((16384 * L - 4 * L)) "$1" >/dev/null 2>&1 &
+            FILLER=$!
+            wait_file "$1"
+        }
+        ER=$T/etcreclaim; reclaim_etc "$ER" 8m "" 20000ms
+        fill_gpu "$T/ready.r1"
+        check "reclaim: a borrower fills the GPU" "$(grep -qx 0 "$T/ready.r1"; echo $?)"
+        rm -f "$NEED"
+        cat >"$T/agent.sh" <<EOS
+i=0; while [ ! -e $NEED ] && [ \$i -lt 1000 ]; do sleep 0.02; i=\$((i + 1)); done
+cp $NEED $T/need.seen 2>/dev/null
+kill -9 $FILLER
+EOS
+        sh "$T/agent.sh" & AGENT=$!
+        run reclaim-retried with_etc "$ER" env FAKE_GPU_STATE_DIR="$GS" CLIENT_PRIMARY_CONTEXT=1 "$B/client_sym" timedtry $((6 * L)) ok 20 \
+            refused-within-guarantee-retried-after-reclaim
+        kill $AGENT 2>/dev/null; wait $AGENT 2>/dev/null; kill -9 $FILLER 2>/dev/null; wait $FILLER 2>/dev/null
+        check "reclaim: the need file names the GPU and the bytes" \
+            "$(grep -qx "device=$U0" "$T/need.seen" && grep -qx "bytes=$((6 * L))" "$T/need.seen"; echo $?)" \
+            "$(cat "$T/need.seen" 2>/dev/null)"
+        # past the guarantee (borrowing from the budget): refused at once
+        budget 16384m ""
+        EO=$T/etcreclaimover; reclaim_etc "$EO" 2m 8m 20000ms
+        fill_gpu "$T/ready.r2"
+        rm -f "$NEED"
+        run reclaim-not-over-guarantee with_etc "$EO" env FAKE_GPU_STATE_DIR="$GS" CLIENT_PRIMARY_CONTEXT=1 "$B/client_sym" timedtry $((6 * L)) oom 10 \
+            refused-past-guarantee-returned-as-before
+        check "reclaim: nothing asked past the guarantee" "$([ ! -e "$NEED" ]; echo $?)"
+        # no one answers: the refusal comes back once reclaim_wait has passed
+        EW=$T/etcreclaimwait; reclaim_etc "$EW" 8m "" 500ms
+        run reclaim-wait-bounded with_etc "$EW" env FAKE_GPU_STATE_DIR="$GS" CLIENT_PRIMARY_CONTEXT=1 "$B/client_sym" timedtry $((6 * L)) oom 10 \
+            refused-within-guarantee-after-reclaim-wait 0.5
+        check "reclaim: asked before giving up" "$(grep -qx "device=$U0" "$NEED"; echo $?)"
+        kill -9 $FILLER 2>/dev/null; wait $FILLER 2>/dev/null
     fi
 
     # hole 4: a holder SIGKILLed in the old pid namespace of a container;

@@ -6,6 +6,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"time"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -34,6 +35,10 @@ type Paths struct {
 	// the host-side reconciler writes; a container with a memory ceiling
 	// gets the directory read-only at limiterconf.BudgetDir.
 	BudgetHost string
+	// ReclaimWait is how long a container's limiter retries an allocation
+	// within its guarantee that the driver refused, after asking the
+	// reconciler for the memory (its need file; shared mode).
+	ReclaimWait time.Duration
 }
 
 // DefaultPaths are the paths of the DaemonSet in deploy/node-agent. The
@@ -47,6 +52,7 @@ func DefaultPaths() Paths {
 		StateRoot:        "/var/lib/tessera/containers",
 		StateContainer:   api.ContainerStateDir,
 		BudgetHost:       "/var/lib/tessera/burst",
+		ReclaimWait:      2 * time.Second,
 	}
 }
 
@@ -109,7 +115,9 @@ type containerFiles struct {
 // memory accounting (no compute share in the file). A grant with a
 // memory ceiling on a node in shared mode gets it with its GPU's budget
 // file (bursts: docs/isolation.md), under the container's borrower name;
-// elsewhere the container is held to its guarantee.
+// elsewhere the container is held to its guarantee. In shared mode the
+// file names the need file, through which the limiter asks for borrowed
+// memory back when the driver refuses an allocation within the guarantee.
 func limitsFile(c api.ContainerAllocation, p Paths, mode api.SharingMode, borrower string) ([]byte, error) {
 	cfg := limiterconf.Config{StatePath: filepath.Join(p.StateContainer, statedir.LimiterStateFile)}
 	for _, d := range c.Devices {
@@ -125,6 +133,13 @@ func limitsFile(c api.ContainerAllocation, p Paths, mode api.SharingMode, borrow
 			cfg.Borrower = borrower
 		}
 		cfg.Devices = append(cfg.Devices, dev)
+	}
+	if mode == api.SharingShared {
+		// a refusal within the guarantee asks the reconciler to stop a
+		// container bursting on the GPU (docs/isolation.md)
+		cfg.ReclaimPath = path.Join(p.StateContainer, statedir.NeedFile)
+		ms := uint64(p.ReclaimWait.Milliseconds())
+		cfg.ReclaimWaitMs = &ms
 	}
 	return limiterconf.Encode(cfg)
 }

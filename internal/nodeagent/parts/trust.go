@@ -80,8 +80,8 @@ func NewTrust(opts TrustOptions) *Trust {
 		}, []string{"namespace", "pod", "container", "gpu"}),
 		reclaims: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tessera_node_agent_gpu_memory_reclaims_total",
-			Help: "Containers stopped because they held GPU memory past their guarantee (bursting toward their ceiling) that a guarantee on the same GPU needed (TesseraGPUMemoryReclaimed), per GPU.",
-		}, []string{"gpu"}),
+			Help: "Containers stopped because they held GPU memory past their guarantee (bursting toward their ceiling) that a guarantee on the same GPU needed (TesseraGPUMemoryReclaimed), per GPU and trigger (admission: a container served on the GPU; pass: a reconciler pass; refusal: the driver refused an allocation within a container's guarantee).",
+		}, []string{"gpu", "trigger"}),
 	}
 	t.guard = &deviceplugin.Guard{
 		Names:          opts.Names,
@@ -179,7 +179,7 @@ func (t *Trust) reconciler() *reconcile.Reconciler {
 		t.recorder.Event(b.Pod, v1.EventTypeWarning, b.Reason(), msg)
 	}
 	r.Reclaimed = func(c reconcile.Reclaim) {
-		t.reclaims.WithLabelValues(c.GPU).Inc()
+		t.reclaims.WithLabelValues(c.GPU, c.Trigger).Inc()
 		msg := c.String()
 		if len(c.Killed) > 0 {
 			msg += fmt.Sprintf("; killed its processes %v", c.Killed)

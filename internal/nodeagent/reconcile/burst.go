@@ -18,7 +18,10 @@ package reconcile
 //     container within its guarantee is never stopped for it.
 //
 // A container served by the device plugin also runs this part at once
-// (Admitted), so a guarantee is made good before its container starts.
+// (Admitted), so a guarantee is made good before its container starts;
+// and so does a container whose allocation within its guarantee the
+// driver refused (need.go): then the borrowers are also stopped until the
+// GPU has the memory it asked for free.
 
 import (
 	"fmt"
@@ -38,6 +41,17 @@ import (
 // container was stopped to give a guarantee its memory back.
 const ReasonReclaimed = "TesseraGPUMemoryReclaimed"
 
+// What made the agent reclaim (the metric's trigger label).
+const (
+	// TriggerAdmission: a container was served on the GPU (Admitted).
+	TriggerAdmission = "admission"
+	// TriggerPass: a periodic pass (Once).
+	TriggerPass = "pass"
+	// TriggerRefusal: the driver refused an allocation within a
+	// container's guarantee and its limiter asked (need.go).
+	TriggerRefusal = "refusal"
+)
+
 // Reclaim is one container stopped because the memory it borrowed past
 // its guarantee was needed by a guarantee on its GPU.
 type Reclaim struct {
@@ -50,14 +64,20 @@ type Reclaim struct {
 	// BorrowedMiB what the borrowers held past their guarantees when the
 	// container was chosen.
 	UnguaranteedMiB, BorrowedMiB int64
-	Killed                       []int
+	// Trigger is what made the agent reclaim (TriggerAdmission, …).
+	Trigger string
+	Killed  []int
 }
 
 func (c Reclaim) String() string {
+	why := "the guarantees on the GPU need that memory back"
+	if c.Trigger == TriggerRefusal {
+		why = "the driver refused memory to a container within its guarantee on the GPU"
+	}
 	return fmt.Sprintf("container %s was stopped: it held %d MiB on GPU %s, %d MiB past its guarantee of %d MiB (ceiling %d MiB), "+
-		"and the guarantees on the GPU need that memory back (the containers bursting there held %d MiB past their guarantees, "+
+		"and %s (the containers bursting there held %d MiB past their guarantees, "+
 		"%d MiB of the GPU is guaranteed to no one); a container within its guarantee is never stopped for it",
-		c.Container, c.UsedMiB, c.GPU, c.UsedMiB-c.GuaranteeMiB, c.GuaranteeMiB, c.CeilingMiB, c.BorrowedMiB, c.UnguaranteedMiB)
+		c.Container, c.UsedMiB, c.GPU, c.UsedMiB-c.GuaranteeMiB, c.GuaranteeMiB, c.CeilingMiB, why, c.BorrowedMiB, c.UnguaranteedMiB)
 }
 
 // Borrower is a container that may hold memory past its guarantee on a
@@ -71,10 +91,11 @@ func (b Borrower) Borrowed() int64 { return max(0, b.UsedMiB-b.GuaranteeMiB) }
 
 // ChooseReclaims returns the indices of the borrowers to stop, furthest
 // above its guarantee first, so that what the others borrow fits in the
-// unguaranteed memory (plus slackMiB, NVML's granularity); none when it
-// already fits. Borrowers within their guarantee are never chosen; ties
-// go to the lower index.
-func ChooseReclaims(unguaranteedMiB, slackMiB int64, bs []Borrower) []int {
+// unguaranteed memory (plus slackMiB, NVML's granularity) and the ones
+// stopped free at least needMiB (all they hold: a guarantee refused that
+// much by the driver); none when both hold already. Borrowers within
+// their guarantee are never chosen; ties go to the lower index.
+func ChooseReclaims(unguaranteedMiB, slackMiB, needMiB int64, bs []Borrower) []int {
 	var total int64
 	order := make([]int, 0, len(bs))
 	for i, b := range bs {
@@ -85,18 +106,28 @@ func ChooseReclaims(unguaranteedMiB, slackMiB int64, bs []Borrower) []int {
 	}
 	sort.SliceStable(order, func(a, b int) bool { return bs[order[a]].Borrowed() > bs[order[b]].Borrowed() })
 	var out []int
+	var freed int64
 	for _, i := range order {
-		if total <= unguaranteedMiB+slackMiB {
+		if total <= unguaranteedMiB+slackMiB && freed >= needMiB {
 			break
 		}
 		out = append(out, i)
 		total -= bs[i].Borrowed()
+		freed += bs[i].UsedMiB
 	}
 	return out
 }
 
+// shortfall is what a refused guarantee needs freed on a GPU (need.go).
+type shortfall struct {
+	gpu string
+	mib int64
+}
+
 // burst writes the budget files and reclaims, from one pass's observation.
-func (r *Reconciler) burst(o observation) {
+// want, if set, is a refused guarantee's shortfall on its GPU.
+func (r *Reconciler) burst(o observation, trigger string, want *shortfall) {
+
 	if r.opts.BudgetDir == "" || (r.opts.Shared != nil && !r.opts.Shared()) {
 		return
 	}
@@ -161,17 +192,21 @@ func (r *Reconciler) burst(o observation) {
 		}
 		// the stopped containers' memory is on its way back: the others
 		// must fit in the unguaranteed memory without it
-		for _, i := range ChooseReclaims(unguaranteed, r.opts.ToleranceMiB, candidates) {
+		var need int64
+		if want != nil && want.gpu == g.UUID {
+			need = want.mib
+		}
+		for _, i := range ChooseReclaims(unguaranteed, r.opts.ToleranceMiB, need, candidates) {
 			b := who[i]
 			pod := o.pods[b.k.pod]
 			rc := Reclaim{Pod: pod, Container: b.k.container, GPU: g.UUID, GuaranteeMiB: b.l.mib, CeilingMiB: b.l.ceiling,
-				UsedMiB: candidates[i].UsedMiB, UnguaranteedMiB: unguaranteed, BorrowedMiB: borrowed + stoppingMiB}
+				UsedMiB: candidates[i].UsedMiB, UnguaranteedMiB: unguaranteed, BorrowedMiB: borrowed + stoppingMiB, Trigger: trigger}
 			rc.Killed = r.killContainer(b.k.pod, o.pids[b.k])
 			for _, pid := range o.pids[b.k] {
 				r.stopping[pid] = true
 			}
 			r.logger.Info("Stopped a container bursting past its GPU memory guarantee: a guarantee on its GPU needs the memory", "pod", klog.KObj(pod), "container", b.k.container, "gpu", g.UUID,
-				"usedMiB", rc.UsedMiB, "guaranteeMiB", rc.GuaranteeMiB, "ceilingMiB", rc.CeilingMiB, "unguaranteedMiB", unguaranteed, "borrowedMiB", rc.BorrowedMiB, "killed", rc.Killed)
+				"usedMiB", rc.UsedMiB, "guaranteeMiB", rc.GuaranteeMiB, "ceilingMiB", rc.CeilingMiB, "unguaranteedMiB", unguaranteed, "borrowedMiB", rc.BorrowedMiB, "neededMiB", need, "trigger", trigger, "killed", rc.Killed)
 			if r.Reclaimed != nil {
 				r.Reclaimed(rc)
 			}

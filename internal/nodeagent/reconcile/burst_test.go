@@ -32,7 +32,7 @@ func TestChooseReclaims(t *testing.T) {
 		{"ties: the first", 2048, []Borrower{{1024, 3072}, {1024, 3072}}, []int{0}},
 		{"no memory unguaranteed: every borrower", 0, []Borrower{{1024, 1025 + 64}, {1024, 3072}, {1024, 512}}, []int{1, 0}},
 	} {
-		if got := ChooseReclaims(tc.unguaranteed, 64, tc.bs); !slices.Equal(got, tc.want) {
+		if got := ChooseReclaims(tc.unguaranteed, 64, 0, tc.bs); !slices.Equal(got, tc.want) {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}

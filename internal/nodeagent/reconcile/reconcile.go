@@ -101,6 +101,11 @@ type Options struct {
 	// every GPU that holds a grant with a memory ceiling (burst.go); the
 	// device plugin mounts it read-only into those containers.
 	BudgetDir string
+	// NeedPoll is how often the containers' need files are checked, with
+	// BudgetDir set (need.go; default 100ms), and NeedInterval the least
+	// time between two requests of one container that are answered
+	// (default 500ms).
+	NeedPoll, NeedInterval time.Duration
 }
 
 // DefaultExemptNamespaces are the namespaces whose pods may use GPUs
@@ -173,6 +178,14 @@ type Reconciler struct {
 	// stopping are the processes of containers stopped for a reclaim, until
 	// NVML no longer lists them (with pass held).
 	stopping map[int]bool
+	// needSources are the need files of the containers in the ledger, as
+	// the last read of the grants found them (with mu held).
+	needSources []needSource
+	// needMu serialises ServeNeeds (taken before pass); needSeen and
+	// needServed are its own.
+	needMu     sync.Mutex
+	needSeen   map[string]needStamp
+	needServed map[string]time.Time
 }
 
 // New returns a reconciler of the GPUs against the grants in state; pods
@@ -184,24 +197,44 @@ func New(opts Options, gpus []GPU, state statedir.Dirs, pods func() []*v1.Pod, l
 	if opts.ProcRoot == "" {
 		opts.ProcRoot = "/proc"
 	}
+	if opts.NeedPoll <= 0 {
+		opts.NeedPoll = 100 * time.Millisecond
+	}
+	if opts.NeedInterval <= 0 {
+		opts.NeedInterval = 500 * time.Millisecond
+	}
 	if opts.TolerancePercent == 0 && opts.ToleranceMiB == 0 {
 		opts.TolerancePercent, opts.ToleranceMiB = 2, 64
 	}
 	return &Reconciler{opts: opts, gpus: gpus, state: state, pods: pods, logger: logger,
 		kill: func(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }, breached: map[string]bool{},
-		unregistered: map[int]types.UID{}, badState: map[string]bool{}, stopping: map[int]bool{}}
+		unregistered: map[int]types.UID{}, badState: map[string]bool{}, stopping: map[int]bool{},
+		needSeen: map[string]needStamp{}, needServed: map[string]time.Time{}}
 }
 
-// Run reconciles every Interval until ctx ends.
+// Run reconciles every Interval until ctx ends; with BudgetDir set it
+// answers the containers' need files every NeedPoll in between.
 func (r *Reconciler) Run(ctx context.Context) {
 	t := time.NewTicker(r.opts.Interval)
 	defer t.Stop()
+	var needs <-chan time.Time
+	if r.opts.BudgetDir != "" {
+		nt := time.NewTicker(r.opts.NeedPoll)
+		defer nt.Stop()
+		needs = nt.C
+	}
 	for {
 		r.Once()
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-needs:
+				r.ServeNeeds()
+			case <-t.C:
+				break wait
+			}
 		}
 	}
 }
@@ -230,7 +263,7 @@ func (r *Reconciler) Once() []Breach {
 		return nil
 	}
 	out := r.check(o)
-	r.burst(o)
+	r.burst(o, TriggerPass, nil)
 	return out
 }
 
@@ -248,7 +281,7 @@ func (r *Reconciler) Admitted() {
 		return
 	}
 	if o, ok := r.observe(); ok {
-		r.burst(o)
+		r.burst(o, TriggerAdmission, nil)
 	}
 }
 
@@ -259,6 +292,9 @@ type observation struct {
 	grants map[key]map[string]limit
 	used   map[key]int64
 	pids   map[key][]int
+	// gpuUsed is what every process NVML lists holds, per GPU (the
+	// containers', the host's and those of unknown pods).
+	gpuUsed map[string]int64
 }
 
 func (r *Reconciler) observe() (observation, bool) {
@@ -285,9 +321,10 @@ func (r *Reconciler) observe() (observation, bool) {
 			}
 		}
 	}
-	o := observation{pods: podsByUID, grants: r.grants(pods), used: map[key]int64{}, pids: map[key][]int{}}
+	o := observation{pods: podsByUID, grants: r.grants(pods), used: map[key]int64{}, pids: map[key][]int{}, gpuUsed: map[string]int64{}}
 	for _, g := range r.gpus {
 		for _, pr := range processes(g.Handle) {
+			o.gpuUsed[g.UUID] += int64(pr.UsedGpuMemory >> 20)
 			ow, ok := r.ownerOf(int(pr.Pid))
 			if !ok {
 				continue // not a container's process (the host, the agent)
@@ -541,6 +578,12 @@ func (r *Reconciler) grants(pods []*v1.Pod) map[key]map[string]limit {
 	if err != nil {
 		r.logger.Error(err, "Reading the grants this node served")
 	}
+	var needs []needSource
+	defer func() {
+		r.mu.Lock()
+		r.needSources = needs
+		r.mu.Unlock()
+	}()
 	for _, e := range entries {
 		if e.Grant == nil {
 			continue
@@ -548,6 +591,9 @@ func (r *Reconciler) grants(pods []*v1.Pod) map[key]map[string]limit {
 		m := map[string]limit{}
 		_, err := os.Stat(r.state.LimitsFile(e.PodUID, e.Container))
 		state := filepath.Join(r.state.StateDir(e.PodUID, e.Container), statedir.LimiterStateFile)
+		if err == nil {
+			needs = append(needs, needSource{e.PodUID, e.Container, filepath.Join(r.state.StateDir(e.PodUID, e.Container), statedir.NeedFile)})
+		}
 		// GPUs whose memory the driver holds for the container: its
 		// processes do not register with the limiter for them.
 		driver := map[string]bool{}

@@ -9,7 +9,9 @@
 // into the container as a whole):
 //
 //	state/        the limiter's shared state, writable by every user of the
-//	              container (mode 1777), mounted at api.ContainerStateDir
+//	              container (mode 1777), mounted at api.ContainerStateDir;
+//	              also the need file (NeedFile), where the limiter asks the
+//	              agent to reclaim memory borrowed past other guarantees
 //	limiter.conf  the limits file, mounted read-only at limiterconf.Path
 //	ld.so.preload the container's own preload list, when its pod declares
 //	              preloads (api.AnnotationPreload), mounted read-only at
@@ -53,6 +55,13 @@ const (
 // LimiterStateFile is the name of the limiter's shared-state file
 // (internal/limiterstate) in a container's directory.
 const LimiterStateFile = "cache"
+
+// NeedFile is the name of the need file in a container's state
+// directory: the limiter writes it when the driver refuses an allocation
+// within the container's guarantee (the limits file's reclaim=), and the
+// host-side reconciler reads it (reconcile.ParseNeed). The container may
+// write anything there: it only asks.
+const NeedFile = "need"
 
 // Dirs are the per-container directories under Root.
 type Dirs struct{ Root string }

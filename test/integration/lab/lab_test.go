@@ -39,8 +39,11 @@ import (
 
 var (
 	labBin, kubectlBin string
-	dir                labdir.Dir
-	client             kubernetes.Interface
+	// labTools holds the lab's tools (gpu-fill in bin/, the fake driver
+	// in lib/), for processes a test runs on the host
+	labTools string
+	dir      labdir.Dir
+	client   kubernetes.Interface
 )
 
 func TestMain(m *testing.M) {
@@ -68,6 +71,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	fmt.Printf("tessera-lab, kubectl and the lab's tools built in %v\n", time.Since(built).Round(100*time.Millisecond))
+	labTools = tools
 	nodeConfig := filepath.Join(tmp, "node-config.yaml")
 	if err := os.WriteFile(nodeConfig, []byte(nodeConfigYAML), 0o644); err != nil {
 		fmt.Fprintln(os.Stderr, err)
