@@ -32,17 +32,17 @@ const (
 )
 
 // ceilingPod is a pod guaranteed 4096 MiB with a ceiling of 6144 on one
-// GPU of node (fillPod).
+// GPU of node (nodeFillPod).
 func ceilingPod(ns, name, node string) string {
-	return fillPod(ns, name, node, "nvidia.com/gpu: 1, nvidia.com/gpumem: 4096, nvidia.com/gpumem-ceiling: 6144")
+	return nodeFillPod(ns, name, node, "nvidia.com/gpu: 1, nvidia.com/gpumem: 4096, nvidia.com/gpumem-ceiling: 6144")
 }
 
-// fillPod is a pod on node with the GPU limits given (YAML flow-map
+// nodeFillPod is a pod on node with the GPU limits given (YAML flow-map
 // entries), tolerating partitioningKey and the lab's sharing taint: it
 // prints how many GPUs' limits the driver confirmed holding
 // ("confirmation: N"), then fills its GPU in 512 MiB steps and holds what
 // it got.
-func fillPod(ns, name, node, limits string) string {
+func nodeFillPod(ns, name, node, limits string) string {
 	return fmt.Sprintf(`apiVersion: v1
 kind: Pod
 metadata: {name: %s, namespace: %s}
@@ -204,7 +204,7 @@ func TestDriverMemoryLimitsMIG(t *testing.T) {
 	const ns = "driver-memory-mig"
 	useNamespace(t, ns)
 	ctx := context.Background()
-	apply(t, fillPod(ns, "mig", partitioningMIGNode, "nvidia.com/gpu: 1, nvidia.com/gpumem: 4000"))
+	apply(t, nodeFillPod(ns, "mig", partitioningMIGNode, "nvidia.com/gpu: 1, nvidia.com/gpumem: 4000"))
 	out := logsContain(t, ns, "mig", "holding")
 	t.Logf("kubectl logs mig:\n%s", out)
 	pod, err := client.CoreV1().Pods(ns).Get(ctx, "mig", metav1.GetOptions{})
@@ -255,7 +255,7 @@ func TestDriverMemoryLimitsMIG(t *testing.T) {
 
 	// A ceiling: a MIG instance's memory is fixed, so the scheduler
 	// refuses it there, naming the ceiling (not silently dropped).
-	apply(t, fillPod(ns, "ceiling", partitioningMIGNode, "nvidia.com/gpu: 1, nvidia.com/gpumem: 4000, nvidia.com/gpumem-ceiling: 6000"))
+	apply(t, nodeFillPod(ns, "ceiling", partitioningMIGNode, "nvidia.com/gpu: 1, nvidia.com/gpumem: 4000, nvidia.com/gpumem-ceiling: 6000"))
 	var msg string
 	testenv.WaitFor(t, "the ceiling pod's scheduling failure naming the ceiling", time.Minute, func() bool {
 		p, err := client.CoreV1().Pods(ns).Get(ctx, "ceiling", metav1.GetOptions{})
