@@ -6,6 +6,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/dra"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/memlimits"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/metrics"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/parts"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
@@ -27,8 +28,13 @@ func (a *Agent) newParts(lib nvml.Interface) []parts.Part {
 	var collectors []prometheus.Collector
 	var claims func() []metrics.Claim
 	if !o.NoPlugin {
+		limits := a.driverLimits()
 		driver := o.DRA
 		driver.NodeName, driver.Client, driver.Names, driver.Paths = o.NodeName, a.client, a.names, o.Paths
+		if limits != nil {
+			driver.DriverLimits = limits
+			driver.ReleaseConfirmed = func(confirm string) error { return memlimits.ReleaseConfirmed(lib, confirm) }
+		}
 		draPart := parts.NewDRA(parts.DRAOptions{Driver: driver, System: dra.ReadSystem(lib), Devices: a.devices, Logger: logger})
 		rec := o.Reconcile
 		if rec.Shared == nil {
@@ -50,7 +56,6 @@ func (a *Agent) newParts(lib nvml.Interface) []parts.Part {
 			Names: a.names, RecordKeys: o.RecordKeys, AcceptUnsigned: o.AcceptUnsigned, Client: a.client,
 			Reconcile: rec, Devices: a.devices, State: state, Logger: logger,
 		})
-		limits := a.driverLimits()
 		volcano := parts.NewVolcano(parts.VolcanoOptions{NodeName: o.NodeName, Client: a.client, State: state, Logger: logger.WithName("volcano")})
 		plugins := parts.NewPlugins(parts.PluginsOptions{
 			NodeName: o.NodeName, Names: a.names, Paths: o.Paths,
@@ -63,7 +68,7 @@ func (a *Agent) newParts(lib nvml.Interface) []parts.Part {
 		list = append(list, trust, plugins, volcano, draPart)
 		if limits != nil {
 			list = append(list, parts.NewDriverLimits(parts.DriverLimitsOptions{
-				Lib: lib, State: state, Limits: limits, Logger: logger.WithName("driver-limits"),
+				Lib: lib, State: state, Limits: limits, Confirms: draPart.Confirms, Logger: logger.WithName("driver-limits"),
 			}))
 		}
 		collectors, claims = trust.Collectors(), draPart.Claims

@@ -3,7 +3,6 @@ package deviceplugin
 import (
 	"fmt"
 	"os"
-	"path"
 	"path/filepath"
 	"strings"
 
@@ -121,7 +120,7 @@ func limitsFile(c api.ContainerAllocation, p Paths, mode api.SharingMode, borrow
 			dev.SMPercent = 0
 		}
 		if bursts(d, mode) {
-			dev.CeilingMiB, dev.BudgetPath = uint64(d.CeilingMiB), path.Join(limiterconf.BudgetDir, d.UUID)
+			dev.Burst(uint64(d.CeilingMiB))
 			cfg.Borrower = borrower
 		}
 		cfg.Devices = append(cfg.Devices, dev)

@@ -31,7 +31,6 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/atomicfile"
 	"github.com/tessera-gpu/tessera/internal/limiterconf"
-	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 )
 
 // ReasonReclaimed is the reason of the Warning event on a pod whose
@@ -51,13 +50,22 @@ type Reclaim struct {
 	// container was chosen.
 	UnguaranteedMiB, BorrowedMiB int64
 	Killed                       []int
+	// Claim is the DRA claim request ("namespace/claim/request") whose
+	// grant the container shares with every other container using it,
+	// all stopped together; UsedMiB is then what they held together.
+	// Empty for a grant of the container's own.
+	Claim string
 }
 
 func (c Reclaim) String() string {
-	return fmt.Sprintf("container %s was stopped: it held %d MiB on GPU %s, %d MiB past its guarantee of %d MiB (ceiling %d MiB), "+
+	who := fmt.Sprintf("container %s was stopped: it held", c.Container)
+	if c.Claim != "" {
+		who = fmt.Sprintf("container %s was stopped with the other containers using DRA claim request %s: they held", c.Container, c.Claim)
+	}
+	return fmt.Sprintf("%s %d MiB on GPU %s, %d MiB past its guarantee of %d MiB (ceiling %d MiB), "+
 		"and the guarantees on the GPU need that memory back (the containers bursting there held %d MiB past their guarantees, "+
 		"%d MiB of the GPU is guaranteed to no one); a container within its guarantee is never stopped for it",
-		c.Container, c.UsedMiB, c.GPU, c.UsedMiB-c.GuaranteeMiB, c.GuaranteeMiB, c.CeilingMiB, c.BorrowedMiB, c.UnguaranteedMiB)
+		who, c.UsedMiB, c.GPU, c.UsedMiB-c.GuaranteeMiB, c.GuaranteeMiB, c.CeilingMiB, c.BorrowedMiB, c.UnguaranteedMiB)
 }
 
 // Borrower is a container that may hold memory past its guarantee on a
@@ -105,11 +113,15 @@ func (r *Reconciler) burst(o observation) {
 	// containers share), and the grants that may burst.
 	guaranteed := map[string]int64{}
 	groups := map[string]bool{}
+	// A burster is a grant that may burst: one container's, or a DRA
+	// claim request's, which its containers share (they borrow, and are
+	// stopped, as one).
 	type burster struct {
-		k key
-		l limit
+		keys []key
+		l    limit
 	}
-	bursting := map[string][]burster{}
+	bursting := map[string][]*burster{}
+	byGroup := map[string]*burster{}
 	keys := make([]key, 0, len(o.grants))
 	for k := range o.grants {
 		keys = append(keys, k)
@@ -120,15 +132,23 @@ func (r *Reconciler) burst(o observation) {
 			continue
 		}
 		for gpu, l := range o.grants[k] {
+			ck := key{k.pod, k.container, gpu}
 			if l.group != "" {
 				if groups[l.group+"|"+gpu] {
+					if b := byGroup[l.group+"|"+gpu]; b != nil {
+						b.keys = append(b.keys, ck)
+					}
 					continue
 				}
 				groups[l.group+"|"+gpu] = true
 			}
 			guaranteed[gpu] += l.mib
 			if l.ceiling > 0 {
-				bursting[gpu] = append(bursting[gpu], burster{key{k.pod, k.container, gpu}, l})
+				b := &burster{keys: []key{ck}, l: l}
+				bursting[gpu] = append(bursting[gpu], b)
+				if l.group != "" {
+					byGroup[l.group+"|"+gpu] = b
+				}
 			}
 		}
 	}
@@ -140,14 +160,19 @@ func (r *Reconciler) burst(o observation) {
 		unguaranteed := max(0, g.MemoryMiB-guaranteed[g.UUID])
 		budget := limiterconf.Budget{UnguaranteedMiB: uint64(unguaranteed), Borrowed: map[string]uint64{}}
 		var candidates []Borrower
-		var who []burster
+		var who []*burster
 		var stoppingMiB int64
 		for _, b := range bs {
-			held := Borrower{GuaranteeMiB: b.l.mib, UsedMiB: o.used[b.k]}
-			if held.Borrowed() > 0 {
-				budget.Borrowed[statedir.Borrower(b.k.pod, b.k.container)] = uint64(held.Borrowed())
+			held := Borrower{GuaranteeMiB: b.l.mib}
+			var pids []int
+			for _, k := range b.keys {
+				held.UsedMiB += o.used[k]
+				pids = append(pids, o.pids[k]...)
 			}
-			if r.isStopping(o.pids[b.k]) {
+			if held.Borrowed() > 0 {
+				budget.Borrowed[b.l.borrower] = uint64(held.Borrowed())
+			}
+			if r.isStopping(pids) {
 				stoppingMiB += held.Borrowed()
 				continue
 			}
@@ -163,17 +188,19 @@ func (r *Reconciler) burst(o observation) {
 		// must fit in the unguaranteed memory without it
 		for _, i := range ChooseReclaims(unguaranteed, r.opts.ToleranceMiB, candidates) {
 			b := who[i]
-			pod := o.pods[b.k.pod]
-			rc := Reclaim{Pod: pod, Container: b.k.container, GPU: g.UUID, GuaranteeMiB: b.l.mib, CeilingMiB: b.l.ceiling,
-				UsedMiB: candidates[i].UsedMiB, UnguaranteedMiB: unguaranteed, BorrowedMiB: borrowed + stoppingMiB}
-			rc.Killed = r.killContainer(b.k.pod, o.pids[b.k])
-			for _, pid := range o.pids[b.k] {
-				r.stopping[pid] = true
-			}
-			r.logger.Info("Stopped a container bursting past its GPU memory guarantee: a guarantee on its GPU needs the memory", "pod", klog.KObj(pod), "container", b.k.container, "gpu", g.UUID,
-				"usedMiB", rc.UsedMiB, "guaranteeMiB", rc.GuaranteeMiB, "ceilingMiB", rc.CeilingMiB, "unguaranteedMiB", unguaranteed, "borrowedMiB", rc.BorrowedMiB, "killed", rc.Killed)
-			if r.Reclaimed != nil {
-				r.Reclaimed(rc)
+			for _, k := range b.keys {
+				pod := o.pods[k.pod]
+				rc := Reclaim{Pod: pod, Container: k.container, GPU: g.UUID, GuaranteeMiB: b.l.mib, CeilingMiB: b.l.ceiling,
+					UsedMiB: candidates[i].UsedMiB, UnguaranteedMiB: unguaranteed, BorrowedMiB: borrowed + stoppingMiB, Claim: b.l.group}
+				rc.Killed = r.killContainer(k.pod, o.pids[k])
+				for _, pid := range o.pids[k] {
+					r.stopping[pid] = true
+				}
+				r.logger.Info("Stopped a container bursting past its GPU memory guarantee: a guarantee on its GPU needs the memory", "pod", klog.KObj(pod), "container", k.container, "claim", rc.Claim, "gpu", g.UUID,
+					"usedMiB", rc.UsedMiB, "guaranteeMiB", rc.GuaranteeMiB, "ceilingMiB", rc.CeilingMiB, "unguaranteedMiB", unguaranteed, "borrowedMiB", rc.BorrowedMiB, "killed", rc.Killed)
+				if r.Reclaimed != nil {
+					r.Reclaimed(rc)
+				}
 			}
 		}
 	}
