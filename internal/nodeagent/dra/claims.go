@@ -184,8 +184,8 @@ func ceilings(gs []Grant, cfgs map[string]requestConfig, gpus map[string]GPU) er
 		switch {
 		case g.Admin:
 			return fmt.Errorf("%s %d: request %q has admin access to GPU %s, which consumes and limits nothing; drop the ceiling", rc.CeilingField, rc.CeilingMiB, g.Request, g.Device)
-		case g.Whole:
-			return fmt.Errorf("%s %d: request %q was allocated GPU %s (%s) whole (an exclusive GPU, or no memory capacity asked), which has nothing to borrow; ask capacity memory (the guarantee) on a shared GPU, or drop the ceiling", rc.CeilingField, rc.CeilingMiB, g.Request, g.Device, g.UUID)
+		case g.Whole || g.MemoryMiB >= gpu.MemoryMiB:
+			return fmt.Errorf("%s %d: request %q was allocated GPU %s (%s) whole (an exclusive GPU, or no memory capacity asked: the default is all of it), which has nothing to borrow; ask capacity memory (the guarantee) on a shared GPU, or drop the ceiling", rc.CeilingField, rc.CeilingMiB, g.Request, g.Device, g.UUID)
 		case rc.CeilingMiB < g.MemoryMiB:
 			return fmt.Errorf("%s %d: below the %d MiB of memory request %q consumes on GPU %s (its guarantee); a ceiling is at least the guarantee", rc.CeilingField, rc.CeilingMiB, g.MemoryMiB, g.Request, g.Device)
 		case rc.CeilingMiB > gpu.MemoryMiB:
