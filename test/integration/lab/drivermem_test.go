@@ -28,17 +28,23 @@ import (
 const (
 	partitioningNode = "lab-gpu-06"
 	partitioningKey  = "tessera.io/test-driver-memory"
+	// partitioningDRANode is its twin in mode dra.
+	partitioningDRANode = "lab-dra-01"
 )
 
 func taintPartitioningNode() error {
 	ctx := context.Background()
-	n, err := client.CoreV1().Nodes().Get(ctx, partitioningNode, metav1.GetOptions{})
-	if err != nil {
-		return fmt.Errorf("the partitioning node: %w", err)
+	for _, name := range []string{partitioningNode, partitioningDRANode} {
+		n, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("the partitioning node: %w", err)
+		}
+		n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: partitioningKey, Effect: corev1.TaintEffectNoSchedule})
+		if _, err = client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
 	}
-	n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: partitioningKey, Effect: corev1.TaintEffectNoSchedule})
-	_, err = client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
-	return err
+	return nil
 }
 
 // ceilingPod is a pod guaranteed 4096 MiB with a ceiling of 6144 on one

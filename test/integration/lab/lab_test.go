@@ -103,7 +103,7 @@ func run(m *testing.M) int {
 }
 
 // labNodeGroups are the lab's fractional nodes (--node-groups).
-const labNodeGroups = "4xA100-40GB:8,1xH100-80GB:8,1xA100-40GB:2+partitioning"
+const labNodeGroups = "4xA100-40GB:8,1xH100-80GB:8,1xA100-40GB:2+partitioning,1xA100-40GB:2@dra+partitioning"
 
 // nodeConfigYAML is the lab's --node-config: a profile a test switches a
 // node to.
