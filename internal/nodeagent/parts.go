@@ -29,7 +29,16 @@ func (a *Agent) newParts(lib nvml.Interface) []parts.Part {
 	var claims func() []metrics.Claim
 	if !o.NoPlugin {
 		limits := a.driverLimits()
+		var trust *parts.Trust
 		driver := o.DRA
+		// A claim just prepared has its guarantee made good (borrowed
+		// memory reclaimed, the budget files written) before its
+		// containers start, as a container the device plugin serves.
+		driver.Admitted = func() {
+			if g := trust.Guard(); g != nil && g.Admitted != nil {
+				g.Admitted()
+			}
+		}
 		driver.NodeName, driver.Client, driver.Names, driver.Paths = o.NodeName, a.client, a.names, o.Paths
 		if limits != nil {
 			driver.DriverLimits = limits
@@ -52,7 +61,7 @@ func (a *Agent) newParts(lib nvml.Interface) []parts.Part {
 		if rec.BudgetDir == "" {
 			rec.BudgetDir = o.Paths.BudgetHost
 		}
-		trust := parts.NewTrust(parts.TrustOptions{
+		trust = parts.NewTrust(parts.TrustOptions{
 			Names: a.names, RecordKeys: o.RecordKeys, AcceptUnsigned: o.AcceptUnsigned, Client: a.client,
 			Reconcile: rec, Devices: a.devices, State: state, Logger: logger,
 		})

@@ -70,6 +70,11 @@ type Options struct {
 	// ReleaseConfirmed clears the driver's limits a confirmation names
 	// (memlimits.ReleaseConfirmed), when a claim is unprepared.
 	ReleaseConfirmed func(confirm string) error
+	// Admitted, if set, runs once claims were prepared, before the
+	// kubelet starts their containers: the reconciler's budget part
+	// (reconcile.Reconciler.Admitted) writes the GPUs' budget files and
+	// reclaims memory borrowed past guarantees that the new claims need.
+	Admitted func()
 }
 
 // DefaultOptions are the paths of the DaemonSet in deploy/node-agent.
@@ -220,6 +225,7 @@ func (d *Driver) Prepared() map[types.UID]Prepared {
 // and is posted as a Warning event on it.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	admitted := false
 	for _, c := range claims {
 		devs, err := d.prepare(ctx, c)
 		if err != nil {
@@ -230,6 +236,10 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			continue
 		}
 		out[c.UID] = kubeletplugin.PrepareResult{Devices: devs}
+		admitted = true
+	}
+	if admitted && d.opts.Admitted != nil {
+		d.opts.Admitted()
 	}
 	return out, nil
 }
