@@ -264,6 +264,9 @@ func ClaimChargeMiB(spec resourceapi.ResourceClaimSpec, specPath *field.Path, la
 	if err != nil {
 		return 0, err
 	}
+	if err := claimConfigErrors(spec, specPath, reqs, largestMiB); err != nil {
+		return 0, err
+	}
 	per := map[string]int64{}
 	for _, r := range reqs {
 		mem := r.MemoryMiB
@@ -294,4 +297,44 @@ func ClaimNamesClass(spec resourceapi.ResourceClaimSpec, classes []string) bool 
 		}
 	}
 	return false
+}
+
+// claimConfigErrors checks the opaque configurations of Tessera's driver
+// in a claim spec: each decodes (api.DecodeGPUConfig), and a memory
+// ceiling (memoryCeilingMiB) is at least the memory every request it
+// applies to asks per GPU (its guarantee), which must ask some (a GPU
+// taken whole has nothing to borrow), and at most largestMiB (the largest
+// GPU in the cluster; 0: unknown). The first error names the field, the
+// value and the limit.
+func claimConfigErrors(spec resourceapi.ResourceClaimSpec, specPath *field.Path, reqs []ClaimRequest, largestMiB int64) error {
+	for i, c := range spec.Devices.Config {
+		if c.Opaque == nil || c.Opaque.Driver != api.DRADriverName {
+			continue
+		}
+		path := specPath.Child("devices", "config").Index(i).Child("opaque", "parameters")
+		gc, err := api.DecodeGPUConfig(c.Opaque.Parameters.Raw)
+		if err != nil {
+			return field.Invalid(path, string(c.Opaque.Parameters.Raw), err.Error())
+		}
+		if gc.MemoryCeilingMiB == nil {
+			continue
+		}
+		ceiling := *gc.MemoryCeilingMiB
+		path = path.Child("memoryCeilingMiB")
+		if largestMiB > 0 && ceiling > largestMiB {
+			return field.Invalid(path, ceiling, fmt.Sprintf("exceeds the largest GPU in the cluster (%d MiB): a ceiling is at most one GPU's memory", largestMiB))
+		}
+		for _, r := range reqs {
+			if len(c.Requests) > 0 && !slices.Contains(c.Requests, r.Request) && (r.Sub == "" || !slices.Contains(c.Requests, r.Request+"/"+r.Sub)) {
+				continue
+			}
+			switch {
+			case r.Whole():
+				return field.Invalid(path, ceiling, fmt.Sprintf("request %q (%s) asks no memory capacity, so it takes its GPUs whole and has nothing to borrow: ask capacity.requests.memory (the guarantee) at most the ceiling, or drop the ceiling", r.Request, r.Field))
+			case r.MemoryMiB > ceiling:
+				return field.Invalid(path, ceiling, fmt.Sprintf("below the memory request %q asks (%s: %d MiB per GPU, its guarantee): a ceiling is at least the guarantee", r.Request, r.Field, r.MemoryMiB))
+			}
+		}
+	}
+	return nil
 }

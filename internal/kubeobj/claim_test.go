@@ -1,12 +1,14 @@
 package kubeobj
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/ptr"
@@ -177,6 +179,60 @@ func TestWholeMiB(t *testing.T) {
 	} {
 		if got, err := WholeMiB(tc.q); err != nil || got != tc.want {
 			t.Errorf("WholeMiB(%s) = %d, %v; want %d", tc.q.String(), got, err, tc.want)
+		}
+	}
+}
+
+// TestClaimCeiling: a memory ceiling in Tessera's opaque configuration is
+// checked where the claim or template is created: at least the memory
+// every request it applies to asks (the guarantee), which must ask some,
+// and at most the largest GPU; the claim is charged its guarantee only.
+func TestClaimCeiling(t *testing.T) {
+	const largest = 81920
+	ceiling := func(mib int64, requests ...string) resourceapi.DeviceClaimConfiguration {
+		raw := fmt.Sprintf(`{"apiVersion":"gpu.tessera.io/v1alpha1","kind":"GPUConfig","memoryCeilingMiB":%d}`, mib)
+		return resourceapi.DeviceClaimConfiguration{Requests: requests, DeviceConfiguration: resourceapi.DeviceConfiguration{
+			Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: api.DRADriverName, Parameters: runtime.RawExtension{Raw: []byte(raw)}}}}
+	}
+	other := exact(api.DeviceClassGPU, 1, "")
+	other.Name = "whole"
+	for _, tc := range []struct {
+		name   string
+		reqs   []resourceapi.DeviceRequest
+		config resourceapi.DeviceClaimConfiguration
+		want   []string // the error's parts; none: admitted, charged 20480
+	}{
+		{"guarantee below the ceiling", []resourceapi.DeviceRequest{exact(api.DeviceClassGPU, 1, "20Gi")}, ceiling(30720), nil},
+		{"ceiling equal to the guarantee", []resourceapi.DeviceRequest{exact(api.DeviceClassGPU, 1, "20Gi")}, ceiling(20480, "gpu"), nil},
+		{"a whole GPU the ceiling does not name", []resourceapi.DeviceRequest{exact(api.DeviceClassGPU, 1, "20Gi"), other}, ceiling(30720, "gpu"), nil},
+		{"guarantee above the ceiling", []resourceapi.DeviceRequest{exact(api.DeviceClassGPU, 1, "20Gi")}, ceiling(10240),
+			[]string{"spec.devices.config[0].opaque.parameters.memoryCeilingMiB", "Invalid value: 10240", `below the memory request "gpu" asks (spec.devices.requests[0].exactly: 20480 MiB per GPU`}},
+		{"no memory asked", []resourceapi.DeviceRequest{exact(api.DeviceClassGPU, 1, "20Gi"), other}, ceiling(30720),
+			[]string{"spec.devices.config[0].opaque.parameters.memoryCeilingMiB", "Invalid value: 30720", `request "whole" (spec.devices.requests[1].exactly) asks no memory capacity`}},
+		{"more than the largest GPU", []resourceapi.DeviceRequest{exact(api.DeviceClassGPU, 1, "20Gi")}, ceiling(81921),
+			[]string{"memoryCeilingMiB", "Invalid value: 81921", "exceeds the largest GPU in the cluster (81920 MiB)"}},
+		{"malformed", []resourceapi.DeviceRequest{exact(api.DeviceClassGPU, 1, "20Gi")}, func() resourceapi.DeviceClaimConfiguration {
+			c := ceiling(1)
+			c.Opaque.Parameters.Raw = []byte(`{"apiVersion":"gpu.tessera.io/v1alpha1","kind":"GPUConfig","memoryCeilingMiB":"30Gi"}`)
+			return c
+		}(), []string{"spec.devices.config[0].opaque.parameters", "memoryCeilingMiB: string is not a int64"}},
+	} {
+		spec := resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: tc.reqs, Config: []resourceapi.DeviceClaimConfiguration{tc.config}}}
+		got, err := ClaimChargeMiB(spec, field.NewPath("spec"), largest)
+		if len(tc.want) == 0 {
+			if err != nil || got != 20480+int64(len(tc.reqs)-1)*largest {
+				t.Errorf("%s: charged %d MiB (%v), want the guarantee", tc.name, got, err)
+			}
+			continue
+		}
+		if err == nil {
+			t.Errorf("%s: admitted (charged %d MiB), want an error", tc.name, got)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: %q does not say %q", tc.name, err, w)
+			}
 		}
 	}
 }

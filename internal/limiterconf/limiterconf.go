@@ -56,6 +56,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"path"
 	"sort"
 	"strconv"
 	"strings"
@@ -523,6 +524,12 @@ func checkUUID(u string) error {
 		}
 	}
 	return nil
+}
+
+// Burst lets the device allocate past its memory limit (the guarantee)
+// up to ceilingMiB, from its GPU's budget file in BudgetDir.
+func (d *Device) Burst(ceilingMiB uint64) {
+	d.CeilingMiB, d.BudgetPath = ceilingMiB, path.Join(BudgetDir, d.UUID)
 }
 
 // BudgetDir is where the node agent mounts its budget files read-only in a

@@ -6,6 +6,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/dra"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/memlimits"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/metrics"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/parts"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
@@ -29,8 +30,22 @@ func (a *Agent) newParts(lib nvml.Interface) []parts.Part {
 	var collectors []prometheus.Collector
 	var claims func() []metrics.Claim
 	if !o.NoPlugin {
+		limits := a.driverLimits()
+		var trust *parts.Trust
 		driver := o.DRA
+		// A claim just prepared has its guarantee made good (borrowed
+		// memory reclaimed, the budget files written) before its
+		// containers start, as a container the device plugin serves.
+		driver.Admitted = func() {
+			if g := trust.Guard(); g != nil && g.Admitted != nil {
+				g.Admitted()
+			}
+		}
 		driver.NodeName, driver.Client, driver.Names, driver.Paths = o.NodeName, a.client, a.names, o.Paths
+		if limits != nil {
+			driver.DriverLimits = limits
+			driver.ReleaseConfirmed = func(confirm string) error { return memlimits.ReleaseConfirmed(lib, confirm) }
+		}
 		draPart := parts.NewDRA(parts.DRAOptions{Driver: driver, System: dra.ReadSystem(lib), Devices: a.devices, Logger: logger})
 		rec := o.Reconcile
 		if rec.Shared == nil {
@@ -48,11 +63,10 @@ func (a *Agent) newParts(lib nvml.Interface) []parts.Part {
 		if rec.BudgetDir == "" {
 			rec.BudgetDir = o.Paths.BudgetHost
 		}
-		trust := parts.NewTrust(parts.TrustOptions{
+		trust = parts.NewTrust(parts.TrustOptions{
 			Names: a.names, RecordKeys: o.RecordKeys, AcceptUnsigned: o.AcceptUnsigned, Client: a.client,
 			Reconcile: rec, Devices: a.devices, State: state, Logger: logger,
 		})
-		limits := a.driverLimits()
 		plugins := parts.NewPlugins(parts.PluginsOptions{
 			NodeName: o.NodeName, Names: a.names, Paths: o.Paths,
 			PluginDir: o.PluginDir, PodResourcesSocket: o.PodResourcesSocket, DeviceList: o.DeviceList, SocketDir: o.PluginSocketDir,
@@ -64,7 +78,7 @@ func (a *Agent) newParts(lib nvml.Interface) []parts.Part {
 		list = append(list, trust, plugins, volcano, draPart)
 		if limits != nil {
 			list = append(list, parts.NewDriverLimits(parts.DriverLimitsOptions{
-				Lib: lib, State: state, Limits: limits, Logger: logger.WithName("driver-limits"),
+				Lib: lib, State: state, Limits: limits, Confirms: draPart.Confirms, Logger: logger.WithName("driver-limits"),
 			}))
 		}
 		collectors, claims = trust.Collectors(), draPart.Claims

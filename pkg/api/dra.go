@@ -126,6 +126,13 @@ type GPUConfig struct {
 	// ContextReserveMiB is what the limiter charges per CUDA context, in
 	// MiB; 0 turns context charges off; unset: measured.
 	ContextReserveMiB *int64 `json:"contextReserveMiB,omitempty"`
+	// MemoryCeilingMiB is the most GPU memory, in MiB per GPU, the
+	// claim's containers may hold: the request's memory capacity is the
+	// guarantee (what the scheduler packs by), the ceiling what they may
+	// burst to while the GPU's memory is free (docs/dra.md, "A memory
+	// ceiling"). It needs a memory capacity request at most that much, on
+	// a GPU with at least that much memory.
+	MemoryCeilingMiB *int64 `json:"memoryCeilingMiB,omitempty"`
 }
 
 // GPUConfigAPIVersion and GPUConfigKind identify GPUConfig.
@@ -150,7 +157,7 @@ func DecodeGPUConfig(b []byte) (GPUConfig, error) {
 		case errors.As(err, &te):
 			return c, fmt.Errorf("parameters.%s: %s is not a %s", te.Field, te.Value, te.Type)
 		case strings.HasPrefix(err.Error(), "json: unknown field "):
-			return c, fmt.Errorf("parameters: unknown field %s (%s has apiVersion, kind, elastic, contextReserveMiB)", strings.TrimPrefix(err.Error(), "json: unknown field "), GPUConfigKind)
+			return c, fmt.Errorf("parameters: unknown field %s (%s has apiVersion, kind, elastic, contextReserveMiB, memoryCeilingMiB)", strings.TrimPrefix(err.Error(), "json: unknown field "), GPUConfigKind)
 		}
 		return c, fmt.Errorf("parameters: %w", err)
 	}
@@ -165,6 +172,9 @@ func DecodeGPUConfig(b []byte) (GPUConfig, error) {
 	}
 	if r := c.ContextReserveMiB; r != nil && (*r < 0 || *r > MaxContextReserveMiB) {
 		return c, fmt.Errorf("parameters.contextReserveMiB %d outside [0, %d]", *r, MaxContextReserveMiB)
+	}
+	if m := c.MemoryCeilingMiB; m != nil && (*m < 1 || *m > MaxGPUMemoryMiB) {
+		return c, fmt.Errorf("parameters.memoryCeilingMiB %d outside [1, %d] (MiB per GPU)", *m, MaxGPUMemoryMiB)
 	}
 	return c, nil
 }

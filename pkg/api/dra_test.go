@@ -13,12 +13,16 @@ func TestDecodeGPUConfig(t *testing.T) {
 	if c.Elastic == nil || !*c.Elastic || c.ContextReserveMiB == nil || *c.ContextReserveMiB != 0 {
 		t.Errorf("got %+v", c)
 	}
-	if c, err := DecodeGPUConfig([]byte(`{"apiVersion":"gpu.tessera.io/v1alpha1","kind":"GPUConfig"}`)); err != nil || c.Elastic != nil || c.ContextReserveMiB != nil {
+	// A config written before memoryCeilingMiB existed decodes as it did.
+	if c, err := DecodeGPUConfig([]byte(`{"apiVersion":"gpu.tessera.io/v1alpha1","kind":"GPUConfig"}`)); err != nil || c.Elastic != nil || c.ContextReserveMiB != nil || c.MemoryCeilingMiB != nil {
 		t.Errorf("empty config: %+v, %v", c, err)
 	}
 	bad := []struct{ in, want string }{
 		{`{"apiVersion":"gpu.tessera.io/v1alpha1","kind":"GPUConfig","elastic":"yes"}`, `parameters.elastic: string is not a bool`},
-		{`{"apiVersion":"gpu.tessera.io/v1alpha1","kind":"GPUConfig","memory":"1Gi"}`, `parameters: unknown field "memory" (GPUConfig has apiVersion, kind, elastic, contextReserveMiB)`},
+		{`{"apiVersion":"gpu.tessera.io/v1alpha1","kind":"GPUConfig","memory":"1Gi"}`, `parameters: unknown field "memory" (GPUConfig has apiVersion, kind, elastic, contextReserveMiB, memoryCeilingMiB)`},
+		{`{"apiVersion":"gpu.tessera.io/v1alpha1","kind":"GPUConfig","memoryCeilingMiB":0}`, `parameters.memoryCeilingMiB 0 outside [1, 16777216] (MiB per GPU)`},
+		{`{"apiVersion":"gpu.tessera.io/v1alpha1","kind":"GPUConfig","memoryCeilingMiB":16777217}`, `parameters.memoryCeilingMiB 16777217 outside [1, 16777216] (MiB per GPU)`},
+		{`{"apiVersion":"gpu.tessera.io/v1alpha1","kind":"GPUConfig","memoryCeilingMiB":"30Gi"}`, `parameters.memoryCeilingMiB: string is not a int64`},
 		{`{"apiVersion":"gpu.tessera.io/v1","kind":"GPUConfig"}`, `parameters.apiVersion "gpu.tessera.io/v1": want "gpu.tessera.io/v1alpha1"`},
 		{`{"apiVersion":"gpu.tessera.io/v1alpha1","kind":"GpuConfig"}`, `parameters.kind "GpuConfig": want "GPUConfig"`},
 		{`{"apiVersion":"gpu.tessera.io/v1alpha1","kind":"GPUConfig","contextReserveMiB":-1}`, `parameters.contextReserveMiB -1 outside [0, 4096]`},
@@ -30,6 +34,13 @@ func TestDecodeGPUConfig(t *testing.T) {
 		if _, err := DecodeGPUConfig([]byte(b.in)); err == nil || err.Error() != b.want {
 			t.Errorf("%s:\n got %v\nwant %s", b.in, err, b.want)
 		}
+	}
+}
+
+func TestDecodeGPUConfigCeiling(t *testing.T) {
+	c, err := DecodeGPUConfig([]byte(`{"apiVersion":"gpu.tessera.io/v1alpha1","kind":"GPUConfig","memoryCeilingMiB":30720}`))
+	if err != nil || c.MemoryCeilingMiB == nil || *c.MemoryCeilingMiB != 30720 {
+		t.Errorf("got %+v, %v; want a ceiling of 30720 MiB", c, err)
 	}
 }
 

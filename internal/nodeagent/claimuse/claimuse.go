@@ -29,6 +29,13 @@ type Request struct {
 	// StateFile is the limiter's shared-state file of the request on the
 	// host; "" when the limiter does not apply (whole GPUs).
 	StateFile string
+	// Confirm is the host path of the driver-held memory limits'
+	// confirmation of the request's one container; "" when the limiter
+	// holds its memory.
+	Confirm string
+	// Borrower is the request's name in the GPU budget files (its
+	// containers borrow past their shared guarantee as one).
+	Borrower string
 	// Devices are the request's GPUs in the order of its limits file (the
 	// limiter's device index).
 	Devices []Device
@@ -39,9 +46,12 @@ type Request struct {
 type Device struct {
 	UUID      string
 	MemoryMiB int64
-	Cores     int64
-	Whole     bool
-	Admin     bool
+	// CeilingMiB, above MemoryMiB (the guarantee), is the most the
+	// request's containers may hold together; 0: none.
+	CeilingMiB int64
+	Cores      int64
+	Whole      bool
+	Admin      bool
 }
 
 // Use is one container's use of one claim request.

@@ -47,8 +47,7 @@ const HookTimeout = 10
 // driverGrants are the grants the driver is to hold for a container: its
 // shared (not exclusive, not MIG) GPUs, soft = the guarantee, hard = the
 // ceiling (the guarantee when none). None unless the driver partitions
-// every one of them: the limiter keeps a container's memory whole or not
-// at all.
+// every one of them (Partitioned).
 func (d *DriverLimits) driverGrants(c api.ContainerAllocation) []memlimits.Grant {
 	if d == nil {
 		return nil
@@ -58,16 +57,34 @@ func (d *DriverLimits) driverGrants(c api.ContainerAllocation) []memlimits.Grant
 		if g.Exclusive {
 			continue
 		}
-		if g.MIG != nil || g.MemoryMiB <= 0 || !d.Partitions(g.UUID) {
+		if g.MIG != nil {
 			return nil
 		}
-		hard := g.MemoryMiB
-		if g.CeilingMiB > hard {
-			hard = g.CeilingMiB
-		}
-		out = append(out, memlimits.Grant{UUID: g.UUID, SoftMiB: uint64(g.MemoryMiB), HardMiB: uint64(hard)})
+		out = append(out, Grant(g.UUID, g.MemoryMiB, g.CeilingMiB))
 	}
-	return out
+	return d.Partitioned(out)
+}
+
+// Grant is the driver's limits of a grant guaranteed memoryMiB with a
+// ceiling of ceilingMiB (0 or below the guarantee: none): soft = the
+// guarantee, hard = the ceiling, else the guarantee.
+func Grant(uuid string, memoryMiB, ceilingMiB int64) memlimits.Grant {
+	return memlimits.Grant{UUID: uuid, SoftMiB: uint64(max(memoryMiB, 0)), HardMiB: uint64(max(memoryMiB, ceilingMiB, 0))}
+}
+
+// Partitioned returns the grants when the driver partitions the memory
+// of every one of their GPUs and each limits some memory, else none: the
+// limiter keeps a container's memory whole or not at all.
+func (d *DriverLimits) Partitioned(gs []memlimits.Grant) []memlimits.Grant {
+	if d == nil || d.Partitions == nil {
+		return nil
+	}
+	for _, g := range gs {
+		if g.SoftMiB == 0 || !d.Partitions(g.UUID) {
+			return nil
+		}
+	}
+	return gs
 }
 
 // cdiDeviceName is the container's device of kind api.CDIKindMemoryLimits.
@@ -79,24 +96,37 @@ func (d *DriverLimits) specName(uid types.UID, container string) string {
 	return cdiapi.GenerateTransientSpecName(vendor, class, cdiDeviceName(uid, container)) + ".json"
 }
 
-// writeSpec writes the container's CDI spec: a createContainer hook that
-// sets the limits and confirms them in confirm.
-func (d *DriverLimits) writeSpec(uid types.UID, container, confirm string, grants []memlimits.Grant) (string, error) {
+// Hooks are the OCI hooks that set the grants' limits on the container's
+// group when it is created (confirmed in confirm, a host path) and clear
+// them when it stops.
+func (d *DriverLimits) Hooks(confirm string, grants []memlimits.Grant) []*cdispec.Hook {
 	args := append(append([]string{filepath.Base(d.Hook[0])}, d.Hook[1:]...), "--confirm", confirm)
 	for _, g := range grants {
 		args = append(args, "--gpu", g.String())
 	}
 	release := append(append([]string{filepath.Base(d.Hook[0])}, d.Hook[1:]...), "--release", "--confirm", confirm)
 	timeout := HookTimeout
+	return []*cdispec.Hook{
+		{HookName: "createContainer", Path: d.Hook[0], Args: args, Env: d.HookEnv, Timeout: &timeout},
+		// A runtime that runs it before it removes the container's
+		// group (runc removes it first: there the agent's
+		// reconciler clears the limits when the group empties).
+		{HookName: "poststop", Path: d.Hook[0], Args: release, Env: d.HookEnv, Timeout: &timeout},
+	}
+}
+
+// ConfirmMount is the read-only mount of a confirmation file (a host
+// path) where the limiter reads it.
+func ConfirmMount(confirm string) *cdispec.Mount {
+	return &cdispec.Mount{HostPath: confirm, ContainerPath: memlimits.ConfirmPath, Options: []string{"ro", "nosuid", "nodev", "bind"}}
+}
+
+// writeSpec writes the container's CDI spec: a createContainer hook that
+// sets the limits and confirms them in confirm.
+func (d *DriverLimits) writeSpec(uid types.UID, container, confirm string, grants []memlimits.Grant) (string, error) {
 	spec := &cdispec.Spec{Kind: api.CDIKindMemoryLimits, Devices: []cdispec.Device{{
-		Name: cdiDeviceName(uid, container),
-		ContainerEdits: cdispec.ContainerEdits{Hooks: []*cdispec.Hook{
-			{HookName: "createContainer", Path: d.Hook[0], Args: args, Env: d.HookEnv, Timeout: &timeout},
-			// A runtime that runs it before it removes the container's
-			// group (runc removes it first: there the agent's
-			// reconciler clears the limits when the group empties).
-			{HookName: "poststop", Path: d.Hook[0], Args: release, Env: d.HookEnv, Timeout: &timeout},
-		}},
+		Name:           cdiDeviceName(uid, container),
+		ContainerEdits: cdispec.ContainerEdits{Hooks: d.Hooks(confirm, grants)},
 	}}}
 	v, err := cdispec.MinimumRequiredVersion(spec)
 	if err != nil {

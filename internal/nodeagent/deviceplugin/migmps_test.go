@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/record"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/tessera-gpu/tessera/pkg/api"
@@ -144,5 +145,44 @@ func TestMPSThreadPercentWithoutCores(t *testing.T) {
 	}
 	if v := out["main"].Envs[EnvMPSThreadPercentage]; v != "10" {
 		t.Errorf("%s=%s, want one replica's 10", EnvMPSThreadPercentage, v)
+	}
+}
+
+// TestMPSCeilingHeld: a container with a memory ceiling on an MPS GPU is
+// held to its guarantee (the limits file has no ceiling, the server's
+// pinned-memory limit is the guarantee) and its pod is told so by a
+// Warning event naming the ceiling, the GPU and the guarantee; a share
+// without a ceiling gets no event.
+func TestMPSCeilingHeld(t *testing.T) {
+	e := newEnv(t, api.SharingMPS, 10)
+	rec := record.NewFakeRecorder(10)
+	e.plugin.opts.Recorder = rec
+	e.plugin.SetPolicy(Policy{MPS: &MPS{PipeDir: func(u string) string { return "/run/mps/" + u + "/pipe" }}})
+	g := share(1, 4096, 30)
+	g.CeilingMiB = 6144
+	p := pod("burst", spec{name: "main", grants: []api.DeviceGrant{g}})
+	e.api.put(p)
+	out, err := e.admit(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := out["main"].Envs[EnvMPSPinnedDeviceMemory]; got != "0=4096M" {
+		t.Errorf("pinned-memory limit %q, want the guarantee 0=4096M", got)
+	}
+	var ev []string
+	for len(rec.Events) > 0 {
+		ev = append(ev, <-rec.Events)
+	}
+	want := "Warning " + ReasonCeilingHeld + " container main: its memory ceiling (6144 MiB) is not applied on GPU " + uuid(1) + ", which node " + node + " shares through MPS"
+	if len(ev) != 1 || !strings.HasPrefix(ev[0], want) || !strings.Contains(ev[0], "set to the guarantee (4096 MiB)") {
+		t.Errorf("events %q; want one starting %q", ev, want)
+	}
+	plain := pod("plain", spec{name: "main", grants: []api.DeviceGrant{share(1, 4096, 30)}})
+	e.api.put(plain)
+	if _, err := e.admit(plain); err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.Events) != 0 {
+		t.Errorf("a share without a ceiling: event %q", <-rec.Events)
 	}
 }

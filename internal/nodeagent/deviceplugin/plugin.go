@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -71,6 +72,9 @@ type Options struct {
 	// DriverLimits, if set, has the driver hold the memory limits of
 	// limited containers on GPUs it partitions (driverlimits.go).
 	DriverLimits *DriverLimits
+	// Recorder posts events on the pods it serves (a memory ceiling held
+	// to the guarantee under MPS); nil: none.
+	Recorder record.EventRecorder
 	// Socket, if set, is the path the plugin serves on, and it does not
 	// register with the kubelet itself: a kubelet-facing shim (package
 	// kubeletshim) holds the kubelet's connection and forwards to it.
@@ -359,6 +363,7 @@ func (p *Plugin) allocate(ctx context.Context, n int) (*pluginapi.ContainerAlloc
 		g.Admitted()
 	}
 	p.logger.Info("Allocated", "pod", klog.KObj(t.Pod), "container", t.Container, "devices", t.Grant.Devices)
+	p.ceilingHeld(t, mode)
 	r := buildResponse(t.Grant, limited, files, p.opts.Paths, p.opts.DeviceList)
 	if limited && mode == api.SharingShared {
 		p.driverLimits(r, t)

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/tessera-gpu/tessera/internal/atomicfile"
@@ -129,7 +130,7 @@ func limitsFile(c api.ContainerAllocation, p Paths, mode api.SharingMode, borrow
 			dev.SMPercent = 0
 		}
 		if bursts(d, mode) {
-			dev.CeilingMiB, dev.BudgetPath = uint64(d.CeilingMiB), path.Join(limiterconf.BudgetDir, d.UUID)
+			dev.Burst(uint64(d.CeilingMiB))
 			cfg.Borrower = borrower
 		}
 		cfg.Devices = append(cfg.Devices, dev)
@@ -149,6 +150,31 @@ func limitsFile(c api.ContainerAllocation, p Paths, mode api.SharingMode, borrow
 // the server's pinned-memory limit is the guarantee).
 func bursts(d api.DeviceGrant, mode api.SharingMode) bool {
 	return d.Bursts() && mode == api.SharingShared
+}
+
+// ReasonCeilingHeld is the reason of the Warning event on a pod whose
+// container asked a memory ceiling on a GPU shared through MPS, where it
+// is held to its guarantee.
+const ReasonCeilingHeld = "TesseraGPUMemoryCeilingHeld"
+
+// ceilingHeld tells the pod, with a Warning event, that a container's
+// memory ceiling is not honoured on an MPS node: the MPS server's
+// per-client pinned-memory limit is set to the guarantee, and nothing
+// could give borrowed memory back to a guarantee (the server evicts no
+// client on drivers older than r615; the limiter's reclaim cannot reach
+// into the server's clients), so the container is held to its guarantee.
+func (p *Plugin) ceilingHeld(t *Target, mode api.SharingMode) {
+	if mode != api.SharingMPS || p.opts.Recorder == nil {
+		return
+	}
+	for _, d := range t.Grant.Devices {
+		if d.Bursts() {
+			p.opts.Recorder.Eventf(t.Pod, v1.EventTypeWarning, ReasonCeilingHeld,
+				"container %s: its memory ceiling (%d MiB) is not applied on GPU %s, which node %s shares through MPS: the MPS server holds each client to a pinned-memory limit, set to the guarantee (%d MiB); run it on a node in shared mode to burst past the guarantee",
+				t.Container, d.CeilingMiB, d.UUID, p.opts.Matcher.Node, d.MemoryMiB)
+			return
+		}
+	}
 }
 
 // Bursts reports whether any of a container's grants may burst.

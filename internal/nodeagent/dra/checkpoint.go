@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/internal/atomicfile"
+	"github.com/tessera-gpu/tessera/internal/limiterconf"
 )
 
 // checkpointVersion is the layout of the checkpoint file; a file of
@@ -42,6 +43,15 @@ type PreparedRequest struct {
 	// Dir is the host directory of the request's limiter files (state/
 	// and limiter.conf); empty when the limiter does not apply.
 	Dir string `json:"dir,omitempty"`
+	// Confirm is the host path of the driver-held memory limits'
+	// confirmation (memlimits), when the driver holds them; "" otherwise.
+	Confirm string `json:"confirm,omitempty"`
+}
+
+// Borrower is the request's name in the GPU budget files: the containers
+// that use it share one grant, so they borrow as one.
+func Borrower(uid types.UID, request string) string {
+	return limiterconf.BorrowerName("claim/" + string(uid) + "/" + request)
 }
 
 // StateFile is the limiter's shared-state file of the request on the host

@@ -28,6 +28,10 @@ type Grant struct {
 	MemoryMiB int64 `json:"memoryMiB"`
 	Cores     int64 `json:"cores"`
 	Whole     bool  `json:"whole,omitempty"`
+	// CeilingMiB, above MemoryMiB (the guarantee), is the most the
+	// claim's containers may hold on the GPU (the GPUConfig's
+	// memoryCeilingMiB); 0: none.
+	CeilingMiB int64 `json:"ceilingMiB,omitempty"`
 	// Admin is admin access (monitoring): the GPU is visible, nothing is
 	// consumed or limited.
 	Admin bool `json:"admin,omitempty"`
@@ -81,6 +85,10 @@ func grants(claim *resourceapi.ResourceClaim, pool string, gpus map[string]GPU) 
 type requestConfig struct {
 	Elastic           bool
 	ContextReserveMiB *uint64
+	// CeilingMiB is the memory ceiling per GPU (0: none), and
+	// CeilingField where it was set, for errors.
+	CeilingMiB   int64
+	CeilingField string
 }
 
 // configs resolves the opaque configuration of every request the driver
@@ -149,8 +157,42 @@ func configs(claim *resourceapi.ResourceClaim, requests []string) (map[string]re
 				v := uint64(*gc.ContextReserveMiB)
 				rc.ContextReserveMiB = &v
 			}
+			if gc.MemoryCeilingMiB != nil {
+				rc.CeilingMiB, rc.CeilingField = *gc.MemoryCeilingMiB, field+".opaque.parameters.memoryCeilingMiB"
+			}
 			out[req] = rc
 		}
 	}
 	return out, nil
+}
+
+// ceilings sets each grant's memory ceiling from its request's
+// configuration, checked against what the claim was allocated: the
+// guarantee (the memory consumed) at most the ceiling, the ceiling at
+// most the GPU's memory, and a share, not a GPU allocated whole (an
+// exclusive GPU, or a request that asked no memory) or admin access,
+// which have nothing to borrow. A ceiling equal to the guarantee is none.
+// Errors name the field, the value and the limit.
+func ceilings(gs []Grant, cfgs map[string]requestConfig, gpus map[string]GPU) error {
+	for i := range gs {
+		g := &gs[i]
+		rc := cfgs[g.Request]
+		if rc.CeilingMiB == 0 {
+			continue
+		}
+		gpu := gpus[g.Device]
+		switch {
+		case g.Admin:
+			return fmt.Errorf("%s %d: request %q has admin access to GPU %s, which consumes and limits nothing; drop the ceiling", rc.CeilingField, rc.CeilingMiB, g.Request, g.Device)
+		case g.Whole || g.MemoryMiB >= gpu.MemoryMiB:
+			return fmt.Errorf("%s %d: request %q was allocated GPU %s (%s) whole (an exclusive GPU, or no memory capacity asked: the default is all of it), which has nothing to borrow; ask capacity memory (the guarantee) on a shared GPU, or drop the ceiling", rc.CeilingField, rc.CeilingMiB, g.Request, g.Device, g.UUID)
+		case rc.CeilingMiB < g.MemoryMiB:
+			return fmt.Errorf("%s %d: below the %d MiB of memory request %q consumes on GPU %s (its guarantee); a ceiling is at least the guarantee", rc.CeilingField, rc.CeilingMiB, g.MemoryMiB, g.Request, g.Device)
+		case rc.CeilingMiB > gpu.MemoryMiB:
+			return fmt.Errorf("%s %d: more than GPU %s (%s) has (%d MiB); a ceiling is at most the GPU's memory", rc.CeilingField, rc.CeilingMiB, g.Device, g.UUID, gpu.MemoryMiB)
+		case rc.CeilingMiB > g.MemoryMiB:
+			g.CeilingMiB = rc.CeilingMiB
+		}
+	}
+	return nil
 }

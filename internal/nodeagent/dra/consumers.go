@@ -166,3 +166,45 @@ func wholeOnly(c *corev1.Container, names api.ResourceNames) error {
 	return fmt.Errorf("container %q asks for a GPU share (%s) beside %s, which this DRA node serves as whole GPUs (DeviceClass %s); shares are placed on device-plugin nodes, or ask with a ResourceClaim for capacity memory and cores (docs/dra.md)",
 		c.Name, strings.Join(share, ", "), names.GPU, api.DeviceClassExtendedResource)
 }
+
+// soleUsers lists the claim's requests (base names) that exactly one
+// container uses, in a claim generated for one pod (from its template:
+// the pod owns it, and no other pod can reserve it): the driver's
+// memory limits are set per container group, so a request whose grant
+// several containers share (or may share later: a claim pods name)
+// keeps the limiter's one limit for all of them.
+func (d *Driver) soleUsers(ctx context.Context, claim *resourceapi.ResourceClaim) map[string]bool {
+	owner := metav1.GetControllerOf(claim)
+	if owner == nil || owner.APIVersion != "v1" || owner.Kind != "Pod" || len(claim.Status.ReservedFor) != 1 || claim.Status.ReservedFor[0].UID != owner.UID {
+		return nil
+	}
+	pod, err := d.pod(ctx, claim.Namespace, owner.Name)
+	if err != nil || pod.UID != owner.UID {
+		return nil
+	}
+	users := map[string]int{}
+	reqs := driverRequests(claim)
+	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for i := range cs {
+			for _, cr := range cs[i].Resources.Claims {
+				k := slices.IndexFunc(pod.Spec.ResourceClaims, func(pc corev1.PodResourceClaim) bool { return pc.Name == cr.Name })
+				if k < 0 {
+					continue
+				}
+				if name, _, err := resourceclaim.Name(pod, &pod.Spec.ResourceClaims[k]); err != nil || name == nil || *name != claim.Name {
+					continue
+				}
+				for _, r := range reqs {
+					if cr.Request == "" || cr.Request == r {
+						users[r]++
+					}
+				}
+			}
+		}
+	}
+	out := map[string]bool{}
+	for r, n := range users {
+		out[r] = n == 1
+	}
+	return out
+}

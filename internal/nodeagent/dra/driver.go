@@ -62,6 +62,19 @@ type Options struct {
 	Pods func(ctx context.Context, namespace, name string) (*corev1.Pod, error)
 	// Recorder posts events on claims; nil: none.
 	Recorder record.EventRecorder
+	// DriverLimits, when the driver partitions GPU memory per cgroup,
+	// holds the memory of a claim request's one container (soft = its
+	// guarantee, hard = its ceiling) through the device plugins' hook;
+	// nil: the limiter holds it.
+	DriverLimits *deviceplugin.DriverLimits
+	// ReleaseConfirmed clears the driver's limits a confirmation names
+	// (memlimits.ReleaseConfirmed), when a claim is unprepared.
+	ReleaseConfirmed func(confirm string) error
+	// Admitted, if set, runs once claims were prepared, before the
+	// kubelet starts their containers: the reconciler's budget part
+	// (reconcile.Reconciler.Admitted) writes the GPUs' budget files and
+	// reclaims memory borrowed past guarantees that the new claims need.
+	Admitted func()
 }
 
 // DefaultOptions are the paths of the DaemonSet in deploy/node-agent.
@@ -212,6 +225,7 @@ func (d *Driver) Prepared() map[types.UID]Prepared {
 // and is posted as a Warning event on it.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	admitted := false
 	for _, c := range claims {
 		devs, err := d.prepare(ctx, c)
 		if err != nil {
@@ -222,6 +236,10 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			continue
 		}
 		out[c.UID] = kubeletplugin.PrepareResult{Devices: devs}
+		admitted = true
+	}
+	if admitted && d.opts.Admitted != nil {
+		d.opts.Admitted()
 	}
 	return out, nil
 }
@@ -242,16 +260,20 @@ func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 	if err != nil {
 		return nil, err
 	}
+	if err := ceilings(gs, cfgs, gpus); err != nil {
+		return nil, err
+	}
 	// Reads the claim's pods; done before taking the lock.
 	if err := d.checkConsumers(ctx, claim); err != nil {
 		return nil, err
 	}
+	sole := d.soleUsers(ctx, claim)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err := checkFit(claim.UID, gs, tolerations(claim), d.prepared, d.gpus); err != nil {
 		return nil, err
 	}
-	p, err := d.files(claim, gs, cfgs)
+	p, err := d.files(claim, gs, cfgs, sole)
 	if err != nil {
 		return nil, err
 	}
@@ -284,6 +306,7 @@ func (d *Driver) unprepare(uid types.UID) error {
 	if !ok {
 		return nil
 	}
+	d.release(p)
 	if err := d.remove(p); err != nil {
 		return err
 	}
@@ -353,4 +376,18 @@ func (d *Driver) Registered() bool {
 	}
 	st := h.RegistrationStatus()
 	return st != nil && st.PluginRegistered
+}
+
+// release clears the driver's memory limits of a claim's requests (their
+// containers are gone) before their confirmations are removed. A failure
+// is logged: the driver may keep the group's soft limit reserved.
+func (d *Driver) release(p *Prepared) {
+	for _, r := range p.Requests {
+		if r.Confirm == "" || d.opts.ReleaseConfirmed == nil {
+			continue
+		}
+		if err := d.opts.ReleaseConfirmed(r.Confirm); err != nil {
+			d.logger.Error(err, "Clearing the driver's memory limits of an unprepared claim; the driver may keep its soft limit reserved", "claim", klog.KRef(p.Namespace, p.Name), "request", r.Request)
+		}
+	}
 }

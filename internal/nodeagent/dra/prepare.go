@@ -11,12 +11,15 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	cdiparser "tags.cncf.io/container-device-interface/pkg/parser"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/tessera-gpu/tessera/internal/atomicfile"
 	"github.com/tessera-gpu/tessera/internal/limiterconf"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/deviceplugin"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/memlimits"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
 
@@ -24,6 +27,9 @@ import (
 const (
 	stateName  = "state"
 	limitsName = "limiter.conf"
+	// confirmName is the driver-held limits' confirmation
+	// (memlimits.ConfirmPath in the container).
+	confirmName = "driver-memory"
 	// stateFile is the limiter's shared-state file inside the state
 	// directory, as the container sees it.
 	stateFile = "cache"
@@ -132,7 +138,7 @@ func cdiName(uid types.UID, request string) string {
 
 // files writes what one prepared claim needs on the host and returns its
 // checkpoint entry. On error nothing it wrote is left.
-func (d *Driver) files(claim *resourceapi.ResourceClaim, gs []Grant, cfgs map[string]requestConfig) (p *Prepared, err error) {
+func (d *Driver) files(claim *resourceapi.ResourceClaim, gs []Grant, cfgs map[string]requestConfig, sole map[string]bool) (p *Prepared, err error) {
 	p = &Prepared{Namespace: claim.Namespace, Name: claim.Name, UID: claim.UID, Grants: gs,
 		Spec: cdiapi.GenerateTransientSpecName(cdiVendor, cdiClass, string(claim.UID)) + ".json", Prepared: time.Now().UTC()}
 	defer func() {
@@ -150,8 +156,7 @@ func (d *Driver) files(claim *resourceapi.ResourceClaim, gs []Grant, cfgs map[st
 			}
 		}
 		pr := PreparedRequest{Request: req, CDIDevice: cdiparser.QualifiedName(cdiVendor, cdiClass, cdiName(claim.UID, req))}
-		edits, dir, err := d.requestFiles(claim.UID, req, mine, cfgs[req])
-		pr.Dir = dir
+		edits, err := d.requestFiles(claim.UID, req, mine, cfgs[req], sole[resourceclaim.BaseRequestRef(req)], &pr)
 		p.Requests = append(p.Requests, pr)
 		if err != nil {
 			return p, fmt.Errorf("request %q: %w", req, err)
@@ -170,11 +175,18 @@ func (d *Driver) files(claim *resourceapi.ResourceClaim, gs []Grant, cfgs map[st
 }
 
 // requestFiles writes one request's limiter files (when the limiter
-// applies) and returns its CDI container edits and directory.
-func (d *Driver) requestFiles(uid types.UID, req string, gs []Grant, rc requestConfig) (cdispec.ContainerEdits, string, error) {
+// applies) and returns its CDI container edits; pr gets its directory and
+// the driver's confirmation. A grant with a memory ceiling may burst
+// past its guarantee: where the driver partitions its GPUs' memory and
+// sole (one container uses the request), the driver holds soft = the
+// guarantee and hard = the ceiling on that container's group (the device
+// plugins' hook); otherwise the limiter lends it the GPU's unguaranteed
+// memory from the budget files, as the request's one borrower.
+func (d *Driver) requestFiles(uid types.UID, req string, gs []Grant, rc requestConfig, sole bool, pr *PreparedRequest) (cdispec.ContainerEdits, error) {
 	uuids := make([]string, len(gs))
-	limited := false
+	limited, bursts := false, false
 	cfg := limiterconf.Config{StatePath: filepath.Join(d.opts.Paths.StateContainer, stateFile), Elastic: rc.Elastic, ContextReserveMiB: rc.ContextReserveMiB}
+	var driver []memlimits.Grant
 	for i, g := range gs {
 		uuids[i] = g.UUID
 		gpuMiB := d.gpus[g.Device].MemoryMiB
@@ -187,30 +199,45 @@ func (d *Driver) requestFiles(uid types.UID, req string, gs []Grant, rc requestC
 			if g.Cores > 0 && g.Cores < api.MaxCores {
 				dev.SMPercent = int(g.Cores)
 			}
+			if g.CeilingMiB > g.MemoryMiB {
+				dev.Burst(uint64(g.CeilingMiB))
+				bursts = true
+			}
+		}
+		if !g.Whole && !g.Admin {
+			driver = append(driver, deviceplugin.Grant(g.UUID, g.MemoryMiB, g.CeilingMiB))
 		}
 		cfg.Devices = append(cfg.Devices, dev)
 	}
 	edits := cdispec.ContainerEdits{Env: []string{api.EnvVisibleDevices + "=" + strings.Join(uuids, ",")}}
 	if !limited {
-		return edits, "", nil
+		return edits, nil
 	}
+	if bursts {
+		cfg.Borrower = Borrower(uid, req)
+	}
+	if len(driver) < len(gs) || !sole {
+		driver = nil
+	}
+	driver = d.opts.DriverLimits.Partitioned(driver)
 	b, err := limiterconf.Encode(cfg)
 	if err != nil {
-		return edits, "", fmt.Errorf("limits file: %w", err)
+		return edits, fmt.Errorf("limits file: %w", err)
 	}
 	dir := filepath.Join(d.opts.ClaimRoot, string(uid), strings.ReplaceAll(req, "/", "_"))
+	pr.Dir = dir
 	state := filepath.Join(dir, stateName)
 	if err := os.MkdirAll(state, 0o755); err != nil {
-		return edits, dir, err
+		return edits, err
 	}
 	// The container's processes may run as any user and share the
 	// limiter's file: world-writable, sticky.
 	if err := os.Chmod(state, 0o777|os.ModeSticky); err != nil {
-		return edits, dir, err
+		return edits, err
 	}
 	limits := filepath.Join(dir, limitsName)
 	if err := atomicfile.Write(limits, b, 0o444); err != nil {
-		return edits, dir, err
+		return edits, err
 	}
 	ro := []string{"ro", "nosuid", "nodev", "bind"}
 	edits.Mounts = []*cdispec.Mount{
@@ -219,7 +246,23 @@ func (d *Driver) requestFiles(uid types.UID, req string, gs []Grant, rc requestC
 		{HostPath: limits, ContainerPath: limiterconf.Path, Options: ro},
 		{HostPath: state, ContainerPath: d.opts.Paths.StateContainer, Options: []string{"rw", "nosuid", "nodev", "bind"}},
 	}
-	return edits, dir, nil
+	if bursts {
+		if err := os.MkdirAll(d.opts.Paths.BudgetHost, 0o755); err != nil {
+			return edits, fmt.Errorf("creating the GPU budget directory: %w", err)
+		}
+		edits.Mounts = append(edits.Mounts, &cdispec.Mount{HostPath: d.opts.Paths.BudgetHost, ContainerPath: limiterconf.BudgetDir, Options: ro})
+	}
+	if len(driver) > 0 {
+		confirm := filepath.Join(dir, confirmName)
+		if err := os.WriteFile(confirm, nil, 0o444); err != nil {
+			return edits, fmt.Errorf("the driver's memory limits' confirmation: %w", err)
+		}
+		pr.Confirm = confirm
+		edits.Hooks = d.opts.DriverLimits.Hooks(confirm, driver)
+		edits.Mounts = append(edits.Mounts, deviceplugin.ConfirmMount(confirm))
+		d.logger.V(2).Info("The driver holds the claim request's memory limits", "claim", uid, "request", req, "grants", driver)
+	}
+	return edits, nil
 }
 
 // remove deletes every file of a prepared claim: its CDI spec and its

@@ -164,15 +164,33 @@ func (d *DRA) Claims() []metrics.Claim {
 	for _, p := range dr.Prepared() {
 		c := metrics.Claim{Namespace: p.Namespace, Name: p.Name}
 		for _, r := range p.Requests {
-			cr := metrics.ClaimRequest{Request: r.Request, StateFile: r.StateFile()}
+			cr := metrics.ClaimRequest{Request: r.Request, StateFile: r.StateFile(), Confirm: r.Confirm, Borrower: dra.Borrower(p.UID, r.Request)}
 			for _, g := range p.Grants {
 				if g.Request == r.Request {
-					cr.Devices = append(cr.Devices, metrics.ClaimDevice{UUID: g.UUID, MemoryMiB: g.MemoryMiB, Cores: g.Cores, Whole: g.Whole, Admin: g.Admin})
+					cr.Devices = append(cr.Devices, metrics.ClaimDevice{UUID: g.UUID, MemoryMiB: g.MemoryMiB, CeilingMiB: g.CeilingMiB, Cores: g.Cores, Whole: g.Whole, Admin: g.Admin})
 				}
 			}
 			c.Requests = append(c.Requests, cr)
 		}
 		out = append(out, c)
+	}
+	return out
+}
+
+// Confirms lists the confirmations of the driver-held memory limits of
+// the claims the node's DRA driver prepared (DriverLimitsOptions).
+func (d *DRA) Confirms() []string {
+	dr := d.Driver()
+	if dr == nil {
+		return nil
+	}
+	var out []string
+	for _, p := range dr.Prepared() {
+		for _, r := range p.Requests {
+			if r.Confirm != "" {
+				out = append(out, r.Confirm)
+			}
+		}
 	}
 	return out
 }

@@ -21,6 +21,9 @@ type DriverLimitsOptions struct {
 	Lib    nvml.Interface
 	State  statedir.Dirs
 	Limits *deviceplugin.DriverLimits
+	// Confirms lists the confirmations of DRA claim requests whose memory
+	// the driver holds (the DRA part's); nil: none.
+	Confirms func() []string
 	// Interval is how often the containers' confirmations are checked
 	// (default 1 s): a container whose processes are gone has its limits
 	// cleared before its runtime removes its group.
@@ -36,6 +39,11 @@ type DriverLimitsOptions struct {
 type DriverLimits struct {
 	opts DriverLimitsOptions
 	wg   sync.WaitGroup
+	// seen are the DRA confirmations a pass found confirmed: a claim's
+	// is listed only once the DRA driver has read its checkpoint, after
+	// this part's first pass, so its limits are set again the first time
+	// it is seen confirmed.
+	seen map[string]bool
 }
 
 // NewDriverLimits returns the part.
@@ -43,7 +51,7 @@ func NewDriverLimits(o DriverLimitsOptions) *DriverLimits {
 	if o.Interval <= 0 {
 		o.Interval = time.Second
 	}
-	return &DriverLimits{opts: o}
+	return &DriverLimits{opts: o, seen: map[string]bool{}}
 }
 
 // Start implements Part.
@@ -73,20 +81,43 @@ func (d *DriverLimits) Pass(reapply bool) {
 		return
 	}
 	for _, e := range entries {
-		out, c, err := memlimits.Reconcile(d.opts.Lib, d.opts.State.ConfirmFile(e.PodUID, e.Container), reapply)
-		kv := []any{"podUID", e.PodUID, "container", e.Container, "cgroup", c.Cgroup}
-		switch {
-		case out == memlimits.Lost:
-			log.Error(err, "The container's group went before its memory limits were cleared; the driver may keep its soft limit reserved", kv...)
-		case err != nil:
-			log.Error(err, "The driver's memory limits of a container", append(kv, "outcome", out)...)
-		case out == memlimits.Reapplied:
-			log.Info("Set the driver's memory limits of a running container again", append(kv, "grants", c.Grants)...)
-		case out == memlimits.Released:
-			log.V(2).Info("Cleared the driver's memory limits of a stopped container", kv...)
+		d.reconcile(d.opts.State.ConfirmFile(e.PodUID, e.Container), reapply, "podUID", e.PodUID, "container", e.Container)
+	}
+	if d.opts.Confirms != nil {
+		listed := map[string]bool{}
+		for _, f := range d.opts.Confirms() {
+			listed[f] = true
+			d.reconcile(f, reapply || !d.seen[f], "confirmation", f)
+		}
+		for f := range d.seen {
+			if !listed[f] {
+				delete(d.seen, f) // its claim was unprepared
+			}
 		}
 	}
 	d.removeSpecs()
+}
+
+// reconcile brings the driver's table in line with one confirmation.
+func (d *DriverLimits) reconcile(confirm string, reapply bool, kv ...any) {
+	log := d.opts.Logger
+	out, c, err := memlimits.Reconcile(d.opts.Lib, confirm, reapply)
+	if c.Cgroup != "" && out != memlimits.Released && out != memlimits.Lost {
+		d.seen[confirm] = true
+	} else {
+		delete(d.seen, confirm)
+	}
+	kv = append(kv, "cgroup", c.Cgroup)
+	switch {
+	case out == memlimits.Lost:
+		log.Error(err, "The container's group went before its memory limits were cleared; the driver may keep its soft limit reserved", kv...)
+	case err != nil:
+		log.Error(err, "The driver's memory limits of a container", append(kv, "outcome", out)...)
+	case out == memlimits.Reapplied:
+		log.Info("Set the driver's memory limits of a running container again", append(kv, "grants", c.Grants)...)
+	case out == memlimits.Released:
+		log.V(2).Info("Cleared the driver's memory limits of a stopped container", kv...)
+	}
 }
 
 // removeSpecs removes the CDI specs of containers the agent no longer

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/internal/atomicfile"
@@ -71,7 +72,9 @@ type Plugins struct {
 	state statedir.Dirs
 	ctx   context.Context // Start's
 	pods  PodGetter
-	wg    sync.WaitGroup
+	// recorder posts the device plugins' events on pods (Start's).
+	recorder record.EventRecorder
+	wg       sync.WaitGroup
 
 	mu sync.Mutex
 	// plugins serve one resource each (Reconcile starts and stops them).
@@ -112,7 +115,7 @@ func (p *Plugins) Start(ctx context.Context, c Cluster) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.ctx, p.pods.Lister = ctx, c.Pods
+	p.ctx, p.pods.Lister, p.recorder = ctx, c.Pods, c.Recorder
 	return nil
 }
 
@@ -289,6 +292,7 @@ func (p *Plugins) newPluginLocked(res string) *pluginRun {
 		Guard:        p.opts.Guard,
 		DeviceList:   p.opts.DeviceList,
 		DriverLimits: p.opts.DriverLimits,
+		Recorder:     p.recorder,
 		Socket:       socket,
 		Matcher: &deviceplugin.Matcher{
 			Node: p.opts.NodeName, Resource: res,

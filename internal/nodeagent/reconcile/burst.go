@@ -34,7 +34,6 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/atomicfile"
 	"github.com/tessera-gpu/tessera/internal/limiterconf"
-	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 )
 
 // ReasonReclaimed is the reason of the Warning event on a pod whose
@@ -67,17 +66,26 @@ type Reclaim struct {
 	// Trigger is what made the agent reclaim (TriggerAdmission, …).
 	Trigger string
 	Killed  []int
+	// Claim is the DRA claim request ("namespace/claim/request") whose
+	// grant the container shares with every other container using it,
+	// all stopped together; UsedMiB is then what they held together.
+	// Empty for a grant of the container's own.
+	Claim string
 }
 
 func (c Reclaim) String() string {
+	who := fmt.Sprintf("container %s was stopped: it held", c.Container)
+	if c.Claim != "" {
+		who = fmt.Sprintf("container %s was stopped with the other containers using DRA claim request %s: they held", c.Container, c.Claim)
+	}
 	why := "the guarantees on the GPU need that memory back"
 	if c.Trigger == TriggerRefusal {
 		why = "the driver refused memory to a container within its guarantee on the GPU"
 	}
-	return fmt.Sprintf("container %s was stopped: it held %d MiB on GPU %s, %d MiB past its guarantee of %d MiB (ceiling %d MiB), "+
+	return fmt.Sprintf("%s %d MiB on GPU %s, %d MiB past its guarantee of %d MiB (ceiling %d MiB), "+
 		"and %s (the containers bursting there held %d MiB past their guarantees, "+
 		"%d MiB of the GPU is guaranteed to no one); a container within its guarantee is never stopped for it",
-		c.Container, c.UsedMiB, c.GPU, c.UsedMiB-c.GuaranteeMiB, c.GuaranteeMiB, c.CeilingMiB, why, c.BorrowedMiB, c.UnguaranteedMiB)
+		who, c.UsedMiB, c.GPU, c.UsedMiB-c.GuaranteeMiB, c.GuaranteeMiB, c.CeilingMiB, why, c.BorrowedMiB, c.UnguaranteedMiB)
 }
 
 // Borrower is a container that may hold memory past its guarantee on a
@@ -136,11 +144,15 @@ func (r *Reconciler) burst(o observation, trigger string, want *shortfall) {
 	// containers share), and the grants that may burst.
 	guaranteed := map[string]int64{}
 	groups := map[string]bool{}
+	// A burster is a grant that may burst: one container's, or a DRA
+	// claim request's, which its containers share (they borrow, and are
+	// stopped, as one).
 	type burster struct {
-		k key
-		l limit
+		keys []key
+		l    limit
 	}
-	bursting := map[string][]burster{}
+	bursting := map[string][]*burster{}
+	byGroup := map[string]*burster{}
 	keys := make([]key, 0, len(o.grants))
 	for k := range o.grants {
 		keys = append(keys, k)
@@ -151,15 +163,23 @@ func (r *Reconciler) burst(o observation, trigger string, want *shortfall) {
 			continue
 		}
 		for gpu, l := range o.grants[k] {
+			ck := key{k.pod, k.container, gpu}
 			if l.group != "" {
 				if groups[l.group+"|"+gpu] {
+					if b := byGroup[l.group+"|"+gpu]; b != nil {
+						b.keys = append(b.keys, ck)
+					}
 					continue
 				}
 				groups[l.group+"|"+gpu] = true
 			}
 			guaranteed[gpu] += l.mib
 			if l.ceiling > 0 {
-				bursting[gpu] = append(bursting[gpu], burster{key{k.pod, k.container, gpu}, l})
+				b := &burster{keys: []key{ck}, l: l}
+				bursting[gpu] = append(bursting[gpu], b)
+				if l.group != "" {
+					byGroup[l.group+"|"+gpu] = b
+				}
 			}
 		}
 	}
@@ -171,14 +191,19 @@ func (r *Reconciler) burst(o observation, trigger string, want *shortfall) {
 		unguaranteed := max(0, g.MemoryMiB-guaranteed[g.UUID])
 		budget := limiterconf.Budget{UnguaranteedMiB: uint64(unguaranteed), Borrowed: map[string]uint64{}}
 		var candidates []Borrower
-		var who []burster
+		var who []*burster
 		var stoppingMiB int64
 		for _, b := range bs {
-			held := Borrower{GuaranteeMiB: b.l.mib, UsedMiB: o.used[b.k]}
-			if held.Borrowed() > 0 {
-				budget.Borrowed[statedir.Borrower(b.k.pod, b.k.container)] = uint64(held.Borrowed())
+			held := Borrower{GuaranteeMiB: b.l.mib}
+			var pids []int
+			for _, k := range b.keys {
+				held.UsedMiB += o.used[k]
+				pids = append(pids, o.pids[k]...)
 			}
-			if r.isStopping(o.pids[b.k]) {
+			if held.Borrowed() > 0 {
+				budget.Borrowed[b.l.borrower] = uint64(held.Borrowed())
+			}
+			if r.isStopping(pids) {
 				stoppingMiB += held.Borrowed()
 				continue
 			}
@@ -198,17 +223,19 @@ func (r *Reconciler) burst(o observation, trigger string, want *shortfall) {
 		}
 		for _, i := range ChooseReclaims(unguaranteed, r.opts.ToleranceMiB, need, candidates) {
 			b := who[i]
-			pod := o.pods[b.k.pod]
-			rc := Reclaim{Pod: pod, Container: b.k.container, GPU: g.UUID, GuaranteeMiB: b.l.mib, CeilingMiB: b.l.ceiling,
-				UsedMiB: candidates[i].UsedMiB, UnguaranteedMiB: unguaranteed, BorrowedMiB: borrowed + stoppingMiB, Trigger: trigger}
-			rc.Killed = r.killContainer(b.k.pod, o.pids[b.k])
-			for _, pid := range o.pids[b.k] {
-				r.stopping[pid] = true
-			}
-			r.logger.Info("Stopped a container bursting past its GPU memory guarantee: a guarantee on its GPU needs the memory", "pod", klog.KObj(pod), "container", b.k.container, "gpu", g.UUID,
-				"usedMiB", rc.UsedMiB, "guaranteeMiB", rc.GuaranteeMiB, "ceilingMiB", rc.CeilingMiB, "unguaranteedMiB", unguaranteed, "borrowedMiB", rc.BorrowedMiB, "neededMiB", need, "trigger", trigger, "killed", rc.Killed)
-			if r.Reclaimed != nil {
-				r.Reclaimed(rc)
+			for _, k := range b.keys {
+				pod := o.pods[k.pod]
+				rc := Reclaim{Pod: pod, Container: k.container, GPU: g.UUID, GuaranteeMiB: b.l.mib, CeilingMiB: b.l.ceiling,
+					UsedMiB: candidates[i].UsedMiB, UnguaranteedMiB: unguaranteed, BorrowedMiB: borrowed + stoppingMiB, Trigger: trigger, Claim: b.l.group}
+				rc.Killed = r.killContainer(k.pod, o.pids[k])
+				for _, pid := range o.pids[k] {
+					r.stopping[pid] = true
+				}
+				r.logger.Info("Stopped a container bursting past its GPU memory guarantee: a guarantee on its GPU needs the memory", "pod", klog.KObj(pod), "container", k.container, "claim", rc.Claim, "gpu", g.UUID,
+					"usedMiB", rc.UsedMiB, "guaranteeMiB", rc.GuaranteeMiB, "ceilingMiB", rc.CeilingMiB, "unguaranteedMiB", unguaranteed, "borrowedMiB", rc.BorrowedMiB, "neededMiB", need, "trigger", trigger, "killed", rc.Killed)
+				if r.Reclaimed != nil {
+					r.Reclaimed(rc)
+				}
 			}
 		}
 	}

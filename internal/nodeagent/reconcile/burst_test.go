@@ -10,6 +10,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2/ktesting"
 
+	"github.com/tessera-gpu/tessera/internal/limiterstate"
+	"github.com/tessera-gpu/tessera/internal/nodeagent/claimuse"
 	"github.com/tessera-gpu/tessera/internal/nodeagent/statedir"
 	"github.com/tessera-gpu/tessera/pkg/api"
 )
@@ -110,5 +112,53 @@ func TestBurstPass(t *testing.T) {
 	b := r.Once()
 	if len(b) != 1 || b[0].Pod != small || b[0].Reason() != ReasonOverGrant {
 		t.Errorf("past the ceiling: %v, want small's breach", b)
+	}
+}
+
+// TestClaimBurst: a DRA claim request with a ceiling, shared by two
+// pods, borrows as one (its borrower name, what its containers hold
+// together past the one guarantee), is no breach within its ceiling, and
+// when a guarantee needs the memory all its containers are stopped.
+func TestClaimBurst(t *testing.T) {
+	w := newWorld(t)
+	g0 := w.gpus[0].UUID // 40960 MiB
+	stateDir := t.TempDir()
+	budgets := t.TempDir()
+	const borrower = "0123456789abcdef"
+	claims := []claimuse.Claim{{Namespace: "a", Name: "bursty", Requests: []claimuse.Request{{Request: "gpu", StateFile: filepath.Join(stateDir, "cache"),
+		Borrower: borrower, Devices: []claimuse.Device{{UUID: g0, MemoryMiB: 4096, CeilingMiB: 16384}}}}}}
+	one := w.claimPod("a", "one", 1, "bursty", 101)
+	two := w.claimPod("a", "two", 2, "bursty", 201)
+	w.uses(0, 101, 3000)
+	w.uses(0, 201, 4000) // 7000 together: 2904 past the shared 4096
+	b := limiterstate.Encode(&limiterstate.Snapshot{Processes: []limiterstate.Process{{PID: 1, HostPID: 101}, {PID: 1, HostPID: 201}}})
+	if err := os.WriteFile(filepath.Join(stateDir, "cache"), b, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	r := w.reconciler(true)
+	r.opts.Claims = func() []claimuse.Claim { return claims }
+	r.opts.BudgetDir = budgets
+	var reclaims []Reclaim
+	r.Reclaimed = func(c Reclaim) { reclaims = append(reclaims, c) }
+	if got := r.Once(); len(got) != 0 {
+		t.Fatalf("a claim bursting within its ceiling is no breach: %v", got)
+	}
+	got, err := os.ReadFile(filepath.Join(budgets, g0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "version=1\nunguaranteed=36864m\nborrower." + borrower + "=2904m\n"; !strings.HasSuffix(string(got), want) {
+		t.Errorf("budget file:\n%s\nwant it to end with\n%s", got, want)
+	}
+	// a 34 GiB guarantee comes: 2048 MiB stay unguaranteed, the claim
+	// borrows 2904: both its containers are stopped
+	w.container("b", "newcomer", 5, []api.DeviceGrant{{UUID: g0, MemoryMiB: 34816}})
+	r.Admitted()
+	if len(reclaims) != 2 || reclaims[0].Claim != "a/bursty/gpu" || reclaims[0].UsedMiB != 7000 || reclaims[0].GuaranteeMiB != 4096 ||
+		!slices.Equal([]*v1.Pod{reclaims[0].Pod, reclaims[1].Pod}, []*v1.Pod{one, two}) || !slices.Equal(w.killed, []int{101, 201}) {
+		t.Fatalf("reclaims %+v, killed %v; want the claim's two containers stopped (pids 101, 201)", reclaims, w.killed)
+	}
+	if m := reclaims[0].String(); !strings.Contains(m, "with the other containers using DRA claim request a/bursty/gpu: they held 7000 MiB") {
+		t.Errorf("message: %s", m)
 	}
 }

@@ -563,6 +563,25 @@ type limit struct {
 	// group is the DRA claim request whose grant the container shares
 	// ("" for a grant of its own).
 	group string
+	// borrower is the grant's name in the GPU budget files: the
+	// container's, or its DRA claim request's (shared by its containers).
+	borrower string
+}
+
+// driverHeld are the GPUs whose memory the driver holds for the
+// container(s) a confirmation file names (memlimits): their processes do
+// not register with the limiter for them.
+func driverHeld(confirm string) map[string]bool {
+	out := map[string]bool{}
+	if confirm == "" {
+		return out
+	}
+	if c, err := memlimits.ReadConfirmation(confirm); err == nil {
+		for _, g := range c.Grants {
+			out[g.UUID] = true
+		}
+	}
+	return out
 }
 
 // most is what the grant lets the container hold: its ceiling, if it may
@@ -596,17 +615,13 @@ func (r *Reconciler) grants(pods []*v1.Pod) map[key]map[string]limit {
 		}
 		// GPUs whose memory the driver holds for the container: its
 		// processes do not register with the limiter for them.
-		driver := map[string]bool{}
-		if c, cerr := memlimits.ReadConfirmation(r.state.ConfirmFile(e.PodUID, e.Container)); cerr == nil {
-			for _, g := range c.Grants {
-				driver[g.UUID] = true
-			}
-		}
+		driver := driverHeld(r.state.ConfirmFile(e.PodUID, e.Container))
 		for _, d := range e.Grant.Devices {
 			// A container that may burst holds up to its ceiling (the
 			// driver holds it there where it partitions the GPU; else the
 			// limiter, from the GPU's budget).
-			l := limit{mib: d.MemoryMiB, exclusive: d.Exclusive, limited: err == nil && !driver[d.UUID], stateFile: state}
+			l := limit{mib: d.MemoryMiB, exclusive: d.Exclusive, limited: err == nil && !driver[d.UUID], stateFile: state,
+				borrower: statedir.Borrower(e.PodUID, e.Container)}
 			if d.Bursts() && shared {
 				l.ceiling = d.CeilingMiB
 			}
@@ -624,11 +639,16 @@ func (r *Reconciler) grants(pods []*v1.Pod) map[key]map[string]limit {
 			m = map[string]limit{}
 			out[k] = m
 		}
+		driver := driverHeld(u.Request.Confirm)
 		for _, d := range u.Request.Devices {
 			// Admin access (monitoring) consumes nothing: like a whole
 			// GPU, only its use is allowed, not its memory counted.
-			m[d.UUID] = limit{mib: d.MemoryMiB, exclusive: d.Whole || d.Admin, limited: u.Request.StateFile != "",
-				stateFile: u.Request.StateFile, group: u.Key()}
+			l := limit{mib: d.MemoryMiB, exclusive: d.Whole || d.Admin, limited: u.Request.StateFile != "" && !driver[d.UUID],
+				stateFile: u.Request.StateFile, group: u.Key(), borrower: u.Request.Borrower}
+			if d.CeilingMiB > d.MemoryMiB && shared {
+				l.ceiling = d.CeilingMiB
+			}
+			m[d.UUID] = l
 		}
 	}
 	return out

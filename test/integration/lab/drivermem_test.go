@@ -29,6 +29,8 @@ import (
 const (
 	partitioningNode = "lab-gpu-06"
 	partitioningKey  = "tessera.io/test-driver-memory"
+	// partitioningDRANode is its twin in mode dra.
+	partitioningDRANode = "lab-dra-01"
 )
 
 // ceilingPod is a pod guaranteed 4096 MiB with a ceiling of 6144 on one

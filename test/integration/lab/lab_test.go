@@ -8,7 +8,7 @@
 // 8 H100-80GB, lab-gpu-05, for the GPU guides' 8-GPU pod of the corpus;
 // one of 2 A100-40GB whose driver partitions GPU memory per cgroup,
 // lab-gpu-06, tainted for the tests of driver-held limits; one node of
-// each other mode; lab-dra-01, a DRA node of one A100-80GB tainted for
+// each other mode; lab-dra-02, a DRA node of one A100-80GB tainted for
 // the preemption of claims; the profiles of nodeConfig) serves every
 // test of the package; each
 // test works in its own namespace and leaves no pods behind, so any test
@@ -97,7 +97,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	for node, key := range map[string]string{partitioningNode: partitioningKey, partitioningMIGNode: partitioningKey, claimNode: claimKey} {
+	for node, key := range map[string]string{partitioningNode: partitioningKey, partitioningMIGNode: partitioningKey, partitioningDRANode: partitioningKey, claimNode: claimKey} {
 		if err := taintNode(node, key); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -112,9 +112,10 @@ func run(m *testing.M) int {
 }
 
 // labNodeGroups are the lab's fractional nodes (--node-groups), a
-// dynamic-MIG node whose driver partitions memory, and lab-dra-01 (mode
-// dra, one A100-80GB) for the preemption of claims.
-const labNodeGroups = "4xA100-40GB:8,1xH100-80GB:8,1xA100-40GB:2+partitioning,1xA100-40GB:1@mig-dynamic+partitioning,1xA100-80GB:1@dra"
+// dynamic-MIG node and a DRA node (lab-dra-01) whose drivers partition
+// memory, and lab-dra-02 (mode dra, one A100-80GB) for the preemption of
+// claims.
+const labNodeGroups = "4xA100-40GB:8,1xH100-80GB:8,1xA100-40GB:2+partitioning,1xA100-40GB:1@mig-dynamic+partitioning,1xA100-40GB:2@dra+partitioning,1xA100-80GB:1@dra"
 
 // taintNode taints node with key (NoSchedule), so that only the tests
 // whose pods tolerate it place pods there.

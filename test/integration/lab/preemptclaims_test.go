@@ -23,7 +23,7 @@ import (
 // claimNode is the lab's DRA node of one A100-80GB (labNodeGroups),
 // tainted with claimKey so that only TestPreemptClaims places pods there.
 const (
-	claimNode = "lab-dra-01"
+	claimNode = "lab-dra-02"
 	claimKey  = "tessera.io/test-claim-preemption"
 )
 
@@ -61,7 +61,7 @@ func preparedOn(node string, uid string) []string {
 }
 
 // TestPreemptClaims: Tessera's scheduler preempts for ResourceClaims on
-// lab-dra-01's one 80 GB GPU, with the node's kubelet (its DRA manager),
+// lab-dra-02's one 80 GB GPU, with the node's kubelet (its DRA manager),
 // agent (the DRA driver) and runtime. The GPU is full: a 40 Gi claim
 // shared by shared-high (priority 1000) and shared-low (10), and the
 // 20 Gi claims of low-0 and low-1 (10).
