@@ -125,7 +125,7 @@ func TestRealNode(t *testing.T) {
 
 	e.step(t, "helm upgrade with a changed value")
 	gen := e.must(t, "kubectl -n tessera-system get daemonset tessera-node-agent -o jsonpath='{.metadata.generation}'")
-	e.must(t, "helm upgrade tessera charts/tessera -n tessera-system --reuse-values --set nodeAgent.recoveryPeriod=6m --wait --atomic")
+	e.must(t, "helm upgrade tessera charts/tessera -n tessera-system --reuse-values --set nodeAgent.recoveryPeriod=6m --wait --atomic --debug")
 	if after := e.must(t, "kubectl -n tessera-system get daemonset tessera-node-agent -o jsonpath='{.metadata.generation}'"); after == gen {
 		t.Fatalf("helm upgrade did not change the node agent's DaemonSet (generation %s)", gen)
 	}

@@ -121,8 +121,21 @@ func (e *env) must(t *testing.T, line string) string {
 	defer cancel()
 	out, err := e.sh(ctx, line)
 	if err != nil {
-		t.Fatalf("%s: %v\n%s", line, err, out)
+		t.Fatalf("%s: %v\n%s\nthe cluster then:\n%s", line, err, out, e.clusterState())
 	}
+	return out
+}
+
+// clusterState is what a failed step leaves to read: Tessera's workloads
+// with their status, every pod, and the latest events (best effort; a
+// command that fails says so in its output).
+func (e *env) clusterState() string {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, _ := e.sh(ctx, "kubectl -n tessera-system get daemonsets,deployments,jobs -o wide 2>&1; "+
+		"kubectl get pods -A -o wide 2>&1; "+
+		"kubectl -n tessera-system get daemonsets,deployments -o jsonpath='{range .items[*]}{.kind} {.metadata.name}: generation {.metadata.generation} status {.status}{\"\\n\"}{end}' 2>&1; "+
+		"kubectl get events -A --sort-by=.lastTimestamp 2>&1 | tail -40")
 	return out
 }
 
