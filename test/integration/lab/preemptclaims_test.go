@@ -76,6 +76,21 @@ func preparedOn(node string, uid string) []string {
 //     a victim's: shared-low and shared-high keep running, untouched.
 func TestPreemptClaims(t *testing.T) {
 	const ns = "preempt-claims"
+	// The test's containers hold most of an 80 GB GPU: once their pods
+	// are deleted (draNamespace's clean-up, which runs before this one),
+	// wait until their processes have exited, so that no later test's
+	// check of the lab finds GPU memory held by a pod that is gone.
+	var started []int
+	t.Cleanup(func() {
+		testenv.WaitFor(t, "the containers of "+ns+" stopped", 2*time.Minute, func() bool {
+			for _, pid := range started {
+				if supervisor.ProcessAlive(pid) {
+					return false
+				}
+			}
+			return true
+		})
+	})
 	draNamespace(t, ns)
 	priorityClasses(t)
 	ctx := context.Background()
@@ -106,6 +121,7 @@ func TestPreemptClaims(t *testing.T) {
 		waitRunning(t, ns, p.Name)
 		c, _ := draContainerOn(t, claimNode, ns, p.Name, "main")
 		pids[p.Name] = c.PID
+		started = append(started, c.PID)
 	}
 	for _, p := range holders {
 		mem := map[string]string{"shared-high": "40960", "shared-low": "40960"}[p.Name]
@@ -198,7 +214,8 @@ func TestPreemptClaims(t *testing.T) {
 		}
 		// The limiter holds the container at its claim's 40 Gi.
 		logsContain(t, ns, "big", "total 40960 MiB")
-		_, gpu := draContainerOn(t, claimNode, ns, "big", "main")
+		bc, gpu := draContainerOn(t, claimNode, ns, "big", "main")
+		started = append(started, bc.PID)
 		_, was := draContainerOn(t, claimNode, ns, "shared-high", "main")
 		if gpu == "" || gpu != was {
 			t.Errorf("big sees GPU %q, the victims' was %q", gpu, was)
