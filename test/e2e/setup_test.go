@@ -44,6 +44,9 @@ type env struct {
 	// environ is the users' commands' environment: KUBECONFIG, and PATH
 	// with kubectl and helm first.
 	environ []string
+	// lastState is the cluster's state last sampled while mustFail's
+	// command ran.
+	lastState string
 }
 
 // built are what make e2e builds before the test, relative to the

@@ -46,12 +46,16 @@ func draOptions() []perf.SchedulerPerfOption {
 
 // prepareDRA arranges for the allocations to be checked after the
 // workload, and for the workload's report (report_test.go): where its
-// time went.
+// time went, and the API writes per bound pod (apiwrites_test.go).
 func prepareDRA(tCtx ktesting.TContext) error {
 	w := startWorkload()
+	writes := startCounting(tCtx)
 	// Runs after the workload, before the API server stops.
 	tCtx.CleanupCtx(func(tCtx ktesting.TContext) {
 		w.finished()
+		if line := writes.stop(); line != "" {
+			tCtx.Log(line)
+		}
 		summary, err := checkAllocations(tCtx)
 		if err != nil {
 			tCtx.Error(err)
