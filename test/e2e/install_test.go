@@ -211,7 +211,7 @@ func (e *env) badInput(t *testing.T, install string) {
 		"kubectl get events -n tessera-system --field-selector reason=TesseraNotReady -o jsonpath='{range .items[*]}{.message}{\"\\n\"}{end}'",
 		"helm to fail at the readiness check and its TesseraNotReady event to name "+driverRoot,
 		func(out, ev string) bool {
-			return strings.Contains(out, "wait-ready") && strings.Contains(ev, "tessera-node-agent") && strings.Contains(ev, driverRoot+" is not a directory")
+			return strings.Contains(helmError(out), "wait-ready") && strings.Contains(ev, "tessera-node-agent") && strings.Contains(ev, driverRoot+" is not a directory")
 		})
 	t.Logf("missing driver root: %s; event: %s", lastLine(out), firstLine(ev, driverRoot))
 
@@ -220,7 +220,7 @@ func (e *env) badInput(t *testing.T, install string) {
 		"kubectl get events -A --field-selector reason=TesseraPrerequisite -o jsonpath='{range .items[*]}{.message}{\"\\n\"}{end}'",
 		"helm to fail at the readiness check and a TesseraPrerequisite event naming the GPUs and the CDI directories",
 		func(out, ev string) bool {
-			return strings.Contains(out, "wait-ready") && strings.Contains(ev, e.driver.GPUs[0].UUID) && strings.Contains(ev, "/var/run/cdi")
+			return strings.Contains(helmError(out), "wait-ready") && strings.Contains(ev, e.driver.GPUs[0].UUID) && strings.Contains(ev, "/var/run/cdi")
 		})
 	t.Logf("missing CDI spec: %s; event: %s", lastLine(out), firstLine(ev, "CDI"))
 }
@@ -248,12 +248,26 @@ func (e *env) refusedAtCheck(t *testing.T, what, line, path, events, want string
 		if ok(out, ev) {
 			return out, ev
 		}
-		if attempt == 1 && !strings.Contains(out, "wait-ready") && strings.Contains(out, "context deadline exceeded") {
+		if herr := helmError(out); attempt == 1 && !strings.Contains(herr, "wait-ready") && strings.Contains(herr, "context deadline exceeded") {
 			t.Logf("RETRIED: %s: helm ran into its deadline before the readiness check answered; helm said:\n%s\nevents:\n%s\nthe cluster while helm ran, at:\n%s", what, out, ev, e.lastState)
 			continue
 		}
 		t.Fatalf("%s: want %s; helm said:\n%s\nevents:\n%s\nthe cluster while helm ran, at:\n%s", what, want, out, ev, e.lastState)
 	}
+}
+
+// helmError is helm's error in its output: from the line "Error: ..."
+// to the end, or to its --debug trace.
+func helmError(out string) string {
+	i := strings.Index(out, "\nError: ")
+	if i < 0 {
+		return ""
+	}
+	rest := out[i+1:]
+	if j := strings.Index(rest, "[debug]"); j >= 0 {
+		rest = rest[:j]
+	}
+	return rest
 }
 
 // lastLine is helm's error line ("Error: ..."), or else the last
