@@ -167,6 +167,10 @@ type Options struct {
 	// Ready, if set, receives the listen address once the webhook serves
 	// and its configurations are written.
 	Ready func(addr string)
+	// StartTimeout bounds the start before serving (the CA, the
+	// informers' sync, the configurations' registration); 0 means
+	// DefaultStartTimeout.
+	StartTimeout time.Duration
 	// SchedulerUsers may write allocation records (default
 	// DefaultSchedulerUser).
 	SchedulerUsers []string
@@ -182,6 +186,10 @@ type Options struct {
 	UnprefixedEnvFrom      EnvFromRule
 	Audit                  bool
 }
+
+// DefaultStartTimeout is how long the webhook may take to start serving
+// before it gives up and exits (the kubelet then restarts it).
+const DefaultStartTimeout = time.Minute
 
 // trustedNamespaces answers Admission.Trusted from a list and the
 // namespaces' TrustedLabel.
@@ -237,10 +245,21 @@ func Run(ctx context.Context, o Options) error {
 	if len(o.Hosts) == 0 {
 		return errors.New("no host names for the serving certificate")
 	}
+	// Everything before serving is bounded: a start that hangs (an API
+	// request never answered) ends with an error naming the stage, and
+	// the kubelet restarts the container, instead of a replica that is
+	// never ready and logs nothing.
+	startTimeout := o.StartTimeout
+	if startTimeout <= 0 {
+		startTimeout = DefaultStartTimeout
+	}
+	startCtx, cancelStart := context.WithTimeout(ctx, startTimeout)
+	defer cancelStart()
+	logger.Info("Webhook starting", "caSecret", o.CASecretNamespace+"/"+o.CASecretName, "startTimeout", startTimeout)
 	var ca *CA
 	var err error
 	if o.CASecretName != "" {
-		ca, err = LoadOrCreateCA(ctx, o.Client, o.CASecretNamespace, o.CASecretName)
+		ca, err = LoadOrCreateCA(startCtx, o.Client, o.CASecretNamespace, o.CASecretName)
 	} else {
 		ca, err = NewCA("tessera-webhook-ca")
 	}
@@ -264,9 +283,20 @@ func Run(ctx context.Context, o Options) error {
 	if err := trust.watch(factory.Core().V1().Namespaces().Informer()); err != nil {
 		return err
 	}
-	factory.Start(ctx.Done())
+	// The informers stop when Run returns (Shutdown waits for them), on
+	// an error too, not only when ctx ends.
+	informerCtx, stopInformers := context.WithCancel(ctx)
+	factory.Start(informerCtx.Done())
 	defer factory.Shutdown()
-	factory.WaitForCacheSync(ctx.Done())
+	defer stopInformers()
+	for typ, ok := range factory.WaitForCacheSync(startCtx.Done()) {
+		if !ok {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("the %v informer did not sync within %s (can the webhook's service account list and watch nodes and namespaces, and does the API server answer?)", typ, startTimeout)
+		}
+	}
 
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: o.Client.CoreV1().Events("")})
@@ -310,7 +340,7 @@ func Run(ctx context.Context, o Options) error {
 			// No Service: the API server calls the listener directly.
 			rg.URL = "https://" + ln.Addr().String()
 		}
-		if err := rg.Apply(ctx, o.Client); err != nil {
+		if err := rg.Apply(startCtx, o.Client); err != nil {
 			_ = srv.Close()
 			return err
 		}
