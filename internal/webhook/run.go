@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -289,13 +291,18 @@ func Run(ctx context.Context, o Options) error {
 	factory.Start(informerCtx.Done())
 	defer factory.Shutdown()
 	defer stopInformers()
+	var unsynced []string
 	for typ, ok := range factory.WaitForCacheSync(startCtx.Done()) {
 		if !ok {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("the %v informer did not sync within %s (can the webhook's service account list and watch nodes and namespaces, and does the API server answer?)", typ, startTimeout)
+			unsynced = append(unsynced, fmt.Sprint(typ))
 		}
+	}
+	if len(unsynced) > 0 {
+		if ctx.Err() != nil {
+			return nil
+		}
+		sort.Strings(unsynced)
+		return fmt.Errorf("the informers of %s did not sync within %s (can the webhook's service account list and watch nodes and namespaces, and does the API server answer?)", strings.Join(unsynced, ", "), startTimeout)
 	}
 
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))

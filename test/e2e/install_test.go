@@ -158,6 +158,12 @@ func (e *env) mustFail(t *testing.T, line string) string {
 				sampled <- last
 				return
 			case <-tick.C:
+				select {
+				case <-stop: // the command ended: no new sample
+					sampled <- last
+					return
+				default:
+				}
 				last = time.Now().UTC().Format(time.TimeOnly) + "\n" + e.clusterState()
 			}
 		}
@@ -207,8 +213,7 @@ func (e *env) badInput(t *testing.T, install string) {
 	// took longer than 120 s to be ready, and helm failed before the hook
 	// ran); the check's failure still ends the install at once.
 	const check = " --timeout 300s --debug --set readinessCheck.timeout=30s"
-	out, ev = e.refusedAtCheck(t, "a missing driver root", install+check, driverRoot,
-		"kubectl get events -n tessera-system --field-selector reason=TesseraNotReady -o jsonpath='{range .items[*]}{.message}{\"\\n\"}{end}'",
+	out, ev = e.refusedAtCheck(t, "a missing driver root", install+check, driverRoot, "TesseraNotReady",
 		"helm to fail at the readiness check and its TesseraNotReady event to name "+driverRoot,
 		func(out, ev string) bool {
 			return strings.Contains(helmError(out), "wait-ready") && strings.Contains(ev, "tessera-node-agent") && strings.Contains(ev, driverRoot+" is not a directory")
@@ -216,8 +221,7 @@ func (e *env) badInput(t *testing.T, install string) {
 	t.Logf("missing driver root: %s; event: %s", lastLine(out), firstLine(ev, driverRoot))
 
 	// No CDI spec of the GPUs: the agent's check at start fails.
-	out, ev = e.refusedAtCheck(t, "a missing CDI spec", install+check, cdiSpec,
-		"kubectl get events -A --field-selector reason=TesseraPrerequisite -o jsonpath='{range .items[*]}{.message}{\"\\n\"}{end}'",
+	out, ev = e.refusedAtCheck(t, "a missing CDI spec", install+check, cdiSpec, "TesseraPrerequisite",
 		"helm to fail at the readiness check and a TesseraPrerequisite event naming the GPUs and the CDI directories",
 		func(out, ev string) bool {
 			return strings.Contains(helmError(out), "wait-ready") && strings.Contains(ev, e.driver.GPUs[0].UUID) && strings.Contains(ev, "/var/run/cdi")
@@ -227,24 +231,31 @@ func (e *env) badInput(t *testing.T, install string) {
 
 // refusedAtCheck runs the install line with path moved away (a
 // prerequisite of the node agent missing on the node): helm must fail,
-// nothing of the release may be left, and the events the command events
-// prints with helm's output must satisfy ok. An install that ran into
+// nothing of the release may be left, and helm's output with the
+// messages of this attempt's events of the reason must satisfy ok. An install that ran into
 // helm's own deadline without reaching the readiness check (seen once in
 // CI, 2026-11-28, cause not known: helm's --debug output and the cluster's
 // state sampled while it ran say what it waited for) is retried once, the
 // first attempt logged in full (RETRIED) so that it stays visible.
-func (e *env) refusedAtCheck(t *testing.T, what, line, path, events, want string, ok func(out, ev string) bool) (string, string) {
+func (e *env) refusedAtCheck(t *testing.T, what, line, path, reason, want string, ok func(out, ev string) bool) (string, string) {
 	t.Helper()
 	for attempt := 1; ; attempt++ {
-		if err := os.Rename(path, path+".away"); err != nil {
-			t.Fatal(err)
-		}
-		out := e.mustFail(t, line)
-		if err := os.Rename(path+".away", path); err != nil {
-			t.Fatal(err)
-		}
+		// Only this attempt's events count.
+		e.must(t, "kubectl delete events -A --field-selector reason="+reason)
+		out := func() string {
+			if err := os.Rename(path, path+".away"); err != nil {
+				t.Fatal(err)
+			}
+			// Put back even when mustFail ends the test.
+			defer func() {
+				if err := os.Rename(path+".away", path); err != nil {
+					t.Error(err)
+				}
+			}()
+			return e.mustFail(t, line)
+		}()
 		e.checkNothingInstalled(t)
-		ev := e.must(t, events)
+		ev := e.must(t, "kubectl get events -A --field-selector reason="+reason+" -o jsonpath='{range .items[*]}{.message}{\"\\n\"}{end}'")
 		if ok(out, ev) {
 			return out, ev
 		}
@@ -259,6 +270,7 @@ func (e *env) refusedAtCheck(t *testing.T, what, line, path, events, want string
 // helmError is helm's error in its output: from the line "Error: ..."
 // to the end, or to its --debug trace.
 func helmError(out string) string {
+	out = "\n" + out
 	i := strings.Index(out, "\nError: ")
 	if i < 0 {
 		return ""

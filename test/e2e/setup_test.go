@@ -140,7 +140,7 @@ func (e *env) clusterState() string {
 		"kubectl -n tessera-system get daemonsets,deployments -o jsonpath='{range .items[*]}{.kind} {.metadata.name}: generation {.metadata.generation} status {.status}{\"\\n\"}{end}' 2>&1; "+
 		"kubectl get events -A --sort-by=.lastTimestamp 2>&1 | tail -40; "+
 		// The last log lines of every pod of Tessera's namespace not ready.
-		"for p in $(kubectl -n tessera-system get pods -o jsonpath='{range .items[*]}{.metadata.name}{\" \"}{.status.containerStatuses[*].ready}{\"\\n\"}{end}' | awk '$2 != \"true\" {print $1}'); do "+
+		"for p in $(kubectl -n tessera-system get pods -o jsonpath='{range .items[*]}{.metadata.name}{\" \"}{.status.containerStatuses[*].ready}{\"\\n\"}{end}' | awk '{for (i = 2; i <= NF; i++) if ($i != \"true\") {print $1; next}} NF < 2 {print $1}'); do "+
 		"echo \"--- the last log lines of $p (not ready)\"; kubectl -n tessera-system logs $p --all-containers --tail 25 2>&1; done")
 	return out
 }

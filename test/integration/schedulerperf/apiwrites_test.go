@@ -87,6 +87,14 @@ var countedKinds = []struct {
 func startCounting(tCtx ktesting.TContext) *writeCounter {
 	ctx, cancel := context.WithCancel(tCtx)
 	c := &writeCounter{created: map[string]int{}, updated: map[string]int{}, bound: map[types.UID]bool{}, cancel: cancel, last: time.Now()}
+	// The watches' goroutines start once every kind is set up: until
+	// then only this goroutine touches c (a RetryWatcher holds its
+	// events until they are read).
+	type started struct {
+		kind string
+		w    watch.Interface
+	}
+	var watches []started
 	for _, k := range countedKinds {
 		lw := k.list(tCtx)
 		l, err := lw.ListWithContext(ctx, metav1.ListOptions{Limit: 1})
@@ -106,23 +114,29 @@ func startCounting(tCtx ktesting.TContext) *writeCounter {
 		}
 		c.watchedOn = append(c.watchedOn, k.name)
 		c.done.Add(1)
-		go func(kind string) {
-			defer c.done.Done()
-			defer w.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case ev, ok := <-w.ResultChan():
-					if !ok {
-						return
-					}
-					c.observe(kind, ev)
-				}
-			}
-		}(k.name)
+		watches = append(watches, started{k.name, w})
+	}
+	for _, s := range watches {
+		go c.consume(ctx, s.kind, s.w)
 	}
 	return c
+}
+
+// consume counts one kind's watch events until ctx ends.
+func (c *writeCounter) consume(ctx context.Context, kind string, w watch.Interface) {
+	defer c.done.Done()
+	defer w.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				return
+			}
+			c.observe(kind, ev)
+		}
+	}
 }
 
 func metaResourceVersion(o runtime.Object) (string, error) {
