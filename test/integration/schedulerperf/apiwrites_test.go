@@ -18,6 +18,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -51,35 +52,27 @@ var countedKinds = []struct {
 	list func(tCtx ktesting.TContext) cache.ListerWatcherWithContext
 }{
 	{"pods", func(tCtx ktesting.TContext) cache.ListerWatcherWithContext {
-		return cache.ToListerWatcherWithContext(&cache.ListWatch{
-			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-				return tCtx.Client().CoreV1().Pods("").List(ctx, o)
-			},
-			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-				return tCtx.Client().CoreV1().Pods("").Watch(ctx, o)
-			},
-		})
+		return listWatch[*corev1.PodList](tCtx.Client().CoreV1().Pods(""))
 	}},
 	{"resourceclaims", func(tCtx ktesting.TContext) cache.ListerWatcherWithContext {
-		return cache.ToListerWatcherWithContext(&cache.ListWatch{
-			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-				return tCtx.Client().ResourceV1().ResourceClaims("").List(ctx, o)
-			},
-			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-				return tCtx.Client().ResourceV1().ResourceClaims("").Watch(ctx, o)
-			},
-		})
+		return listWatch[*resourceapi.ResourceClaimList](tCtx.Client().ResourceV1().ResourceClaims(""))
 	}},
 	{"events", func(tCtx ktesting.TContext) cache.ListerWatcherWithContext {
-		return cache.ToListerWatcherWithContext(&cache.ListWatch{
-			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-				return tCtx.Client().CoreV1().Events("").List(ctx, o)
-			},
-			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-				return tCtx.Client().CoreV1().Events("").Watch(ctx, o)
-			},
-		})
+		return listWatch[*corev1.EventList](tCtx.Client().CoreV1().Events(""))
 	}},
+}
+
+// listWatch is the ListerWatcher of a typed client of one kind.
+func listWatch[L runtime.Object](c interface {
+	List(context.Context, metav1.ListOptions) (L, error)
+	Watch(context.Context, metav1.ListOptions) (watch.Interface, error)
+}) cache.ListerWatcherWithContext {
+	return cache.ToListerWatcherWithContext(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return c.List(ctx, o)
+		},
+		WatchFuncWithContext: c.Watch,
+	})
 }
 
 // startCounting starts a watch of each counted kind from the API
